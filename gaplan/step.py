@@ -1,0 +1,73 @@
+"""One optimizer step accumulated over micro-batches, with the token-exact loss.
+
+Shared by the probe's trials and the training loop, so that what the probe measures
+is exactly what training runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from gaplan.loss import CUSTOM, count_step_targets, normalized_loss
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """The large-batch loss of the step and how many targets it had."""
+
+    loss: float
+    num_items_in_batch: int
+    samples: int
+
+
+def accumulate_gradients(
+    model: nn.Module,
+    micro_batches: Sequence[Mapping[str, Any]],
+    raw_loss: Callable[[Mapping[str, Any]], torch.Tensor],
+    task: str,
+    loss_is_scaled_for_ga: bool | None = None,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    num_items_in_batch: int | None = None,
+    loss_multiplier: float = 1.0,
+    no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
+    scale: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> StepResult:
+    """Forward and backward every micro-batch so the summed gradient is the large-batch gradient.
+
+    Args:
+        micro_batches: this rank's micro-batches of one optimizer step.
+        raw_loss: a micro-batch's loss: a sum over targets for the built-in tasks,
+            or a custom loss described by ``loss_is_scaled_for_ga``.
+        num_items_in_batch: targets in the whole step over all ranks (default: counted here).
+        loss_multiplier: the world size under DDP, which averages gradients over ranks.
+        no_sync: DDP's ``model.no_sync``, used on every micro-step but the last.
+        scale: a GradScaler's ``scale`` for fp16.
+    """
+    if num_items_in_batch is None:
+        num_items_in_batch = count_step_targets(micro_batches, task) if task != CUSTOM else sum(
+            _batch_size(mb) for mb in micro_batches)
+    steps = len(micro_batches)
+    total = 0.0
+    for index, batch in enumerate(micro_batches):
+        if loss_is_scaled_for_ga is True:
+            batch = {**batch, "num_items_in_batch": num_items_in_batch}
+        sync = no_sync if (no_sync is not None and index < steps - 1) else contextlib.nullcontext
+        with sync():
+            with autocast():
+                loss = normalized_loss(raw_loss(batch), num_items_in_batch, steps, loss_is_scaled_for_ga)
+            total += float(loss.detach())
+            loss = loss * loss_multiplier
+            (scale(loss) if scale is not None else loss).backward()
+        del loss  # free the graph's last reference before the next micro-batch
+    return StepResult(total, num_items_in_batch, sum(_batch_size(mb) for mb in micro_batches))
+
+
+def _batch_size(batch: Mapping[str, Any]) -> int:
+    first = next(v for v in batch.values() if isinstance(v, torch.Tensor))
+    return int(first.shape[0])

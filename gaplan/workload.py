@@ -1,0 +1,316 @@
+"""What is trained: a model, its task, a batch maker and an optimizer.
+
+A model comes from one of three sources:
+
+* a built-in preset, made from a transformers config (no download);
+* a Hugging Face model directory, or a model id already in the local HF cache
+  (``from_config`` on its config: weights do not change memory);
+* ``module:function`` returning a :class:`CustomWorkload` (or a tuple
+  ``(model, make_batch[, loss])``), for any model, LM or not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from gaplan.errors import GaplanError
+from gaplan.loss import CAUSAL_LM, CLASSIFICATION, CUSTOM, IGNORE_INDEX, MASKED_LM, TASKS, summed_token_loss
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+OPTIMIZERS = ("adamw", "sgd")
+DEFAULT_MODEL = "tiny-gpt2"
+
+# name -> (config class name, config kwargs, task, default seq len, description)
+PRESETS: dict[str, tuple[str, dict, str, int, str]] = {
+    "tiny-gpt2": ("GPT2Config", dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192, n_positions=1024,
+                                     bos_token_id=0, eos_token_id=0),
+                  CAUSAL_LM, 256, "GPT-2 style causal LM, 4 layers x 256, 6M parameters (default)"),
+    "small-gpt2": ("GPT2Config", dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024),
+                   CAUSAL_LM, 512, "GPT-2 small shape, 124M parameters"),
+    "tiny-llama": ("LlamaConfig", dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                                       num_attention_heads=4, num_key_value_heads=4, vocab_size=8192,
+                                       max_position_embeddings=2048, bos_token_id=0, eos_token_id=0,
+                                       pad_token_id=0),
+                   CAUSAL_LM, 256, "Llama style causal LM (RMSNorm, RoPE, SwiGLU), 4 layers x 256, 7M parameters"),
+    "tiny-bert-mlm": ("BertConfig", dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                                         intermediate_size=1024, vocab_size=8192, max_position_embeddings=512),
+                      MASKED_LM, 128, "BERT style masked LM, 4 layers x 256, 5M parameters"),
+    "tiny-bert-cls": ("BertConfig", dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                                         intermediate_size=1024, vocab_size=8192, max_position_embeddings=512,
+                                         num_labels=4),
+                      CLASSIFICATION, 128, "BERT style sequence classifier (4 classes), 4 layers x 256"),
+}
+
+_AUTO_CLASS = {CAUSAL_LM: "AutoModelForCausalLM", MASKED_LM: "AutoModelForMaskedLM",
+               CLASSIFICATION: "AutoModelForSequenceClassification"}
+_MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A serializable description of a workload; built into a :class:`Workload` by :func:`build_workload`."""
+
+    model: str = DEFAULT_MODEL
+    task: str | None = None
+    seq_len: int | None = None
+    dtype: str = "fp32"
+    optimizer: str = "adamw"
+    lr: float = 1e-4
+    grad_checkpointing: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def validate(self) -> WorkloadSpec:
+        """Check what can be checked without building anything."""
+        if self.task is not None and self.task not in TASKS:
+            raise GaplanError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
+        if self.dtype not in DTYPES:
+            raise GaplanError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise GaplanError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if self.seq_len is not None and self.seq_len < 2:
+            raise GaplanError(f"--seq-len must be at least 2 (got {self.seq_len})")
+        if not self.lr > 0:
+            raise GaplanError(f"--lr must be positive (got {self.lr})")
+        kind = model_source_kind(self.model)
+        if kind == "function" and self.task is not None:
+            raise GaplanError("--task does not apply to a module:function model (its function defines the loss)")
+        return self
+
+
+@dataclass
+class CustomWorkload:
+    """What a ``module:function`` model returns.
+
+    Args:
+        model: any ``nn.Module``.
+        make_batch: ``make_batch(b)`` returns a dict of tensors for ``b`` samples.
+        loss: ``loss(model, batch)`` returns a scalar; default ``model(**batch)``'s ``loss``.
+        loss_is_scaled_for_ga: True if ``loss`` already divides by ``num_items_in_batch``
+            (passed as ``batch["num_items_in_batch"]``); False for a per-batch mean.
+    """
+
+    model: nn.Module
+    make_batch: Callable[[int], Mapping[str, torch.Tensor]]
+    loss: Callable[[nn.Module, Mapping[str, Any]], torch.Tensor] | None = None
+    loss_is_scaled_for_ga: bool = False
+
+
+@dataclass
+class Workload:
+    """A built workload: model and optimizer on a device, a batch maker and a loss."""
+
+    spec: WorkloadSpec
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    task: str
+    seq_len: int | None
+    make_batch: Callable[[int], dict[str, torch.Tensor]]
+    raw_loss: Callable[[Mapping[str, Any]], torch.Tensor]
+    loss_is_scaled_for_ga: bool | None  # None: raw_loss is a sum over targets
+    device: torch.device
+    vocab_size: int | None = None
+    num_labels: int | None = None
+    info: dict = field(default_factory=dict)
+
+    @property
+    def param_count(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def static_bytes(self) -> int:
+        """Weights + gradients + optimizer states: what must fit before any activation."""
+        return static_bytes(self.model, self.spec.optimizer)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The mixed-precision context of the compute dtype (weights stay fp32)."""
+        if self.spec.dtype == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=DTYPES[self.spec.dtype])
+
+
+def static_bytes(model: nn.Module, optimizer: str) -> int:
+    """Bytes of weights, gradients and optimizer states (AdamW keeps two fp32 tensors per parameter)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    grads = sum(p.numel() * p.element_size() for p in params)
+    states = 2 * sum(p.numel() * 4 for p in params) if optimizer == "adamw" else 0
+    return weights + grads + states
+
+
+def model_source_kind(model: str) -> str:
+    """``preset``, ``directory``, ``function`` or ``hub-cache``, decided from the string alone."""
+    if model in PRESETS:
+        return "preset"
+    if os.path.isdir(model):
+        return "directory"
+    if ":" in model and not model.startswith((".", "/")):
+        return "function"
+    return "hub-cache"
+
+
+def make_optimizer(model: nn.Module, name: str, lr: float) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    return torch.optim.SGD(params, lr=lr)
+
+
+def load_model_config(spec: WorkloadSpec) -> tuple[Any, str, int]:
+    """The transformers config, task and default sequence length of a preset, directory or cached id."""
+    import transformers
+
+    kind = model_source_kind(spec.model)
+    if kind == "preset":
+        config_class, kwargs, task, seq_len, _ = PRESETS[spec.model]
+        config = getattr(transformers, config_class)(**kwargs)
+        return config, spec.task or task, seq_len
+    if kind == "directory" and not os.path.isfile(os.path.join(spec.model, "config.json")):
+        raise GaplanError(f"{spec.model} is a directory without a config.json: not a Hugging Face model")
+    try:
+        config = transformers.AutoConfig.from_pretrained(spec.model, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        if kind == "directory":
+            raise GaplanError(f"cannot read the model config in {spec.model}: {str(exc).splitlines()[0]}") from None
+        known = ", ".join(PRESETS)
+        raise GaplanError(f"unknown model {spec.model!r}: not a preset ({known}), not a directory, "
+                          "not in the local Hugging Face cache, and not module:function") from None
+    task = spec.task or _task_from_architectures(getattr(config, "architectures", None) or [])
+    return config, task, 512
+
+
+def _task_from_architectures(architectures: list[str]) -> str:
+    for name in architectures:
+        if name.endswith("ForMaskedLM"):
+            return MASKED_LM
+        if name.endswith("ForSequenceClassification"):
+            return CLASSIFICATION
+    return CAUSAL_LM
+
+
+def _max_positions(config: Any) -> int | None:
+    for attr in ("n_positions", "max_position_embeddings"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed: int = 0) -> Workload:
+    """Build the model, optimizer and batch maker of ``spec`` on ``device``."""
+    spec.validate()
+    device = torch.device(device)
+    torch.manual_seed(seed)
+    if model_source_kind(spec.model) == "function":
+        return _build_custom(spec, device)
+    import transformers
+
+    config, task, default_seq_len = load_model_config(spec)
+    seq_len = spec.seq_len or min(default_seq_len, _max_positions(config) or default_seq_len)
+    max_positions = _max_positions(config)
+    if max_positions is not None and seq_len > max_positions:
+        raise GaplanError(f"--seq-len {seq_len} is longer than the model's {max_positions} positions")
+    config.use_cache = False  # HF models return a KV cache in training otherwise
+    auto = getattr(transformers, _AUTO_CLASS[task])
+    try:
+        model = auto.from_config(config)
+    except ValueError as exc:
+        raise GaplanError(f"{spec.model} cannot be built for task {task}: {str(exc).splitlines()[0]}") from None
+    if spec.grad_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.to(device).train()
+    vocab_size = int(config.vocab_size)
+    num_labels = int(getattr(config, "num_labels", 2))
+    make_batch = _lm_batch_maker(task, seq_len, vocab_size, num_labels, device)
+
+    def raw_loss(batch: Mapping[str, Any]) -> torch.Tensor:
+        inputs = {k: v for k, v in batch.items() if k in _MODEL_INPUTS}
+        logits = model(**inputs).logits
+        return summed_token_loss(logits, batch, task)
+
+    return Workload(spec, model, make_optimizer(model, spec.optimizer, spec.lr), task, seq_len, make_batch,
+                    raw_loss, None, device, vocab_size, num_labels,
+                    info={"model_type": getattr(config, "model_type", "?")})
+
+
+def _lm_batch_maker(task: str, seq_len: int, vocab_size: int, num_labels: int,
+                    device: torch.device) -> Callable[[int], dict[str, torch.Tensor]]:
+    """Full-length random batches: the longest a batch can be, so the probe sees the worst case."""
+    generator = torch.Generator().manual_seed(1234)
+
+    def make_batch(size: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, vocab_size, (size, seq_len), generator=generator)
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if task == CAUSAL_LM:
+            batch["labels"] = ids.clone()
+        elif task == MASKED_LM:
+            labels = torch.full_like(ids, IGNORE_INDEX)
+            masked = torch.rand(ids.shape, generator=generator) < 0.15
+            labels[masked] = ids[masked]
+            batch["labels"] = labels
+        else:
+            batch["labels"] = torch.randint(0, num_labels, (size,), generator=generator)
+        return {k: v.to(device) for k, v in batch.items()}
+
+    return make_batch
+
+
+def load_function(target: str) -> Callable[[], Any]:
+    """Import ``module:function`` (the current directory is importable, as with ``python -m``)."""
+    module_name, _, func_name = target.partition(":")
+    if not module_name or not func_name:
+        raise GaplanError(f"--model {target!r}: expected module:function, e.g. mypkg.models:make_resnet")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise GaplanError(f"--model {target!r}: cannot import {module_name} ({exc})") from None
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise GaplanError(f"--model {target!r}: {module_name} has no function {func_name}")
+    return func
+
+
+def _build_custom(spec: WorkloadSpec, device: torch.device) -> Workload:
+    made = load_function(spec.model)()
+    if isinstance(made, tuple) and 2 <= len(made) <= 3:
+        made = CustomWorkload(*made)
+    if not isinstance(made, CustomWorkload) or not isinstance(made.model, nn.Module):
+        raise GaplanError(f"--model {spec.model!r} must return gaplan.CustomWorkload or (model, make_batch[, loss])")
+    if spec.grad_checkpointing:
+        if not hasattr(made.model, "gradient_checkpointing_enable"):
+            raise GaplanError("--grad-checkpointing needs a transformers model (one with gradient_checkpointing_enable)")
+        made.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = made.model.to(device).train()
+    user_loss = made.loss
+
+    def make_batch(size: int) -> dict[str, torch.Tensor]:
+        return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in made.make_batch(size).items()}
+
+    def raw_loss(batch: Mapping[str, Any]) -> torch.Tensor:
+        if user_loss is not None:
+            return user_loss(model, batch)
+        inputs = {k: v for k, v in batch.items() if k != "num_items_in_batch"}
+        out = model(**inputs)
+        loss = getattr(out, "loss", None)
+        if loss is None and isinstance(out, Mapping):
+            loss = out.get("loss")
+        if loss is None and isinstance(out, torch.Tensor) and out.dim() == 0:
+            loss = out
+        if loss is None:
+            raise GaplanError(f"{spec.model}: the model returned no loss; give CustomWorkload a loss function")
+        return loss
+
+    return Workload(spec, model, make_optimizer(model, spec.optimizer, spec.lr), CUSTOM, spec.seq_len,
+                    make_batch, raw_loss, made.loss_is_scaled_for_ga, device,
+                    info={"model_type": type(model).__name__})
