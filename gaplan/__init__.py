@@ -4,9 +4,35 @@ from gaplan.errors import DoesNotFit, GaplanError
 from gaplan.plan import Plan, make_plan, split_evenly
 from gaplan.search import SearchResult, find_edge, trial_bound
 
+# Torch-dependent parts load on first use, so `gaplan --help` and the pure parts stay fast.
+_LAZY = {
+    "CustomWorkload": "gaplan.workload",
+    "Workload": "gaplan.workload",
+    "WorkloadSpec": "gaplan.workload",
+    "build_workload": "gaplan.workload",
+    "ProbeResult": "gaplan.probe",
+    "Trial": "gaplan.probe",
+    "probe": "gaplan.probe",
+    "load_probe": "gaplan.probe",
+    "save_probe": "gaplan.probe",
+    "check_in_fresh_process": "gaplan.probe",
+    "count_targets": "gaplan.loss",
+    "accumulate_gradients": "gaplan.step",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'gaplan' has no attribute {name!r}")
+
+
 __version__ = "0.1.0"
 
 __all__ = [
+    *_LAZY,
     "DoesNotFit",
     "GaplanError",
     "Plan",

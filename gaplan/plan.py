@@ -60,8 +60,8 @@ def split_evenly(total: int, parts: int) -> tuple[int, ...]:
 def make_plan(effective_batch: int, max_micro_batch: int, world_size: int = 1) -> Plan:
     """The plan with the fewest accumulation steps whose micro-batches all fit.
 
-    The fewest steps ``G`` with ``ceil(E / (W * G)) <= B*``; samples are spread as
-    evenly as possible over ranks, then over micro-steps (E=256, B*=48 gives
+    The fewest steps ``G`` with ``ceil(E / (W * G)) <= B*``; each rank takes ``E / W``
+    samples (``E`` must divide by ``W``), spread as evenly as possible over micro-steps (E=256, B*=48 gives
     G=6 and sizes 43,43,43,43,42,42). When ``W * G`` divides ``E`` every
     micro-batch has the same size.
     """
@@ -74,6 +74,9 @@ def make_plan(effective_batch: int, max_micro_batch: int, world_size: int = 1) -
     if effective_batch < world_size:
         raise GaplanError(f"effective batch {effective_batch} is smaller than the world size {world_size}: "
                           "every rank needs at least one sample per step")
+    if effective_batch % world_size:
+        # Equal shares keep every rank's micro-steps identical (DDP syncs on each step's last one).
+        raise GaplanError(f"effective batch {effective_batch} is not divisible by the world size {world_size}")
     per_rank = split_evenly(effective_batch, world_size)
     steps = -(-per_rank[0] // max_micro_batch)  # ceil; rank 0 holds the largest share
     ranks = tuple(split_evenly(share, steps) for share in per_rank)

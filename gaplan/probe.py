@@ -138,7 +138,7 @@ class WorkerProcess:
     """A :mod:`gaplan.worker` child holding one workload under one budget."""
 
     def __init__(self, spec: WorkloadSpec, device: str, limit_bytes: int | None, threads: int | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, warm_optimizer: bool = True) -> None:
         env = dict(os.environ, **MMAP_THRESHOLD_ENV)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         # The worker must import this very gaplan, installed or not.
@@ -149,7 +149,7 @@ class WorkerProcess:
             [sys.executable, "-m", "gaplan.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env=env, bufsize=1)
         self._send({"workload": spec.to_dict(), "device": device, "limit_bytes": limit_bytes,
-                    "threads": threads, "seed": seed})
+                    "threads": threads, "seed": seed, "warm_optimizer": warm_optimizer})
         self.info = self._receive()
 
     def _send(self, message: dict) -> None:

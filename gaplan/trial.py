@@ -28,6 +28,7 @@ class TrialOutcome:
     after_bytes: int  # memory held after the trial was cleaned up (should equal the level before it)
     before_bytes: int
     error: str | None = None
+    completed_steps: int = 0  # optimizer steps finished before the end (or the OOM)
 
 
 def materialize_optimizer_state(workload: Workload) -> None:
@@ -47,6 +48,7 @@ def run_trial(workload: Workload, backend: Backend, micro_batch: int, micro_step
     backend.reset_peak()
     started = time.perf_counter()
     error = None
+    completed = 0
     try:
         for _ in range(optimizer_steps):
             batches = [workload.make_batch(micro_batch) for _ in range(micro_steps)]
@@ -55,6 +57,7 @@ def run_trial(workload: Workload, backend: Backend, micro_batch: int, micro_step
             workload.optimizer.step()
             workload.optimizer.zero_grad(set_to_none=True)
             del batches
+            completed += 1
     except Exception as exc:  # noqa: BLE001 - classified right below; anything else re-raises
         if not is_out_of_memory(exc):
             raise
@@ -66,4 +69,4 @@ def run_trial(workload: Workload, backend: Backend, micro_batch: int, micro_step
     seconds = time.perf_counter() - started
     peak = backend.peak_bytes() if error is None else None
     backend.release()
-    return TrialOutcome(micro_batch, error is None, peak, seconds, backend.current_bytes(), before, error)
+    return TrialOutcome(micro_batch, error is None, peak, seconds, backend.current_bytes(), before, error, completed)

@@ -31,18 +31,27 @@ def _serve(requests, reply) -> None:
     if setup.get("threads"):
         torch.set_num_threads(int(setup["threads"]))
     spec = WorkloadSpec(**setup["workload"])
+    try:
+        static = _static_bytes_without_memory(spec)
+    except GaplanError as exc:
+        reply({"error": "user", "message": str(exc)})
+        return
     backend = make_backend(setup["device"])
     backend.activate(setup.get("limit_bytes"))
+    if static is not None and static > backend.limit_bytes:
+        reply({"error": "does-not-fit", "limit_bytes": backend.limit_bytes, "static_bytes": static})
+        return
     try:
         workload = build_workload(spec, setup["device"], seed=int(setup.get("seed", 0)))
-        materialize_optimizer_state(workload)
+        if setup.get("warm_optimizer", True):
+            materialize_optimizer_state(workload)
     except GaplanError as exc:
         reply({"error": "user", "message": str(exc)})
         return
     except Exception as exc:  # noqa: BLE001
         if not is_out_of_memory(exc):
             raise
-        reply({"error": "does-not-fit", "limit_bytes": backend.limit_bytes, "message": str(exc).splitlines()[0]})
+        reply({"error": "does-not-fit", "limit_bytes": backend.limit_bytes, "static_bytes": static})
         return
     reply({
         "ready": True,
@@ -61,6 +70,17 @@ def _serve(requests, reply) -> None:
                             micro_steps=int(request.get("micro_steps", 2)),
                             optimizer_steps=int(request.get("optimizer_steps", 1)))
         reply(asdict(outcome))
+
+
+def _static_bytes_without_memory(spec) -> int | None:
+    """Weights + gradients + optimizer states, counted on the meta device (nothing allocated)."""
+    from gaplan.workload import build_workload
+
+    from gaplan.workload import model_source_kind
+
+    if model_source_kind(spec.model) == "function":
+        return None  # a user's function may not build on meta; its size shows when it is built
+    return build_workload(spec, "meta").static_bytes()
 
 
 def main() -> None:

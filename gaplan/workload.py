@@ -222,7 +222,9 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
     config.use_cache = False  # HF models return a KV cache in training otherwise
     auto = getattr(transformers, _AUTO_CLASS[task])
     try:
-        model = auto.from_config(config)
+        # On meta, build in place: nothing is allocated (used to count a model too big for the budget).
+        with torch.device("meta") if device.type == "meta" else contextlib.nullcontext():
+            model = auto.from_config(config)
     except ValueError as exc:
         raise GaplanError(f"{spec.model} cannot be built for task {task}: {str(exc).splitlines()[0]}") from None
     if spec.grad_checkpointing:

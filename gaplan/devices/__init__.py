@@ -25,6 +25,7 @@ class Backend(Protocol):
     def activate(self, limit_bytes: int | None) -> None:
         """Impose the budget on this process; later allocations past it fail."""
 
+
     def reset_peak(self) -> None: ...
 
     def peak_bytes(self) -> int:

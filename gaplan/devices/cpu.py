@@ -66,6 +66,7 @@ class CpuBackend:
             soft = min(soft, hard)
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 
+
     def reset_peak(self) -> None:
         with open("/proc/self/clear_refs", "w") as refs:
             refs.write("5")

@@ -28,6 +28,7 @@ class CudaBackend:
         if self.limit_bytes < total:
             torch.cuda.set_per_process_memory_fraction(self.limit_bytes / total, self.device)
 
+
     def reset_peak(self) -> None:
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)

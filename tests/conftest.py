@@ -1,0 +1,19 @@
+"""Shared fixtures: one small probe reused by several tests, to keep the suite fast."""
+
+import os
+
+import pytest
+
+# A small workload whose memory line is steep enough for the edge to be sharp and the trials quick.
+SMALL_SPEC = dict(model="tiny-gpt2", seq_len=16)
+SMALL_BUDGET = 384 * 2**20
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def small_probe():
+    from gaplan.probe import probe
+    from gaplan.workload import WorkloadSpec
+
+    return probe(WorkloadSpec(**SMALL_SPEC), device="cpu", memory_limit=SMALL_BUDGET, effective_batch=256)

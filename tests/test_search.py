@@ -1,0 +1,72 @@
+"""The edge search over fake ``measure`` functions with known edges."""
+
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gaplan import find_edge, trial_bound
+
+
+@dataclass(frozen=True)
+class Fake:
+    fits: bool
+    peak_bytes: int | None
+
+
+def linear_device(edge, intercept, slope, wobble=0.0, report_peaks=True):
+    """Peaks on a line (with a smooth wobble of a few percent); the budget sits between edge and edge+1."""
+    limit = intercept + slope * (edge + 0.5)
+    calls = []
+
+    def measure(b):
+        calls.append(b)
+        peak = intercept + slope * b * (1 + wobble * ((b % 7) - 3) / 3)
+        fits = b <= edge
+        return Fake(fits, int(peak) if fits and report_peaks else None)
+
+    return measure, int(limit), calls
+
+
+@settings(max_examples=300, deadline=None)
+@given(edge=st.integers(1, 3000), intercept=st.integers(0, 2**31), slope=st.integers(1, 2**28),
+       wobble=st.sampled_from([0.0, 0.01, 0.03]), report_peaks=st.booleans())
+def test_finds_exact_edge_within_bound(edge, intercept, slope, wobble, report_peaks):
+    measure, limit, calls = linear_device(edge, intercept, slope, wobble, report_peaks)
+    result = find_edge(measure, limit)
+    assert result.edge == edge
+    assert result.trial_count <= trial_bound(edge)
+    assert len(set(calls)) == len(calls), "a size was tried twice"
+
+
+@settings(max_examples=200, deadline=None)
+@given(edge=st.integers(1, 5000))
+def test_plain_search_without_peaks_is_exact(edge):
+    result = find_edge(lambda b: Fake(b <= edge, None))
+    assert result.edge == edge and result.trial_count <= trial_bound(edge)
+
+
+@pytest.mark.parametrize("edge", [4, 12, 37, 100, 1000])
+def test_linear_memory_needs_few_trials(edge):
+    measure, limit, _ = linear_device(edge, 300 * 2**20, 70 * 2**20)
+    assert find_edge(measure, limit).trial_count <= 5
+
+
+def test_nothing_fits():
+    result = find_edge(lambda b: Fake(False, None))
+    assert result.edge == 0 and result.trial_count == 1
+
+
+def test_cap():
+    result = find_edge(lambda b: Fake(True, 1000 * b), limit_bytes=10**12, max_batch=64)
+    assert result.edge == 64 and result.capped
+
+
+def test_start_above_edge():
+    result = find_edge(lambda b: Fake(b <= 9, 100 * b if b <= 9 else None), limit_bytes=950, start=40)
+    assert result.edge == 9
+
+
+def test_bound_values():
+    assert [trial_bound(b) for b in (1, 2, 3, 4, 12)] == [2, 4, 5, 6, 9]
