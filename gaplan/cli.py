@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import datetime
-import functools
 import json
 import os
 import re

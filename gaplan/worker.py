@@ -74,9 +74,7 @@ def _serve(requests, reply) -> None:
 
 def _static_bytes_without_memory(spec) -> int | None:
     """Weights + gradients + optimizer states, counted on the meta device (nothing allocated)."""
-    from gaplan.workload import build_workload
-
-    from gaplan.workload import model_source_kind
+    from gaplan.workload import build_workload, model_source_kind
 
     if model_source_kind(spec.model) == "function":
         return None  # a user's function may not build on meta; its size shows when it is built

@@ -1,0 +1,101 @@
+"""End-to-end: ``gaplan probe`` through click's runner and a real subprocess."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from gaplan.cli import main
+
+from ..conftest import REPO_ROOT
+
+SMALL = ["--model", "tiny-gpt2", "--seq-len", "16", "--memory-limit", "384MiB", "--device", "cpu"]
+
+
+def invoke(args):
+    return CliRunner().invoke(main, args, catch_exceptions=False)
+
+
+@pytest.mark.slow
+def test_json_output_and_plan_file(tmp_path):
+    out = tmp_path / "run"
+    result = invoke(["probe", *SMALL, "--effective-batch", "128", "--json", "--quiet", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    for key in ("max_micro_batch", "memory_limit_bytes", "device", "trials", "plan"):
+        assert key in data
+    assert data["memory_limit_bytes"] == 384 * 2**20 and data["device"] == "cpu"
+    assert {"micro_batch", "fits", "peak_bytes", "seconds"} <= set(data["trials"][0])
+    plan = data["plan"]
+    assert {"effective_batch", "micro_batch", "grad_accum_steps", "micro_batch_sizes", "world_size"} <= set(plan)
+    assert sum(plan["micro_batch_sizes"]) == 128 and plan["micro_batch"] <= data["max_micro_batch"]
+    assert json.loads((out / "plan.json").read_text())["max_micro_batch"] == data["max_micro_batch"]
+
+
+@pytest.mark.slow
+def test_table_output_and_custom_cnn(tmp_path):
+    os.chdir(REPO_ROOT)  # module:function resolves from the current directory, like python -m
+    result = invoke(["probe", "--model", "examples.custom_model:make_cnn", "--memory-limit", "256MiB",
+                     "--effective-batch", "512", "--out", str(tmp_path / "cnn")])
+    assert result.exit_code == 0, result.output
+    assert "largest micro-batch that fits:" in result.stdout
+    assert "plan: effective batch 512" in result.stdout
+    assert (tmp_path / "cnn" / "plan.json").exists()
+
+
+@pytest.mark.slow
+def test_default_budget_is_announced(tmp_path):
+    result = invoke(["probe", "--model", "tiny-bert-cls", "--seq-len", "16", "--max-micro-batch", "8",
+                     "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    assert "default CPU budget" in result.stdout and "1.00 GiB" in result.stdout
+    assert "the search cap" in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+    (["--model", "nosuchmodule:make"], "cannot import nosuchmodule"),
+    (["--model", "json:no_such_function"], "json has no function no_such_function"),
+    (["--task", "regression"], "unknown task 'regression'"),
+    (["--dtype", "fp8"], "unknown dtype 'fp8'"),
+    (["--optimizer", "lion"], "unknown optimizer 'lion'"),
+    (["--memory-limit", "0"], "--memory-limit must be larger than zero"),
+    (["--memory-limit", "abc"], "--memory-limit must be a size"),
+    (["--memory-limit", "50MiB"], "needs at least 84.21 MiB for weights, gradients and optimizer states"),
+    (["--device", "cuda"], "no CUDA device is available"),
+    (["--device", "tpu"], "--device must be auto, cpu, cuda or cuda:N"),
+    (["--effective-batch", "0"], "--effective-batch must be a positive integer (got 0)"),
+    (["--effective-batch", "3", "--world-size", "4"], "smaller than the world size"),
+    (["--seq-len", "4096"], "longer than the model's 1024 positions"),
+    (["--margin", "1.5"], "--margin must be a fraction"),
+    (["--out", "/proc/gaplan-cannot-write-here"], "is not writable"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path, args, message):
+    if not any(a == "--out" for a in args):
+        args = [*args, "--out", str(tmp_path / "out")]
+    if "cuda" in args and _has_cuda():
+        pytest.skip("this machine has CUDA")
+    result = CliRunner().invoke(main, ["probe", "--quiet", *args])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("gaplan: ") and message in lines[0], result.stderr
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "out").exists(), "nothing may be written on bad input"
+
+
+def _has_cuda():
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def test_python_dash_m_and_help():
+    result = subprocess.run([sys.executable, "-m", "gaplan", "probe", "--help"], capture_output=True, text=True,
+                            cwd=REPO_ROOT, check=True)
+    assert "Examples:" in result.stdout and "--memory-limit" in result.stdout
+    version = subprocess.run([sys.executable, "-m", "gaplan", "--version"], capture_output=True, text=True,
+                             check=True)
+    assert "gaplan, version" in version.stdout
