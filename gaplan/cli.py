@@ -193,6 +193,213 @@ def probe(**options: Any) -> None:
     click.echo(f"plan written to {plan_path}  (gaplan train --plan {plan_path})")
 
 
+def plan_cache_path(spec, device: str, memory_limit: int | None) -> str:
+    """Where a probe of this workload, device and budget is cached for ``gaplan train``."""
+    import hashlib
+
+    key = json.dumps({"workload": {k: v for k, v in spec.to_dict().items() if k != "lr"}, "device": device,
+                      "memory_limit": memory_limit}, sort_keys=True)
+    root = os.environ.get("GAPLAN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gaplan")
+    return os.path.join(root, "plans", hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+
+
+def same_workload(a, b) -> bool:
+    keys = ("model", "task", "seq_len", "dtype", "optimizer", "grad_checkpointing")
+    return all(getattr(a, k) == getattr(b, k) for k in keys)
+
+
+@main.command()
+@workload_options
+@click.option("--effective-batch", type=int, default=None, help="Samples per optimizer step (default 256, or the plan's).")
+@click.option("--micro-batch", type=int, default=None, help="Skip the probe and use this micro-batch.")
+@click.option("--plan", "plan_file", default=None, metavar="PLAN.JSON", help="Use a plan written by gaplan probe.")
+@click.option("--data", default=None, metavar="FILE", help="Text file (one sample per line) or JSONL with 'text'.")
+@click.option("--steps", type=int, default=10, show_default=True, help="Optimizer steps.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--max-grad-norm", type=float, default=None, help="Clip the gradient norm (after fp16 unscaling).")
+@click.option("--warmup-steps", type=int, default=0, show_default=True)
+@click.option("--checkpoint-every", type=int, default=0, show_default=True,
+              help="Checkpoint every N steps (always at the end and on SIGINT/SIGTERM).")
+@click.option("--resume", default=None, metavar="RUN_DIR", help="Continue the run in RUN_DIR from its checkpoint.")
+@click.option("--save-weights", default=None, metavar="FILE", help="Write the final weights (safetensors).")
+@click.option("--out", default=None, metavar="DIR", help="Run folder (default reports/train-<model>-<time>).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def train(**options: Any) -> None:
+    """Train with gradient accumulation and a loss equal to the large-batch loss, token for token.
+
+    Without --plan or --micro-batch, probes first (reusing a cached probe of the same
+    workload, device and budget). Each micro-batch's summed token loss is divided by
+    the number of targets in the whole optimizer step (all micro-batches, all ranks).
+
+    \b
+    Examples:
+      gaplan train --effective-batch 256
+      gaplan train --model tiny-bert-mlm --effective-batch 64 --steps 50 --memory-limit 1GiB
+      gaplan train --plan reports/<run>/plan.json --data corpus.txt
+      gaplan train --effective-batch 32 --micro-batch 8 --optimizer sgd --lr 0.1 --steps 1 --save-weights w.safetensors
+      torchrun --nproc-per-node 2 -m gaplan train --effective-batch 64 --micro-batch 8
+      gaplan train --effective-batch 256 --resume reports/<run>
+    """
+    from gaplan.data import SyntheticCorpus, TextCorpus
+    from gaplan.devices import resolve_device
+    from gaplan.plan import make_plan
+    from gaplan.probe import load_probe, probe, save_probe
+    from gaplan.train import TrainConfig, init_distributed
+    from gaplan.train import train as run_train
+    from gaplan.workload import build_workload, model_source_kind
+
+    spec = spec_from_options(options)
+    memory_limit = memory_limit_from_options(options)
+    for name in ("effective_batch", "micro_batch", "steps", "threads"):
+        positive("--" + name.replace("_", "-"), options[name])
+    if options["lr"] == 1e-4 and options["optimizer"] == "adamw":
+        spec = type(spec)(**dict(spec.to_dict(), lr=1e-3))  # a training default that learns in a few steps
+    device = resolve_device(options["device"])
+    run_dir = options["resume"] or options["out"] or default_run_dir("train", spec.model)
+    if options["resume"] and not os.path.isfile(os.path.join(run_dir, "checkpoint.pt")):
+        raise GaplanError(f"--resume {run_dir}: no checkpoint.pt in it")
+    check_writable(run_dir)
+    if options["save_weights"]:
+        check_writable(os.path.dirname(os.path.abspath(options["save_weights"])), "--save-weights")
+    dist = init_distributed(device)
+    if options["threads"]:
+        import torch
+
+        torch.set_num_threads(options["threads"])
+    say = (lambda text: click.echo(text, err=True)) if dist.rank == 0 and not options["quiet"] else (lambda text: None)
+
+    probed = None
+    if options["plan_file"]:
+        probed = load_probe(options["plan_file"])
+        if not same_workload(probed.workload, spec):
+            raise GaplanError(f"--plan {options['plan_file']} was made for {probed.workload.model} "
+                              f"(seq len {probed.workload.seq_len}, {probed.workload.dtype}), not this workload")
+    elif options["micro_batch"] is None:
+        cache = plan_cache_path(spec, device, memory_limit)
+        if os.path.isfile(cache):
+            probed = load_probe(cache)
+            say(f"using the cached probe {cache}: largest micro-batch {probed.max_micro_batch}")
+        else:
+            say("probing the largest micro-batch that fits first ...")
+            probed = probe(spec, device=device, memory_limit=memory_limit, effective_batch=1,
+                           on_trial=lambda t: say(trial_line(t)))
+            if dist.rank == 0:
+                save_probe(probed, cache)
+    effective = options["effective_batch"] or (probed.plan.effective_batch if options["plan_file"] else 256)
+    max_micro = options["micro_batch"] or dist.min(probed.max_micro_batch)
+    if options["micro_batch"] and probed is not None and options["micro_batch"] > probed.max_micro_batch:
+        raise GaplanError(f"--micro-batch {options['micro_batch']} does not fit: the probed maximum is "
+                          f"{probed.max_micro_batch}")
+    plan = make_plan(effective, max_micro, dist.world_size)
+    workload = build_workload(spec, device if device == "cpu" else f"cuda:{dist.rank}" if dist.active else device,
+                              seed=options["seed"])
+    if model_source_kind(spec.model) == "function":
+        corpus = None
+    elif options["data"]:
+        corpus = TextCorpus(options["data"], workload.seq_len, workload.vocab_size,
+                            spec.model if os.path.isdir(spec.model) else None)
+    else:
+        corpus = SyntheticCorpus(workload.seq_len, workload.num_labels or 4, seed=options["seed"])
+    sizes = ",".join(map(str, plan.micro_batch_sizes))
+    say(f"plan: effective batch {plan.effective_batch} = micro-batch {plan.micro_batch} x {plan.grad_accum_steps} "
+        f"accumulation steps x world size {plan.world_size} (sizes {sizes})")
+    config = TrainConfig(steps=options["steps"], seed=options["seed"], max_grad_norm=options["max_grad_norm"],
+                         checkpoint_every=options["checkpoint_every"], warmup_steps=options["warmup_steps"],
+                         run_dir=run_dir)
+    if dist.rank == 0:
+        os.makedirs(run_dir, exist_ok=True)
+        save_probe_plan(run_dir, spec, device, memory_limit, plan, probed)
+    peak, reset = memory_probes(device)
+    bar = None
+    if dist.rank == 0 and not options["quiet"]:
+        from tqdm import tqdm
+
+        bar = tqdm(total=config.steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
+
+    def on_step(log) -> None:
+        if bar is not None:
+            if bar.n == 0 and log.step > 1:
+                bar.update(log.step - 1)
+            bar.set_postfix(loss=f"{log.loss:.4f}", samples_s=f"{log.samples_per_s:.1f}",
+                            tokens_s=f"{log.tokens_per_s:.0f}")
+            bar.update(1)
+
+    def on_event(text: str) -> None:
+        (bar.write if bar is not None else say)(text)
+
+    result = run_train(workload, plan, corpus, config, resume=bool(options["resume"]), on_step=on_step,
+                       on_event=on_event, peak_bytes=peak, reset_peak=reset)
+    if bar is not None:
+        bar.close()
+    if options["save_weights"] and dist.rank == 0:
+        from safetensors.torch import save_file
+
+        state = {k: v.detach().contiguous().clone() for k, v in workload.model.state_dict().items()}
+        save_file(_untie(state), options["save_weights"])
+    if dist.rank != 0:
+        return
+    logs = result.logs
+    summary = {
+        "run_dir": run_dir, "steps": len(logs), "plan": result.plan.to_dict(),
+        "loss_first": logs[0].loss if logs else None, "loss_last": logs[-1].loss if logs else None,
+        "samples_per_s": (sum(log.samples_per_s for log in logs) / len(logs)) if logs else None,
+        "tokens_per_s": (sum(log.tokens_per_s for log in logs) / len(logs)) if logs else None,
+        "seconds": round(result.seconds, 2), "oom_fallbacks": result.oom_fallbacks, "interrupted": result.interrupted,
+    }
+    if options["as_json"]:
+        click.echo(json.dumps(summary))
+    elif logs:
+        click.echo(f"trained {len(logs)} steps in {result.seconds:.1f} s: loss {logs[0].loss:.4f} -> "
+                   f"{logs[-1].loss:.4f}, {summary['samples_per_s']:.1f} samples/s, "
+                   f"{summary['tokens_per_s']:.0f} tokens/s; log and checkpoint in {run_dir}")
+    if result.interrupted:
+        sys.exit(130)
+
+
+def _untie(state: dict) -> dict:
+    """safetensors refuses shared storage (tied embeddings): keep each tensor once per name."""
+    seen: dict[int, str] = {}
+    out = {}
+    for name, tensor in state.items():
+        pointer = tensor.data_ptr()
+        out[name] = tensor.clone() if pointer in seen else tensor
+        seen.setdefault(pointer, name)
+    return out
+
+
+def save_probe_plan(run_dir: str, spec, device: str, memory_limit: int | None, plan, probed) -> None:
+    """The run folder's plan.json: the probe it came from, with the plan actually used."""
+    import dataclasses
+
+    from gaplan.probe import ProbeResult, save_probe
+
+    if probed is None:
+        probed = ProbeResult(workload=spec, device=device, memory_limit_bytes=memory_limit or 0, margin=0.0,
+                             probe_limit_bytes=memory_limit or 0, budget_is_default=memory_limit is None,
+                             max_micro_batch=plan.max_micro_batch, capped=False, trials=[], plan=plan,
+                             param_count=0, static_bytes=0, task=spec.task or "?", seq_len=spec.seq_len,
+                             wall_seconds=0.0)
+    save_probe(dataclasses.replace(probed, plan=plan), os.path.join(run_dir, "plan.json"))
+
+
+def memory_probes(device: str):
+    """Per-step peak memory readers for the training process (VmHWM on CPU, allocator peak on CUDA)."""
+    if device == "cpu":
+        from gaplan.devices.cpu import read_status
+
+        base = read_status()["VmRSS"]
+
+        def reset() -> None:
+            with open("/proc/self/clear_refs", "w") as refs:
+                refs.write("5")
+
+        return (lambda: read_status()["VmHWM"] - base), reset
+    import torch
+
+    return torch.cuda.max_memory_reserved, torch.cuda.reset_peak_memory_stats
+
+
 def run() -> None:
     """Entry point that never shows a traceback for user errors."""
     main(prog_name="gaplan")

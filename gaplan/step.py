@@ -29,7 +29,7 @@ class StepResult:
 def accumulate_gradients(
     model: nn.Module,
     micro_batches: Sequence[Mapping[str, Any]],
-    raw_loss: Callable[[Mapping[str, Any]], torch.Tensor],
+    raw_loss: Callable[[nn.Module, Mapping[str, Any]], torch.Tensor],
     task: str,
     loss_is_scaled_for_ga: bool | None = None,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
@@ -42,7 +42,7 @@ def accumulate_gradients(
 
     Args:
         micro_batches: this rank's micro-batches of one optimizer step.
-        raw_loss: a micro-batch's loss: a sum over targets for the built-in tasks,
+        raw_loss: ``raw_loss(model, batch)``, a micro-batch's loss: a sum over targets for the built-in tasks,
             or a custom loss described by ``loss_is_scaled_for_ga``.
         num_items_in_batch: targets in the whole step over all ranks (default: counted here).
         loss_multiplier: the world size under DDP, which averages gradients over ranks.
@@ -60,7 +60,7 @@ def accumulate_gradients(
         sync = no_sync if (no_sync is not None and index < steps - 1) else contextlib.nullcontext
         with sync():
             with autocast():
-                loss = normalized_loss(raw_loss(batch), num_items_in_batch, steps, loss_is_scaled_for_ga)
+                loss = normalized_loss(raw_loss(model, batch), num_items_in_batch, steps, loss_is_scaled_for_ga)
             total += float(loss.detach())
             loss = loss * loss_multiplier
             (scale(loss) if scale is not None else loss).backward()

@@ -116,7 +116,7 @@ class Workload:
     task: str
     seq_len: int | None
     make_batch: Callable[[int], dict[str, torch.Tensor]]
-    raw_loss: Callable[[Mapping[str, Any]], torch.Tensor]
+    raw_loss: Callable[[nn.Module, Mapping[str, Any]], torch.Tensor]  # (model or its DDP wrapper, batch)
     loss_is_scaled_for_ga: bool | None  # None: raw_loss is a sum over targets
     device: torch.device
     vocab_size: int | None = None
@@ -234,9 +234,9 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
     num_labels = int(getattr(config, "num_labels", 2))
     make_batch = _lm_batch_maker(task, seq_len, vocab_size, num_labels, device)
 
-    def raw_loss(batch: Mapping[str, Any]) -> torch.Tensor:
+    def raw_loss(module: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k in _MODEL_INPUTS}
-        logits = model(**inputs).logits
+        logits = module(**inputs).logits
         return summed_token_loss(logits, batch, task)
 
     return Workload(spec, model, make_optimizer(model, spec.optimizer, spec.lr), task, seq_len, make_batch,
@@ -295,15 +295,16 @@ def _build_custom(spec: WorkloadSpec, device: torch.device) -> Workload:
         made.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = made.model.to(device).train()
     user_loss = made.loss
+    workload_batch = made.make_batch
 
     def make_batch(size: int) -> dict[str, torch.Tensor]:
-        return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in made.make_batch(size).items()}
+        return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in workload_batch(size).items()}
 
-    def raw_loss(batch: Mapping[str, Any]) -> torch.Tensor:
+    def raw_loss(module: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
         if user_loss is not None:
-            return user_loss(model, batch)
+            return user_loss(module, batch)
         inputs = {k: v for k, v in batch.items() if k != "num_items_in_batch"}
-        out = model(**inputs)
+        out = module(**inputs)
         loss = getattr(out, "loss", None)
         if loss is None and isinstance(out, Mapping):
             loss = out.get("loss")

@@ -1,0 +1,365 @@
+"""The accumulated training loop: token-exact loss, DDP ``no_sync``, checkpoints, resume, OOM fallback.
+
+Step ``s`` always trains on the same samples (:func:`gaplan.data.step_indices`), and
+checkpoints hold model, optimizer, scheduler, RNG states, the step and the plan, so
+``resume`` reaches the same weights as an uninterrupted run (bitwise on CPU).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import random
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from gaplan.data import Sample, collate, step_indices
+from gaplan.devices import is_out_of_memory
+from gaplan.errors import GaplanError
+from gaplan.loss import CUSTOM, count_step_targets
+from gaplan.plan import Plan, make_plan
+from gaplan.step import accumulate_gradients
+from gaplan.workload import Workload
+
+CHECKPOINT = "checkpoint.pt"
+LOG = "train_log.csv"
+LOG_FIELDS = ["step", "loss", "lr", "samples_per_s", "tokens_per_s", "peak_bytes", "micro_batch",
+              "grad_accum_steps", "seconds"]
+
+
+@dataclass
+class TrainConfig:
+    """How long and how to train. ``checkpoint_every=0`` saves only at the end and on SIGINT/SIGTERM."""
+
+    steps: int = 10
+    seed: int = 0
+    max_grad_norm: float | None = None
+    checkpoint_every: int = 0
+    warmup_steps: int = 0
+    run_dir: str | None = None
+
+
+@dataclass
+class StepLog:
+    step: int
+    loss: float
+    lr: float
+    samples_per_s: float
+    tokens_per_s: float
+    peak_bytes: int | None
+    micro_batch: int
+    grad_accum_steps: int
+    seconds: float
+
+
+@dataclass
+class TrainResult:
+    """What the run did: per-step logs, the plan it ended with, and any OOM fallbacks."""
+
+    logs: list[StepLog]
+    plan: Plan
+    oom_fallbacks: list[str] = field(default_factory=list)
+    interrupted: bool = False
+    seconds: float = 0.0
+
+
+class Distributed:
+    """This process's place under torchrun (rank 0 of 1 without it)."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.active = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.active else 0
+        self.world_size = dist.get_world_size() if self.active else 1
+
+    def sum(self, value: float) -> float:
+        if not self.active:
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64)
+        self.dist.all_reduce(tensor)
+        return float(tensor.item())
+
+    def min(self, value: int) -> int:
+        if not self.active:
+            return value
+        tensor = torch.tensor([value], dtype=torch.int64)
+        self.dist.all_reduce(tensor, op=self.dist.ReduceOp.MIN)
+        return int(tensor.item())
+
+
+def init_distributed(device: str) -> Distributed:
+    """Join the torchrun process group when its environment says so (gloo on CPU, nccl on CUDA)."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    return Distributed()
+
+
+def _schedule(config: TrainConfig) -> Callable[[int], float]:
+    """Linear warm-up then cosine decay to 10% (a common default)."""
+    def factor(step: int) -> float:
+        if step < config.warmup_steps:
+            return (step + 1) / config.warmup_steps
+        span = max(1, config.steps - config.warmup_steps)
+        progress = min(1.0, (step - config.warmup_steps) / span)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+    return factor
+
+
+def _rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+
+
+def save_checkpoint(path: str, state: dict[str, Any]) -> None:
+    """Write atomically: temp file, fsync, rename. A cut-off write never replaces a good checkpoint."""
+    temp = f"{path}.tmp.{os.getpid()}"
+    with open(temp, "wb") as handle:
+        torch.save(state, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temp, path)
+
+
+def load_checkpoint(run_dir: str) -> dict[str, Any]:
+    path = os.path.join(run_dir, CHECKPOINT)
+    if not os.path.isfile(path):
+        raise GaplanError(f"--resume {run_dir}: no {CHECKPOINT} in it")
+    try:
+        return torch.load(path, weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint is the user's to know about
+        raise GaplanError(f"--resume {run_dir}: the checkpoint cannot be read ({exc.__class__.__name__})") from None
+
+
+class _StopRequested:
+    """SIGINT/SIGTERM set a flag; the loop checkpoints after the current step and stops."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopRequested:
+        try:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        except ValueError:
+            pass  # not the main thread: signals stay as they are
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def train(
+    workload: Workload,
+    plan: Plan,
+    corpus: Sequence[Sample] | None,
+    config: TrainConfig,
+    resume: bool = False,
+    on_step: Callable[[StepLog], None] | None = None,
+    on_event: Callable[[str], None] | None = None,
+    peak_bytes: Callable[[], int | None] | None = None,
+    reset_peak: Callable[[], None] | None = None,
+) -> TrainResult:
+    """Train ``config.steps`` optimizer steps of ``plan.effective_batch`` samples each.
+
+    Args:
+        corpus: indexable samples (``None`` for a custom workload: its ``make_batch`` is used, seeded per step).
+        resume: continue from ``config.run_dir``'s checkpoint.
+        on_step / on_event: progress and notices (OOM fallbacks, checkpoints) for the caller to show.
+    """
+    dist = Distributed()
+    if plan.world_size != dist.world_size:
+        plan = make_plan(plan.effective_batch, plan.max_micro_batch, dist.world_size)
+    model: nn.Module = workload.model
+    if dist.active:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(workload.model)
+    optimizer = workload.optimizer
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config))
+    scaler = torch.amp.GradScaler(workload.device.type) if workload.spec.dtype == "fp16" else None
+    start_step, logs, fallbacks = 0, [], []
+    run_dir = config.run_dir
+    if run_dir and dist.rank == 0:
+        os.makedirs(run_dir, exist_ok=True)
+    if resume:
+        state = load_checkpoint(run_dir or ".")
+        workload.model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        if scaler is not None and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
+        _set_rng_state(state["rng"][dist.rank] if isinstance(state["rng"], list) else state["rng"])
+        start_step = int(state["step"])
+        plan = Plan.from_dict(state["plan"]) if state["plan"]["world_size"] == dist.world_size else plan
+        _truncate_log(run_dir, start_step)
+    else:
+        torch.manual_seed(config.seed)
+        random.seed(config.seed)
+
+    def checkpoint(step: int) -> None:
+        if not run_dir:
+            return
+        rng = _gather_rng(dist)
+        if dist.rank == 0:
+            save_checkpoint(os.path.join(run_dir, CHECKPOINT), {
+                "model": workload.model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict() if scaler else None,
+                "rng": rng, "step": step, "plan": plan.to_dict(), "workload": workload.spec.to_dict(),
+            })
+
+    started = time.perf_counter()
+    interrupted = False
+    with _StopRequested() as stop:
+        for step in range(start_step, config.steps):
+            if reset_peak:
+                reset_peak()
+            t0 = time.perf_counter()
+            while True:
+                micro_batches = _micro_batches(workload, plan, corpus, step, dist.rank, config.seed)
+                try:
+                    loss, tokens = _optimizer_step(workload, model, micro_batches, dist, scaler, config)
+                    break
+                except Exception as exc:  # noqa: BLE001 - classified right below
+                    if not is_out_of_memory(exc) or plan.micro_batch == 1:
+                        raise
+                optimizer.zero_grad(set_to_none=True)  # after the except block: the traceback is gone
+                smaller = make_plan(plan.effective_batch, max(1, plan.micro_batch // 2), plan.world_size)
+                message = (f"step {step + 1}: out of memory at micro-batch {plan.micro_batch}; redoing the step "
+                           f"with micro-batch {smaller.micro_batch} x {smaller.grad_accum_steps} accumulation steps")
+                fallbacks.append(message)
+                if on_event:
+                    on_event(message)
+                plan = smaller
+            lr = scheduler.get_last_lr()[0]
+            scheduler.step()
+            seconds = time.perf_counter() - t0
+            log = StepLog(step + 1, loss, lr, plan.effective_batch / seconds, tokens / seconds,
+                          peak_bytes() if peak_bytes else None, plan.micro_batch, plan.grad_accum_steps, seconds)
+            logs.append(log)
+            if dist.rank == 0 and run_dir:
+                _append_log(run_dir, log)
+            if on_step:
+                on_step(log)
+            done = step + 1
+            if stop.requested or (config.checkpoint_every and done % config.checkpoint_every == 0) or \
+                    done == config.steps:
+                checkpoint(done)
+            if stop.requested:
+                interrupted = True
+                if on_event:
+                    on_event(f"stopped after step {done}; checkpoint saved in {run_dir} (resume with --resume)")
+                break
+    return TrainResult(logs, plan, fallbacks, interrupted, time.perf_counter() - started)
+
+
+def _gather_rng(dist: Distributed) -> Any:
+    state = _rng_state()
+    if not dist.active:
+        return state
+    gathered: list[Any] = [None] * dist.world_size
+    dist.dist.all_gather_object(gathered, state)
+    return gathered
+
+
+def _micro_batches(workload: Workload, plan: Plan, corpus: Sequence[Sample] | None, step: int, rank: int,
+                   seed: int) -> list[dict[str, torch.Tensor]]:
+    """This rank's micro-batches of step ``step``, split by the plan's sizes."""
+    sizes = plan.rank_micro_batch_sizes[rank]
+    if corpus is None:  # a custom workload makes its own batches: seed them by step so resume sees the same
+        generator_state = torch.get_rng_state()
+        torch.manual_seed(seed * 1_000_003 + step * 97 + rank)
+        whole = workload.make_batch(sum(sizes))
+        torch.set_rng_state(generator_state)
+        batches, offset = [], 0
+        for size in sizes:
+            batches.append({k: v[offset:offset + size] for k, v in whole.items()})
+            offset += size
+        return batches
+    indices = step_indices(step, plan.effective_batch, len(corpus), seed)
+    share = plan.effective_batch // plan.world_size
+    mine = indices[rank * share:(rank + 1) * share]
+    batches, offset = [], 0
+    for size in sizes:
+        batch = collate([corpus[i] for i in mine[offset:offset + size]], workload.task, seed)
+        batches.append({k: v.to(workload.device) for k, v in batch.items()})
+        offset += size
+    return batches
+
+
+def _optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[dict], dist: Distributed,
+                    scaler: torch.amp.GradScaler | None, config: TrainConfig) -> tuple[float, int]:
+    """Accumulate, then step. Returns the large-batch loss and the tokens seen (all ranks)."""
+    if workload.task == CUSTOM:
+        local_items = sum(int(next(iter(mb.values())).shape[0]) for mb in micro_batches)
+    else:
+        local_items = count_step_targets(micro_batches, workload.task)
+    num_items = int(dist.sum(local_items))
+    no_sync = getattr(model, "no_sync", None)
+    result = accumulate_gradients(
+        model, micro_batches, workload.raw_loss, workload.task, workload.loss_is_scaled_for_ga, workload.autocast,
+        # DDP averages gradients over ranks; a token-normalized loss must be summed, so undo the average.
+        num_items_in_batch=num_items,
+        loss_multiplier=dist.world_size if workload.loss_is_scaled_for_ga is not False else 1, no_sync=no_sync,
+        scale=scaler.scale if scaler is not None else None)
+    if scaler is not None:
+        scaler.unscale_(workload.optimizer)  # before clipping: clip the true gradient
+    if config.max_grad_norm:
+        torch.nn.utils.clip_grad_norm_(workload.model.parameters(), config.max_grad_norm)
+    if scaler is not None:
+        scaler.step(workload.optimizer)
+        scaler.update()
+    else:
+        workload.optimizer.step()
+    workload.optimizer.zero_grad(set_to_none=True)
+    tokens = sum(int(mb["attention_mask"].sum()) if "attention_mask" in mb else 0 for mb in micro_batches)
+    loss = result.loss
+    if dist.active and workload.loss_is_scaled_for_ga is not False:
+        loss = dist.sum(loss)  # each rank's share of the global normalized loss
+    elif dist.active:
+        loss = dist.sum(loss) / dist.world_size
+    return loss, int(dist.sum(tokens))
+
+
+def _append_log(run_dir: str, log: StepLog) -> None:
+    path = os.path.join(run_dir, LOG)
+    new = not os.path.exists(path)
+    with open(path, "a", newline="") as handle:
+        writer = csv.DictWriter(handle, LOG_FIELDS)
+        if new:
+            writer.writeheader()
+        writer.writerow({k: getattr(log, k) for k in LOG_FIELDS})
+
+
+def _truncate_log(run_dir: str | None, step: int) -> None:
+    """Drop log rows past the checkpoint (steps that will be redone after a resume)."""
+    path = os.path.join(run_dir or ".", LOG)
+    if not os.path.exists(path):
+        return
+    with open(path, newline="") as handle:
+        rows = [row for row in csv.DictReader(handle) if int(row["step"]) <= step]
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, LOG_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
