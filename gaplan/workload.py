@@ -29,12 +29,18 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 OPTIMIZERS = ("adamw", "sgd")
 DEFAULT_MODEL = "tiny-gpt2"
 
+# Presets train without dropout (as most LLM pre-training does): accumulation over any split
+# then gives the same gradient as one large batch, which the tests check bit for bit.
+_NO_DROPOUT_GPT2 = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+_NO_DROPOUT_BERT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
 # name -> (config class name, config kwargs, task, default seq len, description)
 PRESETS: dict[str, tuple[str, dict, str, int, str]] = {
     "tiny-gpt2": ("GPT2Config", dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192, n_positions=1024,
-                                     bos_token_id=0, eos_token_id=0),
+                                     bos_token_id=0, eos_token_id=0, **_NO_DROPOUT_GPT2),
                   CAUSAL_LM, 256, "GPT-2 style causal LM, 4 layers x 256, 6M parameters (default)"),
-    "small-gpt2": ("GPT2Config", dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024),
+    "small-gpt2": ("GPT2Config", dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024,
+                                      **_NO_DROPOUT_GPT2),
                    CAUSAL_LM, 512, "GPT-2 small shape, 124M parameters"),
     "tiny-llama": ("LlamaConfig", dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4,
                                        num_attention_heads=4, num_key_value_heads=4, vocab_size=8192,
@@ -42,11 +48,12 @@ PRESETS: dict[str, tuple[str, dict, str, int, str]] = {
                                        pad_token_id=0),
                    CAUSAL_LM, 256, "Llama style causal LM (RMSNorm, RoPE, SwiGLU), 4 layers x 256, 7M parameters"),
     "tiny-bert-mlm": ("BertConfig", dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                                         intermediate_size=1024, vocab_size=8192, max_position_embeddings=512),
+                                         intermediate_size=1024, vocab_size=8192, max_position_embeddings=512,
+                                         **_NO_DROPOUT_BERT),
                       MASKED_LM, 128, "BERT style masked LM, 4 layers x 256, 5M parameters"),
     "tiny-bert-cls": ("BertConfig", dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
                                          intermediate_size=1024, vocab_size=8192, max_position_embeddings=512,
-                                         num_labels=4),
+                                         num_labels=4, **_NO_DROPOUT_BERT),
                       CLASSIFICATION, 128, "BERT style sequence classifier (4 classes), 4 layers x 256"),
 }
 

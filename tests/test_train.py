@@ -1,0 +1,100 @@
+"""The training loop: resume equals an uninterrupted run, checkpoints are atomic, OOM fallback is exact."""
+
+import os
+
+import pytest
+import torch
+
+from gaplan.data import SyntheticCorpus
+from gaplan.errors import GaplanError
+from gaplan.plan import make_plan
+from gaplan.train import CHECKPOINT, TrainConfig, load_checkpoint, save_checkpoint, train
+from gaplan.workload import WorkloadSpec, build_workload
+
+SPEC = WorkloadSpec(model="tiny-gpt2", seq_len=16, optimizer="adamw", lr=1e-3)
+
+
+def run(tmp_path, name, steps=4, micro=4, resume=False, stop_after=None, wrap_loss=None, spec=SPEC):
+    workload = build_workload(spec, "cpu", seed=0)
+    if wrap_loss:
+        workload.raw_loss = wrap_loss(workload.raw_loss)
+    corpus = SyntheticCorpus(16, seed=0)
+
+    def on_step(log):
+        if stop_after is not None and log.step == stop_after + 1:
+            raise KeyboardInterrupt  # the process dies mid-run, after the checkpoint of step `stop_after`
+
+    config = TrainConfig(steps=steps, seed=0, checkpoint_every=1, run_dir=str(tmp_path / name))
+    result = train(workload, make_plan(16, micro), corpus, config, resume=resume, on_step=on_step)
+    return workload.model, result
+
+
+def test_resume_is_bitwise_equal(tmp_path):
+    reference, _ = run(tmp_path, "straight")
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, "cut", stop_after=2)
+    assert load_checkpoint(str(tmp_path / "cut"))["step"] == 2
+    resumed, result = run(tmp_path, "cut", resume=True)
+    assert [log.step for log in result.logs] == [3, 4]
+    for a, b in zip(reference.state_dict().values(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    rows = (tmp_path / "cut" / "train_log.csv").read_text().splitlines()
+    assert len(rows) == 1 + 4, "the log has each step once after a resume"
+
+
+def test_loss_falls_on_the_synthetic_corpus(tmp_path):
+    _, result = run(tmp_path, "learn", steps=6)
+    assert result.logs[-1].loss < result.logs[0].loss - 0.5
+
+
+def test_cut_off_checkpoint_is_never_loaded(tmp_path, monkeypatch):
+    path = str(tmp_path / CHECKPOINT)
+    save_checkpoint(path, {"step": 1})
+    real_save = torch.save
+
+    def dies_mid_write(obj, handle):
+        handle.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", dies_mid_write)
+    with pytest.raises(OSError):
+        save_checkpoint(path, {"step": 2})
+    monkeypatch.setattr(torch, "save", real_save)
+    assert load_checkpoint(str(tmp_path))["step"] == 1
+    (tmp_path / CHECKPOINT).write_bytes(b"garbage")
+    with pytest.raises(GaplanError, match="cannot be read"):
+        load_checkpoint(str(tmp_path))
+
+
+def test_injected_oom_is_survived_with_the_same_weights(tmp_path):
+    torch.manual_seed(0)
+    # SGD: the update is the gradient itself, so float rounding between splits stays at rounding level
+    # (Adam divides by sqrt(v), magnifying rounding on near-zero gradient entries).
+    sgd = WorkloadSpec(model="tiny-gpt2", seq_len=16, optimizer="sgd", lr=0.1)
+    never, _ = run(tmp_path, "never", steps=3, micro=8, spec=sgd)
+    state = {"raised": False}
+
+    def flaky(raw_loss):
+        def wrapped(model, batch):
+            if not state["raised"] and batch["input_ids"].shape[0] == 8:
+                state["raised"] = True
+                raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes (injected)")
+            return raw_loss(model, batch)
+        return wrapped
+
+    survived, result = run(tmp_path, "oom", steps=3, micro=8, wrap_loss=flaky, spec=sgd)
+    assert state["raised"] and len(result.oom_fallbacks) == 1
+    assert result.plan.micro_batch == 4 and result.plan.effective_batch == 16
+    for a, b in zip(never.state_dict().values(), survived.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_other_errors_are_not_retried(tmp_path):
+    def broken(raw_loss):
+        def wrapped(model, batch):
+            raise ValueError("a bug, not an OOM")
+        return wrapped
+
+    with pytest.raises(ValueError):
+        run(tmp_path, "bug", steps=1, wrap_loss=broken)
+    assert not os.path.exists(tmp_path / "bug" / CHECKPOINT)
