@@ -1,0 +1,82 @@
+"""End-to-end ``gaplan train``: equal weights across splits, torchrun DDP, bad input."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from gaplan.cli import main
+
+from ..conftest import REPO_ROOT
+
+ONE_SGD_STEP = ["train", "--seq-len", "32", "--effective-batch", "32", "--optimizer", "sgd", "--lr", "0.1",
+                "--steps", "1", "--seed", "0", "--quiet"]
+
+
+def assert_same_weights(a, b):
+    wa, wb = load_file(a), load_file(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        torch.testing.assert_close(wa[key], wb[key], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_micro_batch_8_and_32_give_the_same_weights(tmp_path):
+    for micro in (8, 32):
+        result = CliRunner().invoke(main, [*ONE_SGD_STEP, "--micro-batch", str(micro), "--out", str(tmp_path / f"r{micro}"),
+                                           "--save-weights", str(tmp_path / f"w{micro}.safetensors"), "--json"])
+        assert result.exit_code == 0, result.output
+        summary = json.loads(result.stdout)
+        assert summary["plan"]["grad_accum_steps"] == 32 // micro
+        assert (tmp_path / f"r{micro}" / "train_log.csv").exists()
+    assert_same_weights(tmp_path / "w8.safetensors", tmp_path / "w32.safetensors")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_ranks_equal_one_process(tmp_path):
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
+    assert torchrun, "torchrun comes with torch"
+    common = [*ONE_SGD_STEP, "--steps", "2", "--threads", "1"]
+    subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", "29533", "-m", "gaplan", *common,
+                    "--micro-batch", "4", "--out", str(tmp_path / "ddp"), "--save-weights", str(tmp_path / "ddp.st")],
+                   check=True, cwd=REPO_ROOT, capture_output=True, timeout=300)
+    single = CliRunner().invoke(main, [*common, "--micro-batch", "32", "--out", str(tmp_path / "one"),
+                                       "--save-weights", str(tmp_path / "one.st")])
+    assert single.exit_code == 0, single.output
+    assert_same_weights(tmp_path / "ddp.st", tmp_path / "one.st")
+
+
+def write(path, text):
+    path.write_text(text)
+    return str(path)
+
+
+def test_bad_input(tmp_path):
+    other_plan = tmp_path / "other.json"
+    result = CliRunner().invoke(main, ["probe", "--model", "tiny-bert-cls", "--seq-len", "8", "--max-micro-batch", "2",
+                                       "--quiet", "--out", str(tmp_path / "p")])
+    assert result.exit_code == 0, result.output
+    shutil.copy(tmp_path / "p" / "plan.json", other_plan)
+    cases = [
+        (["--effective-batch", "0"], "--effective-batch must be a positive integer (got 0)"),
+        (["--plan", str(tmp_path / "missing.json")], "does not exist"),
+        (["--plan", write(tmp_path / "corrupt.json", "{not json")], "cannot read plan file"),
+        (["--plan", write(tmp_path / "empty.json", "{}")], "not a gaplan plan file"),
+        (["--plan", str(other_plan)], "was made for tiny-bert-cls"),
+        (["--micro-batch", "4", "--data", str(tmp_path / "nope.txt")], "cannot read it"),
+        (["--resume", str(tmp_path)], "no checkpoint.pt in it"),
+    ]
+    for args, message in cases:
+        out = tmp_path / "never-written"
+        result = CliRunner().invoke(main, ["train", "--quiet", "--out", str(out), *args])
+        assert result.exit_code == 2, (args, result.output)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and message in lines[0], (args, result.stderr)
+        assert not out.exists()
