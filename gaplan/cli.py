@@ -214,7 +214,7 @@ def same_workload(a, b) -> bool:
 @click.option("--micro-batch", type=int, default=None, help="Skip the probe and use this micro-batch.")
 @click.option("--plan", "plan_file", default=None, metavar="PLAN.JSON", help="Use a plan written by gaplan probe.")
 @click.option("--data", default=None, metavar="FILE", help="Text file (one sample per line) or JSONL with 'text'.")
-@click.option("--steps", type=int, default=10, show_default=True, help="Optimizer steps.")
+@click.option("--steps", type=int, default=6, show_default=True, help="Optimizer steps.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--max-grad-norm", type=float, default=None, help="Clip the gradient norm (after fp16 unscaling).")
 @click.option("--warmup-steps", type=int, default=0, show_default=True)

@@ -38,7 +38,7 @@ _NO_DROPOUT_BERT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.
 PRESETS: dict[str, tuple[str, dict, str, int, str]] = {
     "tiny-gpt2": ("GPT2Config", dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192, n_positions=1024,
                                      bos_token_id=0, eos_token_id=0, **_NO_DROPOUT_GPT2),
-                  CAUSAL_LM, 256, "GPT-2 style causal LM, 4 layers x 256, 6M parameters (default)"),
+                  CAUSAL_LM, 128, "GPT-2 style causal LM, 4 layers x 256, 6M parameters (default)"),
     "small-gpt2": ("GPT2Config", dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024,
                                       **_NO_DROPOUT_GPT2),
                    CAUSAL_LM, 512, "GPT-2 small shape, 124M parameters"),

@@ -1,0 +1,39 @@
+"""Device resolution and the one OOM classifier; CUDA tests run only with a GPU (-m gpu)."""
+
+import pytest
+import torch
+
+from gaplan.devices import is_out_of_memory, resolve_device
+from gaplan.errors import GaplanError
+
+
+def test_oom_classifier():
+    assert is_out_of_memory(RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory"))
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert is_out_of_memory(MemoryError())
+    assert not is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert not is_out_of_memory(ValueError("out of memory"))
+
+
+def test_resolve_device():
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device("auto") == ("cuda:0" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(GaplanError, match="--device must be"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(GaplanError, match="no CUDA device"):
+            resolve_device("cuda:0")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_probe_is_exact_under_an_emulated_small_card():
+    from gaplan.probe import check_in_fresh_process, probe
+    from gaplan.workload import WorkloadSpec
+
+    spec = WorkloadSpec(model="tiny-gpt2", seq_len=256)
+    result = probe(spec, device="cuda", memory_limit=2 * 2**30)
+    edge = result.max_micro_batch
+    assert edge >= 1 and result.device.startswith("cuda")
+    assert check_in_fresh_process(spec, "cuda", result.probe_limit_bytes, edge, optimizer_steps=2)
+    assert not check_in_fresh_process(spec, "cuda", result.probe_limit_bytes, edge + 1, optimizer_steps=2)
