@@ -115,7 +115,9 @@ def positive(name: str, value: int | None) -> None:
 
 def trial_line(trial) -> str:
     verdict = "fits" if trial.fits else "OOM "
-    return f"  micro-batch {trial.micro_batch:>6}  {verdict}  peak {format_bytes(trial.peak_bytes):>10}  {trial.seconds:7.2f} s"
+    where = "  (confirmed in a fresh process, 2 steps)" if getattr(trial, "fresh_process", False) else ""
+    return (f"  micro-batch {trial.micro_batch:>6}  {verdict}  peak {format_bytes(trial.peak_bytes):>10}  "
+            f"{trial.seconds:7.2f} s{where}")
 
 
 def print_probe(result) -> None:
@@ -130,14 +132,13 @@ def print_probe(result) -> None:
         click.echo(f"margin     {result.margin:.0%} kept free: trials ran under {format_bytes(result.probe_limit_bytes)}")
     click.echo(f"static     {format_bytes(result.static_bytes)} for weights, gradients and optimizer states")
     click.echo("")
-    click.echo(f"  {'micro-batch':>18}  {'result':<4}  {'peak':>15}  {'time':>9}")
-    for trial in sorted(result.trials, key=lambda t: t.micro_batch):
+    for trial in result.trials:
         click.echo(trial_line(trial))
     click.echo("")
     edge = f"{result.max_micro_batch}" + (" (the search cap; more may fit)" if result.capped else "")
     click.echo(f"largest micro-batch that fits: {edge}   "
-               f"[{len(result.trials)} trials, {result.wall_seconds:.1f} s; every trial = 2 accumulated "
-               "micro-steps + optimizer step at steady state]")
+               f"[{sum(not t.fresh_process for t in result.trials)} search trials + "
+               f"{sum(t.fresh_process for t in result.trials)} confirmations, {result.wall_seconds:.1f} s]")
     plan = result.plan
     sizes = ",".join(str(s) for s in plan.micro_batch_sizes)
     click.echo(f"plan: effective batch {plan.effective_batch} = micro-batch {plan.micro_batch} x "

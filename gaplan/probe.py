@@ -37,6 +37,7 @@ class Trial:
     peak_bytes: int | None
     seconds: float
     error: str | None = None
+    fresh_process: bool = False  # a confirmation run in a new worker, after the search
 
 
 @dataclass
@@ -76,6 +77,7 @@ class ProbeResult:
             "capped": self.capped,
             "trials": [asdict(t) for t in self.trials],
             "trial_count": len(self.trials),
+            "search_trial_count": sum(not t.fresh_process for t in self.trials),
             "plan": self.plan.to_dict(),
             "param_count": self.param_count,
             "static_bytes": self.static_bytes,
@@ -215,6 +217,7 @@ def probe(
     max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH,
     threads: int | None = None,
     on_trial: Callable[[Trial], None] | None = None,
+    confirm: bool = True,
 ) -> ProbeResult:
     """Find the largest micro-batch that fits ``device`` at steady state, and plan ``effective_batch``.
 
@@ -224,6 +227,9 @@ def probe(
         memory_limit: the budget in bytes (CPU default :data:`DEFAULT_CPU_BUDGET`; CUDA: the card).
         margin: fraction of the budget kept free as headroom (trials run under ``(1 - margin) * budget``).
         on_trial: called after each trial, for progress display.
+        confirm: re-check B* and B*+1 in a fresh worker (two optimizer steps each). A long-lived
+            process can hold a little heap left over by earlier trials, so the edge is confirmed
+            where training will run: in a new process.
 
     Raises:
         DoesNotFit: when even micro-batch 1 does not fit.
@@ -257,18 +263,48 @@ def probe(
             return trial
 
         result = find_edge(measure, probe_limit, start=start, max_batch=max_micro_batch)
-    if result.edge == 0:
+    edge = result.edge
+    if confirm and edge >= 1 and not result.capped:
+        edge = _confirm_edge(spec, device, probe_limit, edge, threads, trials, on_trial)
+    if edge == 0:
         raise DoesNotFit(f"{spec.model} does not fit in {format_bytes(probe_limit)} even at micro-batch 1 "
                          f"(weights, gradients and optimizer states alone take {format_bytes(info['static_bytes'])})",
                          info["static_bytes"])
     return ProbeResult(
         workload=spec, device=device, memory_limit_bytes=int(memory_limit), margin=margin,
         probe_limit_bytes=int(probe_limit), budget_is_default=budget_is_default,
-        max_micro_batch=result.edge, capped=result.capped, trials=trials,
-        plan=make_plan(effective_batch, result.edge, world_size), param_count=info["param_count"],
+        max_micro_batch=edge, capped=result.capped, trials=trials,
+        plan=make_plan(effective_batch, edge, world_size), param_count=info["param_count"],
         static_bytes=info["static_bytes"], task=info["task"], seq_len=info["seq_len"],
         wall_seconds=time.perf_counter() - started,
     )
+
+
+def _confirm_edge(spec: WorkloadSpec, device: str, limit: int, edge: int, threads: int | None,
+                  trials: list[Trial], on_trial: Callable[[Trial], None] | None, rounds: int = 6) -> int:
+    """Move the edge until B* trains two steps and B*+1 does not, each round in a new worker."""
+    for _ in range(rounds):
+        with WorkerProcess(spec, device, limit, threads=threads) as fresh:
+            verdicts = []
+            for size in (edge, edge + 1):
+                outcome = fresh.trial(size, optimizer_steps=2)
+                trial = Trial(size, outcome["fits"], outcome["peak_bytes"], round(outcome["seconds"], 3),
+                              outcome["error"], fresh_process=True)
+                trials.append(trial)
+                if on_trial is not None:
+                    on_trial(trial)
+                verdicts.append(trial.fits)
+                if not trial.fits:
+                    break
+        if not verdicts[0]:
+            edge -= 1
+        elif len(verdicts) == 2 and verdicts[1]:
+            edge += 1
+        else:
+            return edge
+        if edge == 0:
+            return 0
+    return edge
 
 
 def check_in_fresh_process(spec: WorkloadSpec, device: str, limit_bytes: int | None, micro_batch: int,
