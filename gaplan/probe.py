@@ -281,7 +281,7 @@ def probe(
 
 
 def _confirm_edge(spec: WorkloadSpec, device: str, limit: int, edge: int, threads: int | None,
-                  trials: list[Trial], on_trial: Callable[[Trial], None] | None, rounds: int = 6) -> int:
+                  trials: list[Trial], on_trial: Callable[[Trial], None] | None, rounds: int = 16) -> int:
     """Move the edge until B* trains two steps and B*+1 does not, each round in a new worker."""
     for _ in range(rounds):
         with WorkerProcess(spec, device, limit, threads=threads) as fresh:

@@ -46,7 +46,7 @@ def test_failed_trial_leaves_no_leak(small_probe):
         baseline = worker.trial(1)
         failed = worker.trial(small_probe.max_micro_batch * 4)
         assert not failed["fits"]
-        assert failed["after_bytes"] - failed["before_bytes"] < 4 * 2**20
+        assert failed["after_bytes"] - failed["before_bytes"] < 16 * 2**20  # 4% of the budget: allocator slack
         assert failed["after_bytes"] - baseline["after_bytes"] < 4 * 2**20
         # The process keeps training after an OOM. (The exact edge itself is confirmed in a fresh
         # process by the probe: freed small-allocation heap can stay counted against RLIMIT_DATA.)
