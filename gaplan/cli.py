@@ -337,7 +337,7 @@ def train(**options: Any) -> None:
         from safetensors.torch import save_file
 
         state = {k: v.detach().contiguous().clone() for k, v in workload.model.state_dict().items()}
-        save_file(_untie(state), options["save_weights"])
+        save_file(state, options["save_weights"])  # cloned per name: tied weights no longer share storage
     if dist.rank != 0:
         return
     logs = result.logs
@@ -356,17 +356,6 @@ def train(**options: Any) -> None:
                    f"{summary['tokens_per_s']:.0f} tokens/s; log and checkpoint in {run_dir}")
     if result.interrupted:
         sys.exit(130)
-
-
-def _untie(state: dict) -> dict:
-    """safetensors refuses shared storage (tied embeddings): keep each tensor once per name."""
-    seen: dict[int, str] = {}
-    out = {}
-    for name, tensor in state.items():
-        pointer = tensor.data_ptr()
-        out[name] = tensor.clone() if pointer in seen else tensor
-        seen.setdefault(pointer, name)
-    return out
 
 
 def save_probe_plan(run_dir: str, spec, device: str, memory_limit: int | None, plan, probed) -> None:

@@ -35,14 +35,20 @@ def count_targets(batch: Mapping[str, Any], task: str) -> int:
         return int((batch["labels"][..., 1:] != IGNORE_INDEX).sum())
     if "labels" in batch:
         return int((batch["labels"] != IGNORE_INDEX).sum())
-    # a custom batch without labels: one item per sample
-    first = next(v for v in batch.values() if isinstance(v, torch.Tensor))
-    return int(first.shape[0])
+    return batch_size(batch)  # a custom batch without labels: one item per sample
 
 
 def count_step_targets(micro_batches: Iterable[Mapping[str, Any]], task: str) -> int:
-    """``num_items_in_batch`` for one optimizer step on this rank."""
+    """``num_items_in_batch`` for one optimizer step on this rank (samples, for a custom workload)."""
+    if task == CUSTOM:
+        return sum(batch_size(mb) for mb in micro_batches)
     return sum(count_targets(mb, task) for mb in micro_batches)
+
+
+def batch_size(batch: Mapping[str, Any]) -> int:
+    """Samples in a batch: the first dimension of its first tensor."""
+    first = next(v for v in batch.values() if isinstance(v, torch.Tensor))
+    return int(first.shape[0])
 
 
 def summed_token_loss(logits: torch.Tensor, batch: Mapping[str, Any], task: str) -> torch.Tensor:

@@ -60,13 +60,6 @@ def _fallback_cost(lo: int, hi: int | None) -> int:
     return math.ceil(math.log2(hi - lo) - 1e-9) if hi - lo > 1 else 0
 
 
-def _within_bound(used: int, lo: int, hi: int | None) -> bool:
-    """Can plain search finish from this state within the bound, for every edge it allows?"""
-    if lo < 1:
-        return True  # nothing fitted yet: the bound is undefined (B* may be 0)
-    return used + _fallback_cost(lo, hi) <= trial_bound(lo)
-
-
 def _predict_edge(points: list[tuple[int, int]], limit_bytes: int) -> int | None:
     """Edge predicted by a line through the measured peaks, or None.
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gaplan.loss import CUSTOM, count_step_targets, normalized_loss
+from gaplan.loss import batch_size, count_step_targets, normalized_loss
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,7 @@ def accumulate_gradients(
         scale: a GradScaler's ``scale`` for fp16.
     """
     if num_items_in_batch is None:
-        num_items_in_batch = count_step_targets(micro_batches, task) if task != CUSTOM else sum(
-            _batch_size(mb) for mb in micro_batches)
+        num_items_in_batch = count_step_targets(micro_batches, task)
     steps = len(micro_batches)
     total = 0.0
     for index, batch in enumerate(micro_batches):
@@ -65,9 +64,5 @@ def accumulate_gradients(
             loss = loss * loss_multiplier
             (scale(loss) if scale is not None else loss).backward()
         del loss  # free the graph's last reference before the next micro-batch
-    return StepResult(total, num_items_in_batch, sum(_batch_size(mb) for mb in micro_batches))
+    return StepResult(total, num_items_in_batch, sum(batch_size(mb) for mb in micro_batches))
 
-
-def _batch_size(batch: Mapping[str, Any]) -> int:
-    first = next(v for v in batch.values() if isinstance(v, torch.Tensor))
-    return int(first.shape[0])

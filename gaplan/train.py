@@ -23,7 +23,7 @@ from torch import nn
 from gaplan.data import Sample, collate, step_indices
 from gaplan.devices import is_out_of_memory
 from gaplan.errors import GaplanError
-from gaplan.loss import CUSTOM, count_step_targets
+from gaplan.loss import count_step_targets
 from gaplan.plan import Plan, make_plan
 from gaplan.step import accumulate_gradients
 from gaplan.workload import Workload
@@ -309,11 +309,7 @@ def _micro_batches(workload: Workload, plan: Plan, corpus: Sequence[Sample] | No
 def _optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[dict], dist: Distributed,
                     scaler: torch.amp.GradScaler | None, config: TrainConfig) -> tuple[float, int]:
     """Accumulate, then step. Returns the large-batch loss and the tokens seen (all ranks)."""
-    if workload.task == CUSTOM:
-        local_items = sum(int(next(iter(mb.values())).shape[0]) for mb in micro_batches)
-    else:
-        local_items = count_step_targets(micro_batches, workload.task)
-    num_items = int(dist.sum(local_items))
+    num_items = int(dist.sum(count_step_targets(micro_batches, workload.task)))
     no_sync = getattr(model, "no_sync", None)
     result = accumulate_gradients(
         model, micro_batches, workload.raw_loss, workload.task, workload.loss_is_scaled_for_ga, workload.autocast,
