@@ -115,7 +115,7 @@ def positive(name: str, value: int | None) -> None:
 
 def trial_line(trial) -> str:
     verdict = "fits" if trial.fits else "OOM "
-    where = "  (confirmed in a fresh process, 2 steps)" if getattr(trial, "fresh_process", False) else ""
+    where = f"  (out of memory at optimizer step {trial.completed_steps + 1})" if not trial.fits else ""
     return (f"  micro-batch {trial.micro_batch:>6}  {verdict}  peak {format_bytes(trial.peak_bytes):>10}  "
             f"{trial.seconds:7.2f} s{where}")
 
@@ -137,8 +137,7 @@ def print_probe(result) -> None:
     click.echo("")
     edge = f"{result.max_micro_batch}" + (" (the search cap; more may fit)" if result.capped else "")
     click.echo(f"largest micro-batch that fits: {edge}   "
-               f"[{sum(not t.fresh_process for t in result.trials)} search trials + "
-               f"{sum(t.fresh_process for t in result.trials)} confirmations, {result.wall_seconds:.1f} s]")
+               f"[{len(result.trials)} trials, each a fresh process, {result.wall_seconds:.1f} s]")
     plan = result.plan
     sizes = ",".join(str(s) for s in plan.micro_batch_sizes)
     click.echo(f"plan: effective batch {plan.effective_batch} = micro-batch {plan.micro_batch} x "
@@ -194,12 +193,16 @@ def probe(**options: Any) -> None:
     click.echo(f"plan written to {plan_path}  (gaplan train --plan {plan_path})")
 
 
+# Part of the plan-cache key: a change in how trials measure must not reuse older answers.
+PROBE_METHOD = "fork-per-trial, 2 optimizer steps, anonymous peak"
+
+
 def plan_cache_path(spec, device: str, memory_limit: int | None) -> str:
     """Where a probe of this workload, device and budget is cached for ``gaplan train``."""
     import hashlib
 
     key = json.dumps({"workload": {k: v for k, v in spec.to_dict().items() if k != "lr"}, "device": device,
-                      "memory_limit": memory_limit}, sort_keys=True)
+                      "memory_limit": memory_limit, "probe": PROBE_METHOD}, sort_keys=True)
     root = os.environ.get("GAPLAN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gaplan")
     return os.path.join(root, "plans", hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
 
@@ -243,7 +246,7 @@ def train(**options: Any) -> None:
       gaplan train --effective-batch 256 --resume reports/<run>
     """
     from gaplan.data import SyntheticCorpus, TextCorpus
-    from gaplan.devices import resolve_device
+    from gaplan.devices import make_backend, resolve_device
     from gaplan.plan import make_plan
     from gaplan.probe import load_probe, probe, save_probe
     from gaplan.train import TrainConfig, init_distributed
@@ -311,7 +314,9 @@ def train(**options: Any) -> None:
     if dist.rank == 0:
         os.makedirs(run_dir, exist_ok=True)
         save_probe_plan(run_dir, spec, device, memory_limit, plan, probed)
-    peak, reset = memory_probes(device)
+    meter = make_backend(workload.device.type if device == "cpu" else str(workload.device))
+    meter.activate(None, enforce=False)  # measure this process's peaks; the budget binds only the probe
+    peak, reset = meter.peak_bytes, meter.reset_peak
     bar = None
     if dist.rank == 0 and not options["quiet"]:
         from tqdm import tqdm
@@ -371,23 +376,6 @@ def save_probe_plan(run_dir: str, spec, device: str, memory_limit: int | None, p
                              param_count=0, static_bytes=0, task=spec.task or "?", seq_len=spec.seq_len,
                              wall_seconds=0.0)
     save_probe(dataclasses.replace(probed, plan=plan), os.path.join(run_dir, "plan.json"))
-
-
-def memory_probes(device: str):
-    """Per-step peak memory readers for the training process (VmHWM on CPU, allocator peak on CUDA)."""
-    if device == "cpu":
-        from gaplan.devices.cpu import read_status
-
-        base = read_status()["VmRSS"]
-
-        def reset() -> None:
-            with open("/proc/self/clear_refs", "w") as refs:
-                refs.write("5")
-
-        return (lambda: read_status()["VmHWM"] - base), reset
-    import torch
-
-    return torch.cuda.max_memory_reserved, torch.cuda.reset_peak_memory_stats
 
 
 def run() -> None:

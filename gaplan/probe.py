@@ -37,7 +37,19 @@ class Trial:
     peak_bytes: int | None
     seconds: float
     error: str | None = None
-    fresh_process: bool = False  # a confirmation run in a new worker, after the search
+    completed_steps: int = 0  # optimizer steps finished (an OOM at step 2 shows as 1)
+    micro_steps_peak_bytes: int | None = None  # peak of the forward/backward passes, before the optimizer step
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the search sees of a trial."""
+
+    fits: bool
+    peak_bytes: int | None
+
+
+_TRIAL_FIELDS = set(Trial.__dataclass_fields__)
 
 
 @dataclass
@@ -77,7 +89,6 @@ class ProbeResult:
             "capped": self.capped,
             "trials": [asdict(t) for t in self.trials],
             "trial_count": len(self.trials),
-            "search_trial_count": sum(not t.fresh_process for t in self.trials),
             "plan": self.plan.to_dict(),
             "param_count": self.param_count,
             "static_bytes": self.static_bytes,
@@ -98,7 +109,7 @@ class ProbeResult:
                 budget_is_default=bool(data.get("budget_is_default", False)),
                 max_micro_batch=int(data["max_micro_batch"]),
                 capped=bool(data.get("capped", False)),
-                trials=[Trial(**t) for t in data.get("trials", [])],
+                trials=[Trial(**{k: v for k, v in t.items() if k in _TRIAL_FIELDS}) for t in data.get("trials", [])],
                 plan=Plan.from_dict(data["plan"]),
                 param_count=int(data.get("param_count", 0)),
                 static_bytes=int(data.get("static_bytes", 0)),
@@ -174,8 +185,16 @@ class WorkerProcess:
             raise RuntimeError("the trial worker failed:\n" + message["message"])
         return message
 
-    def trial(self, micro_batch: int, micro_steps: int = 2, optimizer_steps: int = 1) -> dict:
-        self._send({"micro_batch": micro_batch, "micro_steps": micro_steps, "optimizer_steps": optimizer_steps})
+    def trial(self, micro_batch: int, micro_steps: int = 2, optimizer_steps: int = 1,
+              sizes: list[int] | None = None, unbounded: bool = False) -> dict:
+        """One trial in a fresh child; ``sizes`` is one step's uneven split, ``unbounded`` lifts the budget."""
+        self._send({"micro_batch": micro_batch, "micro_steps": micro_steps, "optimizer_steps": optimizer_steps,
+                    "sizes": sizes, "unbounded": unbounded})
+        return self._receive()
+
+    def breakdown(self, micro_batch: int) -> dict:
+        """Peak bytes by category of one steady-state step (:mod:`gaplan.breakdown`), measured without the budget."""
+        self._send({"micro_batch": micro_batch, "breakdown": True, "unbounded": True})
         return self._receive()
 
     def close(self) -> None:
@@ -216,8 +235,8 @@ def probe(
     start: int = 1,
     max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH,
     threads: int | None = None,
+    optimizer_steps: int = 2,
     on_trial: Callable[[Trial], None] | None = None,
-    confirm: bool = True,
 ) -> ProbeResult:
     """Find the largest micro-batch that fits ``device`` at steady state, and plan ``effective_batch``.
 
@@ -226,10 +245,9 @@ def probe(
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
         memory_limit: the budget in bytes (CPU default :data:`DEFAULT_CPU_BUDGET`; CUDA: the card).
         margin: fraction of the budget kept free as headroom (trials run under ``(1 - margin) * budget``).
+        optimizer_steps: accumulated optimizer steps per trial (each in a fresh process); two by
+            default, so the answer is checked past the first step, not only at it.
         on_trial: called after each trial, for progress display.
-        confirm: re-check B* and B*+1 in a fresh worker (two optimizer steps each). A long-lived
-            process can hold a little heap left over by earlier trials, so the edge is confirmed
-            where training will run: in a new process.
 
     Raises:
         DoesNotFit: when even micro-batch 1 does not fit.
@@ -253,19 +271,18 @@ def probe(
         probe_limit = info["limit_bytes"]
         _check_ready(info, spec, probe_limit)
 
-        def measure(micro_batch: int) -> Trial:
-            outcome = worker.trial(micro_batch)
+        def measure(micro_batch: int) -> Observed:
+            outcome = worker.trial(micro_batch, optimizer_steps=optimizer_steps)
             trial = Trial(micro_batch, outcome["fits"], outcome["peak_bytes"], round(outcome["seconds"], 3),
-                          outcome["error"])
+                          outcome["error"], outcome["completed_steps"], outcome["micro_steps_peak_bytes"])
             trials.append(trial)
             if on_trial is not None:
                 on_trial(trial)
-            return trial
+            # The search's memory line is drawn through the forward/backward peaks: they grow with b.
+            return Observed(trial.fits, trial.micro_steps_peak_bytes)
 
         result = find_edge(measure, probe_limit, start=start, max_batch=max_micro_batch)
     edge = result.edge
-    if confirm and edge >= 1 and not result.capped:
-        edge = _confirm_edge(spec, device, probe_limit, edge, threads, trials, on_trial)
     if edge == 0:
         raise DoesNotFit(f"{spec.model} does not fit in {format_bytes(probe_limit)} even at micro-batch 1 "
                          f"(weights, gradients and optimizer states alone take {format_bytes(info['static_bytes'])})",
@@ -278,33 +295,6 @@ def probe(
         static_bytes=info["static_bytes"], task=info["task"], seq_len=info["seq_len"],
         wall_seconds=time.perf_counter() - started,
     )
-
-
-def _confirm_edge(spec: WorkloadSpec, device: str, limit: int, edge: int, threads: int | None,
-                  trials: list[Trial], on_trial: Callable[[Trial], None] | None, rounds: int = 16) -> int:
-    """Move the edge until B* trains two steps and B*+1 does not, each round in a new worker."""
-    for _ in range(rounds):
-        with WorkerProcess(spec, device, limit, threads=threads) as fresh:
-            verdicts = []
-            for size in (edge, edge + 1):
-                outcome = fresh.trial(size, optimizer_steps=2)
-                trial = Trial(size, outcome["fits"], outcome["peak_bytes"], round(outcome["seconds"], 3),
-                              outcome["error"], fresh_process=True)
-                trials.append(trial)
-                if on_trial is not None:
-                    on_trial(trial)
-                verdicts.append(trial.fits)
-                if not trial.fits:
-                    break
-        if not verdicts[0]:
-            edge -= 1
-        elif len(verdicts) == 2 and verdicts[1]:
-            edge += 1
-        else:
-            return edge
-        if edge == 0:
-            return 0
-    return edge
 
 
 def check_in_fresh_process(spec: WorkloadSpec, device: str, limit_bytes: int | None, micro_batch: int,

@@ -1,13 +1,21 @@
 """Pure search for the largest micro-batch that fits, over a ``measure(b)`` callable.
 
-The search finds the exact edge B* (B* fits, B*+1 does not). Peak memory is close
-to linear in the micro-batch, so once two sizes have fitted, the line through the
-two largest predicts the edge; the search jumps there and verifies both sides.
-A guided jump is only taken when, whatever its outcome, plain doubling and
-bisection could still finish within ``2*log2(B*) + 2`` trials for every edge the
-line leaves plausible (at least half its prediction). So the bound holds for any
-``measure`` that reports no peaks (plain search) and for any whose memory line
-predicts the edge within a factor of two; real peaks are linear to a few percent.
+The search finds the exact edge B* (B* fits, B*+1 does not):
+
+1. grow by doubling from ``start``;
+2. once three fitted sizes lie on one line of peak memory (activations dominate;
+   below that the optimizer step or gradient buffers set a flat floor), jump to
+   where the line meets the budget;
+3. jump again with the line redrawn through the new point (at most three
+   jumps; a line that says the edge is a size already known to fit is checked
+   one above it, one that says past a failure is checked one below it), then
+   step up by 1.5% of the size (doubling the step) while no failure is known,
+   and bisect the bracket left.
+
+Without peaks (or a line) this is doubling then bisection, at most
+``2*log2(B*) + 1`` trials. With a line the jump costs one trial and saves the
+doublings past it; the bound ``2*log2(B*) + 2`` is checked by property tests on
+devices whose memory is linear past a flat start, with a few percent of wobble.
 No torch: this is plain arithmetic.
 """
 
@@ -42,40 +50,44 @@ class SearchResult:
         return len(self.trials)
 
 
+MAX_JUMPS = 3  # guided trials at most; a line that missed three times is not worth following
+
+
 def trial_bound(edge: int) -> int:
     """The most trials the search may use for an edge: ``floor(2*log2(B*) + 2)``."""
     return math.floor(2 * math.log2(edge) + 2 + 1e-9) if edge >= 1 else 1
 
 
-def _fallback_cost(lo: int, hi: int | None) -> int:
-    """Worst-case trials left for plain doubling + bisection, beyond the edge-dependent part.
-
-    With ``hi`` known, bisection of ``(lo, hi)`` takes ``ceil(log2(hi - lo))`` trials.
-    With ``hi`` unknown, doubling to the first failure then bisecting costs
-    ``2j + 1 + ceil(log2 lo)`` for an edge in ``[2^j lo, 2^(j+1) lo)``; the ``2j``
-    cancels against the bound, so only ``1 + ceil(log2 lo)`` is returned.
-    """
-    if hi is None:
-        return 1 + math.ceil(math.log2(lo) - 1e-9)
-    return math.ceil(math.log2(hi - lo) - 1e-9) if hi - lo > 1 else 0
-
-
 def _predict_edge(points: list[tuple[int, int]], limit_bytes: int) -> int | None:
-    """Edge predicted by a line through the measured peaks, or None.
+    """Edge predicted by a line through the measured peaks, or None while the line is not trusted.
 
-    The line goes through the largest fitting size and a point far enough below it
-    (the largest at or under half its size) for the slope not to drown in noise.
+    Peak memory is a maximum of a constant (at small sizes the optimizer step or a
+    weight-sized gradient buffer sets it) and a line in ``b``, so the first points can
+    lie on a flat stretch. The line is trusted once two consecutive secants, each over
+    a doubling of ``b`` or more, agree on the slope within 15%, and the peak grew by
+    at least 5% over each.
     """
-    if len(points) < 2:
+    if len(points) < 3:
         return None
     points = sorted(points)
-    b2, p2 = points[-1]
-    below = [pt for pt in points[:-1] if pt[0] <= b2 / 2]
-    b1, p1 = below[-1] if below else points[0]
-    slope = (p2 - p1) / (b2 - b1)
-    if slope <= 0:
+
+    def below_half(b: int) -> tuple[int, int] | None:
+        lower = [pt for pt in points if pt[0] <= b / 2]
+        return lower[-1] if lower else None
+
+    b3, p3 = points[-1]
+    second = below_half(b3)
+    first = below_half(second[0]) if second else None
+    if first is None:
         return None
-    return math.floor(b2 + (limit_bytes - p2) / slope)
+    (b1, p1), (b2, p2) = first, second
+    slope = (p3 - p2) / (b3 - b2)
+    earlier = (p2 - p1) / (b2 - b1)
+    if slope <= 0 or abs(slope - earlier) > 0.15 * slope:
+        return None
+    if p2 - p1 < 0.05 * p2 or p3 - p2 < 0.05 * p3:
+        return None  # a nearly flat stretch: agreeing slopes there are noise, not activations
+    return math.floor(b3 + (limit_bytes - p3) / slope)
 
 
 def find_edge(
@@ -88,7 +100,7 @@ def find_edge(
 
     Args:
         measure: runs one trial at micro-batch ``b``.
-        limit_bytes: the memory the peaks are compared with; enables guided jumps.
+        limit_bytes: the memory the peaks are compared with; enables the guided jump.
         start: first size tried (an estimate's prediction, or 1).
         max_batch: stop growing here; if it fits, the result is ``capped``.
 
@@ -97,14 +109,14 @@ def find_edge(
     """
     if start < 1 or (max_batch is not None and max_batch < 1):
         raise ValueError("start and max_batch must be positive")
-    if max_batch is not None:
-        start = min(start, max_batch)
+    cap = max_batch
+    if cap is not None:
+        start = min(start, cap)
     seen: dict[int, Observation] = {}
     trials: list[tuple[int, Observation]] = []
     lo, hi = 0, None  # lo fits (0: nothing known), hi fails (None: unknown)
-    walked_down = False  # the line already sent us just under a failure, and it failed too
 
-    def run(b: int) -> bool:
+    def run(b: int) -> None:
         nonlocal lo, hi
         observation = measure(b)
         seen[b] = observation
@@ -113,83 +125,71 @@ def find_edge(
             lo = max(lo, b)
         else:
             hi = b if hi is None else min(hi, b)
-        return observation.fits
 
     run(start)
+    # "grow" doubles; "guided" follows the line and then steps away from its answer;
+    # "bisect" halves the bracket. The line is only taken up while growing: inside a
+    # bracket bisection is already optimal and a missed jump would only cost trials.
+    phase = "grow"
+    jumps = 0  # trials placed by the line
+    stride = 0  # the step away from the line's answer, doubled each time
     while True:
         if hi is not None and hi == lo + 1:
             return SearchResult(lo, trials)
         if hi == 1:
             return SearchResult(0, trials)
-        if max_batch is not None and lo >= max_batch:
+        if cap is not None and lo >= cap:
             return SearchResult(lo, trials, capped=True)
-        points = [(b, o.peak_bytes) for b, o in seen.items() if o.fits and o.peak_bytes is not None]
-        predicted = _predict_edge(points, limit_bytes) if limit_bytes is not None else None
-        candidate = _guided_candidate(seen, lo, hi, predicted, max_batch)
-        if candidate is not None and hi is not None and candidate == hi - 1 and walked_down:
-            candidate = None  # the line keeps overshooting: stop trusting it on this side
-        if candidate is None or not _guided_is_safe(len(trials) + 1, lo, hi, candidate, predicted):
-            candidate = _plain_candidate(lo, hi, max_batch, predicted)
-            walked_down = False
-        elif hi is not None and candidate == hi - 1:
-            walked_down = True
+        predicted = None
+        if phase != "bisect" and limit_bytes is not None and jumps < MAX_JUMPS:
+            points = [(b, o.peak_bytes) for b, o in seen.items() if o.fits and o.peak_bytes is not None]
+            predicted = _predict_edge(points, limit_bytes)
+        if phase == "grow" and predicted is not None and predicted >= lo and hi is None:
+            phase = "guided"
+        candidate = None
+        if phase == "guided":
+            if predicted is not None and lo < predicted and (hi is None or predicted < hi):
+                candidate = predicted
+                jumps += 1
+            else:  # the line's answer was a little off: step away from the last trial, 1, ~1.5%, doubling
+                last = trials[-1][0]
+                stride = 2 * stride if stride > 1 else (max(2, last // 64) if stride else 1)
+                step = last + stride if seen[last].fits else last - stride
+                if lo < step and (hi is None or step < hi):
+                    candidate = step
+                else:
+                    phase = "bisect"
+        elif phase == "grow" and hi is not None:
+            phase = "bisect"
+        if candidate is None:
+            candidate = _plain_candidate(lo, hi, cap)
+        if cap is not None:
+            candidate = min(candidate, cap)
         run(candidate)
 
 
-def _plausible(predicted: int | None) -> tuple[int, int | None]:
-    """The sizes the line leaves plausible for the edge: within a factor of two of its prediction."""
-    if predicted is None:
-        return 0, None
-    return max(predicted, 1) // 2, 2 * max(predicted, 1) + 1
-
-
-def _plain_candidate(lo: int, hi: int | None, max_batch: int | None, predicted: int | None) -> int:
-    """Doubling while no failure is known, bisection after, both kept to the plausible sizes."""
-    plausible_lo, plausible_hi = _plausible(predicted)
+def _plain_candidate(lo: int, hi: int | None, cap: int | None) -> int:
+    """Doubling while no failure is known, bisection after."""
     if hi is None:
         grown = max(2 * lo, 1)
-        if plausible_hi is not None and lo < plausible_hi < grown:
-            grown = plausible_hi
-        return grown if max_batch is None else min(grown, max_batch)
-    low = max(lo, plausible_lo - 1) if plausible_lo - 1 < hi - 1 else lo
-    return max(1, (low + hi) // 2) if low >= 1 else max(1, hi // 2)
+        return grown if cap is None else min(grown, cap)
+    return max(1, (lo + hi) // 2)
 
 
-def _guided_is_safe(used: int, lo: int, hi: int | None, candidate: int, predicted: int | None) -> bool:
-    """Whatever the guided trial shows, can plain search still finish within the bound?
+def fit_memory_line(points: list[tuple[int, int]]) -> tuple[float, float] | None:
+    """Least-squares ``(intercept, slope)`` of peak bytes over micro-batch, on the linear part.
 
-    Edges are assumed to lie within a factor of two of the line's prediction, and
-    the plain search that follows keeps to those sizes, so the accounting matches.
+    The flat start (small sizes, where the optimizer step sets the peak) is left out: only
+    points at a quarter of the largest size or more are used. None with fewer than two.
     """
-    if predicted is None:
-        return False
-    plausible_lo, plausible_hi = _plausible(predicted)
-    upper = plausible_hi if hi is None else min(hi, plausible_hi)
-    # it fits: the edge is in [candidate, upper)
-    if candidate + 1 < upper and used + _fallback_cost(candidate, upper) > trial_bound(candidate):
-        return False
-    # it fails: the edge is in [max(lo, plausible_lo), candidate)
-    if lo < 1:
-        return True
-    low = max(lo, plausible_lo - 1) if plausible_lo - 1 < candidate - 1 else lo
-    return used + _fallback_cost(low, candidate) <= trial_bound(max(lo, min(plausible_lo, candidate - 1)))
-
-
-def _guided_candidate(
-    seen: dict[int, Observation], lo: int, hi: int | None, predicted: int | None, max_batch: int | None
-) -> int | None:
-    """The size the memory line points at, kept strictly inside the bracket."""
-    if predicted is None:
+    if not points:
         return None
-    upper = hi - 1 if hi is not None else None
-    if max_batch is not None:
-        upper = max_batch if upper is None else min(upper, max_batch)
-    if predicted <= lo:
-        candidate = lo + 1  # the line says lo is the edge: verify the side above it
-    elif upper is not None and predicted >= upper:
-        candidate = upper  # the line says hi-1 or more: verify just under the failure
-    else:
-        candidate = predicted
-    if candidate in seen or candidate <= lo or (hi is not None and candidate >= hi):
+    largest = max(b for b, _ in points)
+    used = sorted({(b, p) for b, p in points if b >= largest / 4})
+    if len({b for b, _ in used}) < 2:
         return None
-    return candidate
+    n = len(used)
+    mean_b = sum(b for b, _ in used) / n
+    mean_p = sum(p for _, p in used) / n
+    slope = sum((b - mean_b) * (p - mean_p) for b, p in used) / sum((b - mean_b) ** 2 for b, _ in used)
+    return mean_p - slope * mean_b, slope

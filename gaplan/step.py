@@ -37,6 +37,7 @@ def accumulate_gradients(
     loss_multiplier: float = 1.0,
     no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
     scale: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    before_last: Callable[[], None] | None = None,
 ) -> StepResult:
     """Forward and backward every micro-batch so the summed gradient is the large-batch gradient.
 
@@ -48,6 +49,8 @@ def accumulate_gradients(
         loss_multiplier: the world size under DDP, which averages gradients over ranks.
         no_sync: DDP's ``model.no_sync``, used on every micro-step but the last.
         scale: a GradScaler's ``scale`` for fp16.
+        before_last: called before the last micro-batch, the one whose backward DDP synchronizes
+            (training uses it to agree across ranks that no micro-step ran out of memory).
     """
     if num_items_in_batch is None:
         num_items_in_batch = count_step_targets(micro_batches, task)
@@ -56,6 +59,8 @@ def accumulate_gradients(
     for index, batch in enumerate(micro_batches):
         if loss_is_scaled_for_ga is True:
             batch = {**batch, "num_items_in_batch": num_items_in_batch}
+        if before_last is not None and index == steps - 1:
+            before_last()
         sync = no_sync if (no_sync is not None and index < steps - 1) else contextlib.nullcontext
         with sync():
             with autocast():

@@ -88,6 +88,10 @@ class Distributed:
         self.dist.all_reduce(tensor)
         return float(tensor.item())
 
+    def any(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is True on any rank."""
+        return bool(self.sum(1.0 if flag else 0.0)) if self.active else flag
+
     def min(self, value: int) -> int:
         if not self.active:
             return value
@@ -236,12 +240,14 @@ def train(
             t0 = time.perf_counter()
             while True:
                 micro_batches = _micro_batches(workload, plan, corpus, step, dist.rank, config.seed)
+                agreement = _OomAgreement(dist)
                 try:
-                    loss, tokens = _optimizer_step(workload, model, micro_batches, dist, scaler, config)
+                    loss, tokens = _optimizer_step(workload, model, micro_batches, dist, scaler, config, agreement)
                     break
                 except Exception as exc:  # noqa: BLE001 - classified right below
-                    if not is_out_of_memory(exc) or plan.micro_batch == 1:
+                    if not (is_out_of_memory(exc) or isinstance(exc, PeerOutOfMemory)) or plan.micro_batch == 1:
                         raise
+                    agreement.report_own_failure()
                 optimizer.zero_grad(set_to_none=True)  # after the except block: the traceback is gone
                 smaller = make_plan(plan.effective_batch, max(1, plan.micro_batch // 2), plan.world_size)
                 message = (f"step {step + 1}: out of memory at micro-batch {plan.micro_batch}; redoing the step "
@@ -306,8 +312,37 @@ def _micro_batches(workload: Workload, plan: Plan, corpus: Sequence[Sample] | No
     return batches
 
 
+class PeerOutOfMemory(RuntimeError):
+    """Another rank ran out of memory in this step: every rank redoes it with the smaller micro-batch."""
+
+
+class _OomAgreement:
+    """One vote per rank and attempt, before the synchronized micro-step: did any rank run out of memory?
+
+    A rank that fails votes from its ``except`` block; the others vote just before the last
+    micro-batch, whose backward DDP synchronizes, and stop there if a peer failed. So all ranks
+    switch to the smaller split together. (An OOM inside the last micro-step itself happens after
+    the vote, while the peers wait in DDP's all-reduce: that one cannot be coordinated.)
+    """
+
+    def __init__(self, dist: Distributed) -> None:
+        self.dist = dist
+        self.voted = False
+
+    def before_last(self) -> None:
+        self.voted = True
+        if self.dist.any(False):
+            raise PeerOutOfMemory("another rank ran out of memory in this step")
+
+    def report_own_failure(self) -> None:
+        if not self.voted:
+            self.voted = True
+            self.dist.any(True)
+
+
 def _optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[dict], dist: Distributed,
-                    scaler: torch.amp.GradScaler | None, config: TrainConfig) -> tuple[float, int]:
+                    scaler: torch.amp.GradScaler | None, config: TrainConfig,
+                    agreement: _OomAgreement | None = None) -> tuple[float, int]:
     """Accumulate, then step. Returns the large-batch loss and the tokens seen (all ranks)."""
     num_items = int(dist.sum(count_step_targets(micro_batches, workload.task)))
     no_sync = getattr(model, "no_sync", None)
@@ -316,7 +351,8 @@ def _optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[di
         # DDP averages gradients over ranks; a token-normalized loss must be summed, so undo the average.
         num_items_in_batch=num_items,
         loss_multiplier=dist.world_size if workload.loss_is_scaled_for_ga is not False else 1, no_sync=no_sync,
-        scale=scaler.scale if scaler is not None else None)
+        scale=scaler.scale if scaler is not None else None,
+        before_last=agreement.before_last if agreement is not None and dist.active else None)
     if scaler is not None:
         scaler.unscale_(workload.optimizer)  # before clipping: clip the true gradient
     if config.max_grad_norm:

@@ -8,7 +8,8 @@ two micro-steps accumulate into live gradients, then the optimizer steps.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,6 +30,11 @@ class TrialOutcome:
     before_bytes: int
     error: str | None = None
     completed_steps: int = 0  # optimizer steps finished before the end (or the OOM)
+    # The peak of the forward/backward passes alone. The optimizer step's own temporaries do not
+    # grow with the micro-batch; at small sizes they set the peak and would bend the memory line.
+    micro_steps_peak_bytes: int | None = None
+    step_seconds: list[float] = field(default_factory=list)  # wall time of each finished optimizer step
+    tokens_per_step: int = 0  # attention-mask tokens in one step's batches (0 when batches have no mask)
 
 
 def materialize_optimizer_state(workload: Workload) -> None:
@@ -41,21 +47,32 @@ def materialize_optimizer_state(workload: Workload) -> None:
 
 
 def run_trial(workload: Workload, backend: Backend, micro_batch: int, micro_steps: int = 2,
-              optimizer_steps: int = 1) -> TrialOutcome:
-    """Run ``optimizer_steps`` steps of ``micro_steps`` micro-batches of ``micro_batch`` samples."""
+              optimizer_steps: int = 1, sizes: Sequence[int] | None = None) -> TrialOutcome:
+    """Run ``optimizer_steps`` steps of ``micro_steps`` micro-batches of ``micro_batch`` samples.
+
+    ``sizes`` gives one step's micro-batch sizes instead (an uneven split, as a plan has).
+    """
+    sizes = list(sizes) if sizes else [micro_batch] * micro_steps
     backend.release()
     before = backend.current_bytes()
-    backend.reset_peak()
     started = time.perf_counter()
     error = None
-    completed = 0
+    completed = tokens = 0
+    peak = micro_steps_peak = 0
+    step_seconds: list[float] = []
     try:
         for _ in range(optimizer_steps):
-            batches = [workload.make_batch(micro_batch) for _ in range(micro_steps)]
+            backend.reset_peak()
+            step_started = time.perf_counter()
+            batches = [workload.make_batch(size) for size in sizes]
             accumulate_gradients(workload.model, batches, workload.raw_loss, workload.task,
                                  workload.loss_is_scaled_for_ga, workload.autocast)
+            micro_steps_peak = max(micro_steps_peak, backend.peak_bytes())  # no optimizer step in it yet
             workload.optimizer.step()
             workload.optimizer.zero_grad(set_to_none=True)
+            peak = max(peak, backend.peak_bytes())  # synchronizes on CUDA, so the step time below is real
+            step_seconds.append(time.perf_counter() - step_started)
+            tokens = sum(int(b["attention_mask"].sum()) for b in batches if "attention_mask" in b)
             del batches
             completed += 1
     except Exception as exc:  # noqa: BLE001 - classified right below; anything else re-raises
@@ -67,6 +84,7 @@ def run_trial(workload: Workload, backend: Backend, micro_batch: int, micro_step
         workload.optimizer.zero_grad(set_to_none=True)
     backend.synchronize()
     seconds = time.perf_counter() - started
-    peak = backend.peak_bytes() if error is None else None
     backend.release()
-    return TrialOutcome(micro_batch, error is None, peak, seconds, backend.current_bytes(), before, error, completed)
+    fits = error is None
+    return TrialOutcome(micro_batch, fits, peak if fits else None, seconds, backend.current_bytes(), before, error,
+                        completed, micro_steps_peak if fits else None, step_seconds, tokens)

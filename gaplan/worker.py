@@ -1,59 +1,101 @@
-"""The trial worker: a child process that holds one workload under one memory budget.
+"""The trial worker: a process that imports the libraries once and runs every trial in a fresh child.
 
 The probe runs its trials here, not in the caller's process: the budget
 (RLIMIT_DATA on CPU, a memory fraction on CUDA) must not constrain the caller,
-glibc's mmap threshold must be pinned before the interpreter allocates, and a
-fresh process is the honest test of an answer. It speaks JSON lines: the first
-request names the workload, device and budget; each later one asks for a trial.
+and glibc's mmap threshold must be pinned before the interpreter allocates.
 
-Run by :class:`gaplan.probe.WorkerProcess`; ``python -m gaplan.worker`` by hand is for debugging.
+Each trial is a ``fork()`` of this worker, which has imported torch and
+transformers but built nothing and touched no device: the child sets the budget,
+builds the workload, runs the trial and reports. A long-lived trial process is
+not an honest test: heap freed by earlier trials (and by an OOM) stays counted
+against RLIMIT_DATA, so its edge drifts by a few samples. A fork costs
+milliseconds where a new interpreter costs seconds, and every trial then sees
+exactly what a fresh training process sees.
+
+It speaks JSON lines: the first request names the workload, device and budget;
+each later one asks for a trial. Run by :class:`gaplan.probe.WorkerProcess`;
+``python -m gaplan.worker`` by hand is for debugging.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import signal
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict
 
 
-def _serve(requests, reply) -> None:
-    setup = json.loads(requests.readline())
-    import torch  # noqa: F401 - the baseline is taken after the libraries are loaded
-    import transformers  # noqa: F401
+def run_in_child(work: Callable[[], dict]) -> dict:
+    """Run ``work`` in a forked child and return the dict it produced (or why it produced none)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into the caller's stack
+        os.close(read_end)
+        status = 0
+        try:
+            message = work()
+        except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent as data
+            from gaplan.errors import GaplanError
 
-    from gaplan.devices import is_out_of_memory, make_backend
-    from gaplan.errors import GaplanError
-    from gaplan.trial import materialize_optimizer_state, run_trial
+            if isinstance(exc, GaplanError):
+                message = {"error": "user", "message": str(exc)}
+            else:
+                message = {"error": "crash", "message": traceback.format_exc(limit=6)}
+            status = 1
+        with os.fdopen(write_end, "w") as out:
+            out.write(json.dumps(message))
+        os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end) as incoming:
+        text = incoming.read()
+    _, wait_status = os.waitpid(pid, 0)
+    if text:
+        return json.loads(text)
+    if os.WIFSIGNALED(wait_status):
+        # SIGKILL here is the kernel's OOM killer (or a user): report it as running out of memory.
+        number = os.WTERMSIG(wait_status)
+        return {"error": "killed", "message": f"trial process killed by {signal.Signals(number).name}"}
+    return {"error": "crash", "message": f"trial process exited with status {os.waitstatus_to_exitcode(wait_status)}"}
+
+
+def _build_under_budget(setup: dict, enforce: bool = True):
+    """In a trial child: impose the budget, then build the workload (weights and optimizer state count).
+
+    ``enforce=False`` measures without the budget (a reference run that is known not to fit).
+    """
+    import torch
+
+    from gaplan.devices import make_backend
+    from gaplan.trial import materialize_optimizer_state
     from gaplan.workload import WorkloadSpec, build_workload
 
     if setup.get("threads"):
         torch.set_num_threads(int(setup["threads"]))
-    spec = WorkloadSpec(**setup["workload"])
-    try:
-        static = _static_bytes_without_memory(spec)
-    except GaplanError as exc:
-        reply({"error": "user", "message": str(exc)})
-        return
     backend = make_backend(setup["device"])
-    backend.activate(setup.get("limit_bytes"))
-    if static is not None and static > backend.limit_bytes:
-        reply({"error": "does-not-fit", "limit_bytes": backend.limit_bytes, "static_bytes": static})
-        return
+    backend.activate(setup.get("limit_bytes"), enforce=enforce)
+    workload = build_workload(WorkloadSpec(**setup["workload"]), setup["device"], seed=int(setup.get("seed", 0)))
+    if setup.get("warm_optimizer", True):
+        materialize_optimizer_state(workload)
+    return backend, workload
+
+
+def _describe(setup: dict, static: int | None) -> dict:
+    """The ready message: the workload built once under the budget, or why it does not fit."""
+    from gaplan.devices import is_out_of_memory, make_backend
+
     try:
-        workload = build_workload(spec, setup["device"], seed=int(setup.get("seed", 0)))
-        if setup.get("warm_optimizer", True):
-            materialize_optimizer_state(workload)
-    except GaplanError as exc:
-        reply({"error": "user", "message": str(exc)})
-        return
-    except Exception as exc:  # noqa: BLE001
+        backend, workload = _build_under_budget(setup)
+    except Exception as exc:
         if not is_out_of_memory(exc):
             raise
-        reply({"error": "does-not-fit", "limit_bytes": backend.limit_bytes, "static_bytes": static})
-        return
-    reply({
+        backend = make_backend(setup["device"])
+        backend.activate(setup.get("limit_bytes"))
+        return {"error": "does-not-fit", "limit_bytes": backend.limit_bytes, "static_bytes": static}
+    return {
         "ready": True,
         "device": backend.name,
         "limit_bytes": backend.limit_bytes,
@@ -63,17 +105,65 @@ def _serve(requests, reply) -> None:
         "seq_len": workload.seq_len,
         "model_type": workload.info.get("model_type"),
         "setup_bytes": backend.current_bytes(),
-    })
+    }
+
+
+def _trial(setup: dict, request: dict) -> dict:
+    """One request in a trial child: a trial (optionally unbounded, with uneven sizes) or a breakdown."""
+    from gaplan.devices import is_out_of_memory
+    from gaplan.trial import TrialOutcome, run_trial
+
+    micro_batch = int(request["micro_batch"])
+    try:
+        backend, workload = _build_under_budget(setup, enforce=not request.get("unbounded"))
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        return asdict(TrialOutcome(micro_batch, False, None, 0.0, 0, 0, "the model itself does not fit"))
+    if request.get("breakdown"):
+        from gaplan.breakdown import measure_breakdown
+
+        return measure_breakdown(workload, micro_batch, micro_steps=int(request.get("micro_steps", 2))).to_dict()
+    outcome = run_trial(workload, backend, micro_batch, micro_steps=int(request.get("micro_steps", 2)),
+                        optimizer_steps=int(request.get("optimizer_steps", 1)), sizes=request.get("sizes"))
+    return asdict(outcome)
+
+
+def _serve(requests, reply) -> None:
+    setup = json.loads(requests.readline())
+    # Import once here; every trial child inherits the loaded libraries for free.
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
+    from gaplan.errors import GaplanError
+    from gaplan.trial import TrialOutcome
+    from gaplan.workload import WorkloadSpec
+
+    try:
+        static = _static_bytes_without_memory(WorkloadSpec(**setup["workload"]))
+    except GaplanError as exc:
+        reply({"error": "user", "message": str(exc)})
+        return
+    if static is not None and setup.get("limit_bytes") and static > setup["limit_bytes"]:
+        reply({"error": "does-not-fit", "limit_bytes": setup["limit_bytes"], "static_bytes": static})
+        return
+    ready = run_in_child(lambda: _describe(setup, static))
+    reply(ready)
+    if not ready.get("ready"):
+        return
     for line in requests:
         request = json.loads(line)
-        outcome = run_trial(workload, backend, int(request["micro_batch"]),
-                            micro_steps=int(request.get("micro_steps", 2)),
-                            optimizer_steps=int(request.get("optimizer_steps", 1)))
-        reply(asdict(outcome))
+        outcome = run_in_child(functools.partial(_trial, setup, request))
+        if outcome.get("error") == "killed":  # no Python error to catch: the kernel ended it for memory
+            outcome = asdict(TrialOutcome(int(request["micro_batch"]), False, None, 0.0, 0, 0, outcome["message"]))
+        reply(outcome)
 
 
 def _static_bytes_without_memory(spec) -> int | None:
-    """Weights + gradients + optimizer states, counted on the meta device (nothing allocated)."""
+    """Weights + gradients + optimizer states, counted on the meta device (nothing allocated).
+
+    Building on meta also imports the model's code here, once, instead of in every trial child.
+    """
     from gaplan.workload import build_workload, model_source_kind
 
     if model_source_kind(spec.model) == "function":

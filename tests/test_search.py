@@ -15,14 +15,17 @@ class Fake:
     peak_bytes: int | None
 
 
-def linear_device(edge, intercept, slope, wobble=0.0, report_peaks=True):
-    """Peaks on a line (with a smooth wobble of a few percent); the budget sits between edge and edge+1."""
+def linear_device(edge, intercept, slope, wobble=0.0, report_peaks=True, floor_until=0):
+    """Peaks on a line (with a smooth wobble of a few percent); the budget sits between edge and edge+1.
+
+    ``floor_until``: below this size the peak is flat (set by the optimizer step, as on real devices).
+    """
     limit = intercept + slope * (edge + 0.5)
     calls = []
 
     def measure(b):
         calls.append(b)
-        peak = intercept + slope * b * (1 + wobble * ((b % 7) - 3) / 3)
+        peak = intercept + slope * max(b, floor_until) * (1 + wobble * ((b % 7) - 3) / 3)
         fits = b <= edge
         return Fake(fits, int(peak) if fits and report_peaks else None)
 
@@ -30,10 +33,10 @@ def linear_device(edge, intercept, slope, wobble=0.0, report_peaks=True):
 
 
 @settings(max_examples=300, deadline=None)
-@given(edge=st.integers(1, 3000), intercept=st.integers(0, 2**31), slope=st.integers(1, 2**28),
-       wobble=st.sampled_from([0.0, 0.01, 0.03]), report_peaks=st.booleans())
-def test_finds_exact_edge_within_bound(edge, intercept, slope, wobble, report_peaks):
-    measure, limit, calls = linear_device(edge, intercept, slope, wobble, report_peaks)
+@given(edge=st.integers(1, 3000), intercept=st.integers(2**20, 2**31), slope=st.integers(2**10, 2**28),
+       wobble=st.sampled_from([0.0, 0.01, 0.03]), report_peaks=st.booleans(), floor=st.floats(0, 0.9))
+def test_finds_exact_edge_within_bound(edge, intercept, slope, wobble, report_peaks, floor):
+    measure, limit, calls = linear_device(edge, intercept, slope, wobble, report_peaks, int(floor * edge))
     result = find_edge(measure, limit)
     assert result.edge == edge
     assert result.trial_count <= trial_bound(edge)
@@ -51,6 +54,15 @@ def test_plain_search_without_peaks_is_exact(edge):
 def test_linear_memory_needs_few_trials(edge):
     measure, limit, _ = linear_device(edge, 300 * 2**20, 70 * 2**20)
     assert find_edge(measure, limit).trial_count <= 5
+
+
+def test_the_line_waits_for_three_collinear_points():
+    """A flat start (the optimizer step sets the peak) must not send the search to a far-off jump."""
+    measure, limit, calls = linear_device(89, 100 * 2**20, 3 * 2**20, floor_until=10)
+    result = find_edge(measure, limit)
+    assert result.edge == 89
+    assert max(calls) < 2 * 89, "a line drawn through the flat start would have jumped far past the edge"
+    assert result.trial_count <= 9
 
 
 def test_nothing_fits():

@@ -98,3 +98,33 @@ def test_other_errors_are_not_retried(tmp_path):
     with pytest.raises(ValueError):
         run(tmp_path, "bug", steps=1, wrap_loss=broken)
     assert not os.path.exists(tmp_path / "bug" / CHECKPOINT)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_ranks_switch_together_after_one_rank_runs_out_of_memory(tmp_path):
+    """Rank 1 alone hits an OOM; both ranks halve the micro-batch and the weights equal a run without it."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from .conftest import REPO_ROOT
+
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
+    out = str(tmp_path / "ddp.safetensors")
+    subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", "29541",
+                    os.path.join(REPO_ROOT, "tests", "scripts", "ddp_oom.py"), out],
+                   check=True, cwd=REPO_ROOT, capture_output=True, timeout=300,
+                   env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO_ROOT))
+    ranks = [json.loads(open(f"{out}.rank{r}.json").read()) for r in (0, 1)]
+    assert ranks[1]["raised"] and not ranks[0]["raised"]
+    assert [len(r["fallbacks"]) for r in ranks] == [1, 1] and [r["micro_batch"] for r in ranks] == [2, 2]
+    sgd = WorkloadSpec(model="tiny-gpt2", seq_len=16, optimizer="sgd", lr=0.1)
+    workload = build_workload(sgd, "cpu", seed=0)
+    train(workload, make_plan(16, 16), SyntheticCorpus(16, seed=0), TrainConfig(steps=2, seed=0))
+    ddp = load_file(out)
+    for name, value in workload.model.state_dict().items():
+        torch.testing.assert_close(ddp[name], value, rtol=1e-5, atol=1e-6)

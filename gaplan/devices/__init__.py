@@ -22,8 +22,8 @@ class Backend(Protocol):
     name: str
     limit_bytes: int
 
-    def activate(self, limit_bytes: int | None) -> None:
-        """Impose the budget on this process; later allocations past it fail."""
+    def activate(self, limit_bytes: int | None, enforce: bool = True) -> None:
+        """Take the baseline peaks are measured from and impose the budget (``enforce``) on this process."""
 
 
     def reset_peak(self) -> None: ...

@@ -5,7 +5,10 @@ returned on free), ``setrlimit(RLIMIT_DATA, base + budget)`` makes an allocation
 past the budget fail with ``DefaultCPUAllocator: can't allocate memory``, and the
 process recovers cleanly. Without pinning, glibc's threshold drifts and the edge
 moves by about 10% between runs. Peak memory is the kernel's high-water mark of
-resident memory (VmHWM), reset by writing ``5`` to ``/proc/self/clear_refs``.
+resident memory (VmHWM), reset by writing ``5`` to ``/proc/self/clear_refs``,
+less the file-backed pages: a trial in a fresh process maps in library code as it
+first runs each kernel (tens of MiB of libtorch), which is not training memory and
+not counted by the budget either.
 """
 
 from __future__ import annotations
@@ -21,12 +24,12 @@ _M_MMAP_THRESHOLD = -3
 
 
 def read_status() -> dict[str, int]:
-    """VmData, VmRSS and VmHWM of this process, in bytes."""
+    """VmData, VmRSS, VmHWM and RssAnon/RssFile/RssShmem of this process, in bytes."""
     values = {}
     with open("/proc/self/status") as status:
         for line in status:
             key, _, rest = line.partition(":")
-            if key in ("VmData", "VmRSS", "VmHWM"):
+            if key in ("VmData", "VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
                 values[key] = int(rest.split()[0]) * 1024
     return values
 
@@ -42,6 +45,14 @@ def pin_mmap_threshold() -> bool:
         return False
 
 
+def anonymous_peak(status: dict[str, int]) -> int:
+    """The high-water mark of anonymous memory (tensors, heap): VmHWM less the file-backed pages.
+
+    File pages mapped so far stay mapped, so those mapped now are those mapped at the peak (or more).
+    """
+    return status["VmHWM"] - status["RssFile"] - status["RssShmem"]
+
+
 class CpuBackend:
     """Budget by RLIMIT_DATA over the memory held when the budget was set; peak by VmHWM."""
 
@@ -50,16 +61,18 @@ class CpuBackend:
     def __init__(self) -> None:
         self.limit_bytes = 0
         self._base_data = 0
-        self._base_rss = 0
+        self._base_anon = 0
 
-    def activate(self, limit_bytes: int | None) -> None:
+    def activate(self, limit_bytes: int | None, enforce: bool = True) -> None:
         from gaplan.devices import DEFAULT_CPU_BUDGET
 
         pin_mmap_threshold()
         gc.collect()
         status = read_status()
-        self._base_data, self._base_rss = status["VmData"], status["VmRSS"]
+        self._base_data, self._base_anon = status["VmData"], status["RssAnon"]
         self.limit_bytes = limit_bytes or DEFAULT_CPU_BUDGET
+        if not enforce:
+            return
         _, hard = resource.getrlimit(resource.RLIMIT_DATA)
         soft = self._base_data + self.limit_bytes
         if hard != resource.RLIM_INFINITY:
@@ -72,10 +85,10 @@ class CpuBackend:
             refs.write("5")
 
     def peak_bytes(self) -> int:
-        return read_status()["VmHWM"] - self._base_rss
+        return anonymous_peak(read_status()) - self._base_anon
 
     def current_bytes(self) -> int:
-        return read_status()["VmRSS"] - self._base_rss
+        return read_status()["RssAnon"] - self._base_anon
 
     def release(self) -> None:
         gc.collect()

@@ -21,11 +21,11 @@ class CudaBackend:
         self.limit_bytes = 0
         self.peak_allocated_bytes = 0
 
-    def activate(self, limit_bytes: int | None) -> None:
+    def activate(self, limit_bytes: int | None, enforce: bool = True) -> None:
         torch.cuda.set_device(self.device)
         total = torch.cuda.get_device_properties(self.device).total_memory
         self.limit_bytes = min(limit_bytes or total, total)
-        if self.limit_bytes < total:
+        if enforce and self.limit_bytes < total:
             torch.cuda.set_per_process_memory_fraction(self.limit_bytes / total, self.device)
 
 

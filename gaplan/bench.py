@@ -1,0 +1,188 @@
+"""Throughput of the plan against other splits and against a true large batch.
+
+Gradient accumulation makes a large batch fit; it does not make it fast. For the
+effective batch E this times whole optimizer steps (warm-up steps excluded,
+several repeats, median and spread) for the plan, for every micro-batch from B*
+down by powers of two (each with its accumulation steps), and for the true large
+batch (micro-batch E, no accumulation). Every run is a fresh trial process under
+the probe's budget. On CPU a large batch that does not fit is run without the
+budget, for reference, and labelled so; on CUDA it is not run: the memory line
+says what it would need, and the largest batch that fits is the reference.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from gaplan.errors import GaplanError
+from gaplan.plan import make_plan
+from gaplan.probe import ProbeResult, WorkerProcess
+from gaplan.search import fit_memory_line
+from gaplan.units import format_bytes
+
+PLAN, SPLIT, LARGE_BATCH, LARGEST_FIT = "plan", "split", "large-batch", "largest-fit"
+
+
+@dataclass(frozen=True)
+class SplitMeasurement:
+    """One row of ``throughput.csv``."""
+
+    split: str
+    kind: str  # plan | split | large-batch | largest-fit
+    micro_batch: int
+    grad_accum_steps: int
+    effective_batch: int
+    repeats: int
+    step_seconds_median: float | None
+    step_seconds_min: float | None
+    step_seconds_max: float | None
+    samples_per_s: float | None
+    tokens_per_s: float | None
+    peak_bytes: int | None
+    fits_budget: bool
+    bounded: bool  # measured under the budget (False: a reference run without it)
+    ratio_to_large_batch: float | None = None
+    note: str = ""
+
+
+@dataclass
+class BenchResult:
+    """Every split measured, with ratios against the reference (the true large batch when it was run)."""
+
+    effective_batch: int
+    rows: list[SplitMeasurement] = field(default_factory=list)
+
+    @property
+    def reference(self) -> SplitMeasurement | None:
+        measured = [r for r in self.rows if r.samples_per_s and r.kind in (LARGE_BATCH, LARGEST_FIT)]
+        return next((r for r in measured if r.kind == LARGE_BATCH), measured[0] if measured else None)
+
+    def best_fitting(self) -> SplitMeasurement | None:
+        """The split with the highest measured samples/s among those that keep E and fit the budget."""
+        candidates = [r for r in self.rows if r.kind in (PLAN, SPLIT) and r.fits_budget and r.samples_per_s]
+        return max(candidates, key=lambda r: r.samples_per_s) if candidates else None
+
+    def to_records(self) -> list[dict]:
+        return [asdict(r) for r in self.rows]
+
+
+def candidate_splits(effective_batch: int, max_micro_batch: int) -> list[tuple[str, tuple[int, ...]]]:
+    """The plan, then B*, B*/2, B*/4, ... 1 (each as an even split of E), without repeats: (kind, sizes)."""
+    splits = [(PLAN, make_plan(effective_batch, max_micro_batch).micro_batch_sizes)]
+    micro = max_micro_batch
+    while micro >= 1:
+        sizes = make_plan(effective_batch, micro).micro_batch_sizes
+        if all(sizes != s for _, s in splits):
+            splits.append((SPLIT, sizes))
+        micro //= 2
+    return splits
+
+
+def bench(
+    probed: ProbeResult,
+    effective_batch: int | None = None,
+    repeats: int = 3,
+    warmup: int = 1,
+    threads: int | None = None,
+    large_batch: bool = True,
+    on_row: Callable[[SplitMeasurement], None] | None = None,
+    available_bytes: Callable[[], int | None] | None = None,
+) -> BenchResult:
+    """Time the splits of ``effective_batch`` (default: the probe's plan) on the probe's device and budget."""
+    if repeats < 1 or warmup < 0:
+        raise GaplanError(f"--repeats must be at least 1 and --warmup at least 0 (got {repeats}, {warmup})")
+    effective = effective_batch or probed.plan.effective_batch
+    make_plan(effective, 1)  # a bad effective batch fails here, before any work
+    edge = probed.max_micro_batch
+    result = BenchResult(effective)
+    available_bytes = available_bytes or _available_cpu_bytes
+
+    def add(row: SplitMeasurement) -> None:
+        result.rows.append(row)
+        if on_row is not None:
+            on_row(row)
+
+    with WorkerProcess(probed.workload, probed.device, probed.probe_limit_bytes, threads=threads) as worker:
+        def measure(kind: str, sizes: tuple[int, ...], unbounded: bool = False, note: str = "") -> SplitMeasurement:
+            outcome = worker.trial(max(sizes), optimizer_steps=warmup + repeats, sizes=list(sizes), unbounded=unbounded)
+            return _row(kind, sizes, outcome, warmup, repeats, unbounded, note)
+
+        for kind, sizes in candidate_splits(effective, edge):
+            add(measure(kind, sizes))
+        if large_batch:
+            if effective <= edge:
+                add(measure(LARGE_BATCH, (effective,)))
+            else:
+                need = _predicted_need(probed, effective)
+                budget = format_bytes(probed.probe_limit_bytes)
+                free = available_bytes() if probed.device == "cpu" else None
+                if probed.device == "cpu" and (need is None or free is None or need < 0.8 * free):
+                    row = measure(LARGE_BATCH, (effective,), unbounded=True)
+                    add(_with_note(row, f"needs {format_bytes(row.peak_bytes)}, does not fit the {budget} budget; "
+                                        "measured unbounded for reference"))
+                else:
+                    where = "this machine's free memory" if probed.device == "cpu" else f"the {budget} budget"
+                    add(_not_run(effective, f"needs ~{format_bytes(need)} (from the memory line), more than {where}; "
+                                            "not run"))
+                    add(measure(LARGEST_FIT, (edge,), note=f"the largest batch that fits ({edge}), as the reference"))
+    reference = result.reference
+    if reference is not None and reference.samples_per_s:
+        result.rows = [_with_ratio(r, reference.samples_per_s) for r in result.rows]
+    return result
+
+
+def _row(kind: str, sizes: tuple[int, ...], outcome: dict, warmup: int, repeats: int, unbounded: bool,
+         note: str) -> SplitMeasurement:
+    effective = sum(sizes)
+    label = _label(sizes)
+    if not outcome["fits"]:
+        return SplitMeasurement(label, kind, max(sizes), len(sizes), effective, 0, None, None, None, None, None, None,
+                                False, not unbounded, note=f"out of memory: {outcome['error']}")
+    timed = outcome["step_seconds"][warmup:]
+    median = statistics.median(timed)
+    tokens = outcome.get("tokens_per_step") or 0
+    return SplitMeasurement(label, kind, max(sizes), len(sizes), effective, len(timed), median, min(timed), max(timed),
+                            effective / median, tokens / median if tokens else None, outcome["peak_bytes"],
+                            fits_budget=not unbounded, bounded=not unbounded, note=note)
+
+
+def _label(sizes: tuple[int, ...]) -> str:
+    micro = max(sizes)
+    uneven = "" if len(set(sizes)) == 1 else f" ({min(sizes)}-{micro})"
+    return f"{micro} x {len(sizes)}{uneven}"
+
+
+def _not_run(effective: int, note: str) -> SplitMeasurement:
+    return SplitMeasurement(f"{effective} x 1", LARGE_BATCH, effective, 1, effective, 0, None, None, None, None, None,
+                            None, False, False, note=note)
+
+
+def _with_note(row: SplitMeasurement, note: str) -> SplitMeasurement:
+    return SplitMeasurement(**{**asdict(row), "note": note})
+
+
+def _with_ratio(row: SplitMeasurement, reference: float) -> SplitMeasurement:
+    ratio = round(row.samples_per_s / reference, 4) if row.samples_per_s else None
+    return SplitMeasurement(**{**asdict(row), "ratio_to_large_batch": ratio})
+
+
+def _predicted_need(probed: ProbeResult, micro_batch: int) -> int | None:
+    """Peak bytes at ``micro_batch`` from the line through the probe's measured peaks."""
+    points = [(t.micro_batch, t.micro_steps_peak_bytes or t.peak_bytes) for t in probed.trials
+              if t.fits and (t.micro_steps_peak_bytes or t.peak_bytes)]
+    line = fit_memory_line(points)
+    return None if line is None else int(line[0] + line[1] * micro_batch)
+
+
+def _available_cpu_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
