@@ -18,6 +18,17 @@ _LAZY = {
     "check_in_fresh_process": "gaplan.probe",
     "count_targets": "gaplan.loss",
     "accumulate_gradients": "gaplan.step",
+    "train": "gaplan.train",
+    "TrainConfig": "gaplan.train",
+    "bench": "gaplan.bench",
+    "BenchResult": "gaplan.bench",
+    "SplitMeasurement": "gaplan.bench",
+    "tune": "gaplan.tuner",
+    "TunerDecision": "gaplan.tuner",
+    "measure_breakdown": "gaplan.breakdown",
+    "MemoryBreakdown": "gaplan.breakdown",
+    "write_report": "gaplan.report",
+    "load_run": "gaplan.report",
 }
 
 

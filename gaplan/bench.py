@@ -89,8 +89,14 @@ def bench(
     large_batch: bool = True,
     on_row: Callable[[SplitMeasurement], None] | None = None,
     available_bytes: Callable[[], int | None] | None = None,
+    splits: list[tuple[str, tuple[int, ...]]] | None = None,
 ) -> BenchResult:
-    """Time the splits of ``effective_batch`` (default: the probe's plan) on the probe's device and budget."""
+    """Time the splits of ``effective_batch`` (default: the probe's plan) on the probe's device and budget.
+
+    Args:
+        splits: ``(kind, sizes)`` to time instead of :func:`candidate_splits`.
+        large_batch: also time the true large batch (the reference of the ratios).
+    """
     if repeats < 1 or warmup < 0:
         raise GaplanError(f"--repeats must be at least 1 and --warmup at least 0 (got {repeats}, {warmup})")
     effective = effective_batch or probed.plan.effective_batch
@@ -109,10 +115,14 @@ def bench(
             outcome = worker.trial(max(sizes), optimizer_steps=warmup + repeats, sizes=list(sizes), unbounded=unbounded)
             return _row(kind, sizes, outcome, warmup, repeats, unbounded, note)
 
-        for kind, sizes in candidate_splits(effective, edge):
+        for kind, sizes in candidate_splits(effective, edge) if splits is None else splits:
             add(measure(kind, sizes))
         if large_batch:
-            if effective <= edge:
+            same = next((r for r in result.rows if r.grad_accum_steps == 1 and r.samples_per_s), None)
+            if effective <= edge and same is not None:  # the plan is the large batch already: no second run
+                add(_with_note(SplitMeasurement(**{**asdict(same), "kind": LARGE_BATCH}),
+                               "the same run as the plan: E fits in one micro-batch"))
+            elif effective <= edge:
                 add(measure(LARGE_BATCH, (effective,)))
             else:
                 need = _predicted_need(probed, effective)

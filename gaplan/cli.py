@@ -48,6 +48,10 @@ def main() -> None:
       gaplan probe                                  # built-in small causal LM, CPU budget 1 GiB
       gaplan probe --model tiny-llama --seq-len 512 --memory-limit 2GiB --effective-batch 256
       gaplan probe --model mypkg.models:make_resnet --memory-limit 1GiB --json
+      gaplan probe --report                         # + throughput, memory breakdown, report.md/html
+      gaplan train --effective-batch 256            # probe (or cached), then train with accumulation
+      gaplan bench --effective-batch 256            # the plan vs other splits vs a true large batch
+      gaplan report reports/<run>                   # rebuild a run folder's report from its files
     """
 
 
@@ -64,7 +68,9 @@ def workload_options(func: Callable) -> Callable:
                      help="Compute dtype (autocast; weights stay fp32)."),
         click.option("--optimizer", default="adamw", show_default=True, metavar="adamw|sgd"),
         click.option("--lr", type=float, default=1e-4, show_default=True, help="Learning rate."),
-        click.option("--grad-checkpointing", is_flag=True, help="Recompute activations in backward."),
+        click.option("--grad-checkpointing", type=click.Choice(["off", "on", "auto"]), default=None, is_flag=False,
+                     flag_value="on", help="Recompute activations in backward: on, off (default), or auto "
+                                          "(probe: on only when a larger micro-batch fits and wins on throughput)."),
         click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda[:N]"),
         click.option("--memory-limit", default=None, metavar="SIZE",
                      help="Memory budget, e.g. 2GiB or 800MB (CPU default 1 GiB; CUDA default: the card)."),
@@ -80,7 +86,7 @@ def spec_from_options(options: dict[str, Any]):
 
     return WorkloadSpec(model=options["model"], task=options["task"], seq_len=options["seq_len"],
                         dtype=options["dtype"], optimizer=options["optimizer"], lr=options["lr"],
-                        grad_checkpointing=options["grad_checkpointing"]).validate()
+                        grad_checkpointing=options["grad_checkpointing"] == "on").validate()
 
 
 def memory_limit_from_options(options: dict[str, Any]) -> int | None:
@@ -151,6 +157,13 @@ def print_probe(result) -> None:
 @click.option("--margin", type=float, default=0.0, show_default=True,
               help="Fraction of the budget kept free (e.g. 0.05 for longer batches later).")
 @click.option("--max-micro-batch", type=int, default=4096, show_default=True, help="Do not search above this.")
+@click.option("--objective", type=click.Choice(["max-micro-batch", "throughput"]), default="max-micro-batch",
+              show_default=True, help="Plan with the largest micro-batch, or with the split of highest measured "
+                                      "throughput (times every split: minutes).")
+@click.option("--report", is_flag=True, help="Also time the splits against a true large batch, break memory down "
+                                             "by category, and write report.md/html, CSVs and PNGs to the run folder.")
+@click.option("--repeats", type=int, default=2, show_default=True, help="Timed optimizer steps per split (with "
+                                                                      "--report or --objective throughput).")
 @click.option("--out", default=None, metavar="DIR", help="Run folder for plan.json (default reports/probe-<model>-<time>).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of the table.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
@@ -169,28 +182,93 @@ def probe(**options: Any) -> None:
       gaplan probe --model ./my-hf-model-dir --task causal-lm --dtype bf16 --device cuda
       gaplan probe --model mypkg.models:make_resnet --memory-limit 1GiB --json
     """
-    from gaplan.probe import probe as run_probe
     from gaplan.probe import save_probe
+    from gaplan.tuner import tune
 
     spec = spec_from_options(options)
     memory_limit = memory_limit_from_options(options)
-    for name in ("effective_batch", "world_size", "max_micro_batch", "threads"):
+    for name in ("effective_batch", "world_size", "max_micro_batch", "threads", "repeats"):
         positive("--" + name.replace("_", "-"), options[name])
+    timing = options["report"] or options["objective"] == "throughput" or options["grad_checkpointing"] == "auto"
+    if timing and options["world_size"] != 1:
+        raise GaplanError("--report, --objective throughput and --grad-checkpointing auto time one device: "
+                          "use --world-size 1")
     out = options["out"] or default_run_dir("probe", spec.model)
     check_writable(out)
-    show = (lambda t: click.echo(trial_line(t), err=True)) if not options["quiet"] else None
+    quiet = options["quiet"]
+    show = (lambda t: click.echo(trial_line(t), err=True)) if not quiet else None
     if show:
-        click.echo(f"probing {spec.model} (each trial: 2 micro-steps + optimizer step) ...", err=True)
-    result = run_probe(spec, device=options["device"], memory_limit=memory_limit, margin=options["margin"],
-                       effective_batch=options["effective_batch"], world_size=options["world_size"],
-                       max_micro_batch=options["max_micro_batch"], threads=options["threads"], on_trial=show)
+        click.echo(f"probing {spec.model} (each trial: a fresh process, 2 optimizer steps of 2 micro-steps) ...",
+                   err=True)
+    tuned = tune(spec, objective=options["objective"], grad_checkpointing=options["grad_checkpointing"] or "off",
+                 device=options["device"], memory_limit=memory_limit, effective_batch=options["effective_batch"],
+                 bench_large_batch=options["report"], repeats=options["repeats"], on_trial=show,
+                 on_row=None if quiet else lambda row: click.echo(throughput_line(row), err=True),
+                 on_stage=None if quiet else lambda text: click.echo(text + " ...", err=True),
+                 margin=options["margin"], world_size=options["world_size"],
+                 max_micro_batch=options["max_micro_batch"], threads=options["threads"])
+    result = tuned.result
     plan_path = os.path.join(out, "plan.json")
     save_probe(result, plan_path)
+    written = write_run_report(out, result, tuned.benches, quiet) if options["report"] else None
     if options["as_json"]:
-        click.echo(json.dumps(dict(result.to_dict(), plan_file=plan_path)))
+        click.echo(json.dumps(dict(result.to_dict(), plan_file=plan_path, report=written)))
         return
     print_probe(result)
+    if result.tuner:
+        click.echo(f"tuner ({tuned.decision.objective}): {tuned.decision.reason}")
     click.echo(f"plan written to {plan_path}  (gaplan train --plan {plan_path})")
+    if written:
+        click.echo(f"report written to {os.path.join(out, 'report.md')} and report.html")
+
+
+def throughput_line(row) -> str:
+    speed = f"{row.samples_per_s:8.1f} samples/s" if row.samples_per_s else "       - samples/s"
+    ratio = f"  x{row.ratio_to_large_batch:.2f} of the large batch" if row.ratio_to_large_batch else ""
+    peak = format_bytes(row.peak_bytes)
+    return f"  {row.split:>18}  {speed}  peak {peak:>10}{ratio}{'  ' + row.note if row.note else ''}"
+
+
+def write_run_report(out: str, result, benches: list, quiet: bool) -> list[str]:
+    """throughput.csv and breakdown.csv from measurements, then the report built from the folder's files."""
+    from gaplan.bench import bench
+    from gaplan.probe import WorkerProcess
+    from gaplan.report import write_report
+
+    rows = []
+    if not benches:
+        benches = [bench(result, on_row=None if quiet else lambda row: click.echo(throughput_line(row), err=True))]
+    for index, measured in enumerate(benches):
+        for row in measured.to_records():
+            if index:  # the splits that only fit with gradient checkpointing
+                row.update(split=row["split"] + " +ckpt", kind="split")
+            rows.append(row)
+    write_csv(os.path.join(out, "throughput.csv"), rows)
+    sizes = breakdown_sizes(result)
+    if not quiet:
+        click.echo(f"memory breakdown by category at micro-batch {', '.join(map(str, sizes))} ...", err=True)
+    peaks = {t.micro_batch: t.peak_bytes for t in result.trials if t.fits}
+    with WorkerProcess(result.workload, result.device, result.probe_limit_bytes) as worker:
+        breakdown = [dict(worker.breakdown(size), device_peak_bytes=peaks.get(size)) for size in sizes]
+    write_csv(os.path.join(out, "breakdown.csv"), breakdown)
+    return write_report(out).files
+
+
+def breakdown_sizes(result) -> list[int]:
+    """Up to four measured sizes that fit, spread from the smallest to B*."""
+    fitted = sorted({t.micro_batch for t in result.trials if t.fits})
+    if len(fitted) <= 4:
+        return fitted
+    return sorted({fitted[round(i * (len(fitted) - 1) / 3)] for i in range(4)})
+
+
+def write_csv(path: str, rows: list[dict]) -> None:
+    """Atomic CSV (temp + rename) through pandas."""
+    import pandas as pd
+
+    temp = f"{path}.tmp.{os.getpid()}"
+    pd.DataFrame(rows).to_csv(temp, index=False)
+    os.replace(temp, path)
 
 
 # Part of the plan-cache key: a change in how trials measure must not reuse older answers.
@@ -205,6 +283,38 @@ def plan_cache_path(spec, device: str, memory_limit: int | None) -> str:
                       "memory_limit": memory_limit, "probe": PROBE_METHOD}, sort_keys=True)
     root = os.environ.get("GAPLAN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gaplan")
     return os.path.join(root, "plans", hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+
+
+def probe_for(spec, options: dict[str, Any], device: str, memory_limit: int | None, say: Callable[[str], None],
+              write_cache: bool = True):
+    """The probe to plan from: ``--plan``'s file, else the cached probe of this workload, else a new probe.
+
+    Returns the workload spec too: a plan's tuner may have chosen gradient checkpointing.
+    """
+    import dataclasses
+
+    from gaplan.probe import load_probe, probe, save_probe
+
+    if options.get("plan_file"):
+        probed = load_probe(options["plan_file"])
+        if options["grad_checkpointing"] in (None, "auto"):
+            spec = dataclasses.replace(spec, grad_checkpointing=probed.workload.grad_checkpointing)
+        if not same_workload(probed.workload, spec):
+            raise GaplanError(f"--plan {options['plan_file']} was made for {probed.workload.model} "
+                              f"(seq len {probed.workload.seq_len}, {probed.workload.dtype}), not this workload")
+        return spec, probed
+    if options["grad_checkpointing"] == "auto":
+        raise GaplanError("--grad-checkpointing auto is decided by gaplan probe; give its --plan, or on/off")
+    cache = plan_cache_path(spec, device, memory_limit)
+    if os.path.isfile(cache):
+        probed = load_probe(cache)
+        say(f"using the cached probe {cache}: largest micro-batch {probed.max_micro_batch}")
+        return spec, probed
+    say("probing the largest micro-batch that fits first ...")
+    probed = probe(spec, device=device, memory_limit=memory_limit, effective_batch=1, on_trial=lambda t: say(trial_line(t)))
+    if write_cache:
+        save_probe(probed, cache)
+    return spec, probed
 
 
 def same_workload(a, b) -> bool:
@@ -227,6 +337,8 @@ def same_workload(a, b) -> bool:
 @click.option("--resume", default=None, metavar="RUN_DIR", help="Continue the run in RUN_DIR from its checkpoint.")
 @click.option("--save-weights", default=None, metavar="FILE", help="Write the final weights (safetensors).")
 @click.option("--out", default=None, metavar="DIR", help="Run folder (default reports/train-<model>-<time>).")
+@click.option("--compare", is_flag=True, help="After training, time the plan against other splits and a true "
+                                              "large batch, and write the report (with loss and samples/s plots).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(**options: Any) -> None:
@@ -244,11 +356,11 @@ def train(**options: Any) -> None:
       gaplan train --effective-batch 32 --micro-batch 8 --optimizer sgd --lr 0.1 --steps 1 --save-weights w.safetensors
       torchrun --nproc-per-node 2 -m gaplan train --effective-batch 64 --micro-batch 8
       gaplan train --effective-batch 256 --resume reports/<run>
+      gaplan train --effective-batch 64 --compare           # then: the run folder's report.html
     """
     from gaplan.data import SyntheticCorpus, TextCorpus
     from gaplan.devices import make_backend, resolve_device
     from gaplan.plan import make_plan
-    from gaplan.probe import load_probe, probe, save_probe
     from gaplan.train import TrainConfig, init_distributed
     from gaplan.train import train as run_train
     from gaplan.workload import build_workload, model_source_kind
@@ -274,24 +386,12 @@ def train(**options: Any) -> None:
     say = (lambda text: click.echo(text, err=True)) if dist.rank == 0 and not options["quiet"] else (lambda text: None)
 
     probed = None
-    if options["plan_file"]:
-        probed = load_probe(options["plan_file"])
-        if not same_workload(probed.workload, spec):
-            raise GaplanError(f"--plan {options['plan_file']} was made for {probed.workload.model} "
-                              f"(seq len {probed.workload.seq_len}, {probed.workload.dtype}), not this workload")
-    elif options["micro_batch"] is None:
-        cache = plan_cache_path(spec, device, memory_limit)
-        if os.path.isfile(cache):
-            probed = load_probe(cache)
-            say(f"using the cached probe {cache}: largest micro-batch {probed.max_micro_batch}")
-        else:
-            say("probing the largest micro-batch that fits first ...")
-            probed = probe(spec, device=device, memory_limit=memory_limit, effective_batch=1,
-                           on_trial=lambda t: say(trial_line(t)))
-            if dist.rank == 0:
-                save_probe(probed, cache)
+    if options["plan_file"] or options["micro_batch"] is None:
+        spec, probed = probe_for(spec, options, device, memory_limit, say, write_cache=dist.rank == 0)
+    elif options["grad_checkpointing"] == "auto":
+        raise GaplanError("--grad-checkpointing auto is decided by gaplan probe; give its --plan, or on/off")
     effective = options["effective_batch"] or (probed.plan.effective_batch if options["plan_file"] else 256)
-    max_micro = options["micro_batch"] or dist.min(probed.max_micro_batch)
+    max_micro = options["micro_batch"] or dist.min(probed.planning_micro_batch)
     if options["micro_batch"] and probed is not None and options["micro_batch"] > probed.max_micro_batch:
         raise GaplanError(f"--micro-batch {options['micro_batch']} does not fit: the probed maximum is "
                           f"{probed.max_micro_batch}")
@@ -353,6 +453,18 @@ def train(**options: Any) -> None:
         "tokens_per_s": (sum(log.tokens_per_s for log in logs) / len(logs)) if logs else None,
         "seconds": round(result.seconds, 2), "oom_fallbacks": result.oom_fallbacks, "interrupted": result.interrupted,
     }
+    if options["compare"] and not result.interrupted:
+        from gaplan.bench import bench
+        from gaplan.probe import load_probe
+        from gaplan.report import write_report
+
+        say("timing the plan against other splits and a true large batch ...")
+        measured = bench(load_probe(os.path.join(run_dir, "plan.json")), result.plan.effective_batch,
+                         threads=options["threads"], on_row=lambda row: say(throughput_line(row)))
+        write_csv(os.path.join(run_dir, "throughput.csv"), measured.to_records())
+        summary["report"] = write_report(run_dir).files
+        summary["throughput"] = measured.to_records()
+        say(f"report written to {os.path.join(run_dir, 'report.md')} and report.html")
     if options["as_json"]:
         click.echo(json.dumps(summary))
     elif logs:
@@ -376,6 +488,90 @@ def save_probe_plan(run_dir: str, spec, device: str, memory_limit: int | None, p
                              param_count=0, static_bytes=0, task=spec.task or "?", seq_len=spec.seq_len,
                              wall_seconds=0.0)
     save_probe(dataclasses.replace(probed, plan=plan), os.path.join(run_dir, "plan.json"))
+
+
+@main.command(name="bench")
+@workload_options
+@click.option("--effective-batch", type=int, default=256, show_default=True, help="Samples per optimizer step.")
+@click.option("--plan", "plan_file", default=None, metavar="PLAN.JSON", help="Use a plan written by gaplan probe.")
+@click.option("--repeats", type=int, default=3, show_default=True, help="Timed optimizer steps per split.")
+@click.option("--warmup", type=int, default=1, show_default=True, help="Untimed optimizer steps first.")
+@click.option("--no-large-batch", is_flag=True, help="Do not run the true large batch (micro-batch = E).")
+@click.option("--out", default=None, metavar="DIR", help="Run folder (default reports/bench-<model>-<time>).")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object on stdout.")
+@click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+def bench_command(**options: Any) -> None:
+    """Throughput of the plan against other splits and against a true large batch.
+
+    Times whole optimizer steps of the effective batch E (warm-up excluded, median of
+    the repeats) for the plan, for every micro-batch from B* down by powers of two, and
+    for micro-batch E without accumulation. On CPU a large batch that does not fit the
+    budget is run without it, for reference, and labelled so. Probes first (or uses the
+    cached probe, or --plan). Writes throughput.csv, plan.json and the report.
+
+    \b
+    Examples:
+      gaplan bench --effective-batch 256
+      gaplan bench --model tiny-bert-cls --seq-len 64 --effective-batch 64 --repeats 5
+      gaplan bench --plan reports/<run>/plan.json --json
+    """
+    from gaplan.bench import bench
+    from gaplan.devices import resolve_device
+    from gaplan.probe import save_probe
+    from gaplan.report import write_report
+
+    spec = spec_from_options(options)
+    memory_limit = memory_limit_from_options(options)
+    for name in ("effective_batch", "repeats", "threads"):
+        positive("--" + name.replace("_", "-"), options[name])
+    if options["warmup"] < 0:
+        raise GaplanError(f"--warmup must be 0 or more (got {options['warmup']})")
+    device = resolve_device(options["device"])
+    out = options["out"] or default_run_dir("bench", spec.model)
+    check_writable(out)
+    say = (lambda text: click.echo(text, err=True)) if not options["quiet"] else (lambda text: None)
+    spec, probed = probe_for(spec, options, device, memory_limit, say)
+    say(f"timing splits of effective batch {options['effective_batch']} (B* = {probed.max_micro_batch}, "
+        f"{options['warmup']} warm-up + {options['repeats']} timed steps each) ...")
+    measured = bench(probed, options["effective_batch"], repeats=options["repeats"], warmup=options["warmup"],
+                     threads=options["threads"], large_batch=not options["no_large_batch"],
+                     on_row=lambda row: say(throughput_line(row)))
+    os.makedirs(out, exist_ok=True)
+    save_probe(probed, os.path.join(out, "plan.json"))
+    write_csv(os.path.join(out, "throughput.csv"), measured.to_records())
+    files = write_report(out).files
+    if options["as_json"]:
+        click.echo(json.dumps({"run_dir": out, "effective_batch": measured.effective_batch,
+                               "rows": measured.to_records(), "report": files}))
+        return
+    for row in measured.rows:
+        click.echo(throughput_line(row))
+    best = measured.best_fitting()
+    if best is not None:
+        click.echo(f"fastest split that fits: {best.split} at {best.samples_per_s:.1f} samples/s")
+    click.echo(f"throughput.csv and the report written to {out}")
+
+
+@main.command(name="report")
+@click.argument("run_dir", metavar="DIR")
+@click.option("--json", "as_json", is_flag=True, help="Print the files written as JSON.")
+def report_command(run_dir: str, as_json: bool) -> None:
+    """Rebuild report.md, report.html, probe.csv and the PNGs of a run folder from its CSV/JSON alone.
+
+    Needs no model and no device: copy a run folder anywhere and rebuild its report.
+
+    \b
+    Examples:
+      gaplan report reports/probe-tiny-gpt2-20261129-101500
+      gaplan report reports/<run> --json
+    """
+    from gaplan.report import write_report
+
+    written = write_report(run_dir)
+    if as_json:
+        click.echo(json.dumps({"run_dir": run_dir, "files": written.files}))
+        return
+    click.echo(f"wrote {', '.join(written.files)} in {run_dir}")
 
 
 def run() -> None:

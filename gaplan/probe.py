@@ -71,13 +71,22 @@ class ProbeResult:
     task: str
     seq_len: int | None
     wall_seconds: float
+    tuner: dict | None = None  # the tuner's decision (gaplan.tuner.TunerDecision) when it chose the split
     created: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
+    @property
+    def planning_micro_batch(self) -> int:
+        """The micro-batch cap to plan with: the tuner's choice when it made one, else B*."""
+        return int(self.tuner["micro_batch"]) if self.tuner else self.max_micro_batch
+
     def to_dict(self) -> dict[str, Any]:
+        import torch
+
         from gaplan import __version__
 
         return {
             "gaplan_version": __version__,
+            "torch_version": torch.__version__,
             "created": self.created,
             "workload": self.workload.to_dict(),
             "device": self.device,
@@ -95,6 +104,7 @@ class ProbeResult:
             "task": self.task,
             "seq_len": self.seq_len,
             "wall_seconds": round(self.wall_seconds, 3),
+            "tuner": self.tuner,
         }
 
     @classmethod
@@ -116,6 +126,7 @@ class ProbeResult:
                 task=data.get("task", "?"),
                 seq_len=data.get("seq_len"),
                 wall_seconds=float(data.get("wall_seconds", 0.0)),
+                tuner=data.get("tuner"),
                 created=data.get("created", ""),
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -25,6 +25,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from gaplan.errors import GaplanError
+from gaplan.search import fit_memory_line
 from gaplan.units import format_bytes
 
 PLAN_FILE = "plan.json"
@@ -335,17 +336,13 @@ def memory_fit(trials: pd.DataFrame) -> MemoryFit | None:
     """
     fitting = trials[trials["fits"]]
     peaks = fitting["micro_steps_peak_bytes"].fillna(fitting["peak_bytes"])
-    usable = fitting[peaks.notna()]
-    peaks = peaks[peaks.notna()]
-    if usable.empty:
+    points = [(int(b), int(p)) for b, p in zip(fitting["micro_batch"], peaks, strict=True) if pd.notna(p)]
+    line = fit_memory_line(points)
+    if line is None:
         return None
-    chosen = usable["micro_batch"] >= usable["micro_batch"].max() / 4
-    sizes = usable["micro_batch"][chosen].astype("float64").to_numpy()
-    values = peaks[chosen].astype("float64").to_numpy()
-    if len(set(sizes.tolist())) < 2:
-        return None
-    slope, intercept = np.polyfit(sizes, values, 1)
-    return MemoryFit(fixed_bytes=float(intercept), bytes_per_sample=float(slope), points=len(sizes))
+    intercept, slope = line
+    used = sum(b >= max(b for b, _ in points) / 4 for b, _ in points)
+    return MemoryFit(fixed_bytes=float(intercept), bytes_per_sample=float(slope), points=used)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

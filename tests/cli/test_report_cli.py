@@ -1,0 +1,73 @@
+"""End-to-end ``gaplan bench`` and ``gaplan report``, and the report part of ``gaplan probe --report``."""
+
+import json
+import os
+import shutil
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from gaplan.bench import PLAN, BenchResult, SplitMeasurement
+from gaplan.breakdown import CATEGORIES
+from gaplan.cli import main, write_run_report
+from gaplan.probe import save_probe
+
+pytestmark = pytest.mark.slow
+
+GENERATED = ("probe.csv", "report.md", "report.html", "memory.png", "throughput.png", "breakdown.png")
+
+
+@pytest.fixture(scope="module")
+def bench_run(small_probe, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bench")
+    save_probe(small_probe, str(folder / "probe-plan.json"))
+    result = CliRunner().invoke(main, ["bench", "--plan", str(folder / "probe-plan.json"), "--seq-len", "16",
+                                       "--effective-batch", "4", "--repeats", "2", "--out", str(folder / "run"),
+                                       "--json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    return folder / "run", json.loads(result.stdout)
+
+
+def test_bench_writes_rows_and_the_report(bench_run):
+    run, summary = bench_run
+    splits = [(r["kind"], r["micro_batch"], r["grad_accum_steps"]) for r in summary["rows"]]
+    assert splits == [("plan", 4, 1), ("split", 2, 2), ("split", 1, 4), ("large-batch", 4, 1)]
+    assert all(r["effective_batch"] == 4 for r in summary["rows"])
+    table = pd.read_csv(run / "throughput.csv")
+    assert list(table["micro_batch"]) == [4, 2, 1, 4] and table["ratio_to_large_batch"].iloc[-1] == 1.0
+    for name in ("plan.json", "throughput.csv", "report.md", "report.html", "throughput.png", "memory.png"):
+        assert (run / name).is_file(), name
+
+
+def test_report_rebuilds_a_copied_folder(bench_run, tmp_path):
+    run, _ = bench_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    for name in GENERATED:
+        if (copy / name).exists():
+            os.remove(copy / name)
+    result = CliRunner().invoke(main, ["report", str(copy), "--json"])
+    assert result.exit_code == 0, result.output
+    assert (copy / "probe.csv").read_text() == (run / "probe.csv").read_text()
+    assert (copy / "report.md").read_text() == (run / "report.md").read_text()
+    assert "report.html" in json.loads(result.stdout)["files"]
+
+
+def test_report_on_a_folder_that_is_not_a_run(tmp_path):
+    result = CliRunner().invoke(main, ["report", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1 and "not a gaplan run folder" in result.output
+
+
+def test_probe_report_writes_the_breakdown(small_probe, tmp_path):
+    save_probe(small_probe, str(tmp_path / "plan.json"))
+    measured = BenchResult(256, [SplitMeasurement("32 x 8", PLAN, 32, 8, 256, 3, 2.0, 1.9, 2.1, 128.0, 2048.0, 200 * 2**20,
+                                                  True, True)])
+    files = write_run_report(str(tmp_path), small_probe, [measured], quiet=True)
+    assert {"breakdown.png", "throughput.png", "report.html"} <= set(files)
+    breakdown = pd.read_csv(tmp_path / "breakdown.csv")
+    sizes = list(breakdown["micro_batch"])
+    assert len(sizes) == 4 and sizes[0] == 1 and sizes[-1] == small_probe.max_micro_batch and sizes == sorted(sizes)
+    assert (breakdown[list(CATEGORIES)].sum(axis=1) == breakdown["tracked_total"]).all()
+    assert breakdown["device_peak_bytes"].notna().all()
