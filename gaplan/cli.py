@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -207,7 +208,7 @@ def probe(**options: Any) -> None:
                  on_stage=None if quiet else lambda text: click.echo(text + " ...", err=True),
                  margin=options["margin"], world_size=options["world_size"],
                  max_micro_batch=options["max_micro_batch"], threads=options["threads"])
-    result = tuned.result
+    result = dataclasses.replace(tuned.result, command=command_line())
     plan_path = os.path.join(out, "plan.json")
     save_probe(result, plan_path)
     written = write_run_report(out, result, tuned.benches, quiet) if options["report"] else None
@@ -220,6 +221,13 @@ def probe(**options: Any) -> None:
     click.echo(f"plan written to {plan_path}  (gaplan train --plan {plan_path})")
     if written:
         click.echo(f"report written to {os.path.join(out, 'report.md')} and report.html")
+
+
+def command_line() -> str:
+    """This invocation as a shell command, recorded in plan.json so a report says how to reproduce it."""
+    import shlex
+
+    return " ".join(["gaplan", *map(shlex.quote, sys.argv[1:])])
 
 
 def throughput_line(row) -> str:
@@ -291,8 +299,6 @@ def probe_for(spec, options: dict[str, Any], device: str, memory_limit: int | No
 
     Returns the workload spec too: a plan's tuner may have chosen gradient checkpointing.
     """
-    import dataclasses
-
     from gaplan.probe import load_probe, probe, save_probe
 
     if options.get("plan_file"):
@@ -477,8 +483,6 @@ def train(**options: Any) -> None:
 
 def save_probe_plan(run_dir: str, spec, device: str, memory_limit: int | None, plan, probed) -> None:
     """The run folder's plan.json: the probe it came from, with the plan actually used."""
-    import dataclasses
-
     from gaplan.probe import ProbeResult, save_probe
 
     if probed is None:
@@ -487,7 +491,7 @@ def save_probe_plan(run_dir: str, spec, device: str, memory_limit: int | None, p
                              max_micro_batch=plan.max_micro_batch, capped=False, trials=[], plan=plan,
                              param_count=0, static_bytes=0, task=spec.task or "?", seq_len=spec.seq_len,
                              wall_seconds=0.0)
-    save_probe(dataclasses.replace(probed, plan=plan), os.path.join(run_dir, "plan.json"))
+    save_probe(dataclasses.replace(probed, plan=plan, command=command_line()), os.path.join(run_dir, "plan.json"))
 
 
 @main.command(name="bench")
@@ -537,7 +541,7 @@ def bench_command(**options: Any) -> None:
                      threads=options["threads"], large_batch=not options["no_large_batch"],
                      on_row=lambda row: say(throughput_line(row)))
     os.makedirs(out, exist_ok=True)
-    save_probe(probed, os.path.join(out, "plan.json"))
+    save_probe(dataclasses.replace(probed, command=command_line()), os.path.join(out, "plan.json"))
     write_csv(os.path.join(out, "throughput.csv"), measured.to_records())
     files = write_report(out).files
     if options["as_json"]:

@@ -72,6 +72,7 @@ class ProbeResult:
     seq_len: int | None
     wall_seconds: float
     tuner: dict | None = None  # the tuner's decision (gaplan.tuner.TunerDecision) when it chose the split
+    command: str | None = None  # the command line that made this run, to reproduce it
     created: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
     @property
@@ -105,6 +106,7 @@ class ProbeResult:
             "seq_len": self.seq_len,
             "wall_seconds": round(self.wall_seconds, 3),
             "tuner": self.tuner,
+            "command": self.command,
         }
 
     @classmethod
@@ -127,6 +129,7 @@ class ProbeResult:
                 seq_len=data.get("seq_len"),
                 wall_seconds=float(data.get("wall_seconds", 0.0)),
                 tuner=data.get("tuner"),
+                command=data.get("command"),
                 created=data.get("created", ""),
             )
         except (KeyError, TypeError, ValueError) as exc:

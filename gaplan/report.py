@@ -628,6 +628,7 @@ def _header_items(plan: dict[str, Any]) -> list[str]:
         f"**Memory budget:** {budget}",
         f"**Versions:** {versions}",
         f"**Created:** {plan.get('created') or 'unknown'}",
+        *([f"**Reproduce with:** `{plan['command']}`"] if plan.get("command") else []),
     ]
 
 
