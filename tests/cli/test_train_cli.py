@@ -3,8 +3,10 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -80,3 +82,59 @@ def test_bad_input(tmp_path):
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and message in lines[0], (args, result.stderr)
         assert not out.exists()
+
+
+SMALL_TRAIN = ["train", "--seq-len", "16", "--effective-batch", "16", "--micro-batch", "4", "--steps", "5",
+               "--seed", "0", "--threads", "1", "--checkpoint-every", "1", "--quiet"]
+
+
+def gaplan_process(*args):
+    return subprocess.Popen([sys.executable, "-m", "gaplan", *args], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def logged_steps(run_dir) -> int:
+    log = run_dir / "train_log.csv"
+    return max(0, len(log.read_text().splitlines()) - 1) if log.exists() else 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
+def test_resume_after_a_signal_equals_an_uninterrupted_run(tmp_path, sig):
+    """kill -9 loses at most the step in flight; SIGTERM checkpoints first. Either way --resume ends bitwise equal."""
+    whole = gaplan_process(*SMALL_TRAIN, "--out", str(tmp_path / "whole"), "--save-weights", str(tmp_path / "whole.st"))
+    cut_dir = tmp_path / "cut"
+    cut = gaplan_process(*SMALL_TRAIN, "--out", str(cut_dir))
+    deadline = time.monotonic() + 240
+    while logged_steps(cut_dir) < 2 and cut.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cut.poll() is None, "the run finished before it could be interrupted"
+    cut.send_signal(sig)
+    code = cut.wait(timeout=120)
+    assert code == (-signal.SIGKILL if sig == signal.SIGKILL else 130), cut.stderr.read()
+    done = logged_steps(cut_dir)
+    assert 2 <= done < 5
+    resumed = subprocess.run([sys.executable, "-m", "gaplan", *SMALL_TRAIN, "--resume", str(cut_dir),
+                              "--save-weights", str(tmp_path / "resumed.st")], cwd=REPO_ROOT, capture_output=True,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert whole.wait(timeout=300) == 0, whole.stderr.read()
+    for stream in (whole.stdout, whole.stderr, cut.stdout, cut.stderr):
+        stream.close()
+    a, b = load_file(tmp_path / "whole.st"), load_file(tmp_path / "resumed.st")
+    assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the uninterrupted run"
+    assert logged_steps(cut_dir) == 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype, extra", [("bf16", []), ("fp16", ["--max-grad-norm", "1.0"])])
+def test_mixed_precision_trains(tmp_path, dtype, extra):
+    """bf16 autocast, and fp16 with a GradScaler unscaled before clipping, train with finite falling loss."""
+    result = CliRunner().invoke(main, ["train", "--seq-len", "32", "--effective-batch", "16", "--micro-batch", "8",
+                                       "--steps", "4", "--dtype", dtype, *extra, "--out", str(tmp_path / dtype),
+                                       "--json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["steps"] == 4 and summary["plan"]["grad_accum_steps"] == 2
+    assert torch.isfinite(torch.tensor([summary["loss_first"], summary["loss_last"]])).all()
+    assert summary["loss_last"] < summary["loss_first"]
