@@ -106,7 +106,8 @@ def tune(
     settings = {"off": [False], "on": [True], "auto": [False, True]}[grad_checkpointing]
     probes = []
     for checkpointing in settings:
-        stage(f"probing with gradient checkpointing {'on' if checkpointing else 'off'}")
+        if len(settings) > 1:
+            stage(f"probing with gradient checkpointing {'on' if checkpointing else 'off'}")
         probes.append(probe(dataclasses.replace(spec, grad_checkpointing=checkpointing), device=device,
                             memory_limit=memory_limit, effective_batch=effective_batch, on_trial=on_trial,
                             **probe_options))

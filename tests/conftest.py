@@ -6,7 +6,7 @@ import pytest
 
 # A small workload whose memory line is steep enough for the edge to be sharp and the trials quick.
 SMALL_SPEC = dict(model="tiny-gpt2", seq_len=16)
-SMALL_BUDGET = 384 * 2**20
+SMALL_BUDGET = 256 * 2**20
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

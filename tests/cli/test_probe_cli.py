@@ -12,7 +12,7 @@ from gaplan.cli import main
 
 from ..conftest import REPO_ROOT
 
-SMALL = ["--model", "tiny-gpt2", "--seq-len", "16", "--memory-limit", "384MiB", "--device", "cpu"]
+SMALL = ["--model", "tiny-gpt2", "--seq-len", "16", "--memory-limit", "200MiB", "--device", "cpu"]
 
 
 def invoke(args):
@@ -27,7 +27,7 @@ def test_json_output_and_plan_file(tmp_path):
     data = json.loads(result.stdout)
     for key in ("max_micro_batch", "memory_limit_bytes", "device", "trials", "plan"):
         assert key in data
-    assert data["memory_limit_bytes"] == 384 * 2**20 and data["device"] == "cpu"
+    assert data["memory_limit_bytes"] == 200 * 2**20 and data["device"] == "cpu"
     assert {"micro_batch", "fits", "peak_bytes", "seconds"} <= set(data["trials"][0])
     plan = data["plan"]
     assert {"effective_batch", "micro_batch", "grad_accum_steps", "micro_batch_sizes", "world_size"} <= set(plan)
@@ -38,7 +38,7 @@ def test_json_output_and_plan_file(tmp_path):
 @pytest.mark.slow
 def test_table_output_and_custom_cnn(tmp_path):
     os.chdir(REPO_ROOT)  # module:function resolves from the current directory, like python -m
-    result = invoke(["probe", "--model", "examples.custom_model:make_cnn", "--memory-limit", "256MiB",
+    result = invoke(["probe", "--model", "examples.custom_model:make_cnn", "--memory-limit", "128MiB",
                      "--effective-batch", "512", "--out", str(tmp_path / "cnn")])
     assert result.exit_code == 0, result.output
     assert "largest micro-batch that fits:" in result.stdout

@@ -1,0 +1,343 @@
+"""gaplan for the Hugging Face ``Trainer``: its batch arguments from a plan, and gaplan's token-exact loss.
+
+    from transformers import TrainingArguments
+    from gaplan.integrations.transformers import GaplanTrainer, plan_training_arguments
+
+    args = plan_training_arguments(model, TrainingArguments("out"), effective_batch=256, seq_len=1024)
+    GaplanTrainer(model=model, args=args, train_dataset=data, data_collator=collate).train()
+
+Three parts, in increasing import cost:
+
+* :func:`even_plan` and :func:`hf_snippet`: arithmetic on a :class:`~gaplan.plan.Plan`, no torch and no
+  transformers (``gaplan probe --emit hf`` stays fast);
+* :func:`plan_training_arguments`: probes (or loads a plan) and returns a copy of ``TrainingArguments``
+  with ``per_device_train_batch_size`` and ``gradient_accumulation_steps`` set;
+* ``GaplanTrainer``: a ``transformers.Trainer`` whose loss is the *sum* of token losses divided by
+  ``num_items_in_batch``, the targets of the whole optimizer step on all ranks, counted by gaplan's rule
+  (:mod:`gaplan.loss`). Built on first access, since it subclasses ``Trainer``.
+
+The Trainer feeds equal micro-batches only. When gaplan's plan is uneven (E=256 at B*=48 is
+43,43,43,43,42,42), :func:`plan_training_arguments` takes the largest micro-batch no larger than
+B* that divides each device's share (32 x 8 here) and warns with :class:`UnevenPlanWarning`.
+Such a split always exists (micro-batch 1 divides any share), so only an effective batch that is
+not a multiple of the world size is an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from gaplan.errors import GaplanError
+from gaplan.loss import CAUSAL_LM, CLASSIFICATION, MASKED_LM, TASKS
+from gaplan.plan import Plan, make_plan
+
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import TrainingArguments
+
+    from gaplan.probe import ProbeResult
+    from gaplan.workload import WorkloadSpec
+
+__all__ = [
+    "GaplanTrainer",  # noqa: F822 - defined on first access by the module's __getattr__
+    "UnevenPlanWarning", "even_plan", "hf_snippet", "infer_task", "plan_training_arguments", "resolve_plan",
+]
+
+# Batch keys that are targets or bookkeeping, never model inputs.
+_NOT_INPUTS = ("labels", "shift_labels", "num_items_in_batch")
+
+
+class UnevenPlanWarning(UserWarning):
+    """gaplan's plan has micro-batches of different sizes; the Trainer runs an even split instead."""
+
+
+def even_plan(plan: Plan) -> Plan:
+    """The plan the Trainer can run: equal micro-batches, none larger than the plan's cap.
+
+    ``plan`` itself when it is even; otherwise the plan at the largest micro-batch ``m <= plan.max_micro_batch``
+    that divides each device's share ``E / W`` (the fewest accumulation steps of any even split).
+    """
+    if plan.is_even:
+        return plan
+    share = plan.effective_batch // plan.world_size
+    micro = max(d for d in range(1, min(plan.max_micro_batch, share) + 1) if share % d == 0)
+    return make_plan(plan.effective_batch, micro, plan.world_size)
+
+
+def _uneven_message(plan: Plan, even: Plan) -> str:
+    """Why the Trainer gets a smaller micro-batch than gaplan planned, and which batch sizes would avoid it."""
+    cap, world = plan.max_micro_batch, plan.world_size
+    step = cap * world
+    lower, upper = plan.effective_batch // step * step, (plan.effective_batch // step + 1) * step
+    nearby = f"{lower} or {upper}" if lower else f"{upper}"
+    return (f"gaplan's plan splits {plan.effective_batch // world} samples per device as "
+            f"{','.join(map(str, plan.micro_batch_sizes))}, but the Hugging Face Trainer needs equal micro-batches: "
+            f"using {even.micro_batch} x {even.grad_accum_steps} accumulation steps x {world} device(s) instead "
+            f"(largest micro-batch <= {cap} that divides {plan.effective_batch // world}). "
+            f"An effective batch of {nearby} would split evenly at micro-batch {cap}.")
+
+
+def hf_snippet(plan: Plan, output_dir: str = "out") -> str:
+    """Python to paste into a training script: ``TrainingArguments`` with the plan's batch arguments.
+
+    An uneven plan is given as its :func:`even_plan`, with a comment that says so.
+    """
+    even = even_plan(plan)
+    world = even.world_size
+    lines = [
+        "from transformers import TrainingArguments",
+        "",
+        f"# gaplan: effective batch {even.effective_batch} = {even.micro_batch} per device x "
+        f"{even.grad_accum_steps} accumulation steps x {world} device(s) (micro-batch cap {plan.max_micro_batch})",
+    ]
+    if even is not plan:
+        lines.append(f"# (gaplan's plan {','.join(map(str, plan.micro_batch_sizes))} is uneven; "
+                     "the Trainer needs equal micro-batches)")
+    if world > 1:
+        lines.append(f"# launch on {world} processes, e.g. torchrun --nproc-per-node {world} train.py")
+    lines.append("# token-exact loss: from gaplan.integrations.transformers import GaplanTrainer (a drop-in Trainer)")
+    lines += [
+        "args = TrainingArguments(",
+        f"    output_dir={output_dir!r},",
+        f"    per_device_train_batch_size={even.micro_batch},",
+        f"    gradient_accumulation_steps={even.grad_accum_steps},",
+    ]
+    if world > 1:
+        lines.append("    average_tokens_across_devices=True,  # count loss targets over all ranks")
+    lines += ["    # ... your other arguments", ")"]
+    return "\n".join(lines) + "\n"
+
+
+def infer_task(model: Any) -> str:
+    """gaplan's task for a transformers model, from its class name (PEFT wrappers are looked through)."""
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    names = [type(base).__name__, *(getattr(getattr(base, "config", None), "architectures", None) or [])]
+    for name in names:
+        if name.endswith("ForMaskedLM"):
+            return MASKED_LM
+        if name.endswith("ForSequenceClassification"):
+            return CLASSIFICATION
+        if name.endswith(("ForCausalLM", "LMHeadModel")):
+            return CAUSAL_LM
+    raise GaplanError(f"cannot tell the task of {type(base).__name__}: pass task= (one of {', '.join(TASKS)})")
+
+
+def plan_training_arguments(
+    model_or_spec: nn.Module | WorkloadSpec | str | None,
+    args: TrainingArguments,
+    effective_batch: int,
+    *,
+    plan: str | os.PathLike | Plan | ProbeResult | None = None,
+    memory_limit: int | str | None = None,
+    device: str = "auto",
+    seq_len: int | None = None,
+    world_size: int | None = None,
+) -> TrainingArguments:
+    """A copy of ``args`` whose batch arguments run ``effective_batch`` samples per optimizer step.
+
+    ``per_device_train_batch_size x gradient_accumulation_steps x world_size == effective_batch``, with the
+    largest per-device micro-batch that fits (see the module docstring for uneven plans, which warn with
+    :class:`UnevenPlanWarning`). ``auto_find_batch_size`` is turned off: the batch is planned, not searched.
+
+    Args:
+        model_or_spec: what to probe when no ``plan`` is given:
+
+            * a transformers model (``PreTrainedModel``): its config is saved to a temporary directory and
+              probed as that directory (the model is rebuilt from the config, so weights do not matter,
+              and the task comes from its class: causal LM, masked LM or sequence classification);
+            * a :class:`~gaplan.workload.WorkloadSpec`, used as it is (except ``seq_len``, when given);
+            * a string: a preset (``tiny-gpt2``), a model directory, a cached hub id or ``module:function``.
+
+            For a model or a string, precision, optimizer, learning rate and gradient checkpointing come
+            from ``args`` (``bf16``/``fp16`` -> autocast; an ``optim`` with ``sgd`` in its name -> SGD, any
+            other -> AdamW's two states per parameter, the conservative count).
+        args: the ``TrainingArguments`` to copy (``dataclasses.replace``; ``args`` is not changed).
+        effective_batch: samples per optimizer step over all devices.
+        plan: use this instead of probing: the path of a ``plan.json`` (``gaplan probe --out``), a
+            :class:`~gaplan.probe.ProbeResult` (its tuner's micro-batch when it has one, else B*) or a
+            :class:`~gaplan.plan.Plan` (its ``max_micro_batch``). Re-planned for ``effective_batch`` and
+            ``world_size``.
+        memory_limit: the probe's budget in bytes or as text (``"2GiB"``); default: the device's own.
+        device: the probe's device; ``auto`` means ``cpu`` when ``args.use_cpu`` is set, else CUDA if any.
+        seq_len: the (padded) sequence length to probe at. Memory grows with it: pass your real length
+            (default: the preset's, or 512 for a model or directory).
+        world_size: data-parallel processes (default: ``args.world_size``, the launch this runs in).
+
+    Raises:
+        GaplanError: when ``effective_batch`` is not a positive multiple of the world size, the model
+            cannot be probed, or the plan cannot be read.
+        DoesNotFit: when even micro-batch 1 does not fit.
+    """
+    chosen = resolve_plan(model_or_spec, args, effective_batch, plan=plan, memory_limit=memory_limit, device=device,
+                          seq_len=seq_len, world_size=world_size)
+    even = even_plan(chosen)
+    if even is not chosen:
+        warnings.warn(_uneven_message(chosen, even), UnevenPlanWarning, stacklevel=2)
+    return dataclasses.replace(args, per_device_train_batch_size=even.micro_batch,
+                               gradient_accumulation_steps=even.grad_accum_steps, auto_find_batch_size=False)
+
+
+def resolve_plan(
+    model_or_spec: nn.Module | WorkloadSpec | str | None,
+    args: TrainingArguments,
+    effective_batch: int,
+    *,
+    plan: str | os.PathLike | Plan | ProbeResult | None = None,
+    memory_limit: int | str | None = None,
+    device: str = "auto",
+    seq_len: int | None = None,
+    world_size: int | None = None,
+) -> Plan:
+    """gaplan's own plan (possibly uneven) behind :func:`plan_training_arguments`, which takes the same arguments.
+
+    Useful to probe once and then both build the arguments (``plan=`` the result) and show the plan
+    (:func:`hf_snippet`).
+    """
+    world_size = int(args.world_size) if world_size is None else world_size
+    if device == "auto" and getattr(args, "use_cpu", False):
+        device = "cpu"
+    return _resolve_plan(model_or_spec, args, effective_batch, world_size, plan, memory_limit, device, seq_len)
+
+
+def _resolve_plan(model_or_spec: Any, args: TrainingArguments, effective_batch: int, world_size: int, plan: Any,
+                  memory_limit: int | str | None, device: str, seq_len: int | None) -> Plan:
+    """gaplan's plan (possibly uneven) for ``effective_batch`` on ``world_size`` devices."""
+    import gaplan.probe as probing
+
+    if plan is not None:
+        if isinstance(plan, (str, os.PathLike)):
+            plan = probing.load_probe(os.fspath(plan))
+        if isinstance(plan, probing.ProbeResult):
+            cap = plan.planning_micro_batch
+        elif isinstance(plan, Plan):
+            cap = plan.max_micro_batch
+        else:
+            raise GaplanError(f"plan= must be a plan.json path, a Plan or a ProbeResult (got {type(plan).__name__})")
+        return make_plan(effective_batch, cap, world_size)
+    if model_or_spec is None:
+        raise GaplanError("give a model, a WorkloadSpec or a preset to probe, or plan= to use an existing plan")
+    make_plan(effective_batch, 1, world_size)  # reject a bad batch or world size before building anything
+    if isinstance(memory_limit, str):
+        from gaplan.units import parse_bytes
+
+        memory_limit = parse_bytes(memory_limit)
+    with _workload_spec(model_or_spec, args, seq_len) as spec:
+        # A micro-batch above a device's share of the step is never used: the search stops there.
+        result = probing.probe(spec, device=device, memory_limit=memory_limit, effective_batch=effective_batch,
+                               world_size=world_size, max_micro_batch=effective_batch // world_size)
+    return make_plan(effective_batch, result.planning_micro_batch, world_size)
+
+
+@contextlib.contextmanager
+def _workload_spec(model_or_spec: Any, args: TrainingArguments, seq_len: int | None) -> Iterator[WorkloadSpec]:
+    """The spec to probe; a model's config lives in a temporary directory while the spec is in use."""
+    from gaplan.workload import WorkloadSpec
+
+    if isinstance(model_or_spec, WorkloadSpec):
+        yield model_or_spec if seq_len is None else dataclasses.replace(model_or_spec, seq_len=seq_len)
+        return
+    optim = str(getattr(args.optim, "value", args.optim))
+    fields = dict(seq_len=seq_len, dtype="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
+                  optimizer="sgd" if "sgd" in optim else "adamw", lr=float(args.learning_rate) or 1e-4,
+                  grad_checkpointing=bool(args.gradient_checkpointing))
+    if isinstance(model_or_spec, str):
+        yield WorkloadSpec(model=model_or_spec, **fields)
+        return
+    config = getattr(model_or_spec, "config", None)
+    if not callable(getattr(config, "save_pretrained", None)):
+        raise GaplanError(f"cannot probe a {type(model_or_spec).__name__}: it is not a transformers model; pass a "
+                          "WorkloadSpec(model='module:function') that builds it (see examples/custom_model.py)")
+    task = infer_task(model_or_spec)
+    with tempfile.TemporaryDirectory(prefix="gaplan-hf-") as directory:
+        config.save_pretrained(directory)
+        yield WorkloadSpec(model=directory, task=task, **fields)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GaplanTrainer":
+        return _trainer_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.lru_cache(maxsize=1)
+def _trainer_class() -> type:
+    """Define ``GaplanTrainer`` (importing transformers and torch) on first use."""
+    import torch
+    from transformers import Trainer
+
+    from gaplan.loss import count_step_targets, count_targets, summed_token_loss
+
+    class GaplanTrainer(Trainer):
+        """A ``Trainer`` with gaplan's token-exact loss under gradient accumulation.
+
+        Each micro-batch's loss is the *sum* of its token losses divided by ``num_items_in_batch``, the
+        prediction targets of all micro-batches of the optimizer step on all ranks, counted by gaplan's
+        rule (causal LM: ``labels[..., 1:] != -100``, or ``shift_labels``). So the accumulated gradient is
+        the large-batch gradient whatever the padding, and the loss is already scaled for accumulation
+        (``loss_is_scaled_for_ga = True``). Under DDP the loss is multiplied by the number of processes,
+        undoing DDP's gradient average. Evaluation (no ``num_items_in_batch``) reports each batch's mean.
+
+        The Trainer's own path does the same only when the model's forward takes ``num_items_in_batch``
+        *and* its count matches the model's loss: for ``GPT2LMHeadModel`` (whose ``loss_type`` is unset),
+        transformers 5.24 counts position 0 too.
+
+        Args:
+            task: ``causal-lm``, ``masked-lm`` or ``classification``; default: from the model's class.
+            Everything else as ``transformers.Trainer``. Batches need ``labels`` (or ``shift_labels``).
+        """
+
+        loss_is_scaled_for_ga = True
+
+        def __init__(self, *args: Any, task: str | None = None, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            if task is not None and task not in TASKS:
+                raise GaplanError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+            self.gaplan_task = task or infer_task(self.model)
+            # Trainers without the `loss_is_scaled_for_ga` attribute decide from this flag (and a non-None
+            # num_items_in_batch) that the loss needs no further division by the accumulation steps.
+            self.model_accepts_loss_kwargs = True
+
+        def get_batch_samples(self, epoch_iterator: Iterator, num_batches: int, *args: Any,
+                              **kwargs: Any) -> tuple[list, int | None]:
+            """The next ``num_batches`` micro-batches and their targets on all ranks (gaplan's count)."""
+            batches: list = []
+            for _ in range(num_batches):
+                try:
+                    batches.append(next(epoch_iterator))
+                except StopIteration:
+                    break
+            return batches, self.count_items(batches)
+
+        def count_items(self, batches: list) -> int | None:
+            """``num_items_in_batch`` of one optimizer step: this rank's targets summed over all processes."""
+            if not batches:
+                return None
+            if any("labels" not in b and "shift_labels" not in b for b in batches):
+                raise GaplanError("GaplanTrainer needs labels (or shift_labels) in every training batch")
+            count = count_step_targets(batches, self.gaplan_task)
+            if self.accelerator.num_processes > 1:
+                count = int(self.accelerator.gather(torch.tensor([count], device=self.args.device)).sum())
+            return count
+
+        def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
+                         num_items_in_batch: torch.Tensor | int | None = None) -> Any:
+            outputs = model(**{k: v for k, v in inputs.items() if k not in _NOT_INPUTS})
+            logits = outputs["logits"] if isinstance(outputs, Mapping) else outputs[0]
+            summed = summed_token_loss(logits, inputs, self.gaplan_task)
+            if num_items_in_batch is None:  # evaluation, or a loop that did not count: this batch's own mean
+                loss = summed / max(count_targets(inputs, self.gaplan_task), 1)
+            else:
+                loss = summed / num_items_in_batch * self.accelerator.num_processes
+            return (loss, outputs) if return_outputs else loss
+
+    GaplanTrainer.__module__ = __name__
+    GaplanTrainer.__qualname__ = "GaplanTrainer"
+    globals()["GaplanTrainer"] = GaplanTrainer
+    return GaplanTrainer

@@ -1,0 +1,102 @@
+"""Common GPUs as ``gaplan estimate`` targets: their memory, and what of it training tensors can use.
+
+Pure data, no torch. ``total_bytes`` is what the driver reports (``nvidia-smi`` "Total", the
+``total_memory`` of ``torch.cuda.get_device_properties``), not the marketing number: an "80 GB"
+H100 reports 81,559 MiB, a "48 GB" L40S 46,068 MiB. Figures from NVML as tabulated by Modal
+(https://thundergolfer.com/blog/nvidia-gpu-memory-capacity: H200, H100, A100, A10, L40S, L4, T4) and
+from ``nvidia-smi`` outputs of the other cards (H100 NVL 95,830 MiB, RTX 4090 24,564 MiB,
+RTX 3090 24,576 MiB, V100 32 GB 32,510 MiB, V100 16 GB 16,160 MiB).
+
+What a training process can give to tensors is less than the total:
+
+* the CUDA context (driver state, per-SM local memory, lazily loaded kernels of PyTorch and its
+  libraries) lives outside PyTorch's allocator. With lazy module loading (CUDA >= 11.7, the default
+  in PyTorch 2.x) it is typically 300-600 MiB; before lazy loading, 700-1000 MiB was common
+  (discuss.pytorch.org threads on the "GPU memory floor"). :data:`CONTEXT_BYTES` reserves 512 MiB;
+  measure yours with ``torch.cuda.mem_get_info()`` right after ``torch.cuda.init()`` and a first matmul;
+* cuBLAS and cuBLASLt workspaces, allocated through PyTorch's caching allocator once per stream:
+  PyTorch's default ``CUBLAS_WORKSPACE_CONFIG`` is ``:4096:2:16:8`` (8.125 MiB) and 32 MiB on Hopper
+  (sm90), and the cuBLASLt workspace 4 MiB, 32 MiB on Hopper (pytorch/pytorch#89027, #120925,
+  following the cuBLAS guide's recommendation for ``cublasSetWorkspace``).
+
+``usable_bytes = total_bytes - context_bytes - workspace_bytes`` is the budget the estimate
+compares its traced peak with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from gaplan.errors import GaplanError
+
+MiB = 2**20
+CONTEXT_BYTES = 512 * MiB
+WORKSPACE_BYTES_HOPPER = 32 * MiB + 32 * MiB  # cuBLAS + cuBLASLt, sm90
+WORKSPACE_BYTES_OTHER = (2 * 4096 + 8 * 16) * 1024 + 4 * MiB  # cuBLAS ":4096:2:16:8" + cuBLASLt 4 MiB
+
+
+@dataclass(frozen=True)
+class Target:
+    """One GPU: its reported memory and what the estimate may use of it."""
+
+    name: str
+    description: str
+    total_bytes: int
+    compute_capability: str
+    context_bytes: int = CONTEXT_BYTES
+    workspace_bytes: int = WORKSPACE_BYTES_OTHER
+
+    @property
+    def reserve_bytes(self) -> int:
+        """CUDA context plus library workspaces: memory the training tensors cannot have."""
+        return self.context_bytes + self.workspace_bytes
+
+    @property
+    def usable_bytes(self) -> int:
+        return self.total_bytes - self.reserve_bytes
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["reserve_bytes"] = self.reserve_bytes
+        data["usable_bytes"] = self.usable_bytes
+        return data
+
+
+def _target(name: str, description: str, mib: int, capability: str) -> Target:
+    hopper = capability.startswith("9.")
+    return Target(name, description, mib * MiB, capability,
+                  workspace_bytes=WORKSPACE_BYTES_HOPPER if hopper else WORKSPACE_BYTES_OTHER)
+
+
+_TARGETS = (
+    _target("h200", "NVIDIA H200 141 GB (SXM / NVL)", 143_771, "9.0"),
+    _target("h100-94gb", "NVIDIA H100 NVL 94 GB", 95_830, "9.0"),
+    _target("h100-80gb", "NVIDIA H100 80 GB (SXM / PCIe)", 81_559, "9.0"),
+    _target("a100-80gb", "NVIDIA A100 80 GB", 81_920, "8.0"),
+    _target("a100-40gb", "NVIDIA A100 40 GB", 40_960, "8.0"),
+    _target("l40s", "NVIDIA L40S 48 GB", 46_068, "8.9"),
+    _target("a10g", "NVIDIA A10G / A10 24 GB (AWS g5)", 23_028, "8.6"),
+    _target("l4", "NVIDIA L4 24 GB", 23_034, "8.9"),
+    _target("rtx-4090", "NVIDIA GeForce RTX 4090 24 GB", 24_564, "8.9"),
+    _target("rtx-3090", "NVIDIA GeForce RTX 3090 24 GB", 24_576, "8.6"),
+    _target("t4", "NVIDIA T4 16 GB", 15_360, "7.5"),
+    _target("v100-32gb", "NVIDIA V100 32 GB", 32_510, "7.0"),
+    _target("v100-16gb", "NVIDIA V100 16 GB", 16_160, "7.0"),
+)
+_BY_NAME = {t.name: t for t in _TARGETS}
+_ALIASES = {"h100": "h100-80gb", "h100-nvl": "h100-94gb", "a100": "a100-80gb", "a10": "a10g",
+            "4090": "rtx-4090", "3090": "rtx-3090", "v100": "v100-32gb"}
+
+
+def list_targets() -> list[Target]:
+    """Every known target, largest memory first."""
+    return list(_TARGETS)
+
+
+def lookup_target(name: str) -> Target:
+    """The target called ``name`` (case and ``_``/space insensitive; a few short aliases such as ``h100``)."""
+    key = str(name).strip().lower().replace("_", "-").replace(" ", "-")
+    key = _ALIASES.get(key, key)
+    if key not in _BY_NAME:
+        raise GaplanError(f"unknown target {name!r}; known: {', '.join(_BY_NAME)}")
+    return _BY_NAME[key]
