@@ -2,7 +2,8 @@
 
     python examples/hf_trainer.py                                  # with a given B* (seconds)
     python examples/hf_trainer.py --max-micro-batch 5              # an uneven plan: warns, splits evenly
-    python examples/hf_trainer.py --probe --memory-limit 256MiB    # probe B* first (minutes on a small CPU)
+    python examples/hf_trainer.py --probe --memory-limit 256MiB    # probe B* first (a minute or two on a small CPU;
+                                                                   # this small model fits the whole batch of 24)
 
 A small GPT-2 is built from a config (no download) and trained for a few steps on
 gaplan's synthetic corpus of padded, variable-length sequences.

@@ -165,6 +165,8 @@ def print_probe(result) -> None:
                                              "by category, and write report.md/html, CSVs and PNGs to the run folder.")
 @click.option("--repeats", type=int, default=2, show_default=True, help="Timed optimizer steps per split (with "
                                                                       "--report or --objective throughput).")
+@click.option("--emit", type=click.Choice(["hf"]), default=None,
+              help="Also print the plan as code to paste: hf = transformers TrainingArguments.")
 @click.option("--out", default=None, metavar="DIR", help="Run folder for plan.json (default reports/probe-<model>-<time>).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of the table.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
@@ -182,6 +184,8 @@ def probe(**options: Any) -> None:
       gaplan probe --model tiny-llama --seq-len 512 --memory-limit 2GiB --effective-batch 256
       gaplan probe --model ./my-hf-model-dir --task causal-lm --dtype bf16 --device cuda
       gaplan probe --model mypkg.models:make_resnet --memory-limit 1GiB --json
+      gaplan probe --report --objective throughput      # time every split; plan with the fastest
+      gaplan probe --grad-checkpointing auto --emit hf  # print TrainingArguments to paste
     """
     from gaplan.probe import save_probe
     from gaplan.tuner import tune
@@ -212,8 +216,13 @@ def probe(**options: Any) -> None:
     plan_path = os.path.join(out, "plan.json")
     save_probe(result, plan_path)
     written = write_run_report(out, result, tuned.benches, quiet) if options["report"] else None
+    snippet = None
+    if options["emit"] == "hf":
+        from gaplan.integrations.transformers import hf_snippet
+
+        snippet = hf_snippet(result.plan)
     if options["as_json"]:
-        click.echo(json.dumps(dict(result.to_dict(), plan_file=plan_path, report=written)))
+        click.echo(json.dumps(dict(result.to_dict(), plan_file=plan_path, report=written, hf_snippet=snippet)))
         return
     print_probe(result)
     if result.tuner:
@@ -221,6 +230,8 @@ def probe(**options: Any) -> None:
     click.echo(f"plan written to {plan_path}  (gaplan train --plan {plan_path})")
     if written:
         click.echo(f"report written to {os.path.join(out, 'report.md')} and report.html")
+    if snippet:
+        click.echo("\n# Hugging Face Trainer settings for this plan:\n" + snippet, nl=False)
 
 
 def command_line() -> str:

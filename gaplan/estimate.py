@@ -67,6 +67,7 @@ CUDA_ROUND_LARGE = 2 * MiB
 #   A lone matmul (M, K) x (K, N) needed 3.0 MiB per thread at K=256, N>=4096, 1.3 MiB at K=64,
 #   0.2 MiB at N=1024 and at most 4.7 MiB for the largest shapes: 4 bytes x min(K, 256) x min(N, 4096)
 #   of the largest product follows it within about 1 MiB, and put the presets' estimates within 1%.
+#   bf16 products (oneDNN, not MKL) showed no such buffer: only float32 products are counted.
 CPU_HEAP_BYTES = 3 * MiB // 2
 MKL_PANEL_K = 256
 MKL_PANEL_N = 4096
@@ -123,7 +124,7 @@ class EstimateResult:
     rows: list[TracedRow]
     line: tuple[float, float]  # (intercept, slope) of the micro-steps' peak bytes over micro-batch
     max_micro_batch: int
-    capped: bool  # True when DEFAULT_MAX_MICRO_BATCH itself fits: the real edge may be larger
+    capped: bool  # True when max_micro_batch itself fits: the real edge may be larger
     peak_bytes: int  # traced peak of the whole step at max_micro_batch
     plan: dict  # Plan.to_dict()
     assumptions: list[str]
@@ -477,6 +478,9 @@ class _Tracer:
             if spec.optimizer == "adamw":
                 notes.append(f"AdamW as PyTorch runs it on CPU (single-tensor): its step's temporaries, "
                              f"{format_bytes(temporaries)}, are traced.")
+            if self.helper.convolutions:
+                notes.append("The model runs convolutions: oneDNN's primitive cache and JIT-compiled kernels live outside "
+                             "the tensors and are not traced (tens of MiB on the example CNN): the estimate is low for them.")
             return notes
         notes.append(f"CUDA caching allocator: every tensor counted at its block size, rounded up to {CUDA_BLOCK} bytes, and "
                      f"allocations of {format_bytes(CUDA_LARGE_ALLOC)} or more at their {format_bytes(CUDA_ROUND_LARGE)}-rounded "
@@ -502,6 +506,10 @@ class _Tracer:
             notes.append(f"Mixed precision ({spec.dtype} autocast over fp32 weights): traced under CPU autocast with CUDA "
                          "autocast's float32 op list applied on top (layer_norm, softmax, log_softmax, pow, exp, sum and the "
                          "like run in fp32, as on CUDA); autocast's cached low-precision copies of the weights are counted.")
+        if self.helper.convolutions:
+            notes.append("The model runs convolutions: cuDNN's workspaces, allocated inside the kernels, are not traced; the "
+                         "estimate can be low by the largest one (torch.backends.cudnn.benchmark favours fast algorithms "
+                         "with large workspaces).")
         notes.append("Nothing else on the GPU (other processes, NCCL buffers, a display) is counted.")
         return notes
 
@@ -521,6 +529,7 @@ class _TraceHelper:
         self._mode = _Mode()
         self.gemm_panel_bytes = 0
         self.attention_ops: set[str] = set()
+        self.convolutions = False
 
     def __enter__(self) -> _TraceHelper:
         self._mode.__enter__()
@@ -539,11 +548,13 @@ class _TraceHelper:
             return True if dtype == torch.bool else (1.0 if dtype.is_floating_point or dtype.is_complex else 1)
         if func in (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default):
             a, b = (args[0], args[1]) if func in (aten.mm.default, aten.bmm.default) else (args[1], args[2])
-            k, n = a.shape[-1], b.shape[-1]
-            panel = 4 * min(k, MKL_PANEL_K) * min(n, MKL_PANEL_N)
-            self.gemm_panel_bytes = max(self.gemm_panel_bytes, panel)
+            if a.dtype == torch.float32:  # MKL sgemm; bf16/fp16 products go to oneDNN, measured without such a buffer
+                panel = 4 * min(a.shape[-1], MKL_PANEL_K) * min(b.shape[-1], MKL_PANEL_N)
+                self.gemm_panel_bytes = max(self.gemm_panel_bytes, panel)
         elif "scaled_dot_product" in func.__name__ or "attention" in func.__name__:
             self.attention_ops.add(func.__name__)
+        elif "convolution" in func.__name__:
+            self.convolutions = True
         return func(*args, **kwargs)
 
 

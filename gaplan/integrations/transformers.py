@@ -11,7 +11,8 @@ Three parts, in increasing import cost:
 * :func:`even_plan` and :func:`hf_snippet`: arithmetic on a :class:`~gaplan.plan.Plan`, no torch and no
   transformers (``gaplan probe --emit hf`` stays fast);
 * :func:`plan_training_arguments`: probes (or loads a plan) and returns a copy of ``TrainingArguments``
-  with ``per_device_train_batch_size`` and ``gradient_accumulation_steps`` set;
+  with ``per_device_train_batch_size`` and ``gradient_accumulation_steps`` set (:func:`resolve_plan`
+  gives gaplan's plan behind it, to probe once and both print and use it);
 * ``GaplanTrainer``: a ``transformers.Trainer`` whose loss is the *sum* of token losses divided by
   ``num_items_in_batch``, the targets of the whole optimizer step on all ranks, counted by gaplan's rule
   (:mod:`gaplan.loss`). Built on first access, since it subclasses ``Trainer``.
@@ -35,7 +36,6 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gaplan.errors import GaplanError
-from gaplan.loss import CAUSAL_LM, CLASSIFICATION, MASKED_LM, TASKS
 from gaplan.plan import Plan, make_plan
 
 if TYPE_CHECKING:
@@ -117,6 +117,8 @@ def hf_snippet(plan: Plan, output_dir: str = "out") -> str:
 
 def infer_task(model: Any) -> str:
     """gaplan's task for a transformers model, from its class name (PEFT wrappers are looked through)."""
+    from gaplan.loss import CAUSAL_LM, CLASSIFICATION, MASKED_LM, TASKS
+
     base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     names = [type(base).__name__, *(getattr(getattr(base, "config", None), "architectures", None) or [])]
     for name in names:
@@ -272,7 +274,7 @@ def _trainer_class() -> type:
     import torch
     from transformers import Trainer
 
-    from gaplan.loss import count_step_targets, count_targets, summed_token_loss
+    from gaplan.loss import TASKS, count_step_targets, count_targets, summed_token_loss
 
     class GaplanTrainer(Trainer):
         """A ``Trainer`` with gaplan's token-exact loss under gradient accumulation.
@@ -287,6 +289,10 @@ def _trainer_class() -> type:
         The Trainer's own path does the same only when the model's forward takes ``num_items_in_batch``
         *and* its count matches the model's loss: for ``GPT2LMHeadModel`` (whose ``loss_type`` is unset),
         transformers 5.24 counts position 0 too.
+
+        The loss is plain cross-entropy from the model's logits: ``label_smoothing_factor`` and
+        ``compute_loss_func`` are not applied. The count is summed over processes whatever
+        ``average_tokens_across_devices`` says (that is gaplan's contract).
 
         Args:
             task: ``causal-lm``, ``masked-lm`` or ``classification``; default: from the model's class.
