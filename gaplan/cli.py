@@ -165,6 +165,8 @@ def print_probe(result) -> None:
                                              "by category, and write report.md/html, CSVs and PNGs to the run folder.")
 @click.option("--repeats", type=int, default=2, show_default=True, help="Timed optimizer steps per split (with "
                                                                       "--report or --objective throughput).")
+@click.option("--seed-from-estimate", is_flag=True, help="Start the search at gaplan estimate's predicted edge "
+                                                         "(traced on fake tensors first) and verify both sides.")
 @click.option("--emit", type=click.Choice(["hf"]), default=None,
               help="Also print the plan as code to paste: hf = transformers TrainingArguments.")
 @click.option("--out", default=None, metavar="DIR", help="Run folder for plan.json (default reports/probe-<model>-<time>).")
@@ -205,13 +207,16 @@ def probe(**options: Any) -> None:
     if show:
         click.echo(f"probing {spec.model} (each trial: a fresh process, 2 optimizer steps of 2 micro-steps) ...",
                    err=True)
+    start = 1
+    if options["seed_from_estimate"]:
+        start = seed_from_estimate(spec, options, memory_limit, quiet)
     tuned = tune(spec, objective=options["objective"], grad_checkpointing=options["grad_checkpointing"] or "off",
                  device=options["device"], memory_limit=memory_limit, effective_batch=options["effective_batch"],
                  bench_large_batch=options["report"], repeats=options["repeats"], on_trial=show,
                  on_row=None if quiet else lambda row: click.echo(throughput_line(row), err=True),
                  on_stage=None if quiet else lambda text: click.echo(text + " ...", err=True),
                  margin=options["margin"], world_size=options["world_size"],
-                 max_micro_batch=options["max_micro_batch"], threads=options["threads"])
+                 max_micro_batch=options["max_micro_batch"], threads=options["threads"], start=start)
     result = dataclasses.replace(tuned.result, command=command_line())
     plan_path = os.path.join(out, "plan.json")
     save_probe(result, plan_path)
@@ -232,6 +237,28 @@ def probe(**options: Any) -> None:
         click.echo(f"report written to {os.path.join(out, 'report.md')} and report.html")
     if snippet:
         click.echo("\n# Hugging Face Trainer settings for this plan:\n" + snippet, nl=False)
+
+
+def seed_from_estimate(spec, options: dict[str, Any], memory_limit: int | None, quiet: bool) -> int:
+    """The estimate's B* for this device and budget, where the probe's search starts."""
+    from gaplan.devices import DEFAULT_CPU_BUDGET, resolve_device
+    from gaplan.estimate import estimate
+
+    device = resolve_device(options["device"])
+    kind = "cpu" if device == "cpu" else "cuda"
+    limit = memory_limit or (DEFAULT_CPU_BUDGET if kind == "cpu" else None)
+    if limit is not None:
+        limit = int(limit * (1 - options["margin"]))
+    if kind == "cuda" and limit is None:
+        import torch
+
+        limit = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    predicted = estimate(spec, memory_limit=limit, device_kind=kind, effective_batch=1,
+                         max_micro_batch=options["max_micro_batch"], threads=options["threads"])
+    if not quiet:
+        click.echo(f"estimate: B* = {predicted.max_micro_batch} ({predicted.trace_count} traces on fake tensors, "
+                   f"{predicted.trace_seconds:.1f} s); starting the search there", err=True)
+    return predicted.max_micro_batch
 
 
 def command_line() -> str:
@@ -587,6 +614,107 @@ def report_command(run_dir: str, as_json: bool) -> None:
         click.echo(json.dumps({"run_dir": run_dir, "files": written.files}))
         return
     click.echo(f"wrote {', '.join(written.files)} in {run_dir}")
+
+
+@main.command(name="estimate")
+@workload_options
+@click.option("--target", default=None, metavar="GPU", help="A GPU from --list-targets (default h100-80gb when no "
+                                                            "--memory-limit is given).")
+@click.option("--list-targets", is_flag=True, help="List the known GPUs and their usable memory, then exit.")
+@click.option("--effective-batch", type=int, default=256, show_default=True, help="Samples per optimizer step.")
+@click.option("--sizes", default=None, metavar="B1,B2", help="Micro-batches whose micro-steps draw the memory line "
+                                                             "(default 1,2).")
+@click.option("--max-micro-batch", type=int, default=4096, show_default=True, help="Do not consider above this.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.option("--quiet", is_flag=True, help="No progress line on stderr.")
+def estimate_command(**options: Any) -> None:
+    """Plan for a GPU you don't have: trace one training step on fake tensors, allocate nothing.
+
+    The model is built on the meta device and traced under FakeTensorMode with torch's
+    MemTracker: weights, gradients, optimizer states and the activations of the real
+    model code, at two micro-batch sizes; the line through them predicts the largest
+    micro-batch, which is then traced to check it. CUDA's allocator rounding, context
+    and workspace reserve, foreach AdamW and autocast are modelled and stated.
+    --device cpu models a CPU process instead (to compare with gaplan probe).
+
+    \b
+    Examples:
+      gaplan estimate --target h100-80gb --model ./llama-7b-config-dir --seq-len 2048 --dtype bf16 --effective-batch 512
+      gaplan estimate --memory-limit 24GiB --model tiny-llama --json
+      gaplan estimate --list-targets
+      gaplan estimate --device cpu --memory-limit 1GiB     # compare with: gaplan probe
+    """
+    from gaplan.estimate import estimate
+    from gaplan.targets import list_targets
+
+    if options["list_targets"]:
+        targets = list_targets()
+        if options["as_json"]:
+            click.echo(json.dumps([t.to_dict() for t in targets]))
+            return
+        click.echo(f"{'target':<12} {'memory':>10} {'reserve':>10} {'usable':>10}  description")
+        for t in targets:
+            click.echo(f"{t.name:<12} {format_bytes(t.total_bytes):>10} {format_bytes(t.reserve_bytes):>10} "
+                       f"{format_bytes(t.usable_bytes):>10}  {t.description}")
+        return
+    spec = spec_from_options(options)
+    memory_limit = memory_limit_from_options(options)
+    for name in ("effective_batch", "max_micro_batch", "threads"):
+        positive("--" + name.replace("_", "-"), options[name])
+    sizes = parse_sizes(options["sizes"])
+    kind = "cpu" if (options["device"] or "auto").strip().lower() == "cpu" else "cuda"
+    if kind == "cpu" and options["target"]:
+        raise GaplanError("--target is a GPU: it does not go with --device cpu")
+    if not options["quiet"]:
+        click.echo(f"tracing {spec.model} on fake tensors (nothing is allocated) ...", err=True)
+    result = estimate(spec, memory_limit=memory_limit, target=options["target"], effective_batch=options["effective_batch"],
+                      sizes=sizes, device_kind=kind, max_micro_batch=options["max_micro_batch"], threads=options["threads"])
+    if options["as_json"]:
+        click.echo(json.dumps(result.to_dict()))
+        return
+    print_estimate(result)
+
+
+def parse_sizes(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise GaplanError(f"--sizes must be comma-separated positive integers (got {text!r})") from None
+    if len(sizes) < 2 or min(sizes) < 1:
+        raise GaplanError(f"--sizes needs at least two positive micro-batch sizes (got {text!r})")
+    return sizes
+
+
+def print_estimate(result) -> None:
+    """The human-readable estimate: traced peaks by category, the line, the edge, the plan, the assumptions."""
+    spec = result.workload
+    where = result.target or ("a CPU process" if result.device_kind == "cpu" else "the given limit")
+    click.echo(f"model      {spec['model']}  ({result.task}, {result.param_count / 1e6:.1f}M parameters, "
+               f"seq len {result.seq_len}, {spec['dtype']}, {spec['optimizer']})")
+    click.echo(f"device     {where}: {format_bytes(result.memory_limit_bytes)}, usable "
+               f"{format_bytes(result.usable_bytes)}")
+    click.echo(f"static     {format_bytes(result.static_bytes)} for weights, gradients and optimizer states")
+    click.echo("")
+    click.echo(f"  {'micro-batch':>11} {'phase':>15} {'params':>10} {'grads':>10} {'optimizer':>10} "
+               f"{'activations':>11} {'other':>10} {'peak':>10}")
+    for row in result.rows:
+        click.echo(f"  {row.micro_batch:>11} {row.phase:>15} {format_bytes(row.parameters):>10} "
+                   f"{format_bytes(row.gradients):>10} {format_bytes(row.optimizer_states):>10} "
+                   f"{format_bytes(row.activations):>11} {format_bytes(row.other):>10} {format_bytes(row.peak_bytes):>10}")
+    intercept, slope = result.line
+    click.echo("")
+    click.echo(f"memory line: {format_bytes(int(intercept))} + {format_bytes(int(slope))} per sample")
+    edge = f"{result.max_micro_batch}" + (" (the cap; more may fit)" if result.capped else "")
+    click.echo(f"largest micro-batch predicted to fit: {edge}   [{result.trace_count} traces, "
+               f"{result.trace_seconds:.1f} s, peak {format_bytes(result.peak_bytes)}]")
+    plan = result.plan
+    click.echo(f"plan: effective batch {plan['effective_batch']} = micro-batch {plan['micro_batch']} x "
+               f"{plan['grad_accum_steps']} accumulation steps x world size {plan['world_size']}")
+    click.echo("assumptions:")
+    for line in result.assumptions:
+        click.echo(f"  - {line}")
 
 
 def run() -> None:

@@ -456,7 +456,7 @@ class _Tracer:
         data: dict[str, Any] = {"attention_ops": sorted(self.helper.attention_ops)}
         if self.device_kind == "cpu":
             data.update(threads=self.threads, cpu_heap_bytes=CPU_HEAP_BYTES, mkl_panel_bytes=self.helper.gemm_panel_bytes)
-        step = next((r for r in self.rows if r.phase == "optimizer-step"), None)
+        step = next((r for r in self.final_rows() if r.phase == "optimizer-step"), None)
         if step is not None:
             data["optimizer_step_peak_bytes"] = step.peak_bytes
         return data

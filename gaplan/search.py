@@ -101,7 +101,8 @@ def find_edge(
     Args:
         measure: runs one trial at micro-batch ``b``.
         limit_bytes: the memory the peaks are compared with; enables the guided jump.
-        start: first size tried (an estimate's prediction, or 1).
+        start: first size tried: 1, or a prediction (an estimate's B*), checked one above or
+            below next and then stepped away from by a growing stride like the line's answer.
         max_batch: stop growing here; if it fits, the result is ``capped``.
 
     Returns:
@@ -130,7 +131,8 @@ def find_edge(
     # "grow" doubles; "guided" follows the line and then steps away from its answer;
     # "bisect" halves the bracket. The line is only taken up while growing: inside a
     # bracket bisection is already optimal and a missed jump would only cost trials.
-    phase = "grow"
+    # A start above 1 is a prediction (an estimate's B*): verify beside it as after a jump.
+    phase = "guided" if start > 1 else "grow"
     jumps = 0  # trials placed by the line
     stride = 0  # the step away from the line's answer, doubled each time
     while True:

@@ -35,6 +35,7 @@ def run_in_child(work: Callable[[], dict]) -> dict:
     pid = os.fork()
     if pid == 0:  # the child: never return into the caller's stack
         os.close(read_end)
+        _die_with_parent()
         status = 0
         try:
             message = work()
@@ -60,6 +61,17 @@ def run_in_child(work: Callable[[], dict]) -> dict:
         number = os.WTERMSIG(wait_status)
         return {"error": "killed", "message": f"trial process killed by {signal.Signals(number).name}"}
     return {"error": "crash", "message": f"trial process exited with status {os.waitstatus_to_exitcode(wait_status)}"}
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent dies (else a killed probe leaves trials running)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: a trial child then outlives a killed worker until its trial ends
 
 
 def _build_under_budget(setup: dict, enforce: bool = True):
@@ -172,6 +184,7 @@ def _static_bytes_without_memory(spec) -> int | None:
 
 
 def main() -> None:
+    _die_with_parent()  # a probe that is killed takes its worker (and so the trial child) with it
     # Keep the protocol channel private: anything a library prints goes to stderr.
     channel = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())

@@ -82,3 +82,18 @@ def test_start_above_edge():
 
 def test_bound_values():
     assert [trial_bound(b) for b in (1, 2, 3, 4, 12)] == [2, 4, 5, 6, 9]
+
+
+@pytest.mark.parametrize("edge, start, most", [(35, 35, 2), (35, 36, 2), (35, 34, 4), (89, 80, 8), (200, 20, 16)])
+def test_a_seeded_start_is_verified_beside_it(edge, start, most):
+    """An estimate that is right costs two trials; one that is off costs about what plain search would."""
+    result = find_edge(lambda b: Fake(b <= edge, None), start=start)
+    assert result.edge == edge and result.trial_count <= most
+
+
+@settings(max_examples=300, deadline=None)
+@given(edge=st.integers(1, 3000), factor=st.floats(0.25, 4.0))
+def test_a_seeded_start_stays_within_the_bound(edge, factor):
+    start = max(1, round(edge * factor))
+    result = find_edge(lambda b: Fake(b <= edge, None), start=start)
+    assert result.edge == edge and result.trial_count <= trial_bound(edge) + 2
