@@ -61,3 +61,15 @@ def test_plan_file_round_trip(small_probe, tmp_path):
     assert loaded.plan == small_probe.plan
     assert loaded.max_micro_batch == small_probe.max_micro_batch
     assert loaded.workload == small_probe.workload
+
+
+def test_seeded_from_the_estimate(small_probe):
+    """Started at the fake-tensor estimate's edge, the probe verifies both sides in a few real trials."""
+    from gaplan.estimate import estimate
+    from gaplan.probe import probe
+
+    spec = WorkloadSpec(**SMALL_SPEC)
+    predicted = estimate(spec, memory_limit=SMALL_BUDGET, device_kind="cpu", effective_batch=1)
+    seeded = probe(spec, device="cpu", memory_limit=SMALL_BUDGET, start=predicted.max_micro_batch)
+    assert seeded.max_micro_batch == small_probe.max_micro_batch
+    assert len(seeded.trials) <= max(3, len(small_probe.trials))
