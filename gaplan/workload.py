@@ -231,7 +231,8 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
     try:
         # On meta, build in place: nothing is allocated (used to count a model too big for the budget).
         with torch.device("meta") if device.type == "meta" else contextlib.nullcontext():
-            model = auto.from_config(config)
+            # fp32 weights whatever the config's dtype says (Llama-2's says float16): --dtype is autocast.
+            model = auto.from_config(config, dtype=torch.float32)
     except ValueError as exc:
         raise GaplanError(f"{spec.model} cannot be built for task {task}: {str(exc).splitlines()[0]}") from None
     if spec.grad_checkpointing:
