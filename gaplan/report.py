@@ -341,7 +341,7 @@ def memory_fit(trials: pd.DataFrame) -> MemoryFit | None:
     if line is None:
         return None
     intercept, slope = line
-    used = sum(b >= max(b for b, _ in points) / 4 for b, _ in points)
+    used = max(2, sum(b >= max(b for b, _ in points) / 4 for b, _ in points))
     return MemoryFit(fixed_bytes=float(intercept), bytes_per_sample=float(slope), points=used)
 
 

@@ -182,12 +182,15 @@ def fit_memory_line(points: list[tuple[int, int]]) -> tuple[float, float] | None
     """Least-squares ``(intercept, slope)`` of peak bytes over micro-batch, on the linear part.
 
     The flat start (small sizes, where the optimizer step sets the peak) is left out: only
-    points at a quarter of the largest size or more are used. None with fewer than two.
+    points at a quarter of the largest size or more are used, or the two largest when fewer
+    than two are that large. None with fewer than two sizes.
     """
     if not points:
         return None
     largest = max(b for b, _ in points)
     used = sorted({(b, p) for b, p in points if b >= largest / 4})
+    if len({b for b, _ in used}) < 2:  # the search jumped: the two largest sizes are the best line there is
+        used = sorted({(b, p) for b, p in points})[-2:]
     if len({b for b, _ in used}) < 2:
         return None
     n = len(used)
