@@ -19,6 +19,7 @@ def test_candidate_splits_keep_the_effective_batch():
     assert len({sizes for _, sizes in splits}) == len(splits)
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_bench_rows_ratios_and_the_unbounded_large_batch(small_probe):
     # Pretend B* = 2 so that E = 4 does not fit: the large batch then runs without the budget, labelled so.

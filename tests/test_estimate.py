@@ -186,6 +186,7 @@ def test_cpu_trace_counts_the_optimizer_states_of_the_steady_state():
     assert row.activations > 0
 
 
+@pytest.mark.heavy
 # Sizes where activations set the peak, and one (bert-cls at 2) where the optimizer step does.
 @pytest.mark.slow
 @pytest.mark.parametrize(("preset", "micro_batch"), [("tiny-gpt2", 8), ("tiny-llama", 4), ("tiny-bert-mlm", 8),
@@ -202,6 +203,7 @@ def test_cpu_estimate_is_within_3_percent_of_a_real_trial(preset, micro_batch):
     assert abs(row.peak_bytes - measured) <= 0.03 * measured, (preset, micro_batch, row.peak_bytes, measured)
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_a_7b_model_is_estimated_without_allocating_it(tmp_path):
     model_dir = tmp_path / "llama-7b"

@@ -16,6 +16,7 @@ def run_example(name, *args):
     return result.stdout
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_plain_pytorch_example():
     out = run_example("plain_pytorch.py")
@@ -25,6 +26,7 @@ def test_plain_pytorch_example():
     assert "step 8: loss" in out and "final loss:" in out
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_hf_trainer_example():
     pytest.importorskip("accelerate")  # transformers.Trainer needs it
@@ -43,6 +45,7 @@ def run_script(name, *args):
     return result.stdout + result.stderr
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_ddp_torchrun_example(tmp_path):
@@ -53,6 +56,7 @@ def test_ddp_torchrun_example(tmp_path):
     assert summary["steps"] == 3 and summary["plan"]["world_size"] == 2 and summary["plan"]["grad_accum_steps"] == 2
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_plan_for_h100_example():
     out = run_script("plan_for_h100.sh", "h100-80gb", "256")  # a short sequence keeps the trace quick

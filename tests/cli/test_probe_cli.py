@@ -35,6 +35,7 @@ def test_json_output_and_plan_file(tmp_path):
     assert json.loads((out / "plan.json").read_text())["max_micro_batch"] == data["max_micro_batch"]
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_table_output_and_custom_cnn(tmp_path):
     os.chdir(REPO_ROOT)  # module:function resolves from the current directory, like python -m

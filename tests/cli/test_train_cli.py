@@ -98,6 +98,7 @@ def logged_steps(run_dir) -> int:
     return max(0, len(log.read_text().splitlines()) - 1) if log.exists() else 0
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
 def test_resume_after_a_signal_equals_an_uninterrupted_run(tmp_path, sig):
@@ -126,6 +127,7 @@ def test_resume_after_a_signal_equals_an_uninterrupted_run(tmp_path, sig):
     assert logged_steps(cut_dir) == 5
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, extra", [("bf16", []), ("fp16", ["--max-grad-norm", "1.0"])])
 def test_mixed_precision_trains(tmp_path, dtype, extra):
