@@ -60,11 +60,17 @@ def choose(objective: str, candidates: list[tuple[ProbeResult, BenchResult | Non
     if not scored:
         raise GaplanError("the tuner has no measured split to choose from")
     row, result = max(scored, key=lambda pair: pair[0].samples_per_s)
-    what = "fastest measured split" if objective == "throughput" else "largest micro-batch, and faster"
+    what = "fastest measured split" if objective == "throughput" else "the largest micro-batch's plan"
     versus = f"; the plan from B*={baseline.max_micro_batch} ran {plan_row.samples_per_s:.1f} samples/s" \
         if plan_row is not None and plan_row.samples_per_s and row is not plan_row else ""
     checkpointing = " with gradient checkpointing" if result.workload.grad_checkpointing else ""
     reason = f"{what}{checkpointing}: {row.split} at {row.samples_per_s:.1f} samples/s{versus}"
+    if len(candidates) > 1 and not result.workload.grad_checkpointing:
+        slower = max((r for r, res in scored if res.workload.grad_checkpointing), key=lambda r: r.samples_per_s,
+                     default=None)
+        if slower is not None:
+            reason += (f"; gradient checkpointing off: its larger micro-batch ran slower "
+                       f"({slower.split} at {slower.samples_per_s:.1f} samples/s)")
     return result, _decision(objective, result, row.micro_batch, row.grad_accum_steps, row, reason)
 
 

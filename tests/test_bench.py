@@ -59,6 +59,7 @@ def test_checkpointing_only_when_larger_and_faster(small_probe):
     faster = BenchResult(64, [row("64 x 1", PLAN, 64, 1, 11.0)])
     chosen, decision = choose("max-micro-batch", [(small_probe, off_bench), (on, slower)])
     assert not decision.grad_checkpointing and not chosen.workload.grad_checkpointing
+    assert "ran slower (64 x 1 at 8.0 samples/s)" in decision.reason
     chosen, decision = choose("max-micro-batch", [(small_probe, off_bench), (on, faster)])
     assert decision.grad_checkpointing and decision.micro_batch == 64
 
