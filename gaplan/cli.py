@@ -279,7 +279,7 @@ def write_run_report(out: str, result, benches: list, quiet: bool) -> list[str]:
     """throughput.csv and breakdown.csv from measurements, then the report built from the folder's files."""
     from gaplan.bench import bench
     from gaplan.probe import WorkerProcess
-    from gaplan.report import write_report
+    from gaplan.report import write_csv, write_report
 
     rows = []
     if not benches:
@@ -289,14 +289,14 @@ def write_run_report(out: str, result, benches: list, quiet: bool) -> list[str]:
             if index:  # the splits that only fit with gradient checkpointing
                 row.update(split=row["split"] + " +ckpt", kind="split")
             rows.append(row)
-    write_csv(os.path.join(out, "throughput.csv"), rows)
+    write_csv(out, "throughput.csv", rows)
     sizes = breakdown_sizes(result)
     if not quiet:
         click.echo(f"memory breakdown by category at micro-batch {', '.join(map(str, sizes))} ...", err=True)
     peaks = {t.micro_batch: t.peak_bytes for t in result.trials if t.fits}
     with WorkerProcess(result.workload, result.device, result.probe_limit_bytes) as worker:
         breakdown = [dict(worker.breakdown(size), device_peak_bytes=peaks.get(size)) for size in sizes]
-    write_csv(os.path.join(out, "breakdown.csv"), breakdown)
+    write_csv(out, "breakdown.csv", breakdown)
     return write_report(out).files
 
 
@@ -306,15 +306,6 @@ def breakdown_sizes(result) -> list[int]:
     if len(fitted) <= 4:
         return fitted
     return sorted({fitted[round(i * (len(fitted) - 1) / 3)] for i in range(4)})
-
-
-def write_csv(path: str, rows: list[dict]) -> None:
-    """Atomic CSV (temp + rename) through pandas."""
-    import pandas as pd
-
-    temp = f"{path}.tmp.{os.getpid()}"
-    pd.DataFrame(rows).to_csv(temp, index=False)
-    os.replace(temp, path)
 
 
 # Part of the plan-cache key: a change in how trials measure must not reuse older answers.
@@ -500,12 +491,12 @@ def train(**options: Any) -> None:
     if options["compare"] and not result.interrupted:
         from gaplan.bench import bench
         from gaplan.probe import load_probe
-        from gaplan.report import write_report
+        from gaplan.report import write_csv, write_report
 
         say("timing the plan against other splits and a true large batch ...")
         measured = bench(load_probe(os.path.join(run_dir, "plan.json")), result.plan.effective_batch,
                          threads=options["threads"], on_row=lambda row: say(throughput_line(row)))
-        write_csv(os.path.join(run_dir, "throughput.csv"), measured.to_records())
+        write_csv(run_dir, "throughput.csv", measured.to_records())
         summary["report"] = write_report(run_dir).files
         summary["throughput"] = measured.to_records()
         say(f"report written to {os.path.join(run_dir, 'report.md')} and report.html")
@@ -560,7 +551,7 @@ def bench_command(**options: Any) -> None:
     from gaplan.bench import bench
     from gaplan.devices import resolve_device
     from gaplan.probe import save_probe
-    from gaplan.report import write_report
+    from gaplan.report import write_csv, write_report
 
     spec = spec_from_options(options)
     memory_limit = memory_limit_from_options(options)
@@ -580,7 +571,7 @@ def bench_command(**options: Any) -> None:
                      on_row=lambda row: say(throughput_line(row)))
     os.makedirs(out, exist_ok=True)
     save_probe(dataclasses.replace(probed, command=command_line()), os.path.join(out, "plan.json"))
-    write_csv(os.path.join(out, "throughput.csv"), measured.to_records())
+    write_csv(out, "throughput.csv", measured.to_records())
     files = write_report(out).files
     if options["as_json"]:
         click.echo(json.dumps({"run_dir": out, "effective_batch": measured.effective_batch,

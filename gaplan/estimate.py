@@ -40,6 +40,7 @@ from typing import Any
 
 from gaplan.errors import DoesNotFit, GaplanError
 from gaplan.plan import make_plan
+from gaplan.search import least_squares_line
 from gaplan.targets import WORKSPACE_BYTES_HOPPER, Target, lookup_target
 from gaplan.units import format_bytes
 from gaplan.workload import Workload, WorkloadSpec
@@ -279,15 +280,6 @@ def _secant(points: dict[int, int]) -> tuple[float, float]:
     return p2 - slope * b2, slope
 
 
-def _least_squares(points: dict[int, int]) -> tuple[float, float]:
-    """(intercept, slope) of the least-squares line through every traced micro-steps peak (for the report)."""
-    n = len(points)
-    mean_b = sum(points) / n
-    mean_p = sum(points.values()) / n
-    slope = sum((b - mean_b) * (p - mean_p) for b, p in points.items()) / sum((b - mean_b) ** 2 for b in points)
-    return mean_p - slope * mean_b, slope
-
-
 def _predict(points: dict[int, int], budget: int, cap: int) -> int:
     intercept, slope = _secant(points)
     if slope <= 0:
@@ -325,9 +317,9 @@ def _find_edge(tracer: _Tracer, usable: int, sizes: tuple[int, ...], cap: int,
             raise DoesNotFit(f"{spec.model} does not fit in {format_bytes(usable)} even at micro-batch 1: one step's peak "
                              f"is {format_bytes(row.peak_bytes)}", row.peak_bytes)
         if lo >= cap:
-            return cap, True, _least_squares(line_points)
+            return cap, True, least_squares_line(sorted(line_points.items()))
         if hi is not None and hi == lo + 1:
-            return lo, False, _least_squares(line_points)
+            return lo, False, least_squares_line(sorted(line_points.items()))
         b = min(max(candidate, lo + 1), hi - 1 if hi is not None else cap)
         if b in micro_rows:  # both phases already traced at b, and they never overlap: the step's peak is the larger
             row = tracer.composed_step(micro_rows[b], optimizer_step)

@@ -239,6 +239,11 @@ def write_report(run_dir: str) -> ReportFiles:
     return ReportFiles(directory=run_dir, files=sorted(written))
 
 
+def write_csv(run_dir: str, name: str, rows: list[dict]) -> None:
+    """A measurement table (``throughput.csv``, ``breakdown.csv``) written the same atomic way as the report."""
+    _write_file(run_dir, name, lambda temp: pd.DataFrame(rows).to_csv(temp, index=False))
+
+
 def _write_file(run_dir: str, name: str, write: Callable[[str], object]) -> None:
     """Write through a temp file and rename, so a reader never sees half a chart or report."""
     path = os.path.join(run_dir, name)

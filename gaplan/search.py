@@ -193,8 +193,13 @@ def fit_memory_line(points: list[tuple[int, int]]) -> tuple[float, float] | None
         used = sorted({(b, p) for b, p in points})[-2:]
     if len({b for b, _ in used}) < 2:
         return None
-    n = len(used)
-    mean_b = sum(b for b, _ in used) / n
-    mean_p = sum(p for _, p in used) / n
-    slope = sum((b - mean_b) * (p - mean_p) for b, p in used) / sum((b - mean_b) ** 2 for b, _ in used)
+    return least_squares_line(used)
+
+
+def least_squares_line(points: list[tuple[int, int]]) -> tuple[float, float]:
+    """``(intercept, slope)`` of the least-squares line through ``(b, peak)`` points (two sizes at least)."""
+    n = len(points)
+    mean_b = sum(b for b, _ in points) / n
+    mean_p = sum(p for _, p in points) / n
+    slope = sum((b - mean_b) * (p - mean_p) for b, p in points) / sum((b - mean_b) ** 2 for b, _ in points)
     return mean_p - slope * mean_b, slope
