@@ -8,6 +8,7 @@ checkpoints hold model, optimizer, scheduler, RNG states, the step and the plan,
 from __future__ import annotations
 
 import csv
+import itertools
 import math
 import os
 import random
@@ -296,20 +297,21 @@ def _micro_batches(workload: Workload, plan: Plan, corpus: Sequence[Sample] | No
         torch.manual_seed(seed * 1_000_003 + step * 97 + rank)
         whole = workload.make_batch(sum(sizes))
         torch.set_rng_state(generator_state)
-        batches, offset = [], 0
-        for size in sizes:
-            batches.append({k: v[offset:offset + size] for k, v in whole.items()})
-            offset += size
-        return batches
+        return [{k: v[start:end] for k, v in whole.items()} for start, end in _bounds(sizes)]
     indices = step_indices(step, plan.effective_batch, len(corpus), seed)
     share = plan.effective_batch // plan.world_size
     mine = indices[rank * share:(rank + 1) * share]
-    batches, offset = [], 0
-    for size in sizes:
-        batch = collate([corpus[i] for i in mine[offset:offset + size]], workload.task, seed)
+    batches = []
+    for start, end in _bounds(sizes):
+        batch = collate([corpus[i] for i in mine[start:end]], workload.task, seed)
         batches.append({k: v.to(workload.device) for k, v in batch.items()})
-        offset += size
     return batches
+
+
+def _bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """``(start, end)`` of each micro-batch within the step's samples."""
+    ends = list(itertools.accumulate(sizes))
+    return list(zip([0, *ends[:-1]], ends, strict=True))
 
 
 class PeerOutOfMemory(RuntimeError):
