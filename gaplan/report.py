@@ -37,8 +37,7 @@ MEMORY_PNG = "memory.png"
 BREAKDOWN_PNG = "breakdown.png"
 THROUGHPUT_PNG = "throughput.png"
 TRAINING_PNG = "training.png"
-REPORT_MD = "report.md"
-REPORT_HTML = "report.html"
+REPORT_STEM = "report"  # report.md and report.html
 
 LARGE_BATCH_KIND = "large-batch"  # throughput.csv kinds that can serve as the ratios' reference
 LARGEST_FIT_KIND = "largest-fit"
@@ -222,21 +221,31 @@ def write_report(run_dir: str) -> ReportFiles:
         charts.append((THROUGHPUT_PNG, throughput_figure(run)))
     if _has_rows(run.train_log):
         charts.append((TRAINING_PNG, training_figure(run)))
+    images = write_charts(run_dir, charts)
+    written += list(images)
+    blocks = report_blocks(run, images=list(images))
+    written += write_pages(run_dir, blocks, f"gaplan report: {run.plan['workload']['model']}", images, REPORT_STEM)
+    return ReportFiles(directory=run_dir, files=sorted(written))
+
+
+def write_charts(run_dir: str, charts: Sequence[tuple[str, Figure]]) -> dict[str, bytes]:
+    """Save each ``(file name, figure)`` as a PNG; returns their bytes, for pages to inline."""
     images: dict[str, bytes] = {}
     for name, figure in charts:
         _write_file(run_dir, name, lambda path, figure=figure: figure.savefig(path, format="png", dpi=_DPI))
         with open(os.path.join(run_dir, name), "rb") as handle:
             images[name] = handle.read()
-        written.append(name)
+    return images
 
-    blocks = report_blocks(run, images=list(images))
-    title = f"gaplan report: {run.plan['workload']['model']}"
-    markdown = render_markdown(blocks)
-    page = render_html(blocks, title, images)
-    _write_file(run_dir, REPORT_MD, lambda path: _write_text(path, markdown))
-    _write_file(run_dir, REPORT_HTML, lambda path: _write_text(path, page))
-    written += [REPORT_MD, REPORT_HTML]
-    return ReportFiles(directory=run_dir, files=sorted(written))
+
+def write_pages(run_dir: str, blocks: Sequence[Block], title: str, images: dict[str, bytes],
+                stem: str = "report") -> list[str]:
+    """``<stem>.md`` and a self-contained ``<stem>.html`` rendered from the same blocks; returns their names."""
+    names = [f"{stem}.md", f"{stem}.html"]
+    markdown, page = render_markdown(blocks), render_html(blocks, title, images)
+    _write_file(run_dir, names[0], lambda path: _write_text(path, markdown))
+    _write_file(run_dir, names[1], lambda path: _write_text(path, page))
+    return names
 
 
 def write_csv(run_dir: str, name: str, rows: list[dict]) -> None:
