@@ -1,5 +1,8 @@
 """gaplan: find the largest micro-batch that fits, plan gradient accumulation, train with the exact loss."""
 
+import sys
+import types
+
 from gaplan.errors import DoesNotFit, GaplanError
 from gaplan.plan import Plan, make_plan, split_evenly
 from gaplan.search import SearchResult, find_edge, trial_bound
@@ -38,6 +41,23 @@ def __getattr__(name: str):
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'gaplan' has no attribute {name!r}")
+
+
+class _Package(types.ModuleType):
+    """Keeps ``gaplan.probe``, ``gaplan.train`` and ``gaplan.bench`` the functions.
+
+    Importing a submodule sets it as an attribute of its package, so once ``gaplan.probe``
+    (the module) was imported, ``gaplan.probe(...)`` and ``from gaplan import probe`` would
+    give the module instead. The modules stay importable by their full names.
+    """
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if isinstance(value, types.ModuleType) and _LAZY.get(name) == f"{__name__}.{name}":
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 __version__ = "0.1.0"

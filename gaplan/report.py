@@ -242,10 +242,14 @@ def write_pages(run_dir: str, blocks: Sequence[Block], title: str, images: dict[
                 stem: str = "report") -> list[str]:
     """``<stem>.md`` and a self-contained ``<stem>.html`` rendered from the same blocks; returns their names."""
     names = [f"{stem}.md", f"{stem}.html"]
-    markdown, page = render_markdown(blocks), render_html(blocks, title, images)
-    _write_file(run_dir, names[0], lambda path: _write_text(path, markdown))
-    _write_file(run_dir, names[1], lambda path: _write_text(path, page))
+    write_text(run_dir, names[0], render_markdown(blocks))
+    write_text(run_dir, names[1], render_html(blocks, title, images))
     return names
+
+
+def write_text(run_dir: str, name: str, text: str) -> None:
+    """A text file (Markdown, HTML, JSON) written the same atomic way."""
+    _write_file(run_dir, name, lambda path: _write_text(path, text))
 
 
 def write_csv(run_dir: str, name: str, rows: list[dict]) -> None:

@@ -211,7 +211,9 @@ def resolve_plan(
 def _resolve_plan(model_or_spec: Any, args: TrainingArguments, effective_batch: int, world_size: int, plan: Any,
                   memory_limit: int | str | None, device: str, seq_len: int | None) -> Plan:
     """gaplan's plan (possibly uneven) for ``effective_batch`` on ``world_size`` devices."""
-    import gaplan.probe as probing
+    import importlib
+
+    probing = importlib.import_module("gaplan.probe")  # the module: `gaplan.probe` is the function
 
     if plan is not None:
         if isinstance(plan, (str, os.PathLike)):

@@ -128,7 +128,9 @@ def test_plan_file_and_probe_result_use_the_tuners_choice(base_args, tmp_path):
 
 def test_a_model_is_probed_through_its_config(base_args, monkeypatch):
     """The model's config goes to a directory the probe can build from; the arguments shape the workload."""
-    import gaplan.probe as probing
+    import importlib
+
+    probing = importlib.import_module("gaplan.probe")  # the module: `gaplan.probe` is the function
 
     model = transformers.AutoModelForCausalLM.from_config(
         transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=300, n_positions=64))
