@@ -46,7 +46,7 @@ TRIAL_OPTIMIZER_STEPS = 2  # what gaplan's trial runs; the accelerate-wrapped fu
 ACCELERATE_START = 128  # find_executable_batch_size's default starting_batch_size
 FINDERS = ("gaplan", "accelerate", "lightning-power", "lightning-binsearch")
 LOOPS = ("gaplan", "hf-trainer", "hand")
-LOSS_TOOLS = ("gaplan", "hf-trainer+gaplan", "hf-trainer", "accelerate", "lightning", "hand")
+LOSS_TOOLS = ("gaplan", "hf-trainer+gaplan", "hf-trainer", "accelerate-accumulate", "lightning", "hand")
 TOOL_NAMES = {
     "gaplan": "gaplan",
     "accelerate": "accelerate find_executable_batch_size",
@@ -56,6 +56,7 @@ TOOL_NAMES = {
     "hf-trainer+gaplan": "HF Trainer + gaplan (GaplanTrainer)",
     "hand": "hand-written loop",
     "lightning": "Lightning accumulate_grad_batches",
+    "accelerate-accumulate": "accelerate Accelerator.accumulate",
 }
 
 
@@ -85,7 +86,8 @@ QUICK = Settings("tiny-gpt2", 32, "256MiB", 4, 2, 1, 2, 1, 0)
 def child(task: dict) -> dict:
     import torch
 
-    torch.set_num_threads(task["threads"])
+    if task["threads"]:
+        torch.set_num_threads(task["threads"])
     part = task["part"]
     if part == "finder":
         return run_finder(task)
@@ -118,7 +120,10 @@ def run_finder(task: dict) -> dict:
         from accelerate.utils import find_executable_batch_size
     else:
         import pytorch_lightning  # noqa: F401 - imported before the budget, as gaplan imports torch before it
-    CpuBackend().activate(task["limit_bytes"])  # the same budget, over the same baseline, as a gaplan trial
+    # As in gaplan's worker: the model's code is imported (a build on meta) before the budget is set,
+    # and the budget is set before the model is built, so weights and states count against it.
+    build_workload(spec, "meta")
+    CpuBackend().activate(task["limit_bytes"])
     workload = build_workload(spec, "cpu")
     trials: list[list] = []
     if task["tool"] == "accelerate":
@@ -308,7 +313,7 @@ def run_loss(task: dict) -> dict:
             trainer_class(model=model, args=trainer_arguments(output_dir, plan, 1, max_grad_norm=0.0),
                           train_dataset=samples, data_collator=lambda batch: collate(batch, "causal-lm"),
                           optimizers=(optimizer, None)).train()
-    elif tool == "accelerate":
+    elif tool == "accelerate-accumulate":
         from accelerate import Accelerator
 
         accelerator = Accelerator(gradient_accumulation_steps=plan.grad_accum_steps, cpu=True)
@@ -478,7 +483,8 @@ def figure(finders: list[dict], edge: int, loops: list[dict], losses: list[dict]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.6), constrained_layout=True)
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(17, 5), constrained_layout=True,
+                                             gridspec_kw={"width_ratios": [1.2, 0.8, 1.0]})
     labels = [row["tool"].replace(" find_executable_batch_size", "\nfind_executable_batch_size")
               .replace(" scale_batch_size ", "\nscale_batch_size ") for row in finders]
     found = [row["found"] or 0 for row in finders]
@@ -490,7 +496,7 @@ def figure(finders: list[dict], edge: int, loops: list[dict], losses: list[dict]
     left.set_xlim(0, edge * 1.6)
     left.invert_yaxis()
     left.set_xlabel("micro-batch found")
-    left.set_title("Batch-size finding under one budget")
+    left.set_title("Micro-batch found (one budget)", fontsize=10)
     left.legend(loc="lower right", fontsize=8)
 
     measured = [row for row in loops if row["median_samples_per_s"]]
@@ -500,7 +506,7 @@ def figure(finders: list[dict], edge: int, loops: list[dict], losses: list[dict]
         middle.text(x, row["median_samples_per_s"], f"{row['median_samples_per_s']:.2f}", ha="center", va="bottom",
                     fontsize=8)
     middle.set_ylabel("samples/s (median)")
-    middle.set_title("Training loop, same micro-batch and accumulation")
+    middle.set_title("Training loop (same split)", fontsize=10)
 
     diffs = [row for row in losses if row["max_relative_difference"] is not None]
     right.barh([row["tool"].replace(" (", "\n(") for row in diffs],
@@ -509,7 +515,7 @@ def figure(finders: list[dict], edge: int, loops: list[dict], losses: list[dict]
     right.set_xscale("log")
     right.invert_yaxis()
     right.set_xlabel("max |g - g_large| / max |g_large|")
-    right.set_title("Accumulated gradient vs true large batch")
+    right.set_title("Gradient vs the true large batch", fontsize=10)
     return fig
 
 
@@ -592,8 +598,9 @@ def main() -> None:
     from gaplan.units import parse_bytes
 
     settings = QUICK if options.quick else FULL
+    # Without --threads no process sets a thread count (torch's default, as `gaplan probe` runs).
     threads = options.threads or torch.get_num_threads()
-    settings = Settings(**{**settings.__dict__, "threads": threads,
+    settings = Settings(**{**settings.__dict__, "threads": options.threads,
                            "repeats": options.repeats or settings.repeats})
     spec = {"model": settings.model, "seq_len": settings.seq_len}
     limit = parse_bytes(settings.memory_limit)

@@ -9,9 +9,9 @@ import pytest
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_example(name, *args):
+def run_example(name, *args, timeout=300):
     result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "examples", name), *args], cwd=REPO_ROOT,
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"{name} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout
 
@@ -62,3 +62,28 @@ def test_plan_for_h100_example():
     out = run_script("plan_for_h100.sh", "h100-80gb", "256")  # a short sequence keeps the trace quick
     assert "largest micro-batch predicted to fit:" in out
     assert "does not fit in 79.08 GiB" in out  # AdamW's 16 bytes per parameter alone exceed the card
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_compare_with_peers_example(tmp_path):
+    """The quick comparison: gaplan's answer is the edge checked in fresh processes; its gradient is the large batch's."""
+    import json
+
+    pytest.importorskip("pytorch_lightning")
+    out = run_example("compare_with_peers.py", "--quick", "--out", str(tmp_path), timeout=900)
+    assert "| gaplan " in out and "## Loss correctness" in out
+    for name in ("peers.md", "peers.html", "peers.png", "peers.json", "batch_size.csv", "loop.csv", "loss.csv"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    data = json.loads((tmp_path / "peers.json").read_text())
+    assert set(data["versions"]) >= {"torch", "transformers", "accelerate", "pytorch-lightning"}
+    finders = {row["tool"]: row for row in data["batch_size"]}
+    assert len(finders) == 4 and not any(row["error"] for row in finders.values()), finders
+    assert finders["gaplan"]["found"] == data["true_edge"] and finders["gaplan"]["survives_step_2"] is True
+    for row in finders.values():
+        assert 1 <= row["found"] <= data["true_edge"] + 1 and row["trials"] >= 1 and row["wall_s"] > 0
+    loops = {row["loop"]: row for row in data["loop"]}
+    assert all(row["median_samples_per_s"] > 0 for row in loops.values()), loops
+    losses = {row["tool"]: row["max_relative_difference"] for row in data["loss"]}
+    assert losses["gaplan"] < 1e-5 and losses["HF Trainer + gaplan (GaplanTrainer)"] < 1e-5
+    assert losses["hand-written loop"] > 1e-2  # dividing each micro-batch's mean by the steps is wrong on padded data
