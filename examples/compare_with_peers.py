@@ -2,7 +2,7 @@
 
     pip install -e ".[compare]"                                  # adds pytorch-lightning (accelerate is a dependency)
     python examples/compare_with_peers.py                        # the README's numbers, into reports/peers/
-                                                                 # (about 15 minutes on 2 cores)
+                                                                 # (about 10 minutes on 2 cores)
     python examples/compare_with_peers.py --quick --out /tmp/peers   # a small workload, a few minutes
 
 Every measurement runs in a fresh Python process (this script again, with ``--child``),
@@ -575,17 +575,21 @@ def blocks_for(settings: Settings, command: str, info: dict, finders: list[dict]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[2:6]))
+                                     epilog="\n".join(__doc__.splitlines()[2:6]) + "\n")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "reports", "peers"),
                         help="the report folder (default: reports/peers)")
     parser.add_argument("--quick", action="store_true", help="a small workload and one repeat (a few minutes)")
     parser.add_argument("--repeats", type=int, help="training-loop runs per tool (default 3; 1 with --quick)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads in every process (default: all cores)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads in every process (default: torch's own, all cores)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.child:
         print(json.dumps(child(json.loads(options.child))))
         return
+    if options.repeats is not None and options.repeats < 1:
+        parser.error(f"--repeats must be at least 1 (got {options.repeats})")
+    if options.threads < 0:
+        parser.error(f"--threads must be 0 (all cores) or more (got {options.threads})")
 
     for module, package in (("pytorch_lightning", "pytorch-lightning"), ("accelerate", "accelerate")):
         try:

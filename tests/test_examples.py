@@ -81,7 +81,7 @@ def test_compare_with_peers_example(tmp_path):
     assert len(finders) == 4 and not any(row["error"] for row in finders.values()), finders
     assert finders["gaplan"]["found"] == data["true_edge"] and finders["gaplan"]["survives_step_2"] is True
     for row in finders.values():
-        assert 1 <= row["found"] <= data["true_edge"] + 1 and row["trials"] >= 1 and row["wall_s"] > 0
+        assert row["found"] >= 1 and row["trials"] >= 1 and row["wall_s"] > 0 and row["survives_step_2"] is not None
     loops = {row["loop"]: row for row in data["loop"]}
     assert all(row["median_samples_per_s"] > 0 for row in loops.values()), loops
     losses = {row["tool"]: row["max_relative_difference"] for row in data["loss"]}
