@@ -48,7 +48,8 @@ class _Package(types.ModuleType):
 
     Importing a submodule sets it as an attribute of its package, so once ``gaplan.probe``
     (the module) was imported, ``gaplan.probe(...)`` and ``from gaplan import probe`` would
-    give the module instead. The modules stay importable by their full names.
+    give the module instead. The modules stay reachable by their full names:
+    ``from gaplan.probe import ProbeResult`` or ``importlib.import_module("gaplan.probe")``.
     """
 
     def __setattr__(self, name: str, value: object) -> None:

@@ -74,6 +74,18 @@ def test_shift_labels(models):
     assert_equivalent(step_gradient(workload, [whole]), step_gradient(workload, parts), "shift_labels")
 
 
+def test_causal_loss_is_transformers_own_loss_summed(models):
+    """The summed token loss is the model's own mean loss times the targets gaplan counts (same shift)."""
+    from gaplan.loss import summed_token_loss
+
+    workload = models[CAUSAL_LM]
+    whole, _ = padded_batches(CAUSAL_LM, (7,))
+    with torch.no_grad():
+        output = workload.model(**whole)
+        summed = summed_token_loss(output.logits, whole, CAUSAL_LM)
+    torch.testing.assert_close(summed / count_targets(whole, CAUSAL_LM), output.loss, rtol=1e-6, atol=0)
+
+
 def test_causal_count_skips_position_zero():
     batch = {"labels": torch.tensor([[5, 6, IGNORE_INDEX], [7, 8, 9]])}
     assert count_targets(batch, CAUSAL_LM) == 3  # [6] and [8, 9]
