@@ -44,6 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MICRO_STEPS = 2  # micro-batches per optimizer step in every batch-size trial (accumulation is the point)
 TRIAL_OPTIMIZER_STEPS = 2  # what gaplan's trial runs; the accelerate-wrapped function runs the same
 ACCELERATE_START = 128  # find_executable_batch_size's default starting_batch_size
+LIGHTNING_STEPS_PER_TRIAL = 3  # scale_batch_size's default, passed explicitly so the count below matches it
 FINDERS = ("gaplan", "accelerate", "lightning-power", "lightning-binsearch")
 LOOPS = ("gaplan", "hf-trainer", "hand")
 LOSS_TOOLS = ("gaplan", "hf-trainer+gaplan", "hf-trainer", "accelerate-accumulate", "lightning", "hand")
@@ -181,10 +182,9 @@ def lightning_scale(workload, mode: str, trials: list[list]) -> int:
         trainer = pl.Trainer(accelerator="cpu", devices=1, accumulate_grad_batches=MICRO_STEPS, max_steps=1,
                              logger=False, enable_checkpointing=False, enable_progress_bar=False,
                              enable_model_summary=False, default_root_dir=root)
-        found = Tuner(trainer).scale_batch_size(Finder(), mode=mode)
-    steps_per_trial = 3  # scale_batch_size's default
+        found = Tuner(trainer).scale_batch_size(Finder(), mode=mode, steps_per_trial=LIGHTNING_STEPS_PER_TRIAL)
     for trial in trials:
-        trial[1] = trial[1] >= steps_per_trial * MICRO_STEPS
+        trial[1] = trial[1] >= LIGHTNING_STEPS_PER_TRIAL * MICRO_STEPS
     return int(found)
 
 
@@ -202,10 +202,12 @@ def run_loop(task: dict) -> dict:
     """Time ``warmup + steps`` optimizer steps of one loop; samples/s over the steps after the warm-up."""
     import torch
 
-    from gaplan.data import collate
+    from gaplan.data import collate, step_indices
 
     workload, corpus, plan = corpus_and_plan(task)
     total = task["warmup"] + task["steps"]
+    # The samples gaplan.train takes, step by step, in order: the other two loops read them sequentially.
+    samples = [corpus[i] for step in range(total) for i in step_indices(step, plan.effective_batch, len(corpus))]
     step_ends: list[float] = [time.perf_counter()]
     if task["tool"] == "gaplan":
         from gaplan.train import TrainConfig, train
@@ -219,7 +221,6 @@ def run_loop(task: dict) -> dict:
             def on_step_end(self, args, state, control, **kwargs):
                 step_ends.append(time.perf_counter())
 
-        samples = [corpus[i] for i in range(plan.effective_batch * total)]
         with tempfile.TemporaryDirectory() as output_dir:
             trainer = Trainer(model=workload.model, args=trainer_arguments(output_dir, plan, total, max_grad_norm=1.0),
                               train_dataset=samples, data_collator=lambda batch: collate(batch, workload.task),
@@ -228,9 +229,8 @@ def run_loop(task: dict) -> dict:
     else:  # the loop people write by hand: the model's mean loss divided by the accumulation steps
         model, optimizer = workload.model, workload.optimizer
         for step in range(total):
-            for start in range(0, plan.effective_batch, plan.micro_batch):
-                first = step * plan.effective_batch + start
-                batch = collate([corpus[i] for i in range(first, first + plan.micro_batch)], workload.task)
+            for first in range(step * plan.effective_batch, (step + 1) * plan.effective_batch, plan.micro_batch):
+                batch = collate(samples[first:first + plan.micro_batch], workload.task)
                 (model(**batch).loss / plan.grad_accum_steps).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
@@ -539,7 +539,8 @@ def blocks_for(settings: Settings, command: str, info: dict, finders: list[dict]
         Heading(2, "Batch-size finding"),
         Paragraph(f"Every tool's trial runs the same step ({MICRO_STEPS} accumulated micro-batches, then AdamW): "
                   f"gaplan and the accelerate-wrapped function for {TRIAL_OPTIMIZER_STEPS} optimizer steps, Lightning "
-                  "for its default 3. accelerate starts at its default 128 and multiplies by 0.9 after each OOM; "
+                  f"for its default {LIGHTNING_STEPS_PER_TRIAL}. accelerate starts at its default {ACCELERATE_START} "
+                  "and multiplies by 0.9 after each OOM; "
                   "Lightning starts at its default 2, and binsearch keeps its default 5% margin. "
                   f"The true edge, {edge}, is checked in fresh processes: {edge} trains {TRIAL_OPTIMIZER_STEPS} "
                   f"optimizer steps and {edge + 1} runs out of memory. \"Trains 2 steps\" checks each tool's "
