@@ -210,7 +210,7 @@ def run_loop(task: dict) -> dict:
     samples = [corpus[i] for step in range(total) for i in step_indices(step, plan.effective_batch, len(corpus))]
     step_ends: list[float] = [time.perf_counter()]
     if task["tool"] == "gaplan":
-        from gaplan.train import TrainConfig, train
+        from gaplan.training import TrainConfig, train
 
         train(workload, plan, corpus, TrainConfig(steps=total, max_grad_norm=1.0),
               on_step=lambda log: step_ends.append(time.perf_counter()))

@@ -103,8 +103,7 @@ def probe_max_micro_batch(effective_batch: int, memory_limit: str) -> int:
     here = os.path.dirname(os.path.abspath(__file__))  # the probe's worker imports this file as plain_pytorch
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     result = gaplan.probe(gaplan.WorkloadSpec(model="plain_pytorch:make_workload"), device="cpu",
-                          memory_limit=parse_bytes(memory_limit), effective_batch=effective_batch,
-                          max_micro_batch=effective_batch)  # a larger micro-batch would never be used
+                          memory_limit=parse_bytes(memory_limit), effective_batch=effective_batch)  # searches up to E
     print(f"probe: B* = {result.max_micro_batch}{' (capped)' if result.capped else ''} "
           f"in {len(result.trials)} trials, {result.wall_seconds:.0f} s")
     return result.max_micro_batch

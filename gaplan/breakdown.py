@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from gaplan.constants import BREAKDOWN_CATEGORIES
+from gaplan.errors import GaplanError
 from gaplan.step import accumulate_gradients
 from gaplan.workload import Workload
 
-CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "other")
+CATEGORIES = BREAKDOWN_CATEGORIES
 
 # MemTracker's reference types -> gaplan's categories (buffers count with parameters, temporaries with other).
 _CATEGORY_OF = {"Parameter": "parameters", "Buffer": "parameters", "Gradient": "gradients",
@@ -41,7 +43,7 @@ class MemoryBreakdown:
 def measure_breakdown(workload: Workload, micro_batch: int, micro_steps: int = 2) -> MemoryBreakdown:
     """Run one steady-state step at ``micro_batch`` under ``MemTracker`` and return its peak by category.
 
-    The optimizer states must already exist (:func:`gaplan.trial.materialize_optimizer_state`);
+    The optimizer states must already exist (:func:`gaplan.trial_runner.materialize_optimizer_state`);
     they are tracked from the optimizer, so they are counted even though they were made earlier.
     """
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -61,10 +63,24 @@ def measure_breakdown(workload: Workload, micro_batch: int, micro_steps: int = 2
         workload.optimizer.step()
         workload.optimizer.zero_grad(set_to_none=True)
     del batches
-    peak = tracker.get_tracker_snapshot("peak").get(workload.device)
-    if peak is None:  # snapshots are keyed by device; cpu vs cpu:0 spellings differ by build
-        peak = next(iter(tracker.get_tracker_snapshot("peak").values()), {})
+    peak = _device_peak(tracker.get_tracker_snapshot("peak"), workload.device)
     by_category = dict.fromkeys(CATEGORIES, 0)
     for kind, category in _CATEGORY_OF.items():
         by_category[category] += int(peak.get(kind, 0))
     return MemoryBreakdown(micro_batch, **by_category, tracked_total=sum(by_category.values()))
+
+
+def _device_peak(snapshot: dict, device) -> dict:
+    """The snapshot's entry for ``device``; ``cpu`` and ``cpu:0`` (or ``cuda`` and ``cuda:0``) are the same device.
+
+    Anything else is an error that names what MemTracker did report, not a silent guess.
+    """
+    import torch
+
+    wanted = torch.device(device)
+    for key, value in snapshot.items():
+        found = torch.device(key)
+        if found.type == wanted.type and (found.index or 0) == (wanted.index or 0):
+            return value
+    seen = ", ".join(str(key) for key in snapshot) or "nothing"
+    raise GaplanError(f"the memory breakdown found no peak for device {wanted} (torch's MemTracker reported {seen})")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gaplan.errors import GaplanError
+from gaplan.errors import GaplanError, one_line
 from gaplan.loss import CAUSAL_LM, CLASSIFICATION, IGNORE_INDEX, MASKED_LM
 
 PAD_ID = 0
@@ -53,7 +53,13 @@ class SyntheticCorpus:
 
 
 class TextCorpus:
-    """Lines of a text file, or the ``text`` field of a JSONL file, tokenized and cut to ``seq_len``."""
+    """Lines of a text file, or the ``text`` field of a JSONL file, tokenized and cut to ``seq_len``.
+
+    The model directory's tokenizer when it has tokenizer files (one that fails to load is an error),
+    else bytes; ``tokenizer`` says which.
+    """
+
+    tokenizer: str = "bytes"
 
     def __init__(self, path: str, seq_len: int, vocab_size: int, tokenizer_dir: str | None = None) -> None:
         try:
@@ -79,16 +85,18 @@ class TextCorpus:
         except (json.JSONDecodeError, KeyError, TypeError):
             raise GaplanError(f"--data {path}: line {number} is not a JSON object with a 'text' field") from None
 
-    @staticmethod
-    def _encoder(tokenizer_dir: str | None, vocab_size: int):
-        if tokenizer_dir and os.path.isdir(tokenizer_dir):
-            try:
-                from transformers import AutoTokenizer
+    def _encoder(self, tokenizer_dir: str | None, vocab_size: int):
+        if tokenizer_dir and has_tokenizer(tokenizer_dir):
+            from transformers import AutoTokenizer
 
+            try:
                 tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
-                return lambda text: tokenizer(text)["input_ids"]
-            except (OSError, ValueError):
-                pass  # a model directory without a tokenizer: fall back to bytes
+            except Exception as exc:  # noqa: BLE001 - whatever broke, the user must hear it, not get bytes
+                raise GaplanError(f"the tokenizer in {tokenizer_dir} cannot be loaded "
+                                  f"({exc.__class__.__name__}: {one_line(exc)})") from None
+            self.tokenizer = f"{tokenizer_dir} ({tokenizer.__class__.__name__})"
+            return lambda text: tokenizer(text)["input_ids"]
+        self.tokenizer = "bytes (the model has no tokenizer files)" if tokenizer_dir else "bytes"
         if vocab_size < 257:
             raise GaplanError(f"the byte-level tokenizer needs a vocabulary of 257 or more (the model has {vocab_size})")
         return lambda text: [1 + b for b in text.encode("utf-8")]  # 0 stays the padding id
@@ -98,6 +106,16 @@ class TextCorpus:
 
     def __getitem__(self, index: int) -> Sample:
         return self.samples[index % len(self.samples)]
+
+
+# Files that mean a directory holds a tokenizer (fast, SentencePiece, WordPiece, BPE).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model", "vocab.txt",
+                   "vocab.json", "merges.txt")
+
+
+def has_tokenizer(directory: str) -> bool:
+    """True when ``directory`` holds any tokenizer file."""
+    return os.path.isdir(directory) and any(os.path.isfile(os.path.join(directory, n)) for n in TOKENIZER_FILES)
 
 
 def step_indices(step: int, effective_batch: int, corpus_size: int, seed: int = 0) -> list[int]:

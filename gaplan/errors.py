@@ -13,3 +13,8 @@ class DoesNotFit(GaplanError):
     def __init__(self, message: str, needed_bytes: int | None = None) -> None:
         super().__init__(message)
         self.needed_bytes = needed_bytes
+
+
+def one_line(text: object) -> str:
+    """A message on one line: errors from json, pandas or torch can span several, the CLI prints exactly one."""
+    return " ".join(str(text).split())

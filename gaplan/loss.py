@@ -14,13 +14,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+from gaplan.tasks import CAUSAL_LM, CLASSIFICATION, CUSTOM, IGNORE_INDEX, MASKED_LM, TASKS
 
-CAUSAL_LM = "causal-lm"
-MASKED_LM = "masked-lm"
-CLASSIFICATION = "classification"
-CUSTOM = "custom"
-TASKS = (CAUSAL_LM, MASKED_LM, CLASSIFICATION)
+__all__ = ["CAUSAL_LM", "CLASSIFICATION", "CUSTOM", "IGNORE_INDEX", "MASKED_LM", "TASKS"]
 
 
 def count_targets(batch: Mapping[str, Any], task: str) -> int:

@@ -24,25 +24,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
-
-class Observation(Protocol):
-    """What one trial taught: did it fit, and (when it did) its peak bytes."""
-
-    @property
-    def fits(self) -> bool: ...
-
-    @property
-    def peak_bytes(self) -> int | None: ...
+from gaplan.trial import Trial
 
 
 @dataclass(frozen=True)
 class SearchResult:
-    """The edge found and every trial run, in order, as ``(micro_batch, observation)``."""
+    """The edge found and every trial run, in order."""
 
     edge: int
-    trials: list[tuple[int, Observation]] = field(default_factory=list)
+    trials: list[Trial] = field(default_factory=list)
     capped: bool = False  # True when ``max_batch`` itself fitted: the real edge may be larger
 
     @property
@@ -91,7 +82,7 @@ def _predict_edge(points: list[tuple[int, int]], limit_bytes: int) -> int | None
 
 
 def find_edge(
-    measure: Callable[[int], Observation],
+    measure: Callable[[int], Trial],
     limit_bytes: int | None = None,
     start: int = 1,
     max_batch: int | None = None,
@@ -99,7 +90,7 @@ def find_edge(
     """Find the largest ``b`` with ``measure(b).fits``, assuming fitting is monotone in ``b``.
 
     Args:
-        measure: runs one trial at micro-batch ``b``.
+        measure: runs one trial at micro-batch ``b``; the memory line uses its ``line_peak_bytes``.
         limit_bytes: the memory the peaks are compared with; enables the guided jump.
         start: first size tried: 1, or a prediction (an estimate's B*), checked one above or
             below next and then stepped away from by a growing stride like the line's answer.
@@ -113,16 +104,16 @@ def find_edge(
     cap = max_batch
     if cap is not None:
         start = min(start, cap)
-    seen: dict[int, Observation] = {}
-    trials: list[tuple[int, Observation]] = []
+    seen: dict[int, Trial] = {}
+    trials: list[Trial] = []
     lo, hi = 0, None  # lo fits (0: nothing known), hi fails (None: unknown)
 
     def run(b: int) -> None:
         nonlocal lo, hi
-        observation = measure(b)
-        seen[b] = observation
-        trials.append((b, observation))
-        if observation.fits:
+        trial = measure(b)
+        seen[b] = trial
+        trials.append(trial)
+        if trial.fits:
             lo = max(lo, b)
         else:
             hi = b if hi is None else min(hi, b)
@@ -144,7 +135,7 @@ def find_edge(
             return SearchResult(lo, trials, capped=True)
         predicted = None
         if phase != "bisect" and limit_bytes is not None and jumps < MAX_JUMPS:
-            points = [(b, o.peak_bytes) for b, o in seen.items() if o.fits and o.peak_bytes is not None]
+            points = [(b, t.line_peak_bytes) for b, t in seen.items() if t.fits and t.line_peak_bytes is not None]
             predicted = _predict_edge(points, limit_bytes)
         if phase == "grow" and predicted is not None and predicted >= lo and hi is None:
             phase = "guided"
@@ -154,7 +145,7 @@ def find_edge(
                 candidate = predicted
                 jumps += 1
             else:  # the line's answer was a little off: step away from the last trial, 1, ~1.5%, doubling
-                last = trials[-1][0]
+                last = trials[-1].micro_batch
                 stride = 2 * stride if stride > 1 else (max(2, last // 64) if stride else 1)
                 step = last + stride if seen[last].fits else last - stride
                 if lo < step and (hi is None or step < hi):

@@ -1,90 +1,39 @@
-"""One probe trial: a steady-state accumulated optimizer step at micro-batch ``b``, measured.
-
-Steady state means the optimizer states already exist (AdamW allocates them at its
-first step, so a one-step trial sees a lower peak than every later step), at least
-two micro-steps accumulate into live gradients, then the optimizer steps.
-"""
+"""One probe trial as measured: the single record every part uses (worker, probe, search, plan.json). No torch."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-
-import torch
-
-from gaplan.devices import Backend, is_out_of_memory
-from gaplan.step import accumulate_gradients
-from gaplan.workload import Workload
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 
 @dataclass(frozen=True)
-class TrialOutcome:
-    """What one trial measured. ``peak_bytes`` is above the pre-budget baseline."""
+class Trial:
+    """A steady-state trial at ``micro_batch``: did it fit, its peak bytes (above the pre-budget baseline), its time."""
 
     micro_batch: int
     fits: bool
-    peak_bytes: int | None
-    seconds: float
-    after_bytes: int  # memory held after the trial was cleaned up (should equal the level before it)
-    before_bytes: int
-    error: str | None = None
-    completed_steps: int = 0  # optimizer steps finished before the end (or the OOM)
+    peak_bytes: int | None = None
+    seconds: float = 0.0
+    error: str | None = None  # why it failed, one line (the allocator's message for an OOM)
+    completed_steps: int = 0  # optimizer steps finished before the end (an OOM at step 2 shows as 1)
     # The peak of the forward/backward passes alone. The optimizer step's own temporaries do not
     # grow with the micro-batch; at small sizes they set the peak and would bend the memory line.
     micro_steps_peak_bytes: int | None = None
     step_seconds: list[float] = field(default_factory=list)  # wall time of each finished optimizer step
     tokens_per_step: int = 0  # attention-mask tokens in one step's batches (0 when batches have no mask)
+    before_bytes: int = 0  # memory held before the trial, and after its clean-up: equal when nothing leaked
+    after_bytes: int = 0
 
+    @property
+    def line_peak_bytes(self) -> int | None:
+        """The peak the search draws its memory line through: forward/backward when known, else the whole step."""
+        return self.micro_steps_peak_bytes if self.micro_steps_peak_bytes is not None else self.peak_bytes
 
-def materialize_optimizer_state(workload: Workload) -> None:
-    """Create the optimizer's state tensors without running the model (zero gradients, one step)."""
-    for param in workload.model.parameters():
-        if param.requires_grad:
-            param.grad = torch.zeros_like(param)
-    workload.optimizer.step()
-    workload.optimizer.zero_grad(set_to_none=True)
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
-
-def run_trial(workload: Workload, backend: Backend, micro_batch: int, micro_steps: int = 2,
-              optimizer_steps: int = 1, sizes: Sequence[int] | None = None) -> TrialOutcome:
-    """Run ``optimizer_steps`` steps of ``micro_steps`` micro-batches of ``micro_batch`` samples.
-
-    ``sizes`` gives one step's micro-batch sizes instead (an uneven split, as a plan has).
-    """
-    sizes = list(sizes) if sizes else [micro_batch] * micro_steps
-    backend.release()
-    before = backend.current_bytes()
-    started = time.perf_counter()
-    error = None
-    completed = tokens = 0
-    peak = micro_steps_peak = 0
-    step_seconds: list[float] = []
-    try:
-        for _ in range(optimizer_steps):
-            backend.reset_peak()
-            step_started = time.perf_counter()
-            batches = [workload.make_batch(size) for size in sizes]
-            accumulate_gradients(workload.model, batches, workload.raw_loss, workload.task,
-                                 workload.loss_is_scaled_for_ga, workload.autocast)
-            micro_steps_peak = max(micro_steps_peak, backend.peak_bytes())  # no optimizer step in it yet
-            workload.optimizer.step()
-            workload.optimizer.zero_grad(set_to_none=True)
-            peak = max(peak, backend.peak_bytes())  # synchronizes on CUDA, so the step time below is real
-            step_seconds.append(time.perf_counter() - step_started)
-            tokens = sum(int(b["attention_mask"].sum()) for b in batches if "attention_mask" in b)
-            del batches
-            completed += 1
-    except Exception as exc:  # noqa: BLE001 - classified right below; anything else re-raises
-        if not is_out_of_memory(exc):
-            raise
-        error = str(exc).splitlines()[0][:200]
-    # Recover only here, after the except block: its traceback keeps the failed step's tensors alive.
-    if error is not None:
-        workload.optimizer.zero_grad(set_to_none=True)
-    backend.synchronize()
-    seconds = time.perf_counter() - started
-    backend.release()
-    fits = error is None
-    return TrialOutcome(micro_batch, fits, peak if fits else None, seconds, backend.current_bytes(), before, error,
-                        completed, micro_steps_peak if fits else None, step_seconds, tokens)
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trial:
+        """Read a trial back; keys this version does not know are ignored (files from newer versions)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})

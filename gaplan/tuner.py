@@ -13,10 +13,12 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from gaplan.bench import PLAN, SPLIT, BenchResult, SplitMeasurement, bench, candidate_splits
+from gaplan.benchmark import PLAN, SPLIT, BenchResult, SplitMeasurement, bench, candidate_splits
 from gaplan.errors import GaplanError
 from gaplan.plan import make_plan
-from gaplan.probe import ProbeResult, Trial, probe
+from gaplan.probe_result import ProbeResult
+from gaplan.probing import probe
+from gaplan.trial import Trial
 from gaplan.workload import WorkloadSpec
 
 OBJECTIVES = ("max-micro-batch", "throughput")

@@ -13,7 +13,7 @@ milliseconds where a new interpreter costs seconds, and every trial then sees
 exactly what a fresh training process sees.
 
 It speaks JSON lines: the first request names the workload, device and budget;
-each later one asks for a trial. Run by :class:`gaplan.probe.WorkerProcess`;
+each later one asks for a trial. Run by :class:`gaplan.worker_process.WorkerProcess`;
 ``python -m gaplan.worker`` by hand is for debugging.
 """
 
@@ -26,7 +26,9 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict
+
+from gaplan.trial import Trial
+from gaplan.worker_protocol import TrialRequest, WorkerSetup
 
 
 def run_in_child(work: Callable[[], dict]) -> dict:
@@ -74,7 +76,7 @@ def _die_with_parent() -> None:
         pass  # not Linux: a trial child then outlives a killed worker until its trial ends
 
 
-def _build_under_budget(setup: dict, enforce: bool = True):
+def _build_under_budget(setup: WorkerSetup, enforce: bool = True):
     """In a trial child: impose the budget, then build the workload (weights and optimizer state count).
 
     ``enforce=False`` measures without the budget (a reference run that is known not to fit).
@@ -82,20 +84,21 @@ def _build_under_budget(setup: dict, enforce: bool = True):
     import torch
 
     from gaplan.devices import make_backend
-    from gaplan.trial import materialize_optimizer_state
-    from gaplan.workload import WorkloadSpec, build_workload
+    from gaplan.trial_runner import materialize_optimizer_state
+    from gaplan.workload import build_workload
+    from gaplan.workload_spec import WorkloadSpec
 
-    if setup.get("threads"):
-        torch.set_num_threads(int(setup["threads"]))
-    backend = make_backend(setup["device"])
-    backend.activate(setup.get("limit_bytes"), enforce=enforce)
-    workload = build_workload(WorkloadSpec(**setup["workload"]), setup["device"], seed=int(setup.get("seed", 0)))
-    if setup.get("warm_optimizer", True):
+    if setup.threads:
+        torch.set_num_threads(setup.threads)
+    backend = make_backend(setup.device)
+    backend.activate(setup.limit_bytes, enforce=enforce)
+    workload = build_workload(WorkloadSpec(**setup.workload), setup.device, seed=setup.seed)
+    if setup.warm_optimizer:
         materialize_optimizer_state(workload)
     return backend, workload
 
 
-def _describe(setup: dict, static: int | None) -> dict:
+def _describe(setup: WorkerSetup, static: int | None) -> dict:
     """The ready message: the workload built once under the budget, or why it does not fit."""
     from gaplan.devices import is_out_of_memory, make_backend
 
@@ -104,8 +107,8 @@ def _describe(setup: dict, static: int | None) -> dict:
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
-        backend = make_backend(setup["device"])
-        backend.activate(setup.get("limit_bytes"))
+        backend = make_backend(setup.device)
+        backend.activate(setup.limit_bytes)
         return {"error": "does-not-fit", "limit_bytes": backend.limit_bytes, "static_bytes": static}
     return {
         "ready": True,
@@ -120,54 +123,51 @@ def _describe(setup: dict, static: int | None) -> dict:
     }
 
 
-def _trial(setup: dict, request: dict) -> dict:
+def _trial(setup: WorkerSetup, request: TrialRequest) -> dict:
     """One request in a trial child: a trial (optionally unbounded, with uneven sizes) or a breakdown."""
     from gaplan.devices import is_out_of_memory
-    from gaplan.trial import TrialOutcome, run_trial
+    from gaplan.trial_runner import run_trial
 
-    micro_batch = int(request["micro_batch"])
     try:
-        backend, workload = _build_under_budget(setup, enforce=not request.get("unbounded"))
+        backend, workload = _build_under_budget(setup, enforce=not request.unbounded)
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
-        return asdict(TrialOutcome(micro_batch, False, None, 0.0, 0, 0, "the model itself does not fit"))
-    if request.get("breakdown"):
+        return Trial(request.micro_batch, False, error="the model itself does not fit").to_dict()
+    if request.breakdown:
         from gaplan.breakdown import measure_breakdown
 
-        return measure_breakdown(workload, micro_batch, micro_steps=int(request.get("micro_steps", 2))).to_dict()
-    outcome = run_trial(workload, backend, micro_batch, micro_steps=int(request.get("micro_steps", 2)),
-                        optimizer_steps=int(request.get("optimizer_steps", 1)), sizes=request.get("sizes"))
-    return asdict(outcome)
+        return measure_breakdown(workload, request.micro_batch, micro_steps=request.micro_steps).to_dict()
+    return run_trial(workload, backend, request.micro_batch, micro_steps=request.micro_steps,
+                     optimizer_steps=request.optimizer_steps, sizes=request.sizes).to_dict()
 
 
 def _serve(requests, reply) -> None:
-    setup = json.loads(requests.readline())
+    setup = WorkerSetup.from_dict(json.loads(requests.readline()))
     # Import once here; every trial child inherits the loaded libraries for free.
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
     from gaplan.errors import GaplanError
-    from gaplan.trial import TrialOutcome
-    from gaplan.workload import WorkloadSpec
+    from gaplan.workload_spec import WorkloadSpec
 
     try:
-        static = _static_bytes_without_memory(WorkloadSpec(**setup["workload"]))
+        static = _static_bytes_without_memory(WorkloadSpec(**setup.workload))
     except GaplanError as exc:
         reply({"error": "user", "message": str(exc)})
         return
-    if static is not None and setup.get("limit_bytes") and static > setup["limit_bytes"]:
-        reply({"error": "does-not-fit", "limit_bytes": setup["limit_bytes"], "static_bytes": static})
+    if static is not None and setup.limit_bytes and static > setup.limit_bytes:
+        reply({"error": "does-not-fit", "limit_bytes": setup.limit_bytes, "static_bytes": static})
         return
     ready = run_in_child(lambda: _describe(setup, static))
     reply(ready)
     if not ready.get("ready"):
         return
     for line in requests:
-        request = json.loads(line)
+        request = TrialRequest.from_dict(json.loads(line))
         outcome = run_in_child(functools.partial(_trial, setup, request))
         if outcome.get("error") == "killed":  # no Python error to catch: the kernel ended it for memory
-            outcome = asdict(TrialOutcome(int(request["micro_batch"]), False, None, 0.0, 0, 0, outcome["message"]))
+            outcome = Trial(request.micro_batch, False, error=outcome["message"]).to_dict()
         reply(outcome)
 
 
@@ -176,7 +176,8 @@ def _static_bytes_without_memory(spec) -> int | None:
 
     Building on meta also imports the model's code here, once, instead of in every trial child.
     """
-    from gaplan.workload import build_workload, model_source_kind
+    from gaplan.workload import build_workload
+    from gaplan.workload_spec import model_source_kind
 
     if model_source_kind(spec.model) == "function":
         return None  # a user's function may not build on meta; its size shows when it is built

@@ -16,83 +16,23 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
 from gaplan.errors import GaplanError
-from gaplan.loss import CAUSAL_LM, CLASSIFICATION, CUSTOM, IGNORE_INDEX, MASKED_LM, TASKS, summed_token_loss
+from gaplan.loss import summed_token_loss
+from gaplan.tasks import CAUSAL_LM, CLASSIFICATION, CUSTOM, IGNORE_INDEX, MASKED_LM
+from gaplan.workload_spec import DEFAULT_MODEL, PRESETS, WorkloadSpec, model_source_kind
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-OPTIMIZERS = ("adamw", "sgd")
-DEFAULT_MODEL = "tiny-gpt2"
+__all__ = ["DEFAULT_MODEL", "PRESETS", "WorkloadSpec", "model_source_kind"]  # re-exported: the spec is data
 
-# Presets train without dropout (as most LLM pre-training does): accumulation over any split
-# then gives the same gradient as one large batch, which the tests check bit for bit.
-_NO_DROPOUT_GPT2 = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-_NO_DROPOUT_BERT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-
-# name -> (config class name, config kwargs, task, default seq len, description)
-PRESETS: dict[str, tuple[str, dict, str, int, str]] = {
-    "tiny-gpt2": ("GPT2Config", dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192, n_positions=1024,
-                                     bos_token_id=0, eos_token_id=0, **_NO_DROPOUT_GPT2),
-                  CAUSAL_LM, 128, "GPT-2 style causal LM, 4 layers x 256, 6M parameters (default)"),
-    "small-gpt2": ("GPT2Config", dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024,
-                                      **_NO_DROPOUT_GPT2),
-                   CAUSAL_LM, 512, "GPT-2 small shape, 124M parameters"),
-    "tiny-llama": ("LlamaConfig", dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                                       num_attention_heads=4, num_key_value_heads=4, vocab_size=8192,
-                                       max_position_embeddings=2048, bos_token_id=0, eos_token_id=0,
-                                       pad_token_id=0),
-                   CAUSAL_LM, 256, "Llama style causal LM (RMSNorm, RoPE, SwiGLU), 4 layers x 256, 7M parameters"),
-    "tiny-bert-mlm": ("BertConfig", dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                                         intermediate_size=1024, vocab_size=8192, max_position_embeddings=512,
-                                         **_NO_DROPOUT_BERT),
-                      MASKED_LM, 128, "BERT style masked LM, 4 layers x 256, 5M parameters"),
-    "tiny-bert-cls": ("BertConfig", dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                                         intermediate_size=1024, vocab_size=8192, max_position_embeddings=512,
-                                         num_labels=4, **_NO_DROPOUT_BERT),
-                      CLASSIFICATION, 128, "BERT style sequence classifier (4 classes), 4 layers x 256"),
-}
-
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # the names of DTYPE_NAMES
 _AUTO_CLASS = {CAUSAL_LM: "AutoModelForCausalLM", MASKED_LM: "AutoModelForMaskedLM",
                CLASSIFICATION: "AutoModelForSequenceClassification"}
 _MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-
-
-@dataclass(frozen=True)
-class WorkloadSpec:
-    """A serializable description of a workload; built into a :class:`Workload` by :func:`build_workload`."""
-
-    model: str = DEFAULT_MODEL
-    task: str | None = None
-    seq_len: int | None = None
-    dtype: str = "fp32"
-    optimizer: str = "adamw"
-    lr: float = 1e-4
-    grad_checkpointing: bool = False
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def validate(self) -> WorkloadSpec:
-        """Check what can be checked without building anything."""
-        if self.task is not None and self.task not in TASKS:
-            raise GaplanError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
-        if self.dtype not in DTYPES:
-            raise GaplanError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
-        if self.optimizer not in OPTIMIZERS:
-            raise GaplanError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
-        if self.seq_len is not None and self.seq_len < 2:
-            raise GaplanError(f"--seq-len must be at least 2 (got {self.seq_len})")
-        if not self.lr > 0:
-            raise GaplanError(f"--lr must be positive (got {self.lr})")
-        kind = model_source_kind(self.model)
-        if kind == "function" and self.task is not None:
-            raise GaplanError("--task does not apply to a module:function model (its function defines the loss)")
-        return self
 
 
 @dataclass
@@ -154,15 +94,17 @@ def static_bytes(model: nn.Module, optimizer: str) -> int:
     return weights + grads + states
 
 
-def model_source_kind(model: str) -> str:
-    """``preset``, ``directory``, ``function`` or ``hub-cache``, decided from the string alone."""
-    if model in PRESETS:
-        return "preset"
-    if os.path.isdir(model):
-        return "directory"
-    if ":" in model and not model.startswith((".", "/")):
-        return "function"
-    return "hub-cache"
+def enable_checkpointing(model: nn.Module) -> None:
+    """Recompute each layer's activations in backward (non-reentrant, the variant that works with accumulation).
+
+    transformers 5 renamed ``gradient_checkpointing_enable`` (deprecated, warns) to
+    ``activation_checkpointing_enable``; older versions only have the first.
+    """
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def make_optimizer(model: nn.Module, name: str, lr: float) -> torch.optim.Optimizer:
@@ -236,7 +178,7 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
     except ValueError as exc:
         raise GaplanError(f"{spec.model} cannot be built for task {task}: {str(exc).splitlines()[0]}") from None
     if spec.grad_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     model.to(device).train()
     vocab_size = int(config.vocab_size)
     num_labels = int(getattr(config, "num_labels", 2))
@@ -247,7 +189,7 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
         logits = module(**inputs).logits
         return summed_token_loss(logits, batch, task)
 
-    return Workload(spec, model, make_optimizer(model, spec.optimizer, spec.lr), task, seq_len, make_batch,
+    return Workload(spec, model, make_optimizer(model, spec.optimizer, spec.learning_rate), task, seq_len, make_batch,
                     raw_loss, None, device, vocab_size, num_labels,
                     info={"model_type": getattr(config, "model_type", "?")})
 
@@ -300,7 +242,7 @@ def _build_custom(spec: WorkloadSpec, device: torch.device) -> Workload:
     if spec.grad_checkpointing:
         if not hasattr(made.model, "gradient_checkpointing_enable"):
             raise GaplanError("--grad-checkpointing needs a transformers model (one with gradient_checkpointing_enable)")
-        made.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(made.model)
     model = made.model.to(device).train()
     user_loss = made.loss
     workload_batch = made.make_batch
@@ -322,6 +264,6 @@ def _build_custom(spec: WorkloadSpec, device: torch.device) -> Workload:
             raise GaplanError(f"{spec.model}: the model returned no loss; give CustomWorkload a loss function")
         return loss
 
-    return Workload(spec, model, make_optimizer(model, spec.optimizer, spec.lr), CUSTOM, spec.seq_len,
+    return Workload(spec, model, make_optimizer(model, spec.optimizer, spec.learning_rate), CUSTOM, spec.seq_len,
                     make_batch, raw_loss, made.loss_is_scaled_for_ga, device,
                     info={"model_type": type(model).__name__})

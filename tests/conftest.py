@@ -4,6 +4,8 @@ import os
 
 import pytest
 
+from gaplan.constants import SEARCH_CAP
+
 # A small workload whose memory line is steep enough for the edge to be sharp and the trials quick.
 SMALL_SPEC = dict(model="tiny-gpt2", seq_len=16)
 SMALL_BUDGET = 256 * 2**20
@@ -13,7 +15,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="session")
 def small_probe():
-    from gaplan.probe import probe
-    from gaplan.workload import WorkloadSpec
+    from gaplan.probing import probe
+    from gaplan.workload_spec import WorkloadSpec
 
-    return probe(WorkloadSpec(**SMALL_SPEC), device="cpu", memory_limit=SMALL_BUDGET, effective_batch=256)
+    return probe(WorkloadSpec(**SMALL_SPEC), device="cpu", memory_limit=SMALL_BUDGET, effective_batch=256,
+                 search_cap=SEARCH_CAP)

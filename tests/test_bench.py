@@ -4,9 +4,9 @@ import dataclasses
 
 import pytest
 
-from gaplan.bench import LARGE_BATCH, PLAN, SPLIT, BenchResult, SplitMeasurement, bench, candidate_splits
+from gaplan.benchmark import LARGE_BATCH, PLAN, SPLIT, BenchResult, SplitMeasurement, bench, candidate_splits
 from gaplan.breakdown import CATEGORIES, measure_breakdown
-from gaplan.trial import materialize_optimizer_state
+from gaplan.trial_runner import materialize_optimizer_state
 from gaplan.tuner import choose
 from gaplan.workload import WorkloadSpec, build_workload
 

@@ -1,21 +1,33 @@
-"""The package's public names: the API functions stay functions whatever was imported before."""
+"""The package's public names: the API functions are functions, whatever was imported before."""
 
 import importlib
 import inspect
+import subprocess
+import sys
+
+import pytest
 
 import gaplan
 
 
-def test_api_functions_named_like_their_modules_stay_functions():
-    for name in ("probe", "train", "bench"):
-        module = importlib.import_module(f"gaplan.{name}")  # importing a submodule sets it on the package
-        assert inspect.isfunction(getattr(gaplan, name)), name
-        assert getattr(gaplan, name) is getattr(module, name)
-    from gaplan import probe
+@pytest.mark.parametrize("name, module", [("probe", "gaplan.probing"), ("train", "gaplan.training"),
+                                          ("bench", "gaplan.benchmark")])
+def test_api_functions_stay_functions_after_their_modules_are_imported(name, module):
+    importlib.import_module(module)
+    assert inspect.isfunction(getattr(gaplan, name)), name
+    assert getattr(gaplan, name) is getattr(importlib.import_module(module), name)
+    with pytest.raises(ModuleNotFoundError):  # no module shadows the function's name
+        importlib.import_module(f"gaplan.{name}")
 
-    assert inspect.isfunction(probe)
 
-
-def test_every_public_name_resolves():
+def test_every_public_name_is_a_class_or_function():
     for name in gaplan.__all__:
-        assert getattr(gaplan, name) is not None, name
+        value = getattr(gaplan, name)
+        assert name == "__version__" or inspect.isclass(value) or inspect.isfunction(value), name
+
+
+def test_the_pure_parts_and_the_cli_import_no_torch():
+    """`gaplan --help`, plan files, reports and the search must not pay for importing torch."""
+    code = ("import sys, gaplan, gaplan.cli, gaplan.plan, gaplan.search, gaplan.schema, gaplan.probe_result, "
+            "gaplan.plan_cache, gaplan.report; assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -2,8 +2,11 @@
 
 import pytest
 
-from gaplan.probe import WorkerProcess, check_in_fresh_process, load_probe, save_probe
+from gaplan.constants import SEARCH_CAP
+from gaplan.probe_result import load_probe, save_probe
+from gaplan.probing import check_in_fresh_process
 from gaplan.search import trial_bound
+from gaplan.worker_process import WorkerProcess
 from gaplan.workload import WorkloadSpec
 
 from .conftest import SMALL_BUDGET, SMALL_SPEC
@@ -36,9 +39,9 @@ def test_step_one_trap(small_probe):
     too_big = small_probe.max_micro_batch + 1
     with WorkerProcess(spec, "cpu", SMALL_BUDGET, warm_optimizer=False) as cold:
         first = cold.trial(too_big, optimizer_steps=1)
-        assert first["fits"], "one step from a cold optimizer should pass: that is the trap"
+        assert first.fits, "one step from a cold optimizer should pass: that is the trap"
         two = cold.trial(too_big, optimizer_steps=2)
-        assert not two["fits"] and two["completed_steps"] == 1, "step 2, with AdamW states allocated, must OOM"
+        assert not two.fits and two.completed_steps == 1, "step 2, with AdamW states allocated, must OOM"
 
 
 def test_failed_trial_leaves_no_leak(small_probe):
@@ -49,9 +52,9 @@ def test_failed_trial_leaves_no_leak(small_probe):
         before = worker.trial(size)
         failed = worker.trial(small_probe.max_micro_batch * 4)
         after = worker.trial(size)
-    assert before["fits"] and not failed["fits"] and after["fits"]
-    assert after["before_bytes"] == pytest.approx(before["before_bytes"], abs=2**20)
-    assert after["peak_bytes"] == pytest.approx(before["peak_bytes"], rel=0.01)
+    assert before.fits and not failed.fits and after.fits
+    assert after.before_bytes == pytest.approx(before.before_bytes, abs=2**20)
+    assert after.peak_bytes == pytest.approx(before.peak_bytes, rel=0.01)
 
 
 def test_plan_file_round_trip(small_probe, tmp_path):
@@ -66,10 +69,32 @@ def test_plan_file_round_trip(small_probe, tmp_path):
 def test_seeded_from_the_estimate(small_probe):
     """Started at the fake-tensor estimate's edge, the probe verifies both sides in a few real trials."""
     from gaplan.estimate import estimate
-    from gaplan.probe import probe
+    from gaplan.probing import probe
 
     spec = WorkloadSpec(**SMALL_SPEC)
     predicted = estimate(spec, memory_limit=SMALL_BUDGET, device_kind="cpu", effective_batch=1)
-    seeded = probe(spec, device="cpu", memory_limit=SMALL_BUDGET, start=predicted.max_micro_batch)
+    seeded = probe(spec, device="cpu", memory_limit=SMALL_BUDGET, start=predicted.max_micro_batch,
+                   search_cap=SEARCH_CAP)
     assert seeded.max_micro_batch == small_probe.max_micro_batch
     assert len(seeded.trials) <= max(3, len(small_probe.trials))
+
+
+def test_the_default_search_cap_is_the_effective_batch_per_device(small_probe):
+    """No trial above ceil(E/W): a micro-batch larger than a device's share of the step is never used."""
+    from gaplan.probing import probe
+
+    assert small_probe.max_micro_batch > 3
+    capped = probe(WorkloadSpec(**SMALL_SPEC), device="cpu", memory_limit=SMALL_BUDGET, effective_batch=6, world_size=2)
+    assert capped.capped and capped.max_micro_batch == 3
+    assert max(t.micro_batch for t in capped.trials) == 3
+    assert capped.plan.micro_batch_sizes == (3,)
+
+
+def test_a_cpu_budget_above_the_free_memory_is_refused(monkeypatch):
+    import gaplan.probing
+    from gaplan.errors import GaplanError
+    from gaplan.probing import probe
+
+    monkeypatch.setattr(gaplan.probing, "available_bytes", lambda: 8 * 2**30)  # this machine, shrunk to 8 GiB free
+    with pytest.raises(GaplanError, match="more than this machine's available memory"):
+        probe(WorkloadSpec(**SMALL_SPEC), device="cpu", memory_limit=100 * 2**40)

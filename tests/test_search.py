@@ -1,18 +1,10 @@
 """The edge search over fake ``measure`` functions with known edges."""
 
-from dataclasses import dataclass
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gaplan import find_edge, trial_bound
-
-
-@dataclass(frozen=True)
-class Fake:
-    fits: bool
-    peak_bytes: int | None
+from gaplan import Trial, find_edge, trial_bound
 
 
 def linear_device(edge, intercept, slope, wobble=0.0, report_peaks=True, floor_until=0):
@@ -27,7 +19,7 @@ def linear_device(edge, intercept, slope, wobble=0.0, report_peaks=True, floor_u
         calls.append(b)
         peak = intercept + slope * max(b, floor_until) * (1 + wobble * ((b % 7) - 3) / 3)
         fits = b <= edge
-        return Fake(fits, int(peak) if fits and report_peaks else None)
+        return Trial(b, fits, int(peak) if fits and report_peaks else None)
 
     return measure, int(limit), calls
 
@@ -46,7 +38,7 @@ def test_finds_exact_edge_within_bound(edge, intercept, slope, wobble, report_pe
 @settings(max_examples=200, deadline=None)
 @given(edge=st.integers(1, 5000))
 def test_plain_search_without_peaks_is_exact(edge):
-    result = find_edge(lambda b: Fake(b <= edge, None))
+    result = find_edge(lambda b: Trial(b, b <= edge, None))
     assert result.edge == edge and result.trial_count <= trial_bound(edge)
 
 
@@ -66,17 +58,17 @@ def test_the_line_waits_for_three_collinear_points():
 
 
 def test_nothing_fits():
-    result = find_edge(lambda b: Fake(False, None))
+    result = find_edge(lambda b: Trial(b, False, None))
     assert result.edge == 0 and result.trial_count == 1
 
 
 def test_cap():
-    result = find_edge(lambda b: Fake(True, 1000 * b), limit_bytes=10**12, max_batch=64)
+    result = find_edge(lambda b: Trial(b, True, 1000 * b), limit_bytes=10**12, max_batch=64)
     assert result.edge == 64 and result.capped
 
 
 def test_start_above_edge():
-    result = find_edge(lambda b: Fake(b <= 9, 100 * b if b <= 9 else None), limit_bytes=950, start=40)
+    result = find_edge(lambda b: Trial(b, b <= 9, 100 * b if b <= 9 else None), limit_bytes=950, start=40)
     assert result.edge == 9
 
 
@@ -87,7 +79,7 @@ def test_bound_values():
 @pytest.mark.parametrize("edge, start, most", [(35, 35, 2), (35, 36, 2), (35, 34, 4), (89, 80, 8), (200, 20, 16)])
 def test_a_seeded_start_is_verified_beside_it(edge, start, most):
     """An estimate that is right costs two trials; one that is off costs about what plain search would."""
-    result = find_edge(lambda b: Fake(b <= edge, None), start=start)
+    result = find_edge(lambda b: Trial(b, b <= edge, None), start=start)
     assert result.edge == edge and result.trial_count <= most
 
 
@@ -95,5 +87,5 @@ def test_a_seeded_start_is_verified_beside_it(edge, start, most):
 @given(edge=st.integers(1, 3000), factor=st.floats(0.25, 4.0))
 def test_a_seeded_start_stays_within_the_bound(edge, factor):
     start = max(1, round(edge * factor))
-    result = find_edge(lambda b: Fake(b <= edge, None), start=start)
+    result = find_edge(lambda b: Trial(b, b <= edge, None), start=start)
     assert result.edge == edge and result.trial_count <= trial_bound(edge) + 2

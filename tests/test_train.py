@@ -8,7 +8,7 @@ import torch
 from gaplan.data import SyntheticCorpus
 from gaplan.errors import GaplanError
 from gaplan.plan import make_plan
-from gaplan.train import CHECKPOINT, TrainConfig, load_checkpoint, save_checkpoint, train
+from gaplan.training import CHECKPOINT, TrainConfig, load_checkpoint, save_checkpoint, train
 from gaplan.workload import WorkloadSpec, build_workload
 
 SPEC = WorkloadSpec(model="tiny-gpt2", seq_len=16, optimizer="adamw", lr=1e-3)

@@ -2,16 +2,16 @@
 
 * ``cpu``  -- a real budget (RLIMIT_DATA with glibc's mmap threshold pinned), peak from VmHWM;
 * ``cuda`` -- the caching allocator's peak stats, ``set_per_process_memory_fraction`` as budget.
-* ``estimate`` (fake tensors, no allocation) is a later addition.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from gaplan.constants import DEFAULT_CPU_BUDGET
 from gaplan.errors import GaplanError
 
-DEFAULT_CPU_BUDGET = 2**30  # 1 GiB: the probe's budget on CPU when --memory-limit is not given
+__all__ = ["DEFAULT_CPU_BUDGET", "Backend", "is_out_of_memory", "make_backend", "resolve_device"]
 
 _OOM_MESSAGES = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory", "out of memory")
 

@@ -18,6 +18,8 @@ import ctypes.util
 import gc
 import resource
 
+from gaplan.constants import DEFAULT_CPU_BUDGET
+
 MMAP_THRESHOLD = 65536
 MMAP_THRESHOLD_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}
 _M_MMAP_THRESHOLD = -3
@@ -32,6 +34,18 @@ def read_status() -> dict[str, int]:
             if key in ("VmData", "VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
                 values[key] = int(rest.split()[0]) * 1024
     return values
+
+
+def available_bytes() -> int | None:
+    """The memory this machine can still give without swapping (MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 def pin_mmap_threshold() -> bool:
@@ -64,8 +78,6 @@ class CpuBackend:
         self._base_anon = 0
 
     def activate(self, limit_bytes: int | None, enforce: bool = True) -> None:
-        from gaplan.devices import DEFAULT_CPU_BUDGET
-
         pin_mmap_threshold()
         gc.collect()
         status = read_status()

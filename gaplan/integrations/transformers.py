@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from torch import nn
     from transformers import TrainingArguments
 
-    from gaplan.probe import ProbeResult
+    from gaplan.probe_result import ProbeResult
     from gaplan.workload import WorkloadSpec
 
 __all__ = [
@@ -61,19 +61,19 @@ class UnevenPlanWarning(UserWarning):
 def even_plan(plan: Plan) -> Plan:
     """The plan the Trainer can run: equal micro-batches, none larger than the plan's cap.
 
-    ``plan`` itself when it is even; otherwise the plan at the largest micro-batch ``m <= plan.max_micro_batch``
+    ``plan`` itself when it is even; otherwise the plan at the largest micro-batch ``m <= plan.micro_batch_cap``
     that divides each device's share ``E / W`` (the fewest accumulation steps of any even split).
     """
     if plan.is_even:
         return plan
     share = plan.effective_batch // plan.world_size
-    micro = max(d for d in range(1, min(plan.max_micro_batch, share) + 1) if share % d == 0)
+    micro = max(d for d in range(1, min(plan.micro_batch_cap, share) + 1) if share % d == 0)
     return make_plan(plan.effective_batch, micro, plan.world_size)
 
 
 def _uneven_message(plan: Plan, even: Plan) -> str:
     """Why the Trainer gets a smaller micro-batch than gaplan planned, and which batch sizes would avoid it."""
-    cap, world = plan.max_micro_batch, plan.world_size
+    cap, world = plan.micro_batch_cap, plan.world_size
     step = cap * world
     lower, upper = plan.effective_batch // step * step, (plan.effective_batch // step + 1) * step
     nearby = f"{lower} or {upper}" if lower else f"{upper}"
@@ -95,7 +95,7 @@ def hf_snippet(plan: Plan, output_dir: str = "out") -> str:
         "from transformers import TrainingArguments",
         "",
         f"# gaplan: effective batch {even.effective_batch} = {even.micro_batch} per device x "
-        f"{even.grad_accum_steps} accumulation steps x {world} device(s) (micro-batch cap {plan.max_micro_batch})",
+        f"{even.grad_accum_steps} accumulation steps x {world} device(s) (micro-batch cap {plan.micro_batch_cap})",
     ]
     if even is not plan:
         lines.append(f"# (gaplan's plan {','.join(map(str, plan.micro_batch_sizes))} is uneven; "
@@ -213,30 +213,30 @@ def _resolve_plan(model_or_spec: Any, args: TrainingArguments, effective_batch: 
     """gaplan's plan (possibly uneven) for ``effective_batch`` on ``world_size`` devices."""
     import importlib
 
-    probing = importlib.import_module("gaplan.probe")  # the module: `gaplan.probe` is the function
+    probing = importlib.import_module("gaplan.probing")
 
     if plan is not None:
         if isinstance(plan, (str, os.PathLike)):
             plan = probing.load_probe(os.fspath(plan))
         if isinstance(plan, probing.ProbeResult):
-            cap = plan.planning_micro_batch
+            cap = plan.plan_cap
         elif isinstance(plan, Plan):
-            cap = plan.max_micro_batch
+            cap = plan.micro_batch_cap
         else:
             raise GaplanError(f"plan= must be a plan.json path, a Plan or a ProbeResult (got {type(plan).__name__})")
         return make_plan(effective_batch, cap, world_size)
     if model_or_spec is None:
         raise GaplanError("give a model, a WorkloadSpec or a preset to probe, or plan= to use an existing plan")
-    make_plan(effective_batch, 1, world_size)  # reject a bad batch or world size before building anything
+    make_plan(effective_batch, max(1, effective_batch // max(world_size, 1)), world_size)  # a bad batch fails here
     if isinstance(memory_limit, str):
         from gaplan.units import parse_bytes
 
         memory_limit = parse_bytes(memory_limit)
     with _workload_spec(model_or_spec, args, seq_len) as spec:
-        # A micro-batch above a device's share of the step is never used: the search stops there.
+        # The search stops at a device's share of the step (the probe's default cap): more is never used.
         result = probing.probe(spec, device=device, memory_limit=memory_limit, effective_batch=effective_batch,
-                               world_size=world_size, max_micro_batch=effective_batch // world_size)
-    return make_plan(effective_batch, result.planning_micro_batch, world_size)
+                               world_size=world_size)
+    return make_plan(effective_batch, result.plan_cap, world_size)
 
 
 @contextlib.contextmanager

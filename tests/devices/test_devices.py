@@ -28,7 +28,7 @@ def test_resolve_device():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_probe_is_exact_under_an_emulated_small_card():
-    from gaplan.probe import check_in_fresh_process, probe
+    from gaplan.probing import check_in_fresh_process, probe
     from gaplan.workload import WorkloadSpec
 
     spec = WorkloadSpec(model="tiny-gpt2", seq_len=256)

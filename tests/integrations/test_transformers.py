@@ -12,7 +12,7 @@ from gaplan.data import SyntheticCorpus, collate, step_indices
 from gaplan.errors import GaplanError
 from gaplan.integrations.transformers import UnevenPlanWarning, even_plan, hf_snippet, plan_training_arguments
 from gaplan.plan import make_plan
-from gaplan.train import TrainConfig, _schedule, train
+from gaplan.training import TrainConfig, _schedule, train
 from gaplan.workload import WorkloadSpec, build_workload
 
 transformers = pytest.importorskip("transformers")
@@ -106,7 +106,7 @@ def test_batch_not_divisible_by_world_size_is_an_error(base_args):
 
 
 def test_plan_file_and_probe_result_use_the_tuners_choice(base_args, tmp_path):
-    from gaplan.probe import ProbeResult, load_probe, save_probe
+    from gaplan.probe_result import ProbeResult, load_probe, save_probe
 
     result = ProbeResult(
         workload=WorkloadSpec(model="tiny-gpt2", seq_len=SEQ), device="cpu", memory_limit_bytes=2**28, margin=0.0,
@@ -130,20 +130,20 @@ def test_a_model_is_probed_through_its_config(base_args, monkeypatch):
     """The model's config goes to a directory the probe can build from; the arguments shape the workload."""
     import importlib
 
-    probing = importlib.import_module("gaplan.probe")  # the module: `gaplan.probe` is the function
+    probing = importlib.import_module("gaplan.probing")
 
     model = transformers.AutoModelForCausalLM.from_config(
         transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=300, n_positions=64))
     seen = {}
 
-    def fake_probe(spec, device, memory_limit, effective_batch, world_size, max_micro_batch):
+    def fake_probe(spec, device, memory_limit, effective_batch, world_size):
         seen.update(spec=spec, device=device, memory_limit=memory_limit, effective_batch=effective_batch,
-                    world_size=world_size, max_micro_batch=max_micro_batch,
+                    world_size=world_size,
                     config=json.load(open(os.path.join(spec.model, "config.json"))))
         seen["params"] = build_workload(spec, "cpu").param_count  # the directory exists while the probe runs
 
         class Result:
-            planning_micro_batch = 24
+            plan_cap = 24
         return Result()
 
     monkeypatch.setattr(probing, "probe", fake_probe)
@@ -154,7 +154,6 @@ def test_a_model_is_probed_through_its_config(base_args, monkeypatch):
     assert seen["config"]["n_embd"] == 32 and seen["params"] == sum(p.numel() for p in model.parameters())
     assert (seen["device"], seen["memory_limit"], seen["effective_batch"], seen["world_size"]) == \
         ("cpu", 256 * 2**20, 96, 2)
-    assert seen["max_micro_batch"] == 48, "no trial above a device's share of the step"
     assert not os.path.exists(spec.model), "the temporary config directory is removed"
 
 

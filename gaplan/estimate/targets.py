@@ -7,18 +7,8 @@ H100 reports 81,559 MiB, a "48 GB" L40S 46,068 MiB. Figures from NVML as tabulat
 from ``nvidia-smi`` outputs of the other cards (H100 NVL 95,830 MiB, RTX 4090 24,564 MiB,
 RTX 3090 24,576 MiB, V100 32 GB 32,510 MiB, V100 16 GB 16,160 MiB).
 
-What a training process can give to tensors is less than the total:
-
-* the CUDA context (driver state, per-SM local memory, lazily loaded kernels of PyTorch and its
-  libraries) lives outside PyTorch's allocator. With lazy module loading (CUDA >= 11.7, the default
-  in PyTorch 2.x) it is typically 300-600 MiB; before lazy loading, 700-1000 MiB was common
-  (discuss.pytorch.org threads on the "GPU memory floor"). :data:`CONTEXT_BYTES` reserves 512 MiB;
-  measure yours with ``torch.cuda.mem_get_info()`` right after ``torch.cuda.init()`` and a first matmul;
-* cuBLAS and cuBLASLt workspaces, allocated through PyTorch's caching allocator once per stream:
-  PyTorch's default ``CUBLAS_WORKSPACE_CONFIG`` is ``:4096:2:16:8`` (8.125 MiB) and 32 MiB on Hopper
-  (sm90), and the cuBLASLt workspace 4 MiB, 32 MiB on Hopper (pytorch/pytorch#89027, #120925,
-  following the cuBLAS guide's recommendation for ``cublasSetWorkspace``).
-
+What a training process can give to tensors is less than the total: the CUDA context and the
+cuBLAS/cuBLASLt workspaces (:mod:`gaplan.estimate.device` says how large and why).
 ``usable_bytes = total_bytes - context_bytes - workspace_bytes`` is the budget the estimate
 compares its traced peak with.
 """
@@ -27,12 +17,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from gaplan.constants import MiB
 from gaplan.errors import GaplanError
-
-MiB = 2**20
-CONTEXT_BYTES = 512 * MiB
-WORKSPACE_BYTES_HOPPER = 32 * MiB + 32 * MiB  # cuBLAS + cuBLASLt, sm90
-WORKSPACE_BYTES_OTHER = (2 * 4096 + 8 * 16) * 1024 + 4 * MiB  # cuBLAS ":4096:2:16:8" + cuBLASLt 4 MiB
+from gaplan.estimate.device import CONTEXT_BYTES, WORKSPACE_BYTES_HOPPER, WORKSPACE_BYTES_OTHER
 
 
 @dataclass(frozen=True)

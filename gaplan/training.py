@@ -21,25 +21,28 @@ from typing import Any
 import torch
 from torch import nn
 
+from gaplan.atomic_write import atomic_write
+from gaplan.constants import DEFAULT_TRAIN_STEPS
 from gaplan.data import Sample, collate, step_indices
 from gaplan.devices import is_out_of_memory
-from gaplan.errors import GaplanError
+from gaplan.errors import GaplanError, one_line
 from gaplan.loss import count_step_targets
 from gaplan.plan import Plan, make_plan
+from gaplan.run_folder import CHECKPOINT, TRAIN_LOG_CSV
+from gaplan.schema import TRAIN_LOG
 from gaplan.step import accumulate_gradients
 from gaplan.workload import Workload
 
-CHECKPOINT = "checkpoint.pt"
-LOG = "train_log.csv"
 LOG_FIELDS = ["step", "loss", "lr", "samples_per_s", "tokens_per_s", "peak_bytes", "micro_batch",
               "grad_accum_steps", "seconds"]
+assert set(LOG_FIELDS) == set(TRAIN_LOG.columns), "train_log.csv's writer and its schema must agree"
 
 
 @dataclass
 class TrainConfig:
     """How long and how to train. ``checkpoint_every=0`` saves only at the end and on SIGINT/SIGTERM."""
 
-    steps: int = 10
+    steps: int = DEFAULT_TRAIN_STEPS
     seed: int = 0
     max_grad_norm: float | None = None
     checkpoint_every: int = 0
@@ -131,13 +134,8 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(path: str, state: dict[str, Any]) -> None:
-    """Write atomically: temp file, fsync, rename. A cut-off write never replaces a good checkpoint."""
-    temp = f"{path}.tmp.{os.getpid()}"
-    with open(temp, "wb") as handle:
-        torch.save(state, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, path)
+    """Write atomically and flushed to disk: a cut-off write never replaces a good checkpoint."""
+    atomic_write(path, lambda temp: torch.save(state, temp), fsync=True)
 
 
 def load_checkpoint(run_dir: str) -> dict[str, Any]:
@@ -147,7 +145,8 @@ def load_checkpoint(run_dir: str) -> dict[str, Any]:
     try:
         return torch.load(path, weights_only=False)
     except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint is the user's to know about
-        raise GaplanError(f"--resume {run_dir}: the checkpoint cannot be read ({exc.__class__.__name__})") from None
+        raise GaplanError(f"--resume {run_dir}: the checkpoint cannot be read "
+                          f"({exc.__class__.__name__}: {one_line(exc)})") from None
 
 
 class _StopRequested:
@@ -193,7 +192,7 @@ def train(
     """
     dist = Distributed()
     if plan.world_size != dist.world_size:
-        plan = make_plan(plan.effective_batch, plan.max_micro_batch, dist.world_size)
+        plan = make_plan(plan.effective_batch, plan.micro_batch_cap, dist.world_size)
     model: nn.Module = workload.model
     if dist.active:
         from torch.nn.parallel import DistributedDataParallel
@@ -375,7 +374,7 @@ def _optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[di
 
 
 def _append_log(run_dir: str, log: StepLog) -> None:
-    path = os.path.join(run_dir, LOG)
+    path = os.path.join(run_dir, TRAIN_LOG_CSV)
     new = not os.path.exists(path)
     with open(path, "a", newline="") as handle:
         writer = csv.DictWriter(handle, LOG_FIELDS)
@@ -386,7 +385,7 @@ def _append_log(run_dir: str, log: StepLog) -> None:
 
 def _truncate_log(run_dir: str | None, step: int) -> None:
     """Drop log rows past the checkpoint (steps that will be redone after a resume)."""
-    path = os.path.join(run_dir or ".", LOG)
+    path = os.path.join(run_dir or ".", TRAIN_LOG_CSV)
     if not os.path.exists(path):
         return
     with open(path, newline="") as handle:

@@ -16,13 +16,18 @@ import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from gaplan.constants import LARGE_BATCH_KIND as LARGE_BATCH
+from gaplan.constants import LARGEST_FIT_KIND as LARGEST_FIT
+from gaplan.constants import PLAN_KIND as PLAN
+from gaplan.constants import SPLIT_KIND as SPLIT
+from gaplan.devices.cpu import available_bytes as cpu_available_bytes
 from gaplan.errors import GaplanError
 from gaplan.plan import make_plan
-from gaplan.probe import ProbeResult, WorkerProcess
+from gaplan.probe_result import ProbeResult
 from gaplan.search import fit_memory_line
+from gaplan.trial import Trial
 from gaplan.units import format_bytes
-
-PLAN, SPLIT, LARGE_BATCH, LARGEST_FIT = "plan", "split", "large-batch", "largest-fit"
+from gaplan.worker_process import WorkerProcess
 
 
 @dataclass(frozen=True)
@@ -100,10 +105,10 @@ def bench(
     if repeats < 1 or warmup < 0:
         raise GaplanError(f"--repeats must be at least 1 and --warmup at least 0 (got {repeats}, {warmup})")
     effective = effective_batch or probed.plan.effective_batch
-    make_plan(effective, 1)  # a bad effective batch fails here, before any work
+    make_plan(effective, effective)  # a bad effective batch fails here, before any work
     edge = probed.max_micro_batch
     result = BenchResult(effective)
-    available_bytes = available_bytes or _available_cpu_bytes
+    available_bytes = available_bytes or cpu_available_bytes
 
     def add(row: SplitMeasurement) -> None:
         result.rows.append(row)
@@ -143,18 +148,18 @@ def bench(
     return result
 
 
-def _row(kind: str, sizes: tuple[int, ...], outcome: dict, warmup: int, repeats: int, unbounded: bool,
+def _row(kind: str, sizes: tuple[int, ...], trial: Trial, warmup: int, repeats: int, unbounded: bool,
          note: str) -> SplitMeasurement:
     effective = sum(sizes)
     label = _label(sizes)
-    if not outcome["fits"]:
+    if not trial.fits:
         return SplitMeasurement(label, kind, max(sizes), len(sizes), effective, 0, None, None, None, None, None, None,
-                                False, not unbounded, note=f"out of memory: {outcome['error']}")
-    timed = outcome["step_seconds"][warmup:]
+                                False, not unbounded, note=f"out of memory: {trial.error}")
+    timed = trial.step_seconds[warmup:]
     median = statistics.median(timed)
-    tokens = outcome.get("tokens_per_step") or 0
+    tokens = trial.tokens_per_step
     return SplitMeasurement(label, kind, max(sizes), len(sizes), effective, len(timed), median, min(timed), max(timed),
-                            effective / median, tokens / median if tokens else None, outcome["peak_bytes"],
+                            effective / median, tokens / median if tokens else None, trial.peak_bytes,
                             fits_budget=not unbounded, bounded=not unbounded, note=note)
 
 
@@ -180,19 +185,6 @@ def _with_ratio(row: SplitMeasurement, reference: float) -> SplitMeasurement:
 
 def _predicted_need(probed: ProbeResult, micro_batch: int) -> int | None:
     """Peak bytes at ``micro_batch`` from the line through the probe's measured peaks."""
-    points = [(t.micro_batch, t.micro_steps_peak_bytes or t.peak_bytes) for t in probed.trials
-              if t.fits and (t.micro_steps_peak_bytes or t.peak_bytes)]
+    points = [(t.micro_batch, t.line_peak_bytes) for t in probed.trials if t.fits and t.line_peak_bytes]
     line = fit_memory_line(points)
     return None if line is None else int(line[0] + line[1] * micro_batch)
-
-
-def _available_cpu_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (None where there is none)."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None

@@ -1,0 +1,91 @@
+"""Options and input checks shared by the ``gaplan`` commands (click). No torch."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from gaplan.errors import GaplanError
+from gaplan.units import parse_bytes
+
+WORKLOAD_HELP = "Presets: tiny-gpt2 (default), small-gpt2, tiny-llama, tiny-bert-mlm, tiny-bert-cls."
+
+
+def workload_options(func: Callable) -> Callable:
+    """Options that describe what is trained, shared by every command that builds a model."""
+    options = [
+        click.option("--model", default="tiny-gpt2", show_default=True, metavar="NAME|DIR|MODULE:FUNC",
+                     help="A preset, a Hugging Face model directory or cached id, or module:function. "
+                          + WORKLOAD_HELP),
+        click.option("--task", default=None, metavar="TASK",
+                     help="causal-lm, masked-lm or classification (default: the model's own)."),
+        click.option("--seq-len", type=int, default=None, help="Sequence length of every sample (default: preset's)."),
+        click.option("--dtype", default="fp32", show_default=True, metavar="fp32|bf16|fp16",
+                     help="Compute dtype (autocast; weights stay fp32)."),
+        click.option("--optimizer", default="adamw", show_default=True, metavar="adamw|sgd"),
+        click.option("--lr", type=float, default=None, help="Learning rate (default: 1e-3 for adamw, 1e-4 for sgd)."),
+        click.option("--grad-checkpointing", type=click.Choice(["off", "on", "auto"]), default=None, is_flag=False,
+                     flag_value="on", help="Recompute activations in backward: on, off (default), or auto "
+                                          "(probe: on only when a larger micro-batch fits and wins on throughput)."),
+        click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda[:N]"),
+        click.option("--memory-limit", default=None, metavar="SIZE",
+                     help="Memory budget, e.g. 2GiB or 800MB (CPU default 1 GiB; CUDA default: the card)."),
+        click.option("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+SEARCH_CAP_OPTION = click.option("--search-cap", "--max-micro-batch", "search_cap", type=int, default=None,
+                                 help="Do not try micro-batches above this (default: the effective batch per "
+                                      "device, ceil(E/W): a larger one is never used by the plan).")
+
+
+def spec_from_options(options: dict[str, Any]):
+    from gaplan.workload_spec import WorkloadSpec
+
+    return WorkloadSpec(model=options["model"], task=options["task"], seq_len=options["seq_len"],
+                        dtype=options["dtype"], optimizer=options["optimizer"], lr=options["lr"],
+                        grad_checkpointing=options["grad_checkpointing"] == "on").validate()
+
+
+def memory_limit_from_options(options: dict[str, Any]) -> int | None:
+    text = options["memory_limit"]
+    return None if text is None else parse_bytes(text)
+
+
+def check_writable(directory: str, what: str = "--out") -> None:
+    """Fail before any work when the output cannot be written (nothing half-written after)."""
+    target = os.path.abspath(directory)
+    if os.path.exists(target) and not os.path.isdir(target):
+        raise GaplanError(f"{what} {directory} exists and is not a directory")
+    parent = target
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    try:  # really try: permission bits say nothing for root or on /proc-like file systems
+        os.rmdir(tempfile.mkdtemp(prefix=".gaplan-check-", dir=parent))
+    except OSError:
+        raise GaplanError(f"{what} {directory} is not writable") from None
+
+
+def positive(options: dict[str, Any], *names: str) -> None:
+    for name in names:
+        value = options[name]
+        if value is not None and value < 1:
+            raise GaplanError(f"--{name.replace('_', '-')} must be a positive integer (got {value})")
+
+
+def command_line() -> str:
+    """This invocation as a shell command, recorded in plan.json so a report says how to reproduce it."""
+    return " ".join(["gaplan", *map(shlex.quote, sys.argv[1:])])
+
+
+def stderr_printer(quiet: bool) -> Callable[[str], None]:
+    return (lambda text: None) if quiet else (lambda text: click.echo(text, err=True))

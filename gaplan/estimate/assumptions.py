@@ -1,0 +1,165 @@
+"""The assumptions of an estimate, as data: one :class:`Assumption` per thing the trace could not see.
+
+Each record has a ``topic`` (one of :data:`TOPICS`), the sentence a person reads (``text``) and the
+figures it states (``values``), so a program can check them without parsing prose. Rendering is
+one line per record: ``str(assumption)`` is its text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gaplan.estimate.device import (
+    CPU_HEAP_BYTES,
+    CUDA_BLOCK,
+    CUDA_LARGE_ALLOC,
+    CUDA_ROUND_LARGE,
+    MKL_PANEL_K,
+    MKL_PANEL_N,
+    WORKSPACE_BYTES_HOPPER,
+    DeviceModel,
+)
+from gaplan.units import format_bytes
+
+TOPICS = ("budget", "steady-state", "cpu-process", "allocator", "optimizer", "attention", "mixed-precision",
+          "convolutions", "outside-pytorch")
+
+
+@dataclass(frozen=True)
+class Assumption:
+    """One assumption: what it is about, the sentence, and the figures in it (bytes are ints)."""
+
+    topic: str
+    text: str
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"topic": self.topic, "text": self.text, "values": dict(self.values)}
+
+
+# --- the budget ---------------------------------------------------------------------------------------------------
+
+
+def cpu_budget(limit: int) -> Assumption:
+    return Assumption("budget", f"CPU budget {format_bytes(limit)} above the process baseline, as gaplan probe's budget "
+                                "on CPU; nothing reserved.", {"limit_bytes": limit, "usable_bytes": limit})
+
+
+def target_budget(target, memory_limit: int | None, usable: int) -> Assumption:
+    """A target's memory less its reserve, and the memory limit when it is the smaller (``usable`` then)."""
+    text = (f"Target {target.name} ({target.description}): {format_bytes(target.total_bytes)} reported by the driver, "
+            f"less {format_bytes(target.context_bytes)} for the CUDA context (driver state, lazily loaded kernels) and "
+            f"{format_bytes(target.workspace_bytes)} for cuBLAS/cuBLASLt workspaces, leaves "
+            f"{format_bytes(target.usable_bytes)} for tensors.")
+    values = {"target": target.name, "total_bytes": target.total_bytes, "context_bytes": target.context_bytes,
+              "workspace_bytes": target.workspace_bytes, "usable_bytes": usable}
+    if memory_limit is not None:
+        text += (f" The memory limit {format_bytes(memory_limit)} is smaller: it is taken as the allocator's budget, "
+                 f"less the workspaces: {format_bytes(usable)} for tensors.")
+        values["limit_bytes"] = memory_limit
+    return Assumption("budget", text, values)
+
+
+def limit_budget(memory_limit: int, usable: int) -> Assumption:
+    return Assumption(
+        "budget",
+        f"Memory limit {format_bytes(memory_limit)} taken as the budget of PyTorch's caching allocator (as gaplan probe "
+        f"--memory-limit on CUDA; the CUDA context is outside it), less {format_bytes(WORKSPACE_BYTES_HOPPER)} for "
+        f"cuBLAS/cuBLASLt workspaces (Hopper's, the largest): {format_bytes(usable)} for tensors.",
+        {"limit_bytes": memory_limit, "workspace_bytes": WORKSPACE_BYTES_HOPPER, "usable_bytes": usable})
+
+
+# --- the trace and the device model -------------------------------------------------------------------------------
+
+
+def trace_assumptions(spec, device: DeviceModel, observed, static_bytes: int,
+                      optimizer_step_bytes: int | None) -> list[Assumption]:
+    """What the traces of ``spec`` assumed on ``device``.
+
+    Args:
+        spec: the workload spec (its optimizer and dtype).
+        device: the device model the traces ran under.
+        observed: what the traces saw (``gemm_panel_bytes``, ``attention_ops``, ``convolutions``).
+        static_bytes: weights, gradients and optimizer states.
+        optimizer_step_bytes: the optimizer step's traced bytes (None when it was not traced).
+    """
+    notes = [Assumption("steady-state", "Steady state: optimizer states exist and gradients are held across micro-steps, "
+                        "so the peak is the larger of the micro-steps' (weights, gradients, optimizer states, one "
+                        "micro-batch's activations) and the optimizer step's; batches are full length.")]
+    temporaries = max(0, optimizer_step_bytes - static_bytes) if optimizer_step_bytes is not None else 0
+    if device.kind == "cpu":
+        return notes + _cpu_process(spec, device, observed, temporaries)
+    return notes + _cuda(spec, observed, static_bytes, temporaries)
+
+
+def _cpu_process(spec, device: DeviceModel, observed, temporaries: int) -> list[Assumption]:
+    panel = observed.gemm_panel_bytes
+    notes = [Assumption(
+        "cpu-process",
+        f"CPU process: traced tensors plus {format_bytes(CPU_HEAP_BYTES)} of heap (Python objects, autograd) and "
+        f"{device.threads} thread(s) x {format_bytes(panel)} of MKL GEMM packing buffer (4 bytes x min(K, {MKL_PANEL_K}) "
+        f"x min(N, {MKL_PANEL_N}) of the largest matrix product), both measured against gaplan probe's resident-memory "
+        "peak; no CUDA adjustment.",
+        {"heap_bytes": CPU_HEAP_BYTES, "threads": device.threads, "mkl_panel_bytes": panel})]
+    if spec.optimizer == "adamw":
+        notes.append(Assumption("optimizer", f"AdamW as PyTorch runs it on CPU (single-tensor): its step's temporaries, "
+                                f"{format_bytes(temporaries)}, are traced.",
+                                {"implementation": "single-tensor", "temporaries_bytes": temporaries}))
+    if observed.convolutions:
+        notes.append(Assumption("convolutions", "The model runs convolutions: oneDNN's primitive cache and JIT-compiled "
+                                "kernels live outside the tensors and are not traced (tens of MiB on the example CNN): "
+                                "the estimate is low for them."))
+    return notes
+
+
+def _cuda(spec, observed, static: int, temporaries: int) -> list[Assumption]:
+    notes = [Assumption(
+        "allocator",
+        f"CUDA caching allocator: every tensor counted at its block size, rounded up to {CUDA_BLOCK} bytes, and "
+        f"allocations of {format_bytes(CUDA_LARGE_ALLOC)} or more at their {format_bytes(CUDA_ROUND_LARGE)}-rounded "
+        "segment; fragmentation of the allocator's cache beyond that is not modelled (the reserved peak can be a few "
+        "percent higher: keep a margin, or check with gaplan probe on the card).",
+        {"block_bytes": CUDA_BLOCK, "large_alloc_bytes": CUDA_LARGE_ALLOC, "round_large_bytes": CUDA_ROUND_LARGE})]
+    if spec.optimizer == "adamw":
+        notes.append(Assumption(
+            "optimizer",
+            f"AdamW traced with foreach=True, PyTorch's default for CUDA parameters: its step holds one more fp32 copy of "
+            f"the second moments, {format_bytes(temporaries)} of temporaries over the {format_bytes(static)} of weights, "
+            "gradients and states; fused=True would not.",
+            {"implementation": "foreach", "temporaries_bytes": temporaries, "static_bytes": static}))
+    else:
+        notes.append(Assumption("optimizer", "SGD traced with foreach=True, PyTorch's default for CUDA parameters (no "
+                                "momentum: no temporaries).", {"implementation": "foreach"}))
+    notes.append(_attention(observed.attention_ops))
+    if spec.dtype != "fp32":
+        notes.append(Assumption(
+            "mixed-precision",
+            f"Mixed precision ({spec.dtype} autocast over fp32 weights): traced under CPU autocast with CUDA autocast's "
+            "float32 op list applied on top (layer_norm, softmax, log_softmax, pow, exp, sum and the like run in fp32, as "
+            "on CUDA); autocast's cached low-precision copies of the weights are counted.", {"dtype": spec.dtype}))
+    if observed.convolutions:
+        notes.append(Assumption("convolutions", "The model runs convolutions: cuDNN's workspaces, allocated inside the "
+                                "kernels, are not traced; the estimate can be low by the largest one "
+                                "(torch.backends.cudnn.benchmark favours fast algorithms with large workspaces)."))
+    notes.append(Assumption("outside-pytorch", "Nothing else on the GPU (other processes, NCCL buffers, a display) is "
+                            "counted."))
+    return notes
+
+
+def _attention(ops) -> Assumption:
+    """The attention kernel the trace took, and how it compares with CUDA's."""
+    if any("flash" in op or "efficient" in op for op in ops):
+        return Assumption("attention", "Attention: traced through PyTorch's fused scaled_dot_product_attention kernel "
+                          "(flash on CPU), which keeps the same tensors as CUDA's flash and memory-efficient kernels "
+                          "(the output and an fp32 log-sum-exp, no seq x seq probabilities): no correction applied.",
+                          {"kernel": "fused"})
+    if any("math" in op for op in ops):
+        return Assumption("attention", "Attention: the trace took scaled_dot_product_attention's math path, which keeps "
+                          "seq x seq probabilities that CUDA's fused kernels do not: the estimate is an upper bound for "
+                          "attention.", {"kernel": "math"})
+    return Assumption("attention", "Attention: the model computes it eagerly (seq x seq probabilities kept), as it would "
+                      "on CUDA.", {"kernel": "eager"})

@@ -1,0 +1,54 @@
+"""The budget: what the traced peak is compared with, from a target, a memory limit or the CPU default."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gaplan.constants import DEFAULT_CPU_BUDGET
+from gaplan.errors import GaplanError
+from gaplan.estimate import assumptions
+from gaplan.estimate.assumptions import Assumption
+from gaplan.estimate.device import WORKSPACE_BYTES_HOPPER
+from gaplan.estimate.targets import Target, lookup_target
+from gaplan.units import format_bytes
+
+DEVICE_KINDS = ("cuda", "cpu")
+DEFAULT_TARGET = "h100-80gb"  # when neither a target nor a memory limit is given (device_kind="cuda")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The target (if any), the memory limit, the bytes tensors may take, and the assumption that explains them."""
+
+    target: Target | None
+    limit_bytes: int  # the device's memory (a target's total) or the given limit
+    usable_bytes: int  # what tensors may take: the limit less the reserve
+    assumption: Assumption
+
+
+def check_device_kind(device_kind: str) -> None:
+    if device_kind not in DEVICE_KINDS:
+        raise GaplanError(f"device kind must be one of {', '.join(DEVICE_KINDS)} (got {device_kind!r})")
+
+
+def budget(device_kind: str, memory_limit: int | None, target: str | None) -> Budget:
+    """The budget of a ``device_kind`` estimate given a memory limit and/or a target name."""
+    if device_kind == "cpu":
+        if target is not None:
+            raise GaplanError(f"--target {target} is a GPU; it does not apply to a CPU estimate")
+        limit = memory_limit or DEFAULT_CPU_BUDGET
+        return Budget(None, limit, limit, assumptions.cpu_budget(limit))
+    if target is None and memory_limit is None:
+        target = DEFAULT_TARGET
+    if target is not None:
+        the_target = lookup_target(target)
+        if memory_limit is not None and memory_limit - the_target.workspace_bytes < the_target.usable_bytes:
+            usable = memory_limit - the_target.workspace_bytes  # the limit is the allocator's budget
+            return Budget(the_target, memory_limit, usable, assumptions.target_budget(the_target, memory_limit, usable))
+        usable = the_target.usable_bytes
+        return Budget(the_target, the_target.total_bytes, usable, assumptions.target_budget(the_target, None, usable))
+    assert memory_limit is not None
+    usable = memory_limit - WORKSPACE_BYTES_HOPPER
+    if usable <= 0:
+        raise GaplanError(f"--memory-limit {format_bytes(memory_limit)} leaves nothing for tensors after the cuBLAS workspaces")
+    return Budget(None, memory_limit, usable, assumptions.limit_budget(memory_limit, usable))

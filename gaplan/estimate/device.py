@@ -1,0 +1,176 @@
+"""The device model: what a device holds and does that a trace on fake CPU tensors does not show.
+
+Fake tensors stay on ``cpu`` (fake ``cuda`` tensors abort a CPU-only build), so the differences of
+the device are modelled here and stated as assumptions (:mod:`gaplan.estimate.assumptions`):
+
+* ``cuda``: every tensor counted at the caching allocator's block size, the optimizer as torch runs
+  it for CUDA parameters (foreach), CUDA autocast's float32 op list under mixed precision, and the
+  memory outside PyTorch's tensors (CUDA context, cuBLAS workspaces) taken off the target;
+* ``cpu``: what a CPU trial's resident-memory peak holds besides tensors (heap, MKL's GEMM
+  buffers), so the estimate can be checked against ``gaplan probe --device cpu``.
+
+No torch at import: :mod:`gaplan.estimate.targets` reads the reserve from here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from gaplan.constants import MiB
+from gaplan.estimate.torch_private import missing, private, private_attr
+
+# --- CUDA: memory outside PyTorch's tensors ---------------------------------------------------------------------
+# The CUDA context (driver state, per-SM local memory, lazily loaded kernels of PyTorch and its libraries) lives
+# outside PyTorch's allocator. With lazy module loading (CUDA >= 11.7, the default in PyTorch 2.x) it is typically
+# 300-600 MiB; without it, 700-1000 MiB (discuss.pytorch.org threads on the "GPU memory floor"). 512 MiB is
+# reserved; measure yours with ``torch.cuda.mem_get_info()`` right after ``torch.cuda.init()`` and a first matmul.
+CONTEXT_BYTES = 512 * MiB
+# cuBLAS and cuBLASLt workspaces, allocated through PyTorch's caching allocator once per stream: PyTorch's default
+# CUBLAS_WORKSPACE_CONFIG is ":4096:2:16:8" (8.125 MiB), 32 MiB on Hopper (sm90); the cuBLASLt workspace is 4 MiB,
+# 32 MiB on Hopper (pytorch/pytorch#89027, #120925, following the cuBLAS guide's advice for cublasSetWorkspace).
+WORKSPACE_BYTES_HOPPER = 32 * MiB + 32 * MiB  # cuBLAS + cuBLASLt, sm90
+WORKSPACE_BYTES_OTHER = (2 * 4096 + 8 * 16) * 1024 + 4 * MiB  # cuBLAS ":4096:2:16:8" + cuBLASLt 4 MiB
+
+# --- CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp) -------------------------------------------------
+# Blocks are multiples of kMinBlockSize (512 B); an allocation of kMinLargeAlloc (10 MiB) or more gets its own
+# segment rounded to kRoundLarge (2 MiB). Smaller ones share 2 MiB / 20 MiB segments, which the 512 B rounding covers.
+CUDA_BLOCK = 512
+CUDA_LARGE_ALLOC = 10 * MiB
+CUDA_ROUND_LARGE = 2 * MiB
+
+# --- CUDA autocast ------------------------------------------------------------------------------------------------
+# The float32 list of CUDA autocast (PyTorch's "CUDA Ops that can autocast to float32"): on CUDA these run in fp32
+# whatever the input; CPU autocast keeps most of them in the input's dtype.
+CUDA_AUTOCAST_FP32 = frozenset({
+    "__pow__", "__rdiv__", "__rpow__", "__rtruediv__", "acos", "asin", "binary_cross_entropy_with_logits",
+    "cosh", "cosine_embedding_loss", "cdist", "cosine_similarity", "cross_entropy", "cumprod", "cumsum",
+    "dist", "erfinv", "exp", "expm1", "group_norm", "hinge_embedding_loss", "kl_div", "l1_loss",
+    "layer_norm", "log", "log_softmax", "log10", "log1p", "log2", "margin_ranking_loss", "mse_loss",
+    "multilabel_margin_loss", "multi_margin_loss", "nll_loss", "norm", "normalize", "pdist",
+    "poisson_nll_loss", "pow", "prod", "reciprocal", "rsqrt", "sinh", "smooth_l1_loss", "soft_margin_loss",
+    "softmax", "softmin", "softplus", "sum", "renorm", "tan", "triplet_margin_loss",
+})
+
+# --- CPU process ----------------------------------------------------------------------------------------------------
+# A CPU trial's peak (gaplan.devices.cpu: anonymous resident memory above the baseline) holds two things MemTracker
+# does not see. Measured on the presets at seq 32, micro-batch 2-8, 1 and 2 threads:
+# * the heap: Python objects of the model and optimizer, autograd nodes, glibc bookkeeping: 1.1-2.2 MiB with MKL's
+#   buffer cache off (MKL_DISABLE_FAST_MM=1); 1.5 MiB is taken;
+# * MKL's sgemm packing buffers, one per thread, kept by MKL's memory manager after the first step. A lone matmul
+#   (M, K) x (K, N) needed 3.0 MiB per thread at K=256, N>=4096, 1.3 MiB at K=64, 0.2 MiB at N=1024 and at most
+#   4.7 MiB for the largest shapes: 4 bytes x min(K, 256) x min(N, 4096) of the largest product follows it within
+#   about 1 MiB, and put the presets' estimates within 1%. bf16 products (oneDNN, not MKL) showed no such buffer:
+#   only float32 products are counted.
+CPU_HEAP_BYTES = 3 * MiB // 2
+MKL_PANEL_K = 256
+MKL_PANEL_N = 4096
+
+
+def cuda_block_bytes(nbytes: int) -> int:
+    """Bytes the CUDA caching allocator sets aside for a tensor of ``nbytes``."""
+    if nbytes <= 0:
+        return 0
+    if nbytes >= CUDA_LARGE_ALLOC:
+        return -(-nbytes // CUDA_ROUND_LARGE) * CUDA_ROUND_LARGE
+    return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK
+
+
+def mkl_panel_bytes(k: int, n: int) -> int:
+    """MKL's sgemm packing buffer per thread for a float32 product (M, K) x (K, N)."""
+    return 4 * min(k, MKL_PANEL_K) * min(n, MKL_PANEL_N)
+
+
+@contextlib.contextmanager
+def cuda_block_rounding() -> Iterator[None]:
+    """Count each storage at the CUDA caching allocator's size (MemTracker does so only for cuda tensors)."""
+    info = private("torch.distributed._tools.mem_tracker", "_WeakRefInfo")
+    original = private_attr(info, "_calculate_mem_consumed")
+    init_code = getattr(info.__init__, "__code__", None)
+    if init_code is None or not {"size", "element_size"} <= set(init_code.co_names):
+        raise missing("_WeakRefInfo.size and .element_size")
+
+    def rounded(self) -> int:
+        return cuda_block_bytes(self.size * self.element_size)
+
+    info._calculate_mem_consumed = rounded
+    try:
+        yield
+    finally:
+        info._calculate_mem_consumed = original
+
+
+class CudaAutocastFp32:
+    """Under autocast, run CUDA autocast's float32 ops in float32 (CPU autocast keeps most in bf16/fp16)."""
+
+    def __init__(self) -> None:
+        import torch
+        from torch.overrides import TorchFunctionMode
+
+        low = (torch.bfloat16, torch.float16)
+
+        def upcast(value):
+            if isinstance(value, torch.Tensor) and value.dtype in low:
+                return value.float()
+            if isinstance(value, (list, tuple)):
+                return type(value)(upcast(v) for v in value)
+            return value
+
+        class _Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                if getattr(func, "__name__", None) in CUDA_AUTOCAST_FP32 and torch.is_autocast_enabled("cpu"):
+                    args, kwargs = upcast(args), {k: upcast(v) for k, v in kwargs.items()}
+                return func(*args, **kwargs)
+
+        self._mode = _Mode()
+
+    def __enter__(self) -> CudaAutocastFp32:
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._mode.__exit__(*exc)
+
+
+class DeviceModel:
+    """One device kind's differences from the CPU trace: its optimizer, its patches and modes, its overhead."""
+
+    def __init__(self, kind: str, threads: int | None = None) -> None:
+        import torch
+
+        self.kind = kind
+        self.threads = threads or torch.get_num_threads()  # CPU threads of the process modelled (cpu only)
+
+    def make_optimizer(self, model, spec):
+        """The optimizer as this device runs it: on CUDA, what torch.optim picks for CUDA parameters (foreach)."""
+        import torch
+
+        from gaplan.workload import make_optimizer
+
+        if self.kind != "cuda":
+            return make_optimizer(model, spec.optimizer, spec.learning_rate)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer_class = torch.optim.AdamW if spec.optimizer == "adamw" else torch.optim.SGD
+        return optimizer_class(params, lr=spec.learning_rate, foreach=True)
+
+    def allocator(self) -> contextlib.AbstractContextManager:
+        """How MemTracker counts a storage: at the CUDA allocator's block size on ``cuda``, as is on ``cpu``."""
+        return cuda_block_rounding() if self.kind == "cuda" else contextlib.nullcontext()
+
+    def autocast(self, dtype: str) -> contextlib.AbstractContextManager:
+        """CUDA autocast's float32 op list over CPU autocast, for mixed precision on ``cuda``."""
+        return CudaAutocastFp32() if self.kind == "cuda" and dtype != "fp32" else contextlib.nullcontext()
+
+    def overhead(self, gemm_panel_bytes: int) -> int:
+        """Bytes a CPU process holds besides its tensors (none on CUDA: the target's reserve covers it)."""
+        if self.kind != "cpu":
+            return 0
+        return CPU_HEAP_BYTES + self.threads * gemm_panel_bytes
+
+    def extra(self, gemm_panel_bytes: int) -> dict[str, Any]:
+        """The model's own figures, for :attr:`EstimateResult.extra`."""
+        if self.kind != "cpu":
+            return {}
+        return {"threads": self.threads, "cpu_heap_bytes": CPU_HEAP_BYTES, "mkl_panel_bytes": gemm_panel_bytes}

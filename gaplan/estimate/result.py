@@ -1,0 +1,70 @@
+"""What an estimate returns: the traced rows, the edge, the plan and the assumptions, all serializable."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from gaplan.estimate.assumptions import Assumption
+
+PHASES = ("micro-steps", "optimizer-step", "step")
+
+
+@dataclass(frozen=True)
+class TracedRow:
+    """One traced peak, by category (:data:`gaplan.constants.BREAKDOWN_CATEGORIES`, as :class:`gaplan.breakdown.MemoryBreakdown`).
+
+    ``phase`` is ``micro-steps`` (forward and backward with gradients and optimizer states held),
+    ``optimizer-step`` (the optimizer step alone) or ``step`` (both: the whole steady-state step).
+    ``peak_bytes`` is ``tracked_total`` plus what the device holds besides tensors; it is what is
+    compared with the usable memory. A size whose micro-steps were traced already is checked as a
+    ``composed`` step: the larger of its micro-steps row and the optimizer-step row (the two phases
+    never overlap, so that is exactly what tracing the whole step gives).
+    """
+
+    micro_batch: int
+    phase: str
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    activations: int
+    other: int
+    tracked_total: int
+    peak_bytes: int
+    composed: bool = False  # a ``step`` row made of this size's micro-steps row and the optimizer-step row
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class EstimateResult:
+    """What an estimate found: the largest micro-batch, the plan, and how it got there."""
+
+    workload: dict
+    device_kind: str
+    target: str | None
+    memory_limit_bytes: int  # the device's memory (a target's total) or the given limit
+    usable_bytes: int  # what tensors may take: the limit less the reserve
+    rows: list[TracedRow]
+    line: tuple[float, float]  # (intercept, slope) of the micro-steps' peak bytes over micro-batch
+    max_micro_batch: int  # B*, the largest micro-batch predicted to fit
+    capped: bool  # True when the search cap itself fits: the real edge may be larger
+    peak_bytes: int  # traced peak of the whole step at max_micro_batch
+    plan: dict  # Plan.to_dict()
+    assumptions: list[Assumption]  # the budget's first, then the trace's and the device model's
+    trace_seconds: float
+    param_count: int
+    static_bytes: int  # weights + gradients + optimizer states
+    task: str
+    seq_len: int | None
+    trace_count: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["rows"] = [row.to_dict() for row in self.rows]
+        data["line"] = {"intercept": self.line[0], "slope": self.line[1]}
+        data["assumptions"] = [a.to_dict() for a in self.assumptions]
+        data["trace_seconds"] = round(self.trace_seconds, 3)
+        return data

@@ -1,0 +1,203 @@
+"""Tracing one steady-state step on fake tensors with torch's ``MemTracker``.
+
+A trace is :func:`gaplan.breakdown.measure_breakdown` on the fake workload (:mod:`gaplan.estimate.fake`):
+the optimizer states exist and the gradients are already allocated, as at the second micro-step of
+an accumulated step, so one traced micro-step shows what every later one costs. The micro-steps
+(forward and backward) and the optimizer step are traced apart: the optimizer step does not grow
+with the micro-batch, and the two never overlap, so the step's peak is the larger of the two.
+
+Values are never known under fake tensors: a ``.item()`` (the loss logged, the target count that
+divides the loss) reads as 1 (True for a flag), which changes no shape. A model whose shapes depend
+on tensor values (``nonzero``, boolean indexing) cannot be traced; that is reported as a user error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from gaplan.constants import BREAKDOWN_CATEGORIES
+from gaplan.estimate.assumptions import Assumption, trace_assumptions
+from gaplan.estimate.device import DeviceModel, mkl_panel_bytes
+from gaplan.estimate.fake import fake_tensor_errors, fake_tensor_mode, fake_workload, no_step_optimizer
+from gaplan.estimate.result import TracedRow
+from gaplan.estimate.torch_private import private, private_attr, private_module
+
+if TYPE_CHECKING:
+    from gaplan.workload import Workload, WorkloadSpec
+
+
+class Tracer:
+    """A fake workload, the modes and patches its traces run under, and the rows they gave."""
+
+    def __init__(self, spec: WorkloadSpec, device_kind: str, threads: int | None = None) -> None:
+        self.spec = spec
+        self.device = DeviceModel(device_kind, threads)
+        self.rows: list[TracedRow] = []
+        self._stack = contextlib.ExitStack()
+        self.workload: Workload
+        self._no_step: Workload
+
+    def __enter__(self) -> Tracer:
+        self.mode = fake_tensor_mode()
+        try:
+            self.workload = fake_workload(self.spec, self.device, self.mode)
+            self._no_step = dataclasses.replace(self.workload, optimizer=no_step_optimizer(self.workload.optimizer))
+            self.helper = TraceHelper()
+            self._stack.enter_context(fast_peak_tracking())
+            self._stack.enter_context(self.device.allocator())
+            self._stack.enter_context(self.mode)
+            self._stack.enter_context(self.helper)
+            self._stack.enter_context(self.device.autocast(self.spec.dtype))
+            with fake_tensor_errors(self.spec):
+                from gaplan.trial_runner import materialize_optimizer_state
+
+                materialize_optimizer_state(self.workload)
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    # -- traces ----------------------------------------------------------------------------------
+
+    def _trace(self, workload: Workload, micro_batch: int, micro_steps: int, phase: str) -> TracedRow:
+        import torch
+
+        from gaplan.breakdown import measure_breakdown
+
+        for param in workload.model.parameters():  # gradients held, as from the step's earlier micro-steps
+            if param.requires_grad:
+                param.grad = torch.zeros_like(param)
+        with fake_tensor_errors(self.spec):
+            breakdown = measure_breakdown(workload, micro_batch, micro_steps=micro_steps)
+        row = TracedRow(micro_batch=breakdown.micro_batch, phase=phase,
+                        **{category: getattr(breakdown, category) for category in BREAKDOWN_CATEGORIES},
+                        tracked_total=breakdown.tracked_total, peak_bytes=breakdown.tracked_total + self.overhead())
+        self.rows.append(row)
+        return row
+
+    def optimizer_step(self) -> TracedRow:
+        return self._trace(self.workload, 0, 0, "optimizer-step")
+
+    def micro_steps(self, micro_batch: int) -> TracedRow:
+        return self._trace(self._no_step, micro_batch, 1, "micro-steps")
+
+    def step(self, micro_batch: int) -> TracedRow:
+        return self._trace(self.workload, micro_batch, 1, "step")
+
+    def composed_step(self, micro_steps: TracedRow, optimizer_step: TracedRow) -> TracedRow:
+        larger = max(micro_steps, optimizer_step, key=lambda r: r.tracked_total)
+        row = dataclasses.replace(larger, micro_batch=micro_steps.micro_batch, phase="step", composed=True)
+        self.rows.append(row)
+        return row
+
+    def last_step(self, micro_batch: int) -> TracedRow:
+        return next(r for r in reversed(self.rows) if r.phase == "step" and r.micro_batch == micro_batch)
+
+    # -- what the device adds, and what was assumed ----------------------------------------------
+
+    def overhead(self) -> int:
+        """Bytes the device holds besides the traced tensors (the CPU process's heap and MKL buffers)."""
+        return self.device.overhead(self.helper.gemm_panel_bytes)
+
+    def final_rows(self) -> list[TracedRow]:
+        """Every row, with the device overhead as known at the end (MKL's buffer is sized by the largest GEMM seen)."""
+        overhead = self.overhead()
+        return [dataclasses.replace(r, peak_bytes=r.tracked_total + overhead) for r in self.rows]
+
+    def extra(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"attention_ops": sorted(self.helper.attention_ops)}
+        data.update(self.device.extra(self.helper.gemm_panel_bytes))
+        step = next((r for r in self.final_rows() if r.phase == "optimizer-step"), None)
+        if step is not None:
+            data["optimizer_step_peak_bytes"] = step.peak_bytes
+        return data
+
+    def assumptions(self) -> list[Assumption]:
+        step = next((r for r in self.rows if r.phase == "optimizer-step"), None)
+        return trace_assumptions(self.spec, self.device, self.helper, self.workload.static_bytes(),
+                                 step.tracked_total if step is not None else None)
+
+
+class TraceHelper:
+    """A dispatch mode under MemTracker: stands in for values and records the matrix products and attention ops.
+
+    Attributes (what the traces saw, read by the device model and the assumptions):
+        gemm_panel_bytes: MKL's packing buffer per thread for the largest float32 product.
+        attention_ops: names of the attention operators run.
+        convolutions: whether any convolution ran.
+    """
+
+    def __init__(self) -> None:
+        dispatch_mode = private("torch.utils._python_dispatch", "TorchDispatchMode")
+        helper = self
+
+        class _Mode(dispatch_mode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                return helper.dispatch(func, args, kwargs or {})
+
+        self._mode = _Mode()
+        self.gemm_panel_bytes = 0
+        self.attention_ops: set[str] = set()
+        self.convolutions = False
+
+    def __enter__(self) -> TraceHelper:
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._mode.__exit__(*exc)
+
+    def dispatch(self, func, args, kwargs):
+        import torch
+
+        aten = torch.ops.aten
+        if func is aten._local_scalar_dense.default:
+            # A value read off a fake tensor: the loss logged, the target count, a mask check. None changes a shape.
+            dtype = args[0].dtype
+            return True if dtype == torch.bool else (1.0 if dtype.is_floating_point or dtype.is_complex else 1)
+        if func in (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default):
+            a, b = (args[0], args[1]) if func in (aten.mm.default, aten.bmm.default) else (args[1], args[2])
+            if a.dtype == torch.float32:  # MKL sgemm; bf16/fp16 products go to oneDNN, measured without such a buffer
+                self.gemm_panel_bytes = max(self.gemm_panel_bytes, mkl_panel_bytes(a.shape[-1], b.shape[-1]))
+        elif "scaled_dot_product" in func.__name__ or "attention" in func.__name__:
+            self.attention_ops.add(func.__name__)
+        elif "convolution" in func.__name__:
+            self.convolutions = True
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def fast_peak_tracking() -> Iterator[None]:
+    """Keep MemTracker's global peak only.
+
+    MemTracker also keeps a peak per module, walking every module it has seen on every operator:
+    quadratic in depth (a 32-layer model: most of a minute per trace). gaplan reads only the global
+    peak, so the per-module walk is skipped. Applied only when MemTracker's method uses the
+    attributes this replacement updates; otherwise the original (slower, same answer) runs.
+    """
+    mem_tracker = private_module("torch.distributed._tools.mem_tracker")
+    tracker_class = private_attr(mem_tracker, "MemTracker")
+    original = private_attr(tracker_class, "_update_peak_stats")
+    total_key = private_attr(mem_tracker, "_TOTAL_KEY")
+    code = getattr(original, "__code__", None)
+    if code is None or not {"_curr_mem_snap", "_peak_mem", "_peak_mem_snap"} <= set(code.co_names):
+        yield
+        return
+
+    def update_global_peak(self, peak_state) -> None:
+        for dev, snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < snap[total_key]:
+                self._peak_mem[dev] = snap[total_key]
+                self._peak_mem_snap[dev] = dict(snap)
+
+    tracker_class._update_peak_stats = update_global_peak
+    try:
+        yield
+    finally:
+        tracker_class._update_peak_stats = original

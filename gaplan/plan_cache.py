@@ -1,0 +1,96 @@
+"""Where ``gaplan train`` and ``bench`` get their probe: ``--plan``'s file, the cache, or a new probe.
+
+A probe is cached per workload, device, budget and thread count (and, for a model folder, the
+content of its config files) under ``~/.cache/gaplan/plans/`` or ``$GAPLAN_CACHE_DIR/plans/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+from collections.abc import Callable
+
+from gaplan.errors import GaplanError
+from gaplan.probe_result import ProbeResult, load_probe, save_probe
+from gaplan.trial import Trial
+from gaplan.workload_spec import WorkloadSpec, model_source_kind
+
+# Part of the key: a change in how trials measure must not reuse older answers.
+PROBE_METHOD = "fork-per-trial, 2 optimizer steps, anonymous peak"
+_SAME_WORKLOAD_FIELDS = ("model", "task", "seq_len", "dtype", "optimizer", "grad_checkpointing")
+
+
+def cache_root() -> str:
+    return os.environ.get("GAPLAN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gaplan")
+
+
+def plan_cache_path(spec: WorkloadSpec, device: str, memory_limit: int | None, threads: int | None = None) -> str:
+    """The cache file of a probe of this workload, device, budget and thread count."""
+    workload = {k: v for k, v in spec.to_dict().items() if k != "lr"}  # the learning rate changes no memory
+    key = json.dumps({"workload": workload, "model_files": _model_files_digest(spec.model), "device": device,
+                      "memory_limit": memory_limit, "threads": threads, "probe": PROBE_METHOD}, sort_keys=True)
+    return os.path.join(cache_root(), "plans", hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+
+
+def same_workload(a: WorkloadSpec, b: WorkloadSpec) -> bool:
+    """True when a probe of ``a`` holds for ``b`` (everything but the learning rate matches)."""
+    return all(getattr(a, k) == getattr(b, k) for k in _SAME_WORKLOAD_FIELDS)
+
+
+def probe_for(
+    spec: WorkloadSpec,
+    device: str,
+    memory_limit: int | None,
+    needed_micro_batch: int,
+    plan_file: str | None = None,
+    grad_checkpointing: str | None = None,
+    threads: int | None = None,
+    write_cache: bool = True,
+    say: Callable[[str], None] = lambda text: None,
+    on_trial: Callable[[Trial], None] | None = None,
+) -> tuple[WorkloadSpec, ProbeResult]:
+    """The probe to plan from: ``plan_file``, else the cached probe of this workload, else a new probe.
+
+    ``needed_micro_batch`` is one rank's share of the step: the search goes no higher, and a
+    cached probe that stopped at a smaller cap is not reused. Returns the workload spec too: a
+    plan's tuner may have chosen gradient checkpointing (``grad_checkpointing`` None or "auto").
+    """
+    from gaplan.probing import probe
+
+    if plan_file:
+        probed = load_probe(plan_file)
+        if grad_checkpointing in (None, "auto"):
+            spec = dataclasses.replace(spec, grad_checkpointing=probed.workload.grad_checkpointing)
+        if not same_workload(probed.workload, spec):
+            raise GaplanError(f"--plan {plan_file} was made for {probed.workload.model} "
+                              f"(seq len {probed.workload.seq_len}, {probed.workload.dtype}), not this workload")
+        return spec, probed
+    if grad_checkpointing == "auto":
+        raise GaplanError("--grad-checkpointing auto is decided by gaplan probe; give its --plan, or on/off")
+    cache = plan_cache_path(spec, device, memory_limit, threads)
+    if os.path.isfile(cache):
+        probed = load_probe(cache)
+        if not probed.capped or probed.max_micro_batch >= needed_micro_batch:
+            say(f"using the cached probe {cache}: largest micro-batch {probed.max_micro_batch}")
+            return spec, probed
+    say("probing the largest micro-batch that fits first ...")
+    probed = probe(spec, device=device, memory_limit=memory_limit, effective_batch=needed_micro_batch,
+                   threads=threads, on_trial=on_trial)
+    if write_cache:
+        save_probe(probed, cache)
+    return spec, probed
+
+
+def _model_files_digest(model: str) -> str | None:
+    """A digest of a model folder's JSON files (config and friends): a changed config is a new workload."""
+    if model_source_kind(model) != "directory":
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(glob.glob(os.path.join(model, "*.json"))):
+        digest.update(os.path.basename(path).encode())
+        with open(path, "rb") as handle:
+            digest.update(handle.read())
+    return digest.hexdigest()[:16]

@@ -1,0 +1,123 @@
+"""The probe: real steady-state trials at growing micro-batches, searched to the exact edge.
+
+Trials run in a worker process under the memory budget (:mod:`gaplan.worker`);
+the search (:mod:`gaplan.search`) decides which sizes to try; the plan
+(:mod:`gaplan.plan`) turns the edge into accumulation steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from gaplan.constants import DEFAULT_CPU_BUDGET, DEFAULT_EFFECTIVE_BATCH
+from gaplan.devices import resolve_device
+from gaplan.devices.cpu import available_bytes
+from gaplan.errors import DoesNotFit, GaplanError
+from gaplan.plan import default_search_cap, make_plan
+from gaplan.probe_result import ProbeResult
+from gaplan.search import find_edge
+from gaplan.trial import Trial
+from gaplan.units import format_bytes
+from gaplan.worker_process import WorkerProcess
+from gaplan.workload_spec import WorkloadSpec
+
+
+def _check_ready(info: dict, spec: WorkloadSpec, limit_bytes: int) -> None:
+    if info.get("error") == "does-not-fit" or info.get("static_bytes", 0) > info.get("limit_bytes", limit_bytes):
+        needed = info.get("static_bytes")
+        what = f"needs at least {format_bytes(needed)} " if needed else "needs more memory than that "
+        raise DoesNotFit(f"{spec.model} does not fit in {format_bytes(info.get('limit_bytes', limit_bytes))}: "
+                         f"it {what}for weights, gradients and optimizer states", needed)
+
+
+def probe(
+    spec: WorkloadSpec | None = None,
+    device: str = "auto",
+    memory_limit: int | None = None,
+    margin: float = 0.0,
+    effective_batch: int = DEFAULT_EFFECTIVE_BATCH,
+    world_size: int = 1,
+    start: int = 1,
+    search_cap: int | None = None,
+    threads: int | None = None,
+    optimizer_steps: int = 2,
+    on_trial: Callable[[Trial], None] | None = None,
+) -> ProbeResult:
+    """Find the largest micro-batch that fits ``device`` at steady state, and plan ``effective_batch``.
+
+    Args:
+        spec: the workload (default: the built-in small causal LM).
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+        memory_limit: the budget in bytes (CPU default :data:`DEFAULT_CPU_BUDGET`; CUDA: the card).
+        margin: fraction of the budget kept free as headroom (trials run under ``(1 - margin) * budget``).
+        search_cap: no trial above this; default ``ceil(effective_batch / world_size)``, since a larger
+            micro-batch is never of use to the plan (when it fits, the result says ``capped``).
+        optimizer_steps: accumulated optimizer steps per trial (each in a fresh process); two by
+            default, so the answer is checked past the first step, not only at it.
+        on_trial: called after each trial, for progress display.
+
+    Raises:
+        DoesNotFit: when even micro-batch 1 does not fit.
+    """
+    spec = (spec or WorkloadSpec()).validate()
+    if not 0 <= margin < 1:
+        raise GaplanError(f"--margin must be a fraction in [0, 1) (got {margin})")
+    if memory_limit is not None and memory_limit <= 0:
+        raise GaplanError(f"--memory-limit must be larger than zero (got {memory_limit})")
+    make_plan(effective_batch, -(-effective_batch // world_size), world_size)  # reject a bad batch before any work
+    if search_cap is None:
+        search_cap = default_search_cap(effective_batch, world_size)
+    if search_cap < 1:
+        raise GaplanError(f"the search cap must be a positive integer (got {search_cap})")
+    device = resolve_device(device)
+    budget_is_default = memory_limit is None
+    if device == "cpu" and memory_limit is None:
+        memory_limit = DEFAULT_CPU_BUDGET
+    if device == "cpu":
+        check_cpu_budget(memory_limit)
+    started = time.perf_counter()
+    probe_limit = None if memory_limit is None else int(memory_limit * (1 - margin))
+    with WorkerProcess(spec, device, probe_limit, threads=threads) as worker:
+        info = worker.info
+        memory_limit = memory_limit or info["limit_bytes"]
+        probe_limit = info["limit_bytes"]
+        _check_ready(info, spec, probe_limit)
+
+        def measure(micro_batch: int) -> Trial:
+            trial = worker.trial(micro_batch, optimizer_steps=optimizer_steps)
+            if on_trial is not None:
+                on_trial(trial)
+            return trial
+
+        result = find_edge(measure, probe_limit, start=start, max_batch=search_cap)
+    edge = result.edge
+    if edge == 0:
+        raise DoesNotFit(f"{spec.model} does not fit in {format_bytes(probe_limit)} even at micro-batch 1 "
+                         f"(weights, gradients and optimizer states alone take {format_bytes(info['static_bytes'])})",
+                         info["static_bytes"])
+    return ProbeResult(
+        workload=spec, device=device, memory_limit_bytes=int(memory_limit), margin=margin,
+        probe_limit_bytes=int(probe_limit), budget_is_default=budget_is_default,
+        max_micro_batch=edge, capped=result.capped, trials=result.trials,
+        plan=make_plan(effective_batch, edge, world_size), param_count=info["param_count"],
+        static_bytes=info["static_bytes"], task=info["task"], seq_len=info["seq_len"],
+        wall_seconds=time.perf_counter() - started,
+    )
+
+
+def check_in_fresh_process(spec: WorkloadSpec, device: str, limit_bytes: int | None, micro_batch: int,
+                           optimizer_steps: int = 2, threads: int | None = None) -> bool:
+    """Train ``optimizer_steps`` accumulated steps at ``micro_batch`` in a new process; True if it fits."""
+    with WorkerProcess(spec, resolve_device(device), limit_bytes, threads=threads) as worker:
+        if worker.info.get("error") == "does-not-fit":
+            return False
+        return worker.trial(micro_batch, optimizer_steps=optimizer_steps).fits
+
+
+def check_cpu_budget(memory_limit: int) -> None:
+    """A CPU budget must be real: one above the memory this machine has free would only end in the OOM killer."""
+    free = available_bytes()
+    if free is not None and memory_limit > free:
+        raise GaplanError(f"--memory-limit {format_bytes(memory_limit)} is more than this machine's available memory "
+                          f"({format_bytes(free)}): a CPU budget must fit in it")

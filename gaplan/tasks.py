@@ -1,0 +1,11 @@
+"""The training tasks gaplan knows, by name, and the label value no loss counts. No torch."""
+
+from __future__ import annotations
+
+IGNORE_INDEX = -100  # a label position without a target (padding, unmasked MLM positions)
+
+CAUSAL_LM = "causal-lm"
+MASKED_LM = "masked-lm"
+CLASSIFICATION = "classification"
+CUSTOM = "custom"  # a module:function workload: its own loss
+TASKS = (CAUSAL_LM, MASKED_LM, CLASSIFICATION)

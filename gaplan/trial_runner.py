@@ -1,0 +1,71 @@
+"""Running one probe trial: a steady-state accumulated optimizer step at micro-batch ``b``, measured.
+
+Steady state means the optimizer states already exist (AdamW allocates them at its
+first step, so a one-step trial sees a lower peak than every later step), at least
+two micro-steps accumulate into live gradients, then the optimizer steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from gaplan.devices import Backend, is_out_of_memory
+from gaplan.step import accumulate_gradients
+from gaplan.trial import Trial
+from gaplan.workload import Workload
+
+
+def materialize_optimizer_state(workload: Workload) -> None:
+    """Create the optimizer's state tensors without running the model (zero gradients, one step)."""
+    for param in workload.model.parameters():
+        if param.requires_grad:
+            param.grad = torch.zeros_like(param)
+    workload.optimizer.step()
+    workload.optimizer.zero_grad(set_to_none=True)
+
+
+def run_trial(workload: Workload, backend: Backend, micro_batch: int, micro_steps: int = 2,
+              optimizer_steps: int = 1, sizes: Sequence[int] | None = None) -> Trial:
+    """Run ``optimizer_steps`` steps of ``micro_steps`` micro-batches of ``micro_batch`` samples.
+
+    ``sizes`` gives one step's micro-batch sizes instead (an uneven split, as a plan has).
+    """
+    sizes = list(sizes) if sizes else [micro_batch] * micro_steps
+    backend.release()
+    before = backend.current_bytes()
+    started = time.perf_counter()
+    error = None
+    completed = tokens = 0
+    peak = micro_steps_peak = 0
+    step_seconds: list[float] = []
+    try:
+        for _ in range(optimizer_steps):
+            backend.reset_peak()
+            step_started = time.perf_counter()
+            batches = [workload.make_batch(size) for size in sizes]
+            accumulate_gradients(workload.model, batches, workload.raw_loss, workload.task,
+                                 workload.loss_is_scaled_for_ga, workload.autocast)
+            micro_steps_peak = max(micro_steps_peak, backend.peak_bytes())  # no optimizer step in it yet
+            workload.optimizer.step()
+            workload.optimizer.zero_grad(set_to_none=True)
+            peak = max(peak, backend.peak_bytes())  # synchronizes on CUDA, so the step time below is real
+            step_seconds.append(time.perf_counter() - step_started)
+            tokens = sum(int(b["attention_mask"].sum()) for b in batches if "attention_mask" in b)
+            del batches
+            completed += 1
+    except Exception as exc:  # noqa: BLE001 - classified right below; anything else re-raises
+        if not is_out_of_memory(exc):
+            raise
+        error = str(exc).splitlines()[0][:200]
+    # Recover only here, after the except block: its traceback keeps the failed step's tensors alive.
+    if error is not None:
+        workload.optimizer.zero_grad(set_to_none=True)
+    backend.synchronize()
+    seconds = time.perf_counter() - started
+    backend.release()
+    fits = error is None
+    return Trial(micro_batch, fits, peak if fits else None, round(seconds, 3), error, completed,
+                 micro_steps_peak if fits else None, step_seconds, tokens, before, backend.current_bytes())

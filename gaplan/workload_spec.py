@@ -1,0 +1,98 @@
+"""What is trained, as data: a serializable workload description, the presets, and where a model comes from. No torch.
+
+Building it (model, optimizer, batches) is :mod:`gaplan.workload`'s job; this part is what plan files,
+caches, the worker protocol and reports read and write.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+from gaplan.errors import GaplanError
+from gaplan.tasks import CAUSAL_LM, CLASSIFICATION, MASKED_LM, TASKS
+
+DTYPE_NAMES = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "sgd")
+DEFAULT_MODEL = "tiny-gpt2"
+
+# Presets train without dropout (as most LLM pre-training does): accumulation over any split
+# then gives the same gradient as one large batch, which the tests check bit for bit.
+_NO_DROPOUT_GPT2 = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+_NO_DROPOUT_BERT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+# name -> (config class name, config kwargs, task, default seq len, description)
+PRESETS: dict[str, tuple[str, dict, str, int, str]] = {
+    "tiny-gpt2": ("GPT2Config", dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192, n_positions=1024,
+                                     bos_token_id=0, eos_token_id=0, **_NO_DROPOUT_GPT2),
+                  CAUSAL_LM, 128, "GPT-2 style causal LM, 4 layers x 256, 6M parameters (default)"),
+    "small-gpt2": ("GPT2Config", dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024,
+                                      **_NO_DROPOUT_GPT2),
+                   CAUSAL_LM, 512, "GPT-2 small shape, 124M parameters"),
+    "tiny-llama": ("LlamaConfig", dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                                       num_attention_heads=4, num_key_value_heads=4, vocab_size=8192,
+                                       max_position_embeddings=2048, bos_token_id=0, eos_token_id=0,
+                                       pad_token_id=0),
+                   CAUSAL_LM, 256, "Llama style causal LM (RMSNorm, RoPE, SwiGLU), 4 layers x 256, 7M parameters"),
+    "tiny-bert-mlm": ("BertConfig", dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                                         intermediate_size=1024, vocab_size=8192, max_position_embeddings=512,
+                                         **_NO_DROPOUT_BERT),
+                      MASKED_LM, 128, "BERT style masked LM, 4 layers x 256, 5M parameters"),
+    "tiny-bert-cls": ("BertConfig", dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                                         intermediate_size=1024, vocab_size=8192, max_position_embeddings=512,
+                                         num_labels=4, **_NO_DROPOUT_BERT),
+                      CLASSIFICATION, 128, "BERT style sequence classifier (4 classes), 4 layers x 256"),
+}
+
+
+# The learning rate when none is given: AdamW's usual 1e-3 learns in a few steps; SGD takes a cautious 1e-4.
+DEFAULT_LR = {"adamw": 1e-3, "sgd": 1e-4}
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A serializable description of a workload; built into a :class:`Workload` by :func:`build_workload`."""
+
+    model: str = DEFAULT_MODEL
+    task: str | None = None
+    seq_len: int | None = None
+    dtype: str = "fp32"
+    optimizer: str = "adamw"
+    lr: float | None = None  # None: DEFAULT_LR of the optimizer (see ``learning_rate``)
+    grad_checkpointing: bool = False
+
+    @property
+    def learning_rate(self) -> float:
+        """The learning rate to train with: the one given, else the optimizer's default."""
+        return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def validate(self) -> WorkloadSpec:
+        """Check what can be checked without building anything."""
+        if self.task is not None and self.task not in TASKS:
+            raise GaplanError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
+        if self.dtype not in DTYPE_NAMES:
+            raise GaplanError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPE_NAMES)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise GaplanError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if self.seq_len is not None and self.seq_len < 2:
+            raise GaplanError(f"--seq-len must be at least 2 (got {self.seq_len})")
+        if self.lr is not None and not self.lr > 0:
+            raise GaplanError(f"--lr must be positive (got {self.lr})")
+        kind = model_source_kind(self.model)
+        if kind == "function" and self.task is not None:
+            raise GaplanError("--task does not apply to a module:function model (its function defines the loss)")
+        return self
+
+
+def model_source_kind(model: str) -> str:
+    """``preset``, ``directory``, ``function`` or ``hub-cache``, decided from the string alone."""
+    if model in PRESETS:
+        return "preset"
+    if os.path.isdir(model):
+        return "directory"
+    if ":" in model and not model.startswith((".", "/")):
+        return "function"
+    return "hub-cache"

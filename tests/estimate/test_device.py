@@ -1,0 +1,46 @@
+"""gaplan.estimate.device: CUDA's allocator blocks and autocast list, a CPU process's overhead."""
+
+from __future__ import annotations
+
+from gaplan.constants import MiB
+from gaplan.estimate.device import CPU_HEAP_BYTES, DeviceModel, cuda_block_bytes, mkl_panel_bytes
+
+
+def test_cuda_block_rounding():
+    assert cuda_block_bytes(0) == 0
+    assert cuda_block_bytes(1) == 512
+    assert cuda_block_bytes(512) == 512
+    assert cuda_block_bytes(513) == 1024
+    assert cuda_block_bytes(10 * MiB - 1) == 10 * MiB  # 512-rounded, shares a segment
+    assert cuda_block_bytes(10 * MiB + 1) == 12 * MiB  # its own segment, 2 MiB-rounded
+
+
+def test_cuda_autocast_float32_ops_run_in_float32():
+    import torch
+    import torch.nn.functional as F
+
+    from gaplan.estimate.device import CudaAutocastFp32
+
+    x = torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = torch.nn.functional.linear(x, torch.randn(8, 8))
+        assert low.dtype == torch.bfloat16
+        assert F.layer_norm(low, (8,)).dtype == torch.bfloat16  # CPU autocast keeps it low
+        with CudaAutocastFp32():
+            assert F.layer_norm(low, (8,)).dtype == torch.float32  # as CUDA autocast does
+            assert F.softmax(low, -1).dtype == torch.float32
+            assert torch.pow(low, 3.0).dtype == torch.float32
+            assert (low ** 2).dtype == torch.float32
+            assert F.gelu(low).dtype == torch.bfloat16  # not on the list
+    with CudaAutocastFp32():
+        assert F.softmax(x.bfloat16(), -1).dtype == torch.bfloat16  # outside autocast nothing changes
+
+
+def test_a_cpu_process_holds_heap_and_mkl_buffers_cuda_nothing():
+    panel = mkl_panel_bytes(1024, 100_000)
+    assert panel == 4 * 256 * 4096 and mkl_panel_bytes(64, 1024) == 4 * 64 * 1024
+    cpu = DeviceModel("cpu", threads=2)
+    assert cpu.overhead(panel) == CPU_HEAP_BYTES + 2 * panel
+    assert cpu.extra(panel) == {"threads": 2, "cpu_heap_bytes": CPU_HEAP_BYTES, "mkl_panel_bytes": panel}
+    cuda = DeviceModel("cuda", threads=2)
+    assert cuda.overhead(panel) == 0 and cuda.extra(panel) == {}
