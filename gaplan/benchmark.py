@@ -131,14 +131,17 @@ def bench(
                 add(measure(LARGE_BATCH, (effective,)))
             else:
                 need = _predicted_need(probed, effective)
-                budget = format_bytes(probed.probe_limit_bytes)
+                budget = format_bytes(probed.probe_limit_bytes) if probed.probe_limit_bytes else None
                 free = available_bytes() if probed.device == "cpu" else None
                 if probed.device == "cpu" and (need is None or free is None or need < 0.8 * free):
                     row = measure(LARGE_BATCH, (effective,), unbounded=True)
-                    add(_with_note(row, f"needs {format_bytes(row.peak_bytes)}, does not fit the {budget} budget; "
-                                        "measured unbounded for reference"))
+                    note = (f"needs {format_bytes(row.peak_bytes)}, does not fit the {budget} budget; measured "
+                            "unbounded for reference" if budget else
+                            f"needs {format_bytes(row.peak_bytes)}; measured without a budget for reference (no probe ran)")
+                    add(_with_note(row, note))
                 else:
-                    where = "this machine's free memory" if probed.device == "cpu" else f"the {budget} budget"
+                    where = ("this machine's free memory" if probed.device == "cpu"
+                             else f"the {budget} budget" if budget else "the device's memory")
                     add(_not_run(effective, f"needs ~{format_bytes(need)} (from the memory line), more than {where}; "
                                             "not run"))
                     add(measure(LARGEST_FIT, (edge,), note=f"the largest batch that fits ({edge}), as the reference"))

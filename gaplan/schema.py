@@ -135,7 +135,7 @@ def write_table(run_dir: str, schema: TableSchema, rows: Sequence[dict[str, Any]
     missing = {column for row in rows for column in schema.required if column not in row}
     if missing:
         raise ValueError(f"{schema.name} rows lack {', '.join(sorted(missing))}")  # a bug in the writer, not the user's
-    frame = pd.DataFrame(list(rows))
+    frame = pd.DataFrame(list(rows)) if rows else pd.DataFrame(columns=schema.columns)  # a header even when empty
     ordered = [c for c in schema.columns if c in frame.columns] + [c for c in frame.columns if c not in schema.columns]
     atomic_write(os.path.join(run_dir, schema.name), lambda path: frame[ordered].to_csv(path, index=False))
 

@@ -8,10 +8,11 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from gaplan.bench import PLAN, BenchResult, SplitMeasurement
+from gaplan.benchmark import PLAN, BenchResult, SplitMeasurement
 from gaplan.breakdown import CATEGORIES
-from gaplan.cli import main, write_run_report
-from gaplan.probe import save_probe
+from gaplan.cli import main
+from gaplan.probe_result import save_probe
+from gaplan.workflows import write_measurements
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +65,7 @@ def test_probe_report_writes_the_breakdown(small_probe, tmp_path):
     save_probe(small_probe, str(tmp_path / "plan.json"))
     measured = BenchResult(256, [SplitMeasurement("32 x 8", PLAN, 32, 8, 256, 3, 2.0, 1.9, 2.1, 128.0, 2048.0, 200 * 2**20,
                                                   True, True)])
-    files = write_run_report(str(tmp_path), small_probe, [measured], quiet=True)
+    files = write_measurements(str(tmp_path), small_probe, [measured])
     assert {"breakdown.png", "throughput.png", "report.html"} <= set(files)
     breakdown = pd.read_csv(tmp_path / "breakdown.csv")
     sizes = list(breakdown["micro_batch"])

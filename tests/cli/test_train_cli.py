@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from gaplan.cli import main
 
 from ..conftest import REPO_ROOT
+from ..tolerances import assert_close_at_scale
 
 ONE_SGD_STEP = ["train", "--seq-len", "32", "--effective-batch", "32", "--optimizer", "sgd", "--lr", "0.1",
                 "--steps", "1", "--seed", "0", "--quiet"]
@@ -25,7 +26,7 @@ def assert_same_weights(a, b):
     wa, wb = load_file(a), load_file(b)
     assert wa.keys() == wb.keys()
     for key in wa:
-        torch.testing.assert_close(wa[key], wb[key], rtol=1e-5, atol=1e-6)
+        assert_close_at_scale(wa[key], wb[key], msg=key)
 
 
 @pytest.mark.slow

@@ -1,0 +1,229 @@
+"""The report's charts as matplotlib figures (memory, breakdown, throughput, training), and saving them as PNGs.
+
+Figures are made with ``matplotlib.figure.Figure`` directly, not pyplot: no global state, no
+GUI backend, safe to call from any thread or a headless machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
+
+from gaplan.atomic_write import atomic_write
+from gaplan.constants import BREAKDOWN_CATEGORIES, LARGE_BATCH_KIND
+from gaplan.report.formatting import CATEGORY_LABELS, axis_unit, integer, is_false, missing, rate
+from gaplan.report.load import RunData, measured, memory_fit, ratio, reference_label, reference_row
+from gaplan.run_folder import path_in
+from gaplan.units import format_bytes
+
+FIG_SIZE = (10, 6)  # inches; at 100 dpi a 1000 x 600 px image
+DPI = 100
+
+
+def write_charts(run_dir: str, charts: Sequence[tuple[str, Figure]]) -> dict[str, bytes]:
+    """Save each ``(file name, figure)`` as a PNG in ``run_dir``; returns their bytes, for pages to inline."""
+    images: dict[str, bytes] = {}
+    for name, figure in charts:
+        path = path_in(run_dir, name)
+        atomic_write(path, lambda temp, figure=figure: figure.savefig(temp, format="png", dpi=DPI))
+        with open(path, "rb") as handle:
+            images[name] = handle.read()
+    return images
+
+
+def _new_axes(title: str) -> tuple[Figure, Any]:
+    figure = Figure(figsize=FIG_SIZE, dpi=DPI, layout="constrained")
+    axes = figure.add_subplot()
+    axes.set_title(title)
+    axes.grid(True, alpha=0.3)
+    return figure, axes
+
+
+def _distinct(values: Sequence[float]) -> list[float]:
+    return sorted({float(v) for v in values if not missing(v) and np.isfinite(float(v))})
+
+
+def avoid_one_point(axes: Any, values: Sequence[float], which: str = "y") -> None:
+    """Give an axis a band around its value when all ``values`` are equal (one step, a flat loss).
+
+    Left alone, matplotlib would be asked for identical limits and warn; the band is 10% of
+    the value either side (at least 1). Axes with a spread keep their automatic limits.
+    """
+    distinct = _distinct(values)
+    if len(distinct) == 1:
+        pad = max(abs(distinct[0]) * 0.1, 1.0)
+        (axes.set_ylim if which == "y" else axes.set_xlim)(distinct[0] - pad, distinct[0] + pad)
+
+
+def memory_figure(run: RunData) -> Figure:
+    """Peak memory by micro-batch: trials, OOMs at the budget, the linear fit, the budget and B*. Needs a probe."""
+    plan, trials = run.plan, run.trials
+    budget, limit = run.budget, run.memory_limit
+    best = int(plan["max_micro_batch"])
+    fitting = trials[trials["fits"]]
+    failed = trials[~trials["fits"]]
+    largest = max([budget or 0, limit or 0, *fitting["peak_bytes"].dropna().tolist(),
+                   *fitting["micro_steps_peak_bytes"].dropna().tolist(), 1])
+    scale, unit = axis_unit(largest)
+
+    figure, axes = _new_axes(f"Peak memory by micro-batch: {run.model} on {plan['device']}")
+    axes.set_xlabel("micro-batch (samples)")
+    axes.set_ylabel(f"peak memory ({unit})")
+    x_right = max([best, *trials["micro_batch"].tolist()]) * 1.08 + 1
+
+    fit = memory_fit(trials)
+    if fit is not None:
+        xs = np.linspace(0, x_right, 100)
+        axes.plot(xs, (fit.fixed_bytes + fit.bytes_per_sample * xs) / scale, color="tab:gray", linewidth=1.2,
+                  label=f"linear fit: {format_bytes(fit.fixed_bytes)} + {format_bytes(fit.bytes_per_sample)} per sample")
+    step_peaks = fitting[fitting["peak_bytes"].notna()]
+    if not step_peaks.empty:
+        axes.plot(step_peaks["micro_batch"], step_peaks["peak_bytes"].astype("float64") / scale, "o",
+                  color="tab:blue", markersize=7, label="fits: peak of the whole step")
+    micro_peaks = fitting[fitting["micro_steps_peak_bytes"].notna()]
+    if not micro_peaks.empty:
+        axes.plot(micro_peaks["micro_batch"], micro_peaks["micro_steps_peak_bytes"].astype("float64") / scale, "s",
+                  markerfacecolor="none", color="tab:cyan", markersize=8, label="fits: peak of forward/backward")
+    if budget is not None:
+        if not failed.empty:
+            # An OOM has no peak to show; it failed at the budget, so that is where it is drawn.
+            axes.plot(failed["micro_batch"], [budget / scale] * len(failed), "x", color="tab:red", markersize=10,
+                      markeredgewidth=2.5, label="out of memory (drawn at the budget)")
+        axes.axhline(budget / scale, color="tab:red", linestyle="--", linewidth=1.2,
+                     label=f"budget {format_bytes(budget)}" + (" (probe limit)" if budget != limit else ""))
+    if limit is not None and budget != limit:
+        axes.axhline(limit / scale, color="tab:red", linestyle=":", linewidth=1, label=f"memory limit {format_bytes(limit)}")
+    axes.axvline(best, color="tab:green", linestyle=":", linewidth=1.5, label=f"B* = {best}")
+    near_right = best > 0.8 * x_right  # keep the label inside the axes
+    axes.annotate(f"B* = {best}", xy=(best, 0.03), xycoords=("data", "axes fraction"), xytext=(-4 if near_right else 4, 0),
+                  textcoords="offset points", ha="right" if near_right else "left", color="tab:green", fontweight="bold")
+    axes.set_xlim(0, x_right)
+    axes.set_ylim(0, largest / scale * 1.12)
+    axes.legend(loc="upper left")
+    return figure
+
+
+def breakdown_figure(run: RunData) -> Figure:
+    """Stacked bars of tracked memory by category per micro-batch, with the device peak beside each bar."""
+    frame = run.breakdown
+    assert frame is not None
+    categories = list(BREAKDOWN_CATEGORIES)
+    totals = frame[categories].fillna(0).sum(axis=1)
+    largest = max([*totals.tolist(), *frame["device_peak_bytes"].dropna().tolist(), 1.0])
+    scale, unit = axis_unit(largest)
+
+    figure, axes = _new_axes(f"Memory by category: {run.model}")
+    axes.set_xlabel("micro-batch (samples)")
+    axes.set_ylabel(f"memory ({unit})")
+    positions = np.arange(len(frame))
+    bottom = np.zeros(len(frame))
+    for category in categories:
+        values = frame[category].fillna(0).to_numpy(dtype="float64") / scale
+        axes.bar(positions, values, width=0.55, bottom=bottom, label=CATEGORY_LABELS[category])
+        bottom += values
+    peaks = frame["device_peak_bytes"]
+    if peaks.notna().any():
+        axes.plot(positions[peaks.notna().to_numpy()] + 0.36, peaks.dropna().to_numpy(dtype="float64") / scale, "D",
+                  color="black", markersize=8, label="device peak")
+    budget = run.budget
+    if budget is not None and budget <= largest * 4:  # a far-away budget would squash the bars to nothing
+        axes.axhline(budget / scale, color="tab:red", linestyle="--", linewidth=1.2, label=f"budget {format_bytes(budget)}")
+        largest = max(largest, budget)
+    axes.set_xticks(positions, [integer(b) for b in frame["micro_batch"]])
+    axes.set_xlim(-0.6, len(frame) - 0.4)
+    axes.set_ylim(0, largest / scale * 1.1)
+    axes.legend(loc="upper left")
+    return figure
+
+
+def _split_label(row: Any) -> str:
+    shape = f"{integer(row['micro_batch'])} x {integer(row['grad_accum_steps'])}"
+    split = str(row["split"])
+    return split if split.startswith(shape) else f"{split}\n{shape}"  # gaplan's own labels already read "32 x 8"
+
+
+def throughput_figure(run: RunData) -> Figure:
+    """Samples/s per split, the plan highlighted, the large batch as a reference line, ratios on the bars."""
+    frame = run.throughput
+    assert frame is not None
+    reference = reference_row(frame)
+    bars = frame[frame["kind"] != LARGE_BATCH_KIND].reset_index(drop=True)
+
+    ratios = [ratio(row, reference) for _, row in bars.iterrows()]
+    caption = "bar labels: samples/s" + ("" if all(r is None for r in ratios) else " and ratio to the reference")
+    figure, axes = _new_axes(f"Training throughput by split: {run.model}\n{caption}")
+    axes.set_xlabel("split (micro-batch x accumulation steps)")
+    axes.set_ylabel("throughput (samples/s)")
+    positions = np.arange(len(bars))
+    speeds = bars["samples_per_s"].fillna(0).to_numpy(dtype="float64")
+    plan_rows = (bars["kind"] == "plan").to_numpy(dtype=bool)
+    misfits = np.array([is_false(value) for value in bars["fits_budget"]], dtype=bool)
+    colors = ["tab:orange" if is_plan else "tab:blue" for is_plan in plan_rows]
+    drawn = axes.bar(positions, speeds, width=0.6, color=colors, edgecolor="black", linewidth=0.6)
+    for patch, misfit in zip(drawn.patches, misfits, strict=True):
+        if misfit:
+            patch.set_hatch("//")
+            patch.set_alpha(0.6)
+    top = max([*speeds.tolist(), 1e-9])
+    for position, (_, row), row_ratio in zip(positions, bars.iterrows(), ratios, strict=True):
+        if measured(row):
+            text = rate(row["samples_per_s"]) + ("" if row_ratio is None else f"\n{row_ratio:.2f}x")
+        else:
+            text = "OOM" if is_false(row["fits_budget"]) else "not measured"
+        axes.annotate(text, xy=(position, float(speeds[position])), xytext=(0, 3), textcoords="offset points",
+                      ha="center", va="bottom", fontsize=9,
+                      bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
+
+    handles: list[Any] = []
+    if plan_rows.any():
+        handles.append(Patch(facecolor="tab:orange", edgecolor="black", label="plan"))
+    if not plan_rows.all():
+        handles.append(Patch(facecolor="tab:blue", edgecolor="black", label="other split"))
+    if misfits.any():
+        handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="does not fit the budget"))
+    if reference is not None:
+        speed = float(reference["samples_per_s"])
+        axes.axhline(speed, color="tab:red", linestyle="--", linewidth=1.3)
+        name = reference_label(reference, run.probed)
+        label = f"{name}: {integer(reference['effective_batch'])} samples in one step" \
+            if reference["kind"] == LARGE_BATCH_KIND else f"{name}: {reference['split']}"
+        handles.append(Line2D([], [], color="tab:red", linestyle="--", label=f"{label}, {speed:,.1f} samples/s"))
+        top = max(top, speed)
+    axes.set_xticks(positions, [_split_label(row) for _, row in bars.iterrows()])
+    axes.set_xlim(-0.7, max(len(bars), 1) - 0.3)
+    axes.set_ylim(0, top * 1.15)  # room for the labels above the bars
+    # Below the axes, so the legend never hides a bar label.
+    figure.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 2))
+    return figure
+
+
+def training_figure(run: RunData) -> Figure:
+    """Loss and samples/s over optimizer steps, in two panels sharing a whole-number step axis."""
+    log = run.train_log
+    assert log is not None
+    figure = Figure(figsize=FIG_SIZE, dpi=DPI, layout="constrained")
+    loss_axes, speed_axes = figure.subplots(2, 1, sharex=True)
+    figure.suptitle(f"Training: {run.model}")
+    marker = "o" if len(log) <= 60 else None
+    loss_axes.plot(log["step"], log["loss"], marker=marker, markersize=4, color="tab:blue", label="loss")
+    loss_axes.set_ylabel("loss")
+    avoid_one_point(loss_axes, log["loss"].tolist())
+    speed_axes.plot(log["step"], log["samples_per_s"], marker=marker, markersize=4, color="tab:green", label="samples/s")
+    speed_axes.set_ylabel("throughput (samples/s)")
+    speed_axes.set_xlabel("optimizer step")
+    fastest = log["samples_per_s"].max()
+    speed_axes.set_ylim(0, (float(fastest) if not missing(fastest) and fastest > 0 else 1.0) * 1.15)
+    avoid_one_point(speed_axes, log["step"].tolist(), which="x")
+    speed_axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+    # Loss mostly falls and throughput sits near its top: these corners are usually empty.
+    loss_axes.legend(loc="upper right")
+    speed_axes.legend(loc="lower right")
+    for axes in (loss_axes, speed_axes):
+        axes.grid(True, alpha=0.3)
+    return figure

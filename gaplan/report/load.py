@@ -1,0 +1,142 @@
+"""A run folder read into :class:`RunData`, and the facts the report derives from it (budget, memory line, reference).
+
+Reading and checking the files is :mod:`gaplan.schema`'s job; this module only gathers them
+and answers questions every section and chart asks the same way.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from gaplan.constants import LARGE_BATCH_KIND, LARGEST_FIT_KIND
+from gaplan.errors import GaplanError
+from gaplan.report.formatting import is_false, missing
+from gaplan.run_folder import PLAN_JSON, path_in
+from gaplan.schema import BREAKDOWN, THROUGHPUT, TRAIN_LOG, read_plan_json, read_table, trials_frame, was_probed
+from gaplan.search import fit_memory_line
+
+
+@dataclass(frozen=True, eq=False)
+class RunData:
+    """The parsed inputs of a run folder; the CSV frames are None when the file is absent."""
+
+    directory: str
+    plan: dict[str, Any]  # plan.json as read, checked
+    trials: pd.DataFrame  # one row per probe trial, columns schema.TRIAL_COLUMNS, in probe order
+    throughput: pd.DataFrame | None
+    breakdown: pd.DataFrame | None
+    train_log: pd.DataFrame | None
+
+    @property
+    def model(self) -> str:
+        return str(self.plan["workload"]["model"])
+
+    @property
+    def probed(self) -> bool:
+        """Whether a probe ran: False for a plan made with ``--micro-batch``, which has no trials."""
+        return was_probed(self.plan) and not self.trials.empty
+
+    @property
+    def memory_limit(self) -> int | None:
+        """The budget the user set or the device default; None when none was recorded (0 in older files)."""
+        return _bytes_or_none(self.plan.get("memory_limit_bytes"))
+
+    @property
+    def budget(self) -> int | None:
+        """The limit trials ran under: the probe limit (budget less the margin), else the budget; None if neither."""
+        return _bytes_or_none(self.plan.get("probe_limit_bytes")) or self.memory_limit
+
+
+def _bytes_or_none(value: Any) -> int | None:
+    # A budget of 0 bytes means none: older plans made without a probe recorded 0 for "unknown".
+    return int(value) if not missing(value) and value else None
+
+
+def load_run(run_dir: str) -> RunData:
+    """Read and check a run folder; raise :class:`GaplanError` with one line on anything unusable."""
+    plan_path = path_in(run_dir, PLAN_JSON)
+    if not os.path.isfile(plan_path):
+        raise GaplanError(f"{run_dir} is not a gaplan run folder: no {PLAN_JSON}")
+    plan = read_plan_json(plan_path)
+    return RunData(
+        directory=run_dir,
+        plan=plan,
+        trials=trials_frame(plan.get("trials") or []),
+        throughput=read_table(run_dir, THROUGHPUT),
+        breakdown=read_table(run_dir, BREAKDOWN),
+        train_log=read_table(run_dir, TRAIN_LOG),
+    )
+
+
+def has_rows(frame: pd.DataFrame | None) -> bool:
+    return frame is not None and not frame.empty
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The memory line
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """Peak of the micro-steps ~= fixed_bytes + bytes_per_sample x micro-batch, over ``points`` trials."""
+
+    fixed_bytes: float
+    bytes_per_sample: float
+    points: int
+
+
+def memory_fit(trials: pd.DataFrame) -> MemoryFit | None:
+    """Least squares over the fitting trials on the linear part (micro-batch >= 1/4 of the largest that fits).
+
+    Small micro-batches sit above the line (allocator rounding, fixed workspaces), so
+    only the upper part is fitted; with fewer than two distinct sizes there is no line.
+    """
+    fitting = trials[trials["fits"]]
+    peaks = fitting["micro_steps_peak_bytes"].fillna(fitting["peak_bytes"])
+    points = [(int(b), int(p)) for b, p in zip(fitting["micro_batch"], peaks, strict=True) if pd.notna(p)]
+    line = fit_memory_line(points)
+    if line is None:
+        return None
+    intercept, slope = line
+    used = max(2, sum(b >= max(b for b, _ in points) / 4 for b, _ in points))
+    return MemoryFit(fixed_bytes=float(intercept), bytes_per_sample=float(slope), points=used)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Throughput: what the ratios compare against
+
+
+def measured(row: pd.Series) -> bool:
+    """Whether a throughput row has a real samples/s (not an OOM or a row that was not run)."""
+    return not missing(row["samples_per_s"]) and float(row["samples_per_s"]) > 0
+
+
+def reference_row(frame: pd.DataFrame) -> pd.Series | None:
+    """What the ratios compare against: the large batch in one step, else the largest micro-batch that fits."""
+    for kind in (LARGE_BATCH_KIND, LARGEST_FIT_KIND):
+        rows = [row for _, row in frame[frame["kind"] == kind].iterrows() if measured(row)]
+        if rows:
+            return rows[0]
+    return None
+
+
+def reference_label(row: pd.Series, probed: bool = True) -> str:
+    """The reference in words; without a probe there is no budget it could be said not to fit."""
+    if row["kind"] == LARGEST_FIT_KIND:
+        return "largest micro-batch that fits"
+    if is_false(row["bounded"]):
+        return "true large batch (unbounded, does not fit)" if probed else "true large batch (unbounded)"
+    return "large batch in one step"
+
+
+def ratio(row: pd.Series, reference: pd.Series | None) -> float | None:
+    """The row's samples/s over the reference's, as saved, else computed."""
+    if not missing(row["ratio_to_large_batch"]):
+        return float(row["ratio_to_large_batch"])
+    if reference is None or not measured(row):
+        return None
+    return float(row["samples_per_s"]) / float(reference["samples_per_s"])

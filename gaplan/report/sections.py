@@ -1,0 +1,244 @@
+"""The report's sections as document blocks: header, plan, tuner, probe, throughput, breakdown, training.
+
+A plan made with ``--micro-batch`` had no probe: its sections say so and show what is known
+(the budget or none, the parameter count, the task) instead of a probe's results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gaplan.constants import BREAKDOWN_CATEGORIES
+from gaplan.report.document import Block, Bullets, Heading, Image, Paragraph, Table
+from gaplan.report.formatting import (
+    CATEGORY_LABELS,
+    byte_size,
+    count,
+    failure_reason,
+    integer,
+    is_false,
+    loss,
+    missing,
+    rate,
+    run_lengths,
+    shorten,
+    yes_no,
+)
+from gaplan.report.load import RunData, has_rows, measured, memory_fit, ratio, reference_label, reference_row
+from gaplan.run_folder import BREAKDOWN_PNG, MEMORY_PNG, PROBE_CSV, THROUGHPUT_PNG, TRAINING_PNG
+from gaplan.units import format_bytes
+
+_UNKNOWN_TASKS = ("", "?")  # "?" is what plans made without a probe recorded before the task was kept
+
+
+def report_blocks(run: RunData, images: Sequence[str]) -> list[Block]:
+    """The whole report; ``images`` names the charts that were written, in order."""
+    plan = run.plan
+    blocks: list[Block] = [Heading(1, f"gaplan report: {run.model}"), Bullets(header_items(run))]
+    blocks += plan_section(run)
+    if isinstance(plan.get("tuner"), dict):
+        blocks += tuner_section(plan["tuner"])
+    blocks += probe_section(run, images)
+    if has_rows(run.throughput):
+        blocks += throughput_section(run, images)
+    if has_rows(run.breakdown):
+        blocks += breakdown_section(run, images)
+    if has_rows(run.train_log):
+        blocks += training_section(run, images)
+    return blocks
+
+
+def _no_probe(run: RunData) -> str:
+    return f"the micro-batch {int(run.plan['max_micro_batch'])} was given with `--micro-batch`"
+
+
+def _budget_text(run: RunData) -> str:
+    plan, limit, budget = run.plan, run.memory_limit, run.budget
+    if limit is None:
+        return "none" + ("" if run.probed else " (no probe ran)")
+    text = format_bytes(limit) + (" (the device default)" if plan.get("budget_is_default") else " (set by the user)")
+    if budget is not None and budget != limit:
+        text += f", probed under {format_bytes(budget)} ({float(plan.get('margin') or 0):.0%} margin)"
+    return text
+
+
+def header_items(run: RunData) -> list[str]:
+    plan = run.plan
+    workload = plan["workload"]
+    task = next((str(t) for t in (plan.get("task"), workload.get("task")) if t and str(t) not in _UNKNOWN_TASKS),
+                "unknown")
+    seq_len = plan.get("seq_len") or workload.get("seq_len")
+    checkpointing = "on" if workload.get("grad_checkpointing") else "off"
+    torch_version = plan.get("torch_version")
+    versions = f"gaplan {plan.get('gaplan_version', 'unknown')}, " + (f"torch {torch_version}" if torch_version
+                                                                      else "torch version not recorded")
+    return [
+        f"**Model:** {run.model}, {count(plan.get('param_count'))} parameters",
+        f"**Task:** {task}, sequence length {seq_len if seq_len else 'unknown'}",
+        f"**Training setup:** {workload.get('dtype', '?')}, optimizer {workload.get('optimizer', '?')}"
+        f" (lr {workload.get('lr', '?')}), gradient checkpointing {checkpointing}",
+        f"**Device:** {plan['device']}",
+        f"**Memory budget:** {_budget_text(run)}",
+        f"**Versions:** {versions}",
+        f"**Created:** {plan.get('created') or 'unknown'}",
+        *([f"**Reproduce with:** `{plan['command']}`"] if plan.get("command") else []),
+    ]
+
+
+def plan_line(plan_part: dict[str, Any]) -> str:
+    effective = int(plan_part["effective_batch"])
+    micro = int(plan_part["micro_batch"])
+    steps = int(plan_part["grad_accum_steps"])
+    world = int(plan_part.get("world_size") or 1)
+    sizes = [int(s) for s in plan_part.get("micro_batch_sizes") or []]
+    if micro * steps * world == effective and all(s == micro for s in sizes):
+        return (f"**Plan:** effective batch {effective} = {micro} (micro-batch) x {steps} (accumulation steps)"
+                f" x {world} (world size)")
+    return (f"**Plan:** effective batch {effective} over {steps} accumulation steps x {world} (world size),"
+            f" micro-batches of at most {micro} (uneven split)")
+
+
+def plan_section(run: RunData) -> list[Block]:
+    plan, trials = run.plan, run.trials
+    best = int(plan["max_micro_batch"])
+    if run.probed:
+        capped = " (the search stopped at its upper limit: larger micro-batches may fit too)" if plan.get("capped") else ""
+        items = [f"**B\\* (largest micro-batch that fits the budget):** {best}{capped}"]
+    else:
+        items = [f"**Largest micro-batch:** {best}, given with `--micro-batch` (not probed)"]
+    items.append(plan_line(plan["plan"]))
+    sizes = plan["plan"].get("micro_batch_sizes")
+    if sizes:
+        rank = " on rank 0" if int(plan["plan"].get("world_size") or 1) > 1 else ""
+        items.append(f"**Micro-batch sizes{rank}:** {run_lengths([int(s) for s in sizes])}")
+    budget = run.budget
+    at_best = trials[(trials["micro_batch"] == best) & trials["fits"] & trials["peak_bytes"].notna()]
+    if not at_best.empty and budget is not None:
+        peak = int(at_best["peak_bytes"].max())
+        limit = "budget" if budget == run.memory_limit else "probe limit"
+        items.append(f"**Peak at B\\*:** {format_bytes(peak)} of {format_bytes(budget)} ({peak / budget:.0%} of the {limit})")
+    if plan.get("static_bytes"):
+        items.append(f"**Static memory:** {format_bytes(plan['static_bytes'])} for weights, gradients and optimizer states")
+    fit = memory_fit(trials)
+    if fit is not None:
+        items.append(f"**Memory line (fit over {fit.points} trials):** {format_bytes(fit.fixed_bytes)}"
+                     f" + {format_bytes(fit.bytes_per_sample)} per sample")
+    if not run.probed:
+        items.append(f"**Probe:** none, {_no_probe(run)}")
+    else:
+        wall = plan.get("wall_seconds")
+        items.append(f"**Probe:** {len(trials)} trials" + (f" in {float(wall):.1f} s" if wall is not None else ""))
+    return [Heading(2, "Plan"), Bullets(items)]
+
+
+def tuner_section(tuner: dict[str, Any]) -> list[Block]:
+    checkpointing = tuner.get("grad_checkpointing")
+    choice = f"micro-batch {tuner.get('micro_batch', '?')}"
+    if checkpointing is not None:
+        choice += f", gradient checkpointing {'on' if checkpointing else 'off'}"
+    items = [f"**Objective:** {tuner.get('objective', 'unknown')}", f"**Chosen:** {choice}"]
+    if tuner.get("reason"):
+        items.append(f"**Why:** {tuner['reason']}")
+    return [Heading(2, "Tuner decision"), Bullets(items)]
+
+
+def probe_section(run: RunData, images: Sequence[str]) -> list[Block]:
+    if not run.probed:
+        return [Heading(2, "Probe"),
+                Paragraph(f"No probe ran: {_no_probe(run)}, so there are no trials, no memory line and no "
+                          "measured edge of the budget.")]
+    blocks: list[Block] = [Heading(2, "Probe trials")]
+    if MEMORY_PNG in images:
+        blocks.append(Image(MEMORY_PNG, "Peak memory by micro-batch"))
+    rows = []
+    for number, trial in enumerate(run.trials.itertuples(index=False), start=1):
+        if trial.fits:
+            error = "" if missing(trial.error) else shorten(str(trial.error), 80)
+        else:
+            error = failure_reason(trial.error, trial.completed_steps)
+        rows.append([str(number), str(trial.micro_batch), "fits" if trial.fits else "OOM", byte_size(trial.peak_bytes),
+                     byte_size(trial.micro_steps_peak_bytes), integer(trial.completed_steps),
+                     "-" if missing(trial.seconds) else f"{trial.seconds:.1f}", error])
+    blocks.append(Paragraph(f"In the order they ran; results also in `{PROBE_CSV}`."))
+    blocks.append(Table(["#", "micro-batch", "result", "peak (step)", "peak (fwd/bwd)", "steps done", "seconds", "error"],
+                        rows, frozenset({0, 1, 3, 4, 5, 6})))
+    return blocks
+
+
+_OOM_NOTE = "out of memory: "  # how bench notes a split that ran out of memory, followed by the allocator's message
+
+
+def _note(text: str) -> str:
+    if text.startswith(_OOM_NOTE):
+        return failure_reason(text[len(_OOM_NOTE):], None)
+    return text
+
+
+def throughput_section(run: RunData, images: Sequence[str]) -> list[Block]:
+    frame = run.throughput
+    assert frame is not None
+    reference = reference_row(frame)
+    rows = []
+    for _, row in frame.iterrows():
+        row_ratio = ratio(row, reference)
+        fits = yes_no(row["fits_budget"])
+        if is_false(row["bounded"]) and measured(row):
+            # Without a probe nothing says where the edge is: a run without the budget neither fits nor fails it.
+            fits = ("no" if run.probed else "unknown") + " (run without the budget)"
+        step = "-" if missing(row["step_seconds_median"]) else f"{float(row['step_seconds_median']):.3f}"
+        rows.append([row["split"], row["kind"], f"{integer(row['micro_batch'])} x {integer(row['grad_accum_steps'])}",
+                     integer(row["effective_batch"]), rate(row["samples_per_s"]), rate(row["tokens_per_s"]), step,
+                     byte_size(row["peak_bytes"]), fits, "-" if row_ratio is None else f"{row_ratio:.2f}x",
+                     _note(row["note"])])
+    blocks: list[Block] = [Heading(2, "Throughput")]
+    if THROUGHPUT_PNG in images:
+        blocks.append(Image(THROUGHPUT_PNG, "Throughput by split"))
+    if reference is not None:
+        blocks.append(Paragraph(f"Ratios are samples/s relative to the {reference_label(reference, run.probed)}"
+                                f" ({reference['split']})."))
+    blocks.append(Table(["split", "kind", "micro x accum", "effective batch", "samples/s", "tokens/s", "step s (median)",
+                         "peak", "fits budget", "ratio", "note"], rows, frozenset({3, 4, 5, 6, 7, 9})))
+    return blocks
+
+
+def breakdown_section(run: RunData, images: Sequence[str]) -> list[Block]:
+    frame = run.breakdown
+    assert frame is not None
+    rows = []
+    for _, row in frame.iterrows():
+        total = row["tracked_total"]
+        if missing(total):
+            total = sum(0 if missing(row[c]) else row[c] for c in BREAKDOWN_CATEGORIES)
+        rows.append([integer(row["micro_batch"]), *[byte_size(row[c]) for c in BREAKDOWN_CATEGORIES], byte_size(total),
+                     byte_size(row["device_peak_bytes"])])
+    blocks: list[Block] = [Heading(2, "Memory breakdown")]
+    if BREAKDOWN_PNG in images:
+        blocks.append(Image(BREAKDOWN_PNG, "Memory by category"))
+    blocks.append(Paragraph(f"At the step's peak, as torch's MemTracker tags each tensor; **{CATEGORY_LABELS['other']}**."))
+    headers = ["micro-batch", *[CATEGORY_LABELS[c].split(" (")[0] for c in BREAKDOWN_CATEGORIES], "tracked total",
+               "device peak"]
+    blocks.append(Table(headers, rows, frozenset(range(len(headers)))))
+    return blocks
+
+
+def training_section(run: RunData, images: Sequence[str]) -> list[Block]:
+    log = run.train_log
+    assert log is not None
+    first, last = log.iloc[0], log.iloc[-1]
+    items = [
+        f"**Steps:** {len(log)} logged (steps {integer(first['step'])} to {integer(last['step'])})",
+        f"**Loss:** {loss(first['loss'])} at the first step, {loss(last['loss'])} at the last",
+        f"**Median throughput:** {rate(log['samples_per_s'].median())} samples/s"
+        + ("" if log["tokens_per_s"].isna().all() else f", {rate(log['tokens_per_s'].median())} tokens/s"),
+    ]
+    if log["peak_bytes"].notna().any():
+        items.append(f"**Peak memory:** {byte_size(log['peak_bytes'].max())}")
+    micro = log["micro_batch"].dropna().astype("int64").tolist()
+    changes = [m for i, m in enumerate(micro) if i == 0 or m != micro[i - 1]]
+    if len(changes) > 1:  # the training loop halves the micro-batch after an OOM
+        items.append(f"**Micro-batch changed during training:** {' -> '.join(map(str, changes))}")
+    blocks: list[Block] = [Heading(2, "Training")]
+    if TRAINING_PNG in images:
+        blocks.append(Image(TRAINING_PNG, "Loss and throughput over steps"))
+    return [*blocks, Bullets(items)]
