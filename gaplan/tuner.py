@@ -1,7 +1,7 @@
 """The tuner: pick the split to train with, by the largest micro-batch or by measured throughput.
 
 ``max-micro-batch`` (the default) takes the probe's plan. ``throughput`` times every
-split that keeps the effective batch (:mod:`gaplan.bench`) and takes the fastest;
+split that keeps the effective batch (:mod:`gaplan.benchmark`) and takes the fastest;
 a larger micro-batch is usually, not always, faster (cache effects, thread counts).
 Gradient checkpointing ``auto`` probes with it off and on: on only when it lets a
 larger micro-batch fit *and* that split wins on measured throughput.

@@ -163,8 +163,8 @@ def plan_training_arguments(
         args: the ``TrainingArguments`` to copy (``dataclasses.replace``; ``args`` is not changed).
         effective_batch: samples per optimizer step over all devices.
         plan: use this instead of probing: the path of a ``plan.json`` (``gaplan probe --out``), a
-            :class:`~gaplan.probe.ProbeResult` (its tuner's micro-batch when it has one, else B*) or a
-            :class:`~gaplan.plan.Plan` (its ``max_micro_batch``). Re-planned for ``effective_batch`` and
+            :class:`~gaplan.probe_result.ProbeResult` (its tuner's micro-batch when it has one, else B*) or a
+            :class:`~gaplan.plan.Plan` (its ``micro_batch_cap``). Re-planned for ``effective_batch`` and
             ``world_size``.
         memory_limit: the probe's budget in bytes or as text (``"2GiB"``); default: the device's own.
         device: the probe's device; ``auto`` means ``cpu`` when ``args.use_cpu`` is set, else CUDA if any.

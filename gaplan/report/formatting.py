@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
@@ -51,11 +49,6 @@ def yes_no(value: Any) -> str:
 
 def loss(value: Any) -> str:
     return "-" if missing(value) else f"{float(value):.4g}"
-
-
-def run_lengths(sizes: Sequence[int]) -> str:
-    """[32, 32, 32, 31] -> '32 x3, 31 x1': a thousand-step plan stays one short line."""
-    return ", ".join(f"{size} x{len(list(group))}" for size, group in itertools.groupby(sizes))
 
 
 def shorten(text: str, limit: int) -> str:

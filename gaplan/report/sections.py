@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gaplan.constants import BREAKDOWN_CATEGORIES
+from gaplan.plan import Plan
 from gaplan.report.document import Block, Bullets, Heading, Image, Paragraph, Table
 from gaplan.report.formatting import (
     CATEGORY_LABELS,
@@ -21,7 +22,6 @@ from gaplan.report.formatting import (
     loss,
     missing,
     rate,
-    run_lengths,
     shorten,
     yes_no,
 )
@@ -86,19 +86,6 @@ def header_items(run: RunData) -> list[str]:
     ]
 
 
-def plan_line(plan_part: dict[str, Any]) -> str:
-    effective = int(plan_part["effective_batch"])
-    micro = int(plan_part["micro_batch"])
-    steps = int(plan_part["grad_accum_steps"])
-    world = int(plan_part.get("world_size") or 1)
-    sizes = [int(s) for s in plan_part.get("micro_batch_sizes") or []]
-    if micro * steps * world == effective and all(s == micro for s in sizes):
-        return (f"**Plan:** effective batch {effective} = {micro} (micro-batch) x {steps} (accumulation steps)"
-                f" x {world} (world size)")
-    return (f"**Plan:** effective batch {effective} over {steps} accumulation steps x {world} (world size),"
-            f" micro-batches of at most {micro} (uneven split)")
-
-
 def plan_section(run: RunData) -> list[Block]:
     plan, trials = run.plan, run.trials
     best = int(plan["max_micro_batch"])
@@ -107,11 +94,8 @@ def plan_section(run: RunData) -> list[Block]:
         items = [f"**B\\* (largest micro-batch that fits the budget):** {best}{capped}"]
     else:
         items = [f"**Largest micro-batch:** {best}, given with `--micro-batch` (not probed)"]
-    items.append(plan_line(plan["plan"]))
-    sizes = plan["plan"].get("micro_batch_sizes")
-    if sizes:
-        rank = " on rank 0" if int(plan["plan"].get("world_size") or 1) > 1 else ""
-        items.append(f"**Micro-batch sizes{rank}:** {run_lengths([int(s) for s in sizes])}")
+    rank = " (sizes on rank 0)" if int(plan["plan"].get("world_size") or 1) > 1 else ""
+    items.append(f"**Plan:** {Plan.from_dict(plan['plan']).describe()}{rank}")
     budget = run.budget
     at_best = trials[(trials["micro_batch"] == best) & trials["fits"] & trials["peak_bytes"].notna()]
     if not at_best.empty and budget is not None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gaplan.report.formatting import count, failure_reason, run_lengths
+from gaplan.plan import run_lengths
+from gaplan.report.formatting import count, failure_reason
 
 
 @pytest.mark.parametrize("error, steps, reason", [

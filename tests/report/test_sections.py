@@ -28,7 +28,7 @@ def full_text(tmp_path_factory: pytest.TempPathFactory) -> str:
 def test_markdown_content(full_text: str) -> None:
     for expected in ("# gaplan report: tiny-gpt2", "5.5M parameters", "causal-lm", "sequence length 128", "fp32", "adamw",
                      "1.00 GiB (the device default)", "torch 2.13.0+cpu", "2026-11-29T08:22:21+00:00",
-                     "effective batch 256 = 32 (micro-batch) x 8 (accumulation steps) x 1 (world size)", "32 x8",
+                     "effective batch 256 = micro-batch 32 x 8 accumulation steps x world size 1   (sizes 32 x8)",
                      "## Tuner decision", "4% above", "## Probe trials", "## Throughput", "## Memory breakdown",
                      "## Training", "true large batch (unbounded, does not fit)", "![", "(memory.png)", "(training.png)",
                      "1.17x", "10.9 at the first step, 6.8 at the last", "**Probe:** 7 trials in 39.2 s",
