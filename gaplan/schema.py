@@ -62,7 +62,7 @@ def read_plan_json(path: str) -> dict[str, Any]:
     except FileNotFoundError:
         raise GaplanError(f"plan file {path} does not exist") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise GaplanError(one_line(f"cannot read {path}: {exc}")) from None
+        raise GaplanError(one_line(f"cannot read plan file {path}: {exc}")) from None
     return check_plan(data, path)
 
 
@@ -81,7 +81,7 @@ def check_plan(data: object, path: str) -> dict[str, Any]:
                 raise GaplanError(f"{path}: {section} must be a JSON object")
             missing += [f"{section}.{key}" for key in keys if key not in data[section]]
     if missing:
-        raise GaplanError(f"{path} is not a complete gaplan plan file: missing {', '.join(missing)}")
+        raise GaplanError(f"{path} is not a gaplan plan file: missing {', '.join(missing)}")
     for key in ("memory_limit_bytes", "probe_limit_bytes", "max_micro_batch", "param_count", "static_bytes"):
         _check_number(path, key, data.get(key))
     for key in ("effective_batch", "micro_batch", "grad_accum_steps", "world_size"):

@@ -25,6 +25,7 @@ from gaplan.atomic_write import atomic_write
 from gaplan.constants import DEFAULT_TRAIN_STEPS
 from gaplan.data import Sample, collate, step_indices
 from gaplan.devices import is_out_of_memory
+from gaplan.distributed import Distributed
 from gaplan.errors import GaplanError, one_line
 from gaplan.loss import count_step_targets
 from gaplan.plan import Plan, make_plan
@@ -72,45 +73,6 @@ class TrainResult:
     oom_fallbacks: list[str] = field(default_factory=list)
     interrupted: bool = False
     seconds: float = 0.0
-
-
-class Distributed:
-    """This process's place under torchrun (rank 0 of 1 without it)."""
-
-    def __init__(self) -> None:
-        import torch.distributed as dist
-
-        self.dist = dist
-        self.active = dist.is_available() and dist.is_initialized()
-        self.rank = dist.get_rank() if self.active else 0
-        self.world_size = dist.get_world_size() if self.active else 1
-
-    def sum(self, value: float) -> float:
-        if not self.active:
-            return value
-        tensor = torch.tensor([value], dtype=torch.float64)
-        self.dist.all_reduce(tensor)
-        return float(tensor.item())
-
-    def any(self, flag: bool) -> bool:
-        """True on every rank when ``flag`` is True on any rank."""
-        return bool(self.sum(1.0 if flag else 0.0)) if self.active else flag
-
-    def min(self, value: int) -> int:
-        if not self.active:
-            return value
-        tensor = torch.tensor([value], dtype=torch.int64)
-        self.dist.all_reduce(tensor, op=self.dist.ReduceOp.MIN)
-        return int(tensor.item())
-
-
-def init_distributed(device: str) -> Distributed:
-    """Join the torchrun process group when its environment says so (gloo on CPU, nccl on CUDA)."""
-    import torch.distributed as dist
-
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    return Distributed()
 
 
 def _schedule(config: TrainConfig) -> Callable[[int], float]:
@@ -390,9 +352,13 @@ def _truncate_log(run_dir: str | None, step: int) -> None:
         return
     with open(path, newline="") as handle:
         rows = [row for row in csv.DictReader(handle) if int(row["step"]) <= step]
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, LOG_FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
+
+    def write(temp: str) -> None:
+        with open(temp, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, LOG_FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+
+    atomic_write(path, write)  # a crash mid-rewrite must not lose the steps before the checkpoint
 
 

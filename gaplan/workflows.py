@@ -201,10 +201,11 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
 
     from gaplan.data import SyntheticCorpus, TextCorpus
     from gaplan.devices import make_backend, resolve_device
+    from gaplan.distributed import init_distributed
     from gaplan.errors import GaplanError
     from gaplan.plan import make_plan
     from gaplan.plan_cache import probe_for
-    from gaplan.training import TrainConfig, init_distributed, train
+    from gaplan.training import TrainConfig, train
     from gaplan.workload import build_workload
     from gaplan.workload_spec import model_source_kind
 

@@ -54,13 +54,15 @@ def test_cut_off_checkpoint_is_never_loaded(tmp_path, monkeypatch):
     save_checkpoint(path, {"step": 1})
     real_save = torch.save
 
-    def dies_mid_write(obj, handle):
-        handle.write(b"partial")
-        raise OSError("disk full")
+    def dies_mid_write(obj, path):
+        with open(path, "wb") as handle:
+            handle.write(b"partial")
+        raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch, "save", dies_mid_write)
-    with pytest.raises(OSError):
+    with pytest.raises(GaplanError, match="No space left on device"):
         save_checkpoint(path, {"step": 2})
+    assert os.listdir(tmp_path) == [CHECKPOINT], "the partial temp file was left behind"
     monkeypatch.setattr(torch, "save", real_save)
     assert load_checkpoint(str(tmp_path))["step"] == 1
     (tmp_path / CHECKPOINT).write_bytes(b"garbage")

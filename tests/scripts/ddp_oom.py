@@ -9,8 +9,9 @@ import sys
 from safetensors.torch import save_file
 
 from gaplan.data import SyntheticCorpus
+from gaplan.distributed import init_distributed
 from gaplan.plan import make_plan
-from gaplan.training import TrainConfig, init_distributed, train
+from gaplan.training import TrainConfig, train
 from gaplan.workload import WorkloadSpec, build_workload
 
 SPEC = WorkloadSpec(model="tiny-gpt2", seq_len=16, optimizer="sgd", lr=0.1)
