@@ -135,9 +135,10 @@ def bench(
                 free = available_bytes() if probed.device == "cpu" else None
                 if probed.device == "cpu" and (need is None or free is None or need < 0.8 * free):
                     row = measure(LARGE_BATCH, (effective,), unbounded=True)
-                    note = (f"needs {format_bytes(row.peak_bytes)}, does not fit the {budget} budget; measured "
-                            "unbounded for reference" if budget else
-                            f"needs {format_bytes(row.peak_bytes)}; measured without a budget for reference (no probe ran)")
+                    # Not "needs <peak>": the peak is resident memory, which reads below the budget's address-space
+                    # count. What is known is that E > B*, and B*+1 ran out of memory.
+                    note = (f"over the {budget} budget (B* = {edge}); measured unbounded for reference" if budget
+                            else "measured without a budget for reference (no probe ran)")
                     add(_with_note(row, note))
                 else:
                     where = ("this machine's free memory" if probed.device == "cpu"

@@ -1,14 +1,11 @@
 """bench's default run with E > B*: the large batch is a real, separate run, measured without the budget."""
 
-import re
-
 import pytest
 
 from gaplan.benchmark import LARGE_BATCH, PLAN, bench
 from gaplan.units import format_bytes
 
 
-@pytest.mark.heavy
 @pytest.mark.slow
 def test_a_large_batch_over_the_edge_runs_unbounded_as_its_own_row(small_probe):
     effective = small_probe.max_micro_batch + 1  # one sample more than fits: the plan must accumulate
@@ -25,9 +22,10 @@ def test_a_large_batch_over_the_edge_runs_unbounded_as_its_own_row(small_probe):
     assert large.peak_bytes and large.peak_bytes > plan.peak_bytes
     assert not large.bounded and not large.fits_budget
     assert "measured unbounded for reference" in large.note
-    assert f"does not fit the {format_bytes(small_probe.probe_limit_bytes)} budget" in large.note
+    assert f"over the {format_bytes(small_probe.probe_limit_bytes)} budget (B* = {small_probe.max_micro_batch})" \
+        in large.note
     # It is the reference of the ratios; the plan's ratio is its own measurement, not 1 by construction.
     assert large.ratio_to_large_batch == 1.0
     assert plan.ratio_to_large_batch == pytest.approx(plan.samples_per_s / large.samples_per_s, rel=1e-3)
-    needs = re.search(r"needs ([\d.]+ \w+)", large.note)
-    assert needs and needs.group(1) == format_bytes(large.peak_bytes)
+    # The resident peak reads below the address-space budget, so the note must not present it as what E needs.
+    assert "needs" not in large.note

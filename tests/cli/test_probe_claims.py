@@ -78,7 +78,6 @@ def test_emit_hf_prints_the_plans_training_arguments(tmp_path):
     assert table.stdout.index("largest micro-batch that fits") < table.stdout.index("per_device_train_batch_size")
 
 
-@pytest.mark.heavy
 @pytest.mark.slow
 def test_margin_keeps_its_share_of_the_budget_free(tmp_path, small_probe):
     """``--margin 0.2``: trials run under 80% of the budget, B* is smaller, and no fitted peak enters the margin."""
