@@ -31,6 +31,10 @@ _LAZY = {
     "TunerDecision": "gaplan.tuner",
     "measure_breakdown": "gaplan.breakdown",
     "MemoryBreakdown": "gaplan.breakdown",
+    "run_probe": "gaplan.workflows",
+    "run_train": "gaplan.workflows",
+    "run_bench": "gaplan.workflows",
+    "TrainOptions": "gaplan.workflows",
     "write_report": "gaplan.report",
     "load_run": "gaplan.report",
 }
