@@ -32,9 +32,9 @@ _LAZY = {
     "measure_breakdown": "gaplan.breakdown",
     "MemoryBreakdown": "gaplan.breakdown",
     "run_probe": "gaplan.workflows",
-    "run_train": "gaplan.workflows",
+    "run_train": "gaplan.train_workflow",
     "run_bench": "gaplan.workflows",
-    "TrainOptions": "gaplan.workflows",
+    "TrainOptions": "gaplan.train_workflow",
     "write_report": "gaplan.report",
     "load_run": "gaplan.report",
 }

@@ -19,6 +19,7 @@ from gaplan.cli_options import (
     SEARCH_CAP_OPTION,
     check_writable,
     command_line,
+    given_on_command_line,
     memory_limit_from_options,
     positive,
     spec_from_options,
@@ -71,6 +72,8 @@ def main() -> None:
 @click.option("--margin", type=float, default=0.0, show_default=True,
               help="Fraction of the budget kept free (e.g. 0.05 for longer batches later).")
 @SEARCH_CAP_OPTION
+@click.option("--target", default=None, metavar="GPU", help="Emulate a smaller card from gaplan estimate "
+                                                            "--list-targets on this GPU (its usable memory as budget).")
 @click.option("--objective", type=click.Choice(["max-micro-batch", "throughput"]), default="max-micro-batch",
               show_default=True, help="Plan with the largest micro-batch, or with the split of highest measured "
                                       "throughput (times every split: minutes).")
@@ -105,7 +108,7 @@ def probe(**options: Any) -> None:
     from gaplan.workflows import run_probe
 
     spec = spec_from_options(options)
-    memory_limit = memory_limit_from_options(options)
+    memory_limit = target_limit(options) or memory_limit_from_options(options)
     positive(options, "effective_batch", "world_size", "search_cap", "threads", "repeats")
     timing = options["report"] or options["objective"] == "throughput" or options["grad_checkpointing"] == "auto"
     if timing and options["world_size"] != 1:
@@ -142,13 +145,35 @@ def probe(**options: Any) -> None:
         click.echo("\n# Hugging Face Trainer settings for this plan:\n" + snippet, nl=False)
 
 
+def target_limit(options: dict[str, Any]) -> int | None:
+    """``--target``'s usable memory (the card less its CUDA context and workspaces), to emulate it on a larger GPU."""
+    if not options["target"]:
+        return None
+    from gaplan.estimate import lookup_target
+
+    if options["memory_limit"]:
+        raise GaplanError("--target and --memory-limit both set the budget: give one")
+    from gaplan.devices import resolve_device
+
+    if resolve_device(options["device"]) == "cpu":
+        raise GaplanError("--target emulates a GPU on a larger one: it needs a CUDA device (this run is on CPU)")
+    return lookup_target(options["target"]).usable_bytes
+
+
 @main.command()
 @workload_options
 @click.option("--effective-batch", type=int, default=None,
               help=f"Samples per optimizer step (default {DEFAULT_EFFECTIVE_BATCH}, or the plan's).")
 @click.option("--micro-batch", type=int, default=None, help="Skip the probe and use this micro-batch.")
 @click.option("--plan", "plan_file", default=None, metavar="PLAN.JSON", help="Use a plan written by gaplan probe.")
-@click.option("--data", default=None, metavar="FILE", help="Text file (one sample per line) or JSONL with 'text'.")
+@click.option("--data", default=None, metavar="PATH",
+              help="Text file (a sample a line), JSONL, a datasets folder (save_to_disk) or a .parquet file.")
+@click.option("--text-field", default="text", show_default=True, help="The text field of JSONL, datasets or parquet data.")
+@click.option("--label-field", default="label", show_default=True, help="The label field (classification).")
+@click.option("--long-samples", type=click.Choice(["split", "truncate"]), default="split", show_default=True,
+              help="Samples longer than --seq-len: split into seq-len chunks, or truncate them.")
+@click.option("--tokenizer", default=None, metavar="bytes|DIR",
+              help="Tokenizer for --data: the model folder's own by default; 'bytes' for byte tokens; or a folder.")
 @click.option("--steps", type=int, default=DEFAULT_TRAIN_STEPS, show_default=True, help="Optimizer steps.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--max-grad-norm", type=float, default=None, help="Clip the gradient norm (after fp16 unscaling).")
@@ -157,6 +182,8 @@ def probe(**options: Any) -> None:
               help="Checkpoint every N steps (always at the end and on SIGINT/SIGTERM).")
 @click.option("--resume", default=None, metavar="RUN_DIR", help="Continue the run in RUN_DIR from its checkpoint.")
 @click.option("--save-weights", default=None, metavar="FILE", help="Write the final weights (safetensors).")
+@click.option("--save-model", default=None, metavar="DIR", help="Write the trained model as a save_pretrained folder "
+                                                                "(config, weights, tokenizer) that transformers loads.")
 @click.option("--out", default=None, metavar="DIR", help="Run folder (default reports/train-<model>-<time>).")
 @click.option("--compare", is_flag=True, help="After training, time the plan against other splits and a true "
                                               "large batch, and write the report (with loss and samples/s plots).")
@@ -179,7 +206,7 @@ def train(**options: Any) -> None:
       gaplan train --effective-batch 256 --resume reports/<run>
       gaplan train --effective-batch 64 --compare           # then: the run folder's report.html
     """
-    from gaplan.workflows import TrainOptions, run_train
+    from gaplan.train_workflow import TrainOptions, resume_settings, run_train
 
     spec = spec_from_options(options)
     memory_limit = memory_limit_from_options(options)
@@ -193,16 +220,35 @@ def train(**options: Any) -> None:
     check_writable(run_dir)
     if options["save_weights"]:
         check_writable(os.path.dirname(os.path.abspath(options["save_weights"])), "--save-weights")
+    if options["save_model"]:
+        from gaplan.model_io import check_save_path
+
+        check_save_path(options["save_model"])
     train_options = TrainOptions(
         effective_batch=options["effective_batch"], micro_batch=options["micro_batch"], plan_file=options["plan_file"],
-        grad_checkpointing=options["grad_checkpointing"], data=options["data"], steps=options["steps"],
+        grad_checkpointing=options["grad_checkpointing"], data=options["data"], text_field=options["text_field"],
+        label_field=options["label_field"], long_samples=options["long_samples"], tokenizer=options["tokenizer"],
+        steps=options["steps"],
         seed=options["seed"], max_grad_norm=options["max_grad_norm"], warmup_steps=options["warmup_steps"],
-        checkpoint_every=options["checkpoint_every"], resume=bool(options["resume"]),
-        save_weights=options["save_weights"], compare=options["compare"], threads=options["threads"],
-        command=command_line())
+        checkpoint_every=options["checkpoint_every"], save_weights=options["save_weights"],
+        save_model=options["save_model"],
+        compare=options["compare"], threads=options["threads"], command=command_line())
+    device = options["device"]
+    if options["resume"]:  # the run as it was started; what was given again must agree with it
+        given = given_on_command_line(click.get_current_context())
+        spec_fields = {"model", "task", "seq_len", "dtype", "weights_dtype", "optimizer", "lr", "init",
+                       "trust_remote_code"}
+        given_spec = {k: getattr(spec, k) for k in spec_fields if k in given}
+        if "grad_checkpointing" in given and options["grad_checkpointing"] in ("on", "off"):
+            given_spec["grad_checkpointing"] = options["grad_checkpointing"] == "on"
+        given_options = {k: getattr(train_options, k) for k in given if hasattr(train_options, k)}
+        given_options.update(command=train_options.command)
+        spec, train_options, environment = resume_settings(run_dir, given_spec, given_options)
+        device = device if "device" in given else environment.get("device", device)
+        memory_limit = memory_limit if "memory_limit" in given else environment.get("memory_limit")
     say = stderr_printer(options["quiet"])
-    bar = ProgressBar(options["steps"], enabled=not options["quiet"])
-    run = run_train(spec, run_dir, train_options, device=options["device"], memory_limit=memory_limit, say=say,
+    bar = ProgressBar(train_options.steps, enabled=not options["quiet"])
+    run = run_train(spec, run_dir, train_options, device=device, memory_limit=memory_limit, say=say,
                     on_step=bar.step, on_event=bar.write, on_row=lambda row: say(throughput_line(row)))
     bar.close()
     if not run.is_main:

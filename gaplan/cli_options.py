@@ -27,12 +27,18 @@ def workload_options(func: Callable) -> Callable:
                      help="causal-lm, masked-lm or classification (default: the model's own)."),
         click.option("--seq-len", type=int, default=None, help="Sequence length of every sample (default: preset's)."),
         click.option("--dtype", default="fp32", show_default=True, metavar="fp32|bf16|fp16",
-                     help="Compute dtype (autocast; weights stay fp32)."),
+                     help="Compute dtype (autocast; weights keep --weights-dtype)."),
         click.option("--optimizer", default="adamw", show_default=True, metavar="adamw|sgd"),
         click.option("--lr", type=float, default=None, help="Learning rate (default: 1e-3 for adamw, 1e-4 for sgd)."),
         click.option("--grad-checkpointing", type=click.Choice(["off", "on", "auto"]), default=None, is_flag=False,
                      flag_value="on", help="Recompute activations in backward: on, off (default), or auto "
                                           "(probe: on only when a larger micro-batch fits and wins on throughput)."),
+        click.option("--init", type=click.Choice(["auto", "pretrained", "random"]), default="auto", show_default=True,
+                     help="A model folder's weights: auto (its weights when it has them, else a random init), "
+                          "pretrained (require them) or random (a fresh init from the config)."),
+        click.option("--weights-dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32",
+                     show_default=True, help="Dtype of the master weights (--dtype is the autocast compute dtype)."),
+        click.option("--trust-remote-code", is_flag=True, help="Let transformers run the model folder's own code."),
         click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda[:N]"),
         click.option("--memory-limit", default=None, metavar="SIZE",
                      help="Memory budget, e.g. 2GiB or 800MB (CPU default 1 GiB; CUDA default: the card)."),
@@ -53,7 +59,8 @@ def spec_from_options(options: dict[str, Any]):
 
     return WorkloadSpec(model=options["model"], task=options["task"], seq_len=options["seq_len"],
                         dtype=options["dtype"], optimizer=options["optimizer"], lr=options["lr"],
-                        grad_checkpointing=options["grad_checkpointing"] == "on").validate()
+                        grad_checkpointing=options["grad_checkpointing"] == "on", init=options["init"],
+                        weights_dtype=options["weights_dtype"], trust_remote_code=options["trust_remote_code"]).validate()
 
 
 def memory_limit_from_options(options: dict[str, Any]) -> int | None:
@@ -89,3 +96,11 @@ def command_line() -> str:
 
 def stderr_printer(quiet: bool) -> Callable[[str], None]:
     return (lambda text: None) if quiet else (lambda text: click.echo(text, err=True))
+
+
+def given_on_command_line(ctx: click.Context) -> set[str]:
+    """The options the user gave (not defaults): what ``--resume`` checks against the saved run."""
+    from click.core import ParameterSource
+
+    return {name for name in ctx.params
+            if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 
 import torch
@@ -17,6 +18,9 @@ class Distributed:
         self.active = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.active else 0
         self.world_size = dist.get_world_size() if self.active else 1
+        # torchrun's LOCAL_RANK is this process's GPU on its node; the global rank is not (2 nodes x 8 GPUs).
+        self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank)) if self.active else 0
+        self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)) if self.active else 1
 
     def sum(self, value: float) -> float:
         if not self.active:
@@ -37,10 +41,30 @@ class Distributed:
         return int(tensor.item())
 
 
+    def barrier(self) -> None:
+        if self.active:
+            self.dist.barrier()
+
+
+def process_group_backend(device: str) -> str:
+    """gloo on CPU; on CUDA NCCL for CUDA tensors and gloo for the CPU tensors of the votes, sums and RNG states."""
+    return "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
+
+
+def local_device(device: str) -> str:
+    """The device this process trains on: ``cuda:LOCAL_RANK`` under torchrun on CUDA, else ``device`` as given."""
+    if device.startswith("cuda") and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    return device
+
+
 def init_distributed(device: str) -> Distributed:
-    """Join the torchrun process group when its environment says so (gloo on CPU, nccl on CUDA)."""
+    """Join the torchrun process group when its environment says so, on this process's local device."""
     import torch.distributed as dist
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+        if device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(local_device(device)))
+        # A node's first process probes while the others wait in a barrier: allow for a long probe.
+        dist.init_process_group(process_group_backend(device), timeout=datetime.timedelta(hours=2))
     return Distributed()

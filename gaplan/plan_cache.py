@@ -20,18 +20,21 @@ from gaplan.workload_spec import WorkloadSpec, model_source_kind
 
 # Part of the key: a change in how trials measure must not reuse older answers.
 PROBE_METHOD = "fork-per-trial, 2 optimizer steps, anonymous peak"
-_SAME_WORKLOAD_FIELDS = ("model", "task", "seq_len", "dtype", "optimizer", "grad_checkpointing")
+_SAME_WORKLOAD_FIELDS = ("model", "task", "seq_len", "dtype", "weights_dtype", "optimizer", "grad_checkpointing")
 
 
 def cache_root() -> str:
     return os.environ.get("GAPLAN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gaplan")
 
 
-def plan_cache_path(spec: WorkloadSpec, device: str, memory_limit: int | None, threads: int | None = None) -> str:
-    """The cache file of a probe of this workload, device, budget and thread count."""
-    workload = {k: v for k, v in spec.to_dict().items() if k != "lr"}  # the learning rate changes no memory
+def plan_cache_path(spec: WorkloadSpec, device: str, memory_limit: int | None, threads: int | None = None,
+                    ddp: bool = False) -> str:
+    """The cache file of a probe of this workload, device, budget and thread count (and DDP wrapper or not)."""
+    # The learning rate, where the weights come from and remote code change no memory.
+    workload = {k: v for k, v in spec.to_dict().items() if k not in ("lr", "init", "trust_remote_code")}
     key = json.dumps({"workload": workload, "model_files": _model_files_digest(spec.model), "device": device,
-                      "memory_limit": memory_limit, "threads": threads, "probe": PROBE_METHOD}, sort_keys=True)
+                      "memory_limit": memory_limit, "threads": threads, "probe": PROBE_METHOD,
+                      **({"ddp": True} if ddp else {})}, sort_keys=True)
     return os.path.join(cache_root(), "plans", hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
 
 
@@ -48,12 +51,14 @@ def probe_for(
     plan_file: str | None = None,
     grad_checkpointing: str | None = None,
     threads: int | None = None,
+    ddp: bool = False,
     write_cache: bool = True,
     say: Callable[[str], None] = lambda text: None,
     on_trial: Callable[[Trial], None] | None = None,
 ) -> tuple[WorkloadSpec, ProbeResult]:
     """The probe to plan from: ``plan_file``, else the cached probe of this workload, else a new probe.
 
+    ``ddp``: the run trains under DistributedDataParallel, so the trials do too (its buckets count).
     ``needed_micro_batch`` is one rank's share of the step: the search goes no higher, and a
     cached probe that stopped at a smaller cap is not reused. Returns the workload spec too: a
     plan's tuner may have chosen gradient checkpointing (``grad_checkpointing`` None or "auto").
@@ -70,7 +75,7 @@ def probe_for(
         return spec, probed
     if grad_checkpointing == "auto":
         raise GaplanError("--grad-checkpointing auto is decided by gaplan probe; give its --plan, or on/off")
-    cache = plan_cache_path(spec, device, memory_limit, threads)
+    cache = plan_cache_path(spec, device, memory_limit, threads, ddp)
     if os.path.isfile(cache):
         probed = load_probe(cache)
         if not probed.capped or probed.max_micro_batch >= needed_micro_batch:
@@ -78,7 +83,7 @@ def probe_for(
             return spec, probed
     say("probing the largest micro-batch that fits first ...")
     probed = probe(spec, device=device, memory_limit=memory_limit, effective_batch=needed_micro_batch,
-                   threads=threads, on_trial=on_trial)
+                   threads=threads, ddp=ddp, on_trial=on_trial)
     if write_cache:
         save_probe(probed, cache)
     return spec, probed

@@ -40,6 +40,7 @@ class ProbeResult:
     tuner: dict | None = None  # the tuner's decision (gaplan.tuner.TunerDecision) when it chose the split
     command: str | None = None  # the command line that made this run, to reproduce it
     probed: bool = True
+    ddp: bool = False  # the trials ran under DistributedDataParallel (a plan for several ranks)
     created: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
     @property
@@ -55,6 +56,7 @@ class ProbeResult:
             "torch_version": _torch_version(),
             "created": self.created,
             "probed": self.probed,
+            "ddp": self.ddp,
             "workload": self.workload.to_dict(),
             "device": self.device,
             "memory_limit_bytes": self.memory_limit_bytes,
@@ -99,6 +101,7 @@ class ProbeResult:
                 tuner=data.get("tuner"),
                 command=data.get("command"),
                 probed=bool(data.get("probed", True)),
+                ddp=bool(data.get("ddp", False)),
                 created=data.get("created", ""),
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -41,6 +41,7 @@ def probe(
     start: int = 1,
     search_cap: int | None = None,
     threads: int | None = None,
+    ddp: bool | None = None,
     optimizer_steps: int = 2,
     on_trial: Callable[[Trial], None] | None = None,
 ) -> ProbeResult:
@@ -53,6 +54,8 @@ def probe(
         margin: fraction of the budget kept free as headroom (trials run under ``(1 - margin) * budget``).
         search_cap: no trial above this; default ``ceil(effective_batch / world_size)``, since a larger
             micro-batch is never of use to the plan (when it fits, the result says ``capped``).
+        ddp: trials wrap the model in DistributedDataParallel (its gradient buckets count); default: when
+            ``world_size`` > 1, since that run trains under DDP.
         optimizer_steps: accumulated optimizer steps per trial (each in a fresh process); two by
             default, so the answer is checked past the first step, not only at it.
         on_trial: called after each trial, for progress display.
@@ -74,11 +77,14 @@ def probe(
     budget_is_default = memory_limit is None
     if device == "cpu" and memory_limit is None:
         memory_limit = DEFAULT_CPU_BUDGET
+    if device.startswith("cuda") and memory_limit is None:
+        memory_limit = cuda_total_bytes(device)  # the whole card, so that --margin applies to it too
     if device == "cpu":
         check_cpu_budget(memory_limit)
     started = time.perf_counter()
     probe_limit = None if memory_limit is None else int(memory_limit * (1 - margin))
-    with WorkerProcess(spec, device, probe_limit, threads=threads) as worker:
+    ddp = world_size > 1 if ddp is None else ddp
+    with WorkerProcess(spec, device, probe_limit, threads=threads, ddp=ddp) as worker:
         info = worker.info
         memory_limit = memory_limit or info["limit_bytes"]
         probe_limit = info["limit_bytes"]
@@ -101,7 +107,7 @@ def probe(
         probe_limit_bytes=int(probe_limit), budget_is_default=budget_is_default,
         max_micro_batch=edge, capped=result.capped, trials=result.trials,
         plan=make_plan(effective_batch, edge, world_size), param_count=info["param_count"],
-        static_bytes=info["static_bytes"], task=info["task"], seq_len=info["seq_len"],
+        static_bytes=info["static_bytes"], task=info["task"], seq_len=info["seq_len"], ddp=ddp,
         wall_seconds=time.perf_counter() - started,
     )
 
@@ -113,6 +119,13 @@ def check_in_fresh_process(spec: WorkloadSpec, device: str, limit_bytes: int | N
         if worker.info.get("error") == "does-not-fit":
             return False
         return worker.trial(micro_batch, optimizer_steps=optimizer_steps).fits
+
+
+def cuda_total_bytes(device: str) -> int:
+    """The card's memory as the driver reports it."""
+    import torch
+
+    return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
 
 
 def check_cpu_budget(memory_limit: int) -> None:

@@ -24,7 +24,7 @@ from torch import nn
 from gaplan.atomic_write import atomic_write
 from gaplan.constants import DEFAULT_TRAIN_STEPS
 from gaplan.data import Sample, collate, step_indices
-from gaplan.devices import is_out_of_memory
+from gaplan.devices import is_out_of_memory, release_after_oom
 from gaplan.distributed import Distributed
 from gaplan.errors import GaplanError, one_line
 from gaplan.loss import count_step_targets
@@ -100,12 +100,13 @@ def save_checkpoint(path: str, state: dict[str, Any]) -> None:
     atomic_write(path, lambda temp: torch.save(state, temp), fsync=True)
 
 
-def load_checkpoint(run_dir: str) -> dict[str, Any]:
+def load_checkpoint(run_dir: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """The run folder's checkpoint, its tensors on ``map_location`` (this rank's device, not the saver's)."""
     path = os.path.join(run_dir, CHECKPOINT)
     if not os.path.isfile(path):
         raise GaplanError(f"--resume {run_dir}: no {CHECKPOINT} in it")
     try:
-        return torch.load(path, weights_only=False)
+        return torch.load(path, weights_only=False, map_location=map_location)
     except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint is the user's to know about
         raise GaplanError(f"--resume {run_dir}: the checkpoint cannot be read "
                           f"({exc.__class__.__name__}: {one_line(exc)})") from None
@@ -168,7 +169,7 @@ def train(
     if run_dir and dist.rank == 0:
         os.makedirs(run_dir, exist_ok=True)
     if resume:
-        state = load_checkpoint(run_dir or ".")
+        state = load_checkpoint(run_dir or ".", map_location=workload.device)
         workload.model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -211,6 +212,7 @@ def train(
                         raise
                     agreement.report_own_failure()
                 optimizer.zero_grad(set_to_none=True)  # after the except block: the traceback is gone
+                release_after_oom(workload.device)
                 smaller = make_plan(plan.effective_batch, max(1, plan.micro_batch // 2), plan.world_size)
                 message = (f"step {step + 1}: out of memory at micro-batch {plan.micro_batch}; redoing the step "
                            f"with micro-batch {smaller.micro_batch} x {smaller.grad_accum_steps} accumulation steps")
@@ -229,10 +231,13 @@ def train(
             if on_step:
                 on_step(log)
             done = step + 1
-            if stop.requested or (config.checkpoint_every and done % config.checkpoint_every == 0) or \
+            # One vote per step: a signal that reached some ranks stops all of them at this same boundary,
+            # so every rank joins the checkpoint's collectives and none is left waiting in one.
+            stopping = dist.any(stop.requested)
+            if stopping or (config.checkpoint_every and done % config.checkpoint_every == 0) or \
                     done == config.steps:
                 checkpoint(done)
-            if stop.requested:
+            if stopping:
                 interrupted = True
                 if on_event:
                     on_event(f"stopped after step {done}; checkpoint saved in {run_dir} (resume with --resume)")
@@ -264,7 +269,8 @@ def _micro_batches(workload: Workload, plan: Plan, corpus: Sequence[Sample] | No
     mine = indices[rank * share:(rank + 1) * share]
     batches = []
     for start, end in _bounds(sizes):
-        batch = collate([corpus[i] for i in mine[start:end]], workload.task, seed)
+        batch = collate([corpus[i] for i in mine[start:end]], workload.task, seed,
+                        mask_id=getattr(corpus, "mask_id", 3), pad_id=getattr(corpus, "pad_id", 0))
         batches.append({k: v.to(workload.device) for k, v in batch.items()})
     return batches
 

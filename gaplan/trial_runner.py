@@ -46,8 +46,10 @@ def run_trial(workload: Workload, backend: Backend, micro_batch: int, micro_step
             backend.reset_peak()
             step_started = time.perf_counter()
             batches = [workload.make_batch(size) for size in sizes]
+            # Under DDP, no gradient sync but on the last micro-step, as training does.
             accumulate_gradients(workload.model, batches, workload.raw_loss, workload.task,
-                                 workload.loss_is_scaled_for_ga, workload.autocast)
+                                 workload.loss_is_scaled_for_ga, workload.autocast,
+                                 no_sync=getattr(workload.model, "no_sync", None))
             micro_steps_peak = max(micro_steps_peak, backend.peak_bytes())  # no optimizer step in it yet
             workload.optimizer.step()
             workload.optimizer.zero_grad(set_to_none=True)

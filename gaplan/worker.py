@@ -92,10 +92,32 @@ def _build_under_budget(setup: WorkerSetup, enforce: bool = True):
         torch.set_num_threads(setup.threads)
     backend = make_backend(setup.device)
     backend.activate(setup.limit_bytes, enforce=enforce)
-    workload = build_workload(WorkloadSpec(**setup.workload), setup.device, seed=setup.seed)
+    # Weights don't change memory: trials build from the config, directly on the device, and read no checkpoint.
+    workload = build_workload(WorkloadSpec(**setup.workload), setup.device, seed=setup.seed, load_weights=False)
+    if setup.ddp:
+        workload = _wrapped_in_ddp(workload, setup.device)
     if setup.warm_optimizer:
         materialize_optimizer_state(workload)
     return backend, workload
+
+
+def _wrapped_in_ddp(workload, device: str):
+    """The workload with its model in DistributedDataParallel, in a one-process group of this trial child.
+
+    DDP adds its gradient buckets (a flat copy of the gradients, reduced in 25 MiB buckets) and its
+    reducer's state: a trial for a plan of several ranks must count them, or B* is the edge of a run
+    that will not be the one trained. One process is enough: the buckets do not depend on the world size.
+    """
+    import dataclasses
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gaplan.distributed import process_group_backend
+
+    if not dist.is_initialized():
+        dist.init_process_group(process_group_backend(device), store=dist.HashStore(), rank=0, world_size=1)
+    return dataclasses.replace(workload, model=DistributedDataParallel(workload.model))
 
 
 def _describe(setup: WorkerSetup, static: int | None) -> dict:

@@ -18,7 +18,7 @@ class WorkerProcess:
     """A :mod:`gaplan.worker` child holding one workload under one budget."""
 
     def __init__(self, spec: WorkloadSpec, device: str, limit_bytes: int | None, threads: int | None = None,
-                 seed: int = 0, warm_optimizer: bool = True) -> None:
+                 seed: int = 0, warm_optimizer: bool = True, ddp: bool = False) -> None:
         env = dict(os.environ, **MMAP_THRESHOLD_ENV)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         # The worker must import this very gaplan, installed or not.
@@ -28,7 +28,7 @@ class WorkerProcess:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gaplan.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env=env, bufsize=1)
-        self._send(WorkerSetup(spec.to_dict(), device, limit_bytes, threads, seed, warm_optimizer).to_dict())
+        self._send(WorkerSetup(spec.to_dict(), device, limit_bytes, threads, seed, warm_optimizer, ddp).to_dict())
         self.info = self._receive()
 
     def _send(self, message: dict) -> None:

@@ -19,6 +19,7 @@ class WorkerSetup:
     threads: int | None = None
     seed: int = 0
     warm_optimizer: bool = True  # create the optimizer's states before the trial (steady state)
+    ddp: bool = False  # wrap the model in DistributedDataParallel, as a run on several ranks trains it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

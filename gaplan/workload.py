@@ -3,8 +3,10 @@
 A model comes from one of three sources:
 
 * a built-in preset, made from a transformers config (no download);
-* a Hugging Face model directory, or a model id already in the local HF cache
-  (``from_config`` on its config: weights do not change memory);
+* a Hugging Face model directory, or a model id already in the local HF cache: its own weights
+  (``from_pretrained``, straight onto the training device) when it has them and ``spec.init`` allows,
+  else a random init from its config (built directly on the device). The meta device and the probe's
+  trials (``load_weights=False``) never read weights: weights don't change memory;
 * ``module:function`` returning a :class:`CustomWorkload` (or a tuple
   ``(model, make_batch[, loss])``), for any model, LM or not.
 """
@@ -24,6 +26,7 @@ from torch import nn
 
 from gaplan.errors import GaplanError
 from gaplan.loss import summed_token_loss
+from gaplan.model_io import load_pretrained, quiet_transformers, weights_files
 from gaplan.tasks import CAUSAL_LM, CLASSIFICATION, CUSTOM, IGNORE_INDEX, MASKED_LM
 from gaplan.workload_spec import DEFAULT_MODEL, PRESETS, WorkloadSpec, model_source_kind
 
@@ -79,18 +82,18 @@ class Workload:
         return static_bytes(self.model, self.spec.optimizer)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """The mixed-precision context of the compute dtype (weights stay fp32)."""
+        """The mixed-precision context of the compute dtype (the weights keep ``spec.weights_dtype``)."""
         if self.spec.dtype == "fp32":
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=DTYPES[self.spec.dtype])
 
 
 def static_bytes(model: nn.Module, optimizer: str) -> int:
-    """Bytes of weights, gradients and optimizer states (AdamW keeps two fp32 tensors per parameter)."""
+    """Bytes of weights, gradients and optimizer states (AdamW keeps two tensors per parameter, of its dtype)."""
     params = [p for p in model.parameters() if p.requires_grad]
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     grads = sum(p.numel() * p.element_size() for p in params)
-    states = 2 * sum(p.numel() * 4 for p in params) if optimizer == "adamw" else 0
+    states = 2 * sum(p.numel() * p.element_size() for p in params) if optimizer == "adamw" else 0
     return weights + grads + states
 
 
@@ -126,7 +129,9 @@ def load_model_config(spec: WorkloadSpec) -> tuple[Any, str, int]:
     if kind == "directory" and not os.path.isfile(os.path.join(spec.model, "config.json")):
         raise GaplanError(f"{spec.model} is a directory without a config.json: not a Hugging Face model")
     try:
-        config = transformers.AutoConfig.from_pretrained(spec.model, local_files_only=True)
+        with quiet_transformers():
+            config = transformers.AutoConfig.from_pretrained(spec.model, local_files_only=True,
+                                                             trust_remote_code=spec.trust_remote_code)
     except (OSError, ValueError) as exc:
         if kind == "directory":
             raise GaplanError(f"cannot read the model config in {spec.model}: {str(exc).splitlines()[0]}") from None
@@ -135,6 +140,13 @@ def load_model_config(spec: WorkloadSpec) -> tuple[Any, str, int]:
                           "not in the local Hugging Face cache, and not module:function") from None
     task = spec.task or _task_from_architectures(getattr(config, "architectures", None) or [])
     return config, task, 512
+
+
+def model_shape(spec: WorkloadSpec) -> tuple[str, int, int, int]:
+    """``(task, seq_len, vocab_size, num_labels)`` from the config alone, as :func:`build_workload` decides them."""
+    config, task, default_seq_len = load_model_config(spec)
+    seq_len = spec.seq_len or min(default_seq_len, _max_positions(config) or default_seq_len)
+    return task, seq_len, int(config.vocab_size), int(getattr(config, "num_labels", 2))
 
 
 def _task_from_architectures(architectures: list[str]) -> str:
@@ -154,29 +166,38 @@ def _max_positions(config: Any) -> int | None:
     return None
 
 
-def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed: int = 0) -> Workload:
-    """Build the model, optimizer and batch maker of ``spec`` on ``device``."""
+def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed: int = 0,
+                   load_weights: bool = True) -> Workload:
+    """Build the model, optimizer and batch maker of ``spec`` on ``device``.
+
+    A model folder with weights starts from them (``spec.init`` auto or pretrained), loaded straight
+    onto ``device``. On the meta device, or with ``load_weights=False`` (the probe's trials: weights
+    don't change memory), the model is built from its config directly on ``device`` and no weights
+    file is read; ``spec.init="pretrained"`` still checks that the folder has weights.
+    ``workload.info["weights"]`` says which: ``"pretrained"`` (with ``info["weights_path"]``) or ``"random"``.
+    """
     spec.validate()
     device = torch.device(device)
     torch.manual_seed(seed)
     if model_source_kind(spec.model) == "function":
         return _build_custom(spec, device)
-    import transformers
-
     config, task, default_seq_len = load_model_config(spec)
     seq_len = spec.seq_len or min(default_seq_len, _max_positions(config) or default_seq_len)
     max_positions = _max_positions(config)
     if max_positions is not None and seq_len > max_positions:
         raise GaplanError(f"--seq-len {seq_len} is longer than the model's {max_positions} positions")
-    config.use_cache = False  # HF models return a KV cache in training otherwise
-    auto = getattr(transformers, _AUTO_CLASS[task])
-    try:
-        # On meta, build in place: nothing is allocated (used to count a model too big for the budget).
-        with torch.device("meta") if device.type == "meta" else contextlib.nullcontext():
-            # fp32 weights whatever the config's dtype says (Llama-2's says float16): --dtype is autocast.
-            model = auto.from_config(config, dtype=torch.float32)
-    except ValueError as exc:
-        raise GaplanError(f"{spec.model} cannot be built for task {task}: {str(exc).splitlines()[0]}") from None
+    use_cache = getattr(config, "use_cache", True)
+    config.use_cache = False  # HF models return a KV cache in training otherwise (save_model restores it)
+    folder = _weights_folder(spec)
+    if spec.init == "pretrained" and folder is None:
+        raise GaplanError(f"--init pretrained: {spec.model} has no weights (no model.safetensors, pytorch_model.bin "
+                          "or sharded index); use --init random to train it from a random init")
+    pretrained = folder is not None and spec.init != "random" and load_weights and device.type != "meta"
+    if pretrained:
+        model = load_pretrained(folder, _AUTO_CLASS[task], config, DTYPES[spec.weights_dtype], device,
+                                spec.trust_remote_code)
+    else:
+        model = _from_config(spec, config, task, device)
     if spec.grad_checkpointing:
         enable_checkpointing(model)
     model.to(device).train()
@@ -189,9 +210,44 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
         logits = module(**inputs).logits
         return summed_token_loss(logits, batch, task)
 
+    info = {"model_type": getattr(config, "model_type", "?"), "weights": "pretrained" if pretrained else "random",
+            "weights_path": folder if pretrained else None, "use_cache": use_cache}
     return Workload(spec, model, make_optimizer(model, spec.optimizer, spec.learning_rate), task, seq_len, make_batch,
-                    raw_loss, None, device, vocab_size, num_labels,
-                    info={"model_type": getattr(config, "model_type", "?")})
+                    raw_loss, None, device, vocab_size, num_labels, info=info)
+
+
+def _from_config(spec: WorkloadSpec, config: Any, task: str, device: torch.device) -> nn.Module:
+    """A random init from the config, built in place on ``device`` (on meta nothing is allocated).
+
+    Built under ``torch.device(device)``, so a 7B model probed on a GPU never exists on the CPU first.
+    The weights get ``spec.weights_dtype`` whatever the config's dtype says (Llama-2's says float16):
+    ``spec.dtype`` is autocast.
+    """
+    import transformers
+
+    auto = getattr(transformers, _AUTO_CLASS[task])
+    try:
+        with torch.device(device), quiet_transformers():
+            return auto.from_config(config, dtype=DTYPES[spec.weights_dtype], trust_remote_code=spec.trust_remote_code)
+    except ValueError as exc:
+        raise GaplanError(f"{spec.model} cannot be built for task {task}: {str(exc).splitlines()[0]}") from None
+
+
+def _weights_folder(spec: WorkloadSpec) -> str | None:
+    """The folder holding ``spec.model``'s weights: the model directory, or a cached id's snapshot; None if none."""
+    kind = model_source_kind(spec.model)
+    folder = spec.model if kind == "directory" else _cached_snapshot(spec.model) if kind == "hub-cache" else None
+    return folder if folder is not None and weights_files(folder) else None
+
+
+def _cached_snapshot(model_id: str) -> str | None:
+    """The local snapshot folder of a model id in the Hugging Face cache (no network), or None."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(model_id, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not cached, not a valid id, hub library missing: no weights to load
+        return None
 
 
 def _lm_batch_maker(task: str, seq_len: int, vocab_size: int, num_labels: int,

@@ -13,6 +13,7 @@ from gaplan.errors import GaplanError
 from gaplan.tasks import CAUSAL_LM, CLASSIFICATION, MASKED_LM, TASKS
 
 DTYPE_NAMES = ("fp32", "bf16", "fp16")
+INITS = ("auto", "pretrained", "random")  # auto: the folder's weights when it has them, else a random init
 OPTIMIZERS = ("adamw", "sgd")
 DEFAULT_MODEL = "tiny-gpt2"
 
@@ -60,6 +61,10 @@ class WorkloadSpec:
     optimizer: str = "adamw"
     lr: float | None = None  # None: DEFAULT_LR of the optimizer (see ``learning_rate``)
     grad_checkpointing: bool = False
+    # Added later: a plan file or worker message without these keys gets the defaults (WorkloadSpec(**d)).
+    init: str = "auto"  # auto | pretrained | random: where the starting weights come from
+    weights_dtype: str = "fp32"  # the master weights' dtype (``dtype`` is the autocast compute dtype)
+    trust_remote_code: bool = False  # let transformers run the model folder's own code
 
     @property
     def learning_rate(self) -> float:
@@ -75,6 +80,15 @@ class WorkloadSpec:
             raise GaplanError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
         if self.dtype not in DTYPE_NAMES:
             raise GaplanError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPE_NAMES)}")
+        if self.init not in INITS:
+            raise GaplanError(f"unknown --init {self.init!r}; choose one of {', '.join(INITS)}")
+        if self.weights_dtype not in DTYPE_NAMES:
+            raise GaplanError(f"unknown weights dtype {self.weights_dtype!r}; choose one of {', '.join(DTYPE_NAMES)}")
+        if self.weights_dtype == "fp16" and self.dtype == "fp16":
+            raise GaplanError("--weights-dtype fp16 cannot train with --dtype fp16: the loss scaler needs fp32 or "
+                              "bf16 master weights (fp16 gradients cannot be unscaled)")
+        if not isinstance(self.trust_remote_code, bool):
+            raise GaplanError(f"trust_remote_code must be true or false (got {self.trust_remote_code!r})")
         if self.optimizer not in OPTIMIZERS:
             raise GaplanError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if self.seq_len is not None and self.seq_len < 2:
@@ -84,6 +98,11 @@ class WorkloadSpec:
         kind = model_source_kind(self.model)
         if kind == "function" and self.task is not None:
             raise GaplanError("--task does not apply to a module:function model (its function defines the loss)")
+        if kind in ("function", "preset") and self.init == "pretrained":
+            raise GaplanError(f"--init pretrained needs a model folder with weights; {self.model} is a "
+                              f"{'built-in preset' if kind == 'preset' else 'module:function model'} without any")
+        if kind == "function" and self.weights_dtype != "fp32":
+            raise GaplanError("--weights-dtype does not apply to a module:function model (its function builds it)")
         return self
 
 

@@ -13,7 +13,10 @@ from gaplan.errors import GaplanError
 
 __all__ = ["DEFAULT_CPU_BUDGET", "Backend", "is_out_of_memory", "make_backend", "resolve_device"]
 
-_OOM_MESSAGES = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory", "out of memory")
+# Only the allocators' own out-of-memory errors can be cured by a smaller batch. A CUDA error raised by a
+# kernel launch or cuBLAS init ("CUDA error: out of memory", CUBLAS_STATUS_ALLOC_FAILED) leaves the CUDA
+# context broken ("sticky"): it is fatal and must not be retried, so no bare "out of memory" here.
+_OOM_MESSAGES = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory. Tried to allocate")
 
 
 class Backend(Protocol):
@@ -46,6 +49,17 @@ def is_out_of_memory(exc: BaseException) -> bool:
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
     return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MESSAGES)
+
+
+def release_after_oom(device) -> None:
+    """Give the failed attempt's cached blocks back before a retry (CUDA's caching allocator keeps them)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def resolve_device(name: str = "auto") -> str:

@@ -137,7 +137,8 @@ def test_data_text_and_jsonl_train_exactly_the_lines_given(tmp_path):
 
     weights = {}
     for name, path in (("text", text), ("jsonl", jsonl)):
-        train("--model", model_dir, "--data", str(path), "--micro-batch", "2", "--effective-batch", str(len(LINES)),
+        train("--model", model_dir, "--data", str(path), "--tokenizer", "bytes", "--micro-batch", "2",
+              "--effective-batch", str(len(LINES)),
               "--steps", "1", "--optimizer", "sgd", "--lr", "0.5", "--seq-len", "32", "--quiet",
               "--out", str(tmp_path / name), "--save-weights", str(tmp_path / f"{name}.st"))
         weights[name] = load_file(tmp_path / f"{name}.st")
@@ -246,7 +247,8 @@ def _summary(stdout: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_torchrun_without_micro_batch_probes_and_trains(tmp_path):
-    """Both ranks probe (E=8 over 2 ranks: no micro-batch above 4 is of use), agree, train; rank 0 caches the probe."""
+    """One probe per node: the node's first process probes (no micro-batch above E/W = 4 is of use), the other
+    waits; both train the plan; the probe is cached once."""
     out = tmp_path / "ddp"
     done = _torchrun(["-m", "gaplan", *TORCHRUN_TRAIN, "--out", str(out)], tmp_path / "cache", 29541)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -262,18 +264,11 @@ def test_torchrun_without_micro_batch_probes_and_trains(tmp_path):
     assert len(cached) == 1 and json.loads(cached[0].read_text())["max_micro_batch"] == record["max_micro_batch"]
 
 
-RANK_CACHE = """
-import os, runpy, sys
-os.environ["GAPLAN_CACHE_DIR"] = os.path.join(os.environ["GAPLAN_CACHE_DIR"], "rank" + os.environ["LOCAL_RANK"])
-sys.argv = ["gaplan", *sys.argv[1:]]
-runpy.run_module("gaplan", run_name="__main__")
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_torchrun_ranks_plan_with_the_smallest_b_star(tmp_path, monkeypatch):
-    """Rank 0 probes for real (B* 4 under the cap), rank 1 finds a cached B* of 2: both train with 2."""
+def test_torchrun_nodes_plan_with_the_smallest_b_star(tmp_path, monkeypatch):
+    """Two nodes (two torchrun launches of one process each, on this machine): node 0 probes for real (B* 4 under
+    the cap), node 1 finds its own cached B* of 2; every rank trains with the smaller, 2."""
     from gaplan.plan import make_plan
     from gaplan.plan_cache import plan_cache_path
     from gaplan.probe_result import ProbeResult, save_probe
@@ -281,23 +276,28 @@ def test_torchrun_ranks_plan_with_the_smallest_b_star(tmp_path, monkeypatch):
     from gaplan.workload_spec import WorkloadSpec
 
     spec = WorkloadSpec(model="tiny-gpt2", seq_len=16, optimizer="sgd")
-    rank1 = tmp_path / "cache" / "rank1"
-    os.makedirs(rank1)
-    monkeypatch.setenv("GAPLAN_CACHE_DIR", str(rank1))
-    path = plan_cache_path(spec, "cpu", SMALL_BUDGET, 1)  # what `--threads 1` on rank 1 looks up
+    node1 = tmp_path / "cache1"
+    monkeypatch.setenv("GAPLAN_CACHE_DIR", str(node1))
+    path = plan_cache_path(spec, "cpu", SMALL_BUDGET, 1, ddp=True)  # what node 1 looks up (`--threads 1`, DDP)
     monkeypatch.delenv("GAPLAN_CACHE_DIR")
     two = ProbeResult(workload=spec, device="cpu", memory_limit_bytes=SMALL_BUDGET, margin=0.0,
                       probe_limit_bytes=SMALL_BUDGET, budget_is_default=False, max_micro_batch=2, capped=False,
                       trials=[Trial(2, True, 100 * 2**20), Trial(3, False)], plan=make_plan(8, 2, 2),
                       param_count=5_500_000, static_bytes=84 * 2**20, task="causal-lm", seq_len=16, wall_seconds=1.0)
     save_probe(two, path)
-    script = tmp_path / "rank_cache.py"
-    script.write_text(RANK_CACHE)
     out = tmp_path / "ddp"
-    done = _torchrun([str(script), *TORCHRUN_TRAIN, "--out", str(out)], tmp_path / "cache", 29543)
-    assert done.returncode == 0, done.stderr[-4000:]
-    plan = _summary(done.stdout)["plan"]
+    nodes = []
+    for node, cache in ((0, tmp_path / "cache0"), (1, node1)):
+        env = dict(os.environ, GAPLAN_CACHE_DIR=str(cache))
+        nodes.append(subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
+             str(node), "--master-addr", "127.0.0.1", "--master-port", "29543", "-m", "gaplan", *TORCHRUN_TRAIN,
+             "--out", str(out)], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = [(node.wait(timeout=500), *node.communicate()) for node in nodes]
+    for code, _, err in results:
+        assert code == 0, err[-4000:]
+    plan = _summary(results[0][1])["plan"]
     assert (plan["micro_batch"], plan["grad_accum_steps"], plan["world_size"]) == (2, 2, 2), plan
-    rank0 = [json.loads(p.read_text()) for p in (tmp_path / "cache" / "rank0" / "plans").glob("*.json")]
-    assert len(rank0) == 1 and rank0[0]["max_micro_batch"] == 4 and rank0[0]["trials"], "rank 0 probed for real"
+    node0 = [json.loads(p.read_text()) for p in (tmp_path / "cache0" / "plans").glob("*.json")]
+    assert len(node0) == 1 and node0[0]["max_micro_batch"] == 4 and node0[0]["trials"], "node 0 probed for real"
     assert json.loads((out / "plan.json").read_text())["plan"]["micro_batch"] == 2

@@ -32,7 +32,7 @@ def test_cuda_probe_is_exact_under_an_emulated_small_card():
     from gaplan.workload import WorkloadSpec
 
     spec = WorkloadSpec(model="tiny-gpt2", seq_len=256)
-    result = probe(spec, device="cuda", memory_limit=2 * 2**30)
+    result = probe(spec, device="cuda", memory_limit=2 * 2**30, search_cap=4096)
     edge = result.max_micro_batch
     assert edge >= 1 and result.device.startswith("cuda")
     assert check_in_fresh_process(spec, "cuda", result.probe_limit_bytes, edge, optimizer_steps=2)

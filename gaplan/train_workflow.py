@@ -1,0 +1,256 @@
+"""``gaplan train`` as a library function: where the plan comes from, the data, the loop, and what is written.
+
+The CLI parses options and calls :func:`run_train`; under torchrun every rank calls it. A run folder
+holds ``train.json`` (the workload and options the run was started with), so ``--resume DIR`` alone
+continues the run as it was started (:func:`resume_settings`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gaplan.atomic_write import atomic_write_text
+from gaplan.constants import DEFAULT_EFFECTIVE_BATCH, DEFAULT_TRAIN_STEPS
+from gaplan.errors import GaplanError
+from gaplan.lines import trial_line
+from gaplan.plan import Plan, default_search_cap
+from gaplan.probe_result import ProbeResult, save_probe
+from gaplan.run_folder import PLAN_JSON, TRAIN_JSON, path_in
+from gaplan.workflows import Say, plan_without_probe, run_bench
+from gaplan.workload_spec import WorkloadSpec
+
+
+def _quiet(text: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """How ``gaplan train`` runs, beyond the workload: the plan's source, the data, the loop, the outputs."""
+
+    effective_batch: int | None = None  # default: the plan file's, else DEFAULT_EFFECTIVE_BATCH
+    micro_batch: int | None = None  # skip the probe
+    plan_file: str | None = None
+    grad_checkpointing: str | None = None  # as given: None, "on", "off" or "auto" (auto needs a plan file)
+    data: str | None = None
+    text_field: str = "text"
+    label_field: str = "label"
+    long_samples: str = "split"  # or "truncate"
+    tokenizer: str | None = None  # None: the model folder's own; "bytes"; or a tokenizer folder
+    steps: int = DEFAULT_TRAIN_STEPS
+    seed: int = 0
+    max_grad_norm: float | None = None
+    warmup_steps: int = 0
+    checkpoint_every: int = 0
+    resume: bool = False
+    save_weights: str | None = None
+    save_model: str | None = None  # a save_pretrained folder of the trained model (and its tokenizer)
+    compare: bool = False
+    threads: int | None = None
+    command: str | None = None
+
+
+# What a resumed run must keep (the samples of a step and the weights depend on them) ...
+_FIXED_OPTIONS = ("effective_batch", "micro_batch", "plan_file", "data", "text_field", "label_field", "long_samples",
+                  "tokenizer", "seed", "max_grad_norm", "warmup_steps")
+# ... and what it may change: how long, how often it checkpoints, and the outputs.
+_FREE_OPTIONS = ("steps", "checkpoint_every", "save_weights", "save_model", "compare", "threads", "command")
+
+
+@dataclass
+class TrainRun:
+    """What :func:`run_train` did: the summary (what ``--json`` prints), and whether this is the process that reports."""
+
+    summary: dict[str, Any]
+    interrupted: bool
+    is_main: bool
+    plan: Plan | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: dict[str, Any]
+                    ) -> tuple[WorkloadSpec, TrainOptions, dict[str, Any]]:
+    """The workload and options of the run in ``run_dir``, with what the user gave again checked against them.
+
+    ``given_*`` hold only what was given explicitly. A value that contradicts the saved run (another
+    workload, seed, effective batch, data) is an error; ``steps`` may be raised to train further.
+    Returns the spec, the options and the saved environment (device, memory limit).
+    """
+    path = path_in(run_dir, TRAIN_JSON)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            saved = json.load(handle)
+        spec = WorkloadSpec(**saved["workload"])
+        options = TrainOptions(**{k: v for k, v in saved["options"].items() if k in _FIXED_OPTIONS + _FREE_OPTIONS})
+    except FileNotFoundError:
+        raise GaplanError(f"--resume {run_dir}: no {TRAIN_JSON} in it (not a gaplan train run folder)") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise GaplanError(f"--resume {run_dir}: {TRAIN_JSON} cannot be read ({exc.__class__.__name__}: {exc})") from None
+    for name, value in given_spec.items():
+        if getattr(spec, name) != value:
+            raise GaplanError(f"--resume {run_dir}: --{name.replace('_', '-')} {value} contradicts the run's "
+                              f"{getattr(spec, name)} (resume continues the run as it was started)")
+    for name, value in given_options.items():
+        if name in _FIXED_OPTIONS and getattr(options, name) != value:
+            raise GaplanError(f"--resume {run_dir}: --{name.replace('_', '-')} {value} contradicts the run's "
+                              f"{getattr(options, name)} (resume continues the run as it was started)")
+    free = {k: v for k, v in given_options.items() if k in _FREE_OPTIONS}
+    return spec, dataclasses.replace(options, resume=True, **free), saved.get("environment", {})
+
+
+def _save_settings(run_dir: str, spec: WorkloadSpec, options: TrainOptions, device: str,
+                   memory_limit: int | None) -> None:
+    data = {"workload": spec.to_dict(), "options": dataclasses.asdict(dataclasses.replace(options, resume=False)),
+            "environment": {"device": device, "memory_limit": memory_limit}}
+    atomic_write_text(path_in(run_dir, TRAIN_JSON), json.dumps(data, indent=2) + "\n")
+
+
+def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device: str = "auto",
+              memory_limit: int | None = None, say: Say = _quiet, on_step: Callable[[Any], None] | None = None,
+              on_event: Say | None = None, on_row: Callable[[Any], None] | None = None) -> TrainRun:
+    """Plan (from ``--plan``, ``--micro-batch``, the cache or a new probe), train, and with ``compare`` bench and report.
+
+    Under torchrun every rank calls this; the first process of each node probes for its node,
+    all ranks plan with the smallest B* of any node, and only rank 0 writes the run folder's files
+    (``TrainRun.is_main``).
+    """
+    import torch
+
+    from gaplan.data import SyntheticCorpus, TextCorpus
+    from gaplan.devices import make_backend, resolve_device
+    from gaplan.distributed import init_distributed, local_device
+    from gaplan.training import TrainConfig, train
+    from gaplan.workload import build_workload
+    from gaplan.workload_spec import model_source_kind
+
+    device = resolve_device(device)
+    dist = init_distributed(device)
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    is_main = dist.rank == 0
+    main_say = say if is_main else _quiet
+    if dist.active and device == "cpu" and memory_limit is not None:
+        main_say(f"each of the {dist.world_size} ranks has its own {memory_limit / 2**30:.2f} GiB budget "
+                 f"({dist.local_world_size} on this machine)")
+    corpus = _read_data(spec, options, main_say)  # before the probe: bad data costs no probe and writes nothing
+    spec, probed, plan = _plan(spec, options, device, memory_limit, dist, say)
+    # A resumed run's weights come from its checkpoint: no need to read the folder's.
+    workload = build_workload(spec, local_device(device), seed=options.seed, load_weights=not options.resume)
+    if not options.resume:
+        weights = workload.info.get("weights")
+        main_say(f"weights: {workload.info['weights_path']} (pretrained)" if weights == "pretrained"
+                 else "weights: random init" if weights == "random" else "weights: built by the model's function")
+    if corpus is None and model_source_kind(spec.model) != "function":
+        corpus = SyntheticCorpus(workload.seq_len, workload.num_labels or 4, seed=options.seed)
+    main_say(f"plan: {plan.describe()}")
+    if is_main:
+        os.makedirs(run_dir, exist_ok=True)
+        if not options.resume:
+            _save_settings(run_dir, spec, options, device, memory_limit)
+        record = probed if probed is not None else plan_without_probe(
+            spec, device, memory_limit, plan, workload.param_count, workload.task, workload.seq_len)
+        save_probe(dataclasses.replace(record, plan=plan, command=options.command), path_in(run_dir, PLAN_JSON))
+    meter = make_backend(workload.device.type if device == "cpu" else str(workload.device))
+    meter.activate(None, enforce=False)  # measure this process's peaks; the budget binds only the probe
+    config = TrainConfig(steps=options.steps, seed=options.seed, max_grad_norm=options.max_grad_norm,
+                         checkpoint_every=options.checkpoint_every, warmup_steps=options.warmup_steps, run_dir=run_dir)
+    result = train(workload, plan, corpus, config, resume=options.resume, on_step=on_step,
+                   on_event=on_event or main_say, peak_bytes=meter.peak_bytes, reset_peak=meter.reset_peak)
+    if options.save_weights and is_main:
+        from safetensors.torch import save_file
+
+        state = {k: v.detach().contiguous().clone() for k, v in workload.model.state_dict().items()}
+        save_file(state, options.save_weights)  # cloned per name: tied weights no longer share storage
+    summary = _summary(run_dir, result)
+    if isinstance(corpus, TextCorpus):
+        summary["data"] = {"path": options.data, "tokenizer": corpus.tokenizer, **dataclasses.asdict(corpus.stats)}
+    if options.save_model and is_main and not result.interrupted:
+        from gaplan.model_io import save_model
+
+        summary["model_dir"] = save_model(workload, options.save_model)
+        tokenizer = getattr(getattr(corpus, "text_tokenizer", None), "hf", None)
+        if tokenizer is not None:  # the tokenizer the data was read with (--tokenizer DIR, or the folder's own)
+            tokenizer.save_pretrained(summary["model_dir"])
+        main_say(f"model saved to {summary['model_dir']} (loads with AutoModelFor*.from_pretrained and "
+                 "AutoTokenizer.from_pretrained)")
+    if options.compare and is_main and not result.interrupted:
+        from gaplan.probe_result import load_probe
+
+        main_say("timing the plan against other splits and a true large batch ...")
+        measured, files = run_bench(load_probe(path_in(run_dir, PLAN_JSON)), run_dir, result.plan.effective_batch,
+                                    threads=options.threads, command=options.command, on_row=on_row)
+        summary["report"] = files
+        summary["throughput"] = measured.to_records()
+    return TrainRun(summary, result.interrupted, is_main, result.plan)
+
+
+def _plan(spec: WorkloadSpec, options: TrainOptions, device: str, memory_limit: int | None, dist: Any,
+          say: Say) -> tuple[WorkloadSpec, ProbeResult | None, Plan]:
+    """The plan every rank trains with, and the probe it came from (None with ``--micro-batch``).
+
+    One probe per node: the node's first process probes (its trials run on its device), the others wait;
+    the smallest B* of all nodes is taken, and each node says its own.
+    """
+    from gaplan.plan import make_plan
+    from gaplan.plan_cache import probe_for
+
+    effective = options.effective_batch or DEFAULT_EFFECTIVE_BATCH
+    probed = None
+    if options.plan_file or options.micro_batch is None:
+        if options.plan_file or dist.local_rank == 0:
+            node = f"[rank {dist.rank}] " if dist.active else ""
+            node_say = (lambda text: say(node + text)) if dist.local_rank == 0 else _quiet
+            spec, probed = probe_for(spec, device, memory_limit, default_search_cap(effective, dist.world_size),
+                                     plan_file=options.plan_file, grad_checkpointing=options.grad_checkpointing,
+                                     threads=options.threads, ddp=dist.world_size > 1,
+                                     write_cache=dist.local_rank == 0, say=node_say,
+                                     on_trial=lambda trial: node_say(trial_line(trial)))
+            if dist.active and not options.plan_file:
+                node_say(f"this node's largest micro-batch: {probed.max_micro_batch}")
+            effective = options.effective_batch or (probed.plan.effective_batch if options.plan_file else effective)
+        dist.barrier()  # the node's other processes wait for its probe
+        # Every node's B* stays in its own record; the plan's cap is the smallest over the nodes.
+        cap = dist.min(probed.plan_cap if probed is not None else 2**62)
+    elif options.grad_checkpointing == "auto":
+        raise GaplanError("--grad-checkpointing auto is decided by gaplan probe; give its --plan, or on/off")
+    else:
+        cap = options.micro_batch
+    if options.micro_batch and probed is not None and options.micro_batch > probed.max_micro_batch:
+        raise GaplanError(f"--micro-batch {options.micro_batch} does not fit: the probed maximum is "
+                          f"{probed.max_micro_batch}")
+    return spec, probed, make_plan(effective, options.micro_batch or cap, dist.world_size)
+
+
+def _read_data(spec: WorkloadSpec, options: TrainOptions, say: Say):
+    """``--data`` read and checked (tokenizer against vocab_size, labels, lengths); None without ``--data``."""
+    from gaplan.data import load_corpus
+    from gaplan.workload import model_shape
+    from gaplan.workload_spec import model_source_kind
+
+    if not options.data:
+        return None
+    if model_source_kind(spec.model) == "function":
+        raise GaplanError("--data does not apply to a module:function model (its function makes the batches)")
+    task, seq_len, vocab_size, num_labels = model_shape(spec)
+    corpus = load_corpus(options.data, seq_len=seq_len, vocab_size=vocab_size, task=task, num_labels=num_labels,
+                         tokenizer_dir=spec.model if os.path.isdir(spec.model) else None,
+                         tokenizer_choice=options.tokenizer, text_field=options.text_field,
+                         label_field=options.label_field, long_samples=options.long_samples)
+    say(corpus.describe())
+    return corpus
+
+
+def _summary(run_dir: str, result: Any) -> dict[str, Any]:
+    logs = result.logs
+    return {
+        "run_dir": run_dir, "steps": len(logs), "plan": result.plan.to_dict(),
+        "loss_first": logs[0].loss if logs else None, "loss_last": logs[-1].loss if logs else None,
+        "samples_per_s": (sum(log.samples_per_s for log in logs) / len(logs)) if logs else None,
+        "tokens_per_s": (sum(log.tokens_per_s for log in logs) / len(logs)) if logs else None,
+        "seconds": round(result.seconds, 2), "oom_fallbacks": result.oom_fallbacks, "interrupted": result.interrupted,
+    }
