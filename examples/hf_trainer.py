@@ -72,7 +72,7 @@ def main() -> None:
         else:
             plan = gaplan.make_plan(options.effective_batch, options.max_micro_batch)
         print(f"gaplan plan: effective batch {plan.effective_batch} as micro-batches "
-              f"{','.join(map(str, plan.micro_batch_sizes))} (largest that fits: {plan.max_micro_batch})")
+              f"{','.join(map(str, plan.micro_batch_sizes))} (largest that fits: {plan.micro_batch_cap})")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UnevenPlanWarning)
             args = plan_training_arguments(model, base, options.effective_batch, plan=plan)

@@ -141,7 +141,7 @@ def main() -> None:
         else options.max_micro_batch
     plan = gaplan.make_plan(options.effective_batch, max_micro)
     print(f"plan: {plan.effective_batch} samples per step as micro-batches {','.join(map(str, plan.micro_batch_sizes))} "
-          f"({plan.grad_accum_steps} accumulation steps, B* = {plan.max_micro_batch})")
+          f"({plan.grad_accum_steps} accumulation steps, B* = {plan.micro_batch_cap})")
 
     first = next(iter(loader))
     exact = max_gradient_difference(model, split(first, plan.micro_batch_sizes), first, raw_loss, None)

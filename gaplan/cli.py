@@ -185,6 +185,8 @@ def target_limit(options: dict[str, Any]) -> int | None:
 @click.option("--save-model", default=None, metavar="DIR", help="Write the trained model as a save_pretrained folder "
                                                                 "(config, weights, tokenizer) that transformers loads.")
 @click.option("--out", default=None, metavar="DIR", help="Run folder (default reports/train-<model>-<time>).")
+@click.option("--enforce-memory-limit", is_flag=True, help="CPU: train under --memory-limit (default 1 GiB) as the "
+                                                           "probe's trials do, so a plan that is too big hits real OOMs.")
 @click.option("--compare", is_flag=True, help="After training, time the plan against other splits and a true "
                                               "large batch, and write the report (with loss and samples/s plots).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
@@ -231,7 +233,7 @@ def train(**options: Any) -> None:
         steps=options["steps"],
         seed=options["seed"], max_grad_norm=options["max_grad_norm"], warmup_steps=options["warmup_steps"],
         checkpoint_every=options["checkpoint_every"], save_weights=options["save_weights"],
-        save_model=options["save_model"],
+        save_model=options["save_model"], enforce_memory_limit=options["enforce_memory_limit"],
         compare=options["compare"], threads=options["threads"], command=command_line())
     device = options["device"]
     if options["resume"]:  # the run as it was started; what was given again must agree with it

@@ -63,11 +63,18 @@ def accumulate_gradients(
             before_last()
         sync = no_sync if (no_sync is not None and index < steps - 1) else contextlib.nullcontext
         with sync():
-            with autocast():
-                loss = normalized_loss(raw_loss(model, batch), num_items_in_batch, steps, loss_is_scaled_for_ga)
-            total += float(loss.detach())
-            loss = loss * loss_multiplier
-            (scale(loss) if scale is not None else loss).backward()
+            phase = "forward"
+            try:
+                with autocast():
+                    loss = normalized_loss(raw_loss(model, batch), num_items_in_batch, steps, loss_is_scaled_for_ga)
+                total += float(loss.detach())
+                loss = loss * loss_multiplier
+                phase = "backward"
+                (scale(loss) if scale is not None else loss).backward()
+            except Exception as exc:
+                # Where it failed, for the caller's message (an OOM in a later micro-step's forward or backward).
+                exc.gaplan_phase = f"the {phase} of micro-step {index + 1} of {steps}"  # type: ignore[attr-defined]
+                raise
         del loss  # free the graph's last reference before the next micro-batch
     return StepResult(total, num_items_in_batch, sum(batch_size(mb) for mb in micro_batches))
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gaplan.atomic_write import atomic_write_text
-from gaplan.constants import DEFAULT_EFFECTIVE_BATCH, DEFAULT_TRAIN_STEPS
+from gaplan.constants import DEFAULT_CPU_BUDGET, DEFAULT_EFFECTIVE_BATCH, DEFAULT_TRAIN_STEPS
 from gaplan.errors import GaplanError
 from gaplan.lines import trial_line
 from gaplan.plan import Plan, default_search_cap
@@ -50,6 +50,7 @@ class TrainOptions:
     resume: bool = False
     save_weights: str | None = None
     save_model: str | None = None  # a save_pretrained folder of the trained model (and its tokenizer)
+    enforce_memory_limit: bool = False  # CPU: train under the budget, as the probe's trials do (real OOMs)
     compare: bool = False
     threads: int | None = None
     command: str | None = None
@@ -59,7 +60,8 @@ class TrainOptions:
 _FIXED_OPTIONS = ("effective_batch", "micro_batch", "plan_file", "data", "text_field", "label_field", "long_samples",
                   "tokenizer", "seed", "max_grad_norm", "warmup_steps")
 # ... and what it may change: how long, how often it checkpoints, and the outputs.
-_FREE_OPTIONS = ("steps", "checkpoint_every", "save_weights", "save_model", "compare", "threads", "command")
+_FREE_OPTIONS = ("steps", "checkpoint_every", "save_weights", "save_model", "compare", "threads", "command",
+                 "enforce_memory_limit")
 
 
 @dataclass
@@ -139,6 +141,15 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
                  f"({dist.local_world_size} on this machine)")
     corpus = _read_data(spec, options, main_say)  # before the probe: bad data costs no probe and writes nothing
     spec, probed, plan = _plan(spec, options, device, memory_limit, dist, say)
+    meter = make_backend("cpu" if device == "cpu" else local_device(device))
+    if options.enforce_memory_limit:
+        if device != "cpu":
+            raise GaplanError("--enforce-memory-limit binds a CPU run (on CUDA the card is the limit)")
+        # Set before the model is built, so weights, gradients and optimizer states count, as in a probe's trial.
+        meter.activate(memory_limit or DEFAULT_CPU_BUDGET, enforce=True)
+        main_say(f"training under an enforced budget of {meter.limit_bytes / 2**20:.0f} MiB (as the probe's trials)")
+    else:
+        meter.activate(None, enforce=False)  # measure this process's peaks; the budget binds only the probe
     # A resumed run's weights come from its checkpoint: no need to read the folder's.
     workload = build_workload(spec, local_device(device), seed=options.seed, load_weights=not options.resume)
     if not options.resume:
@@ -155,8 +166,6 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
         record = probed if probed is not None else plan_without_probe(
             spec, device, memory_limit, plan, workload.param_count, workload.task, workload.seq_len)
         save_probe(dataclasses.replace(record, plan=plan, command=options.command), path_in(run_dir, PLAN_JSON))
-    meter = make_backend(workload.device.type if device == "cpu" else str(workload.device))
-    meter.activate(None, enforce=False)  # measure this process's peaks; the budget binds only the probe
     config = TrainConfig(steps=options.steps, seed=options.seed, max_grad_norm=options.max_grad_norm,
                          checkpoint_every=options.checkpoint_every, warmup_steps=options.warmup_steps, run_dir=run_dir)
     result = train(workload, plan, corpus, config, resume=options.resume, on_step=on_step,

@@ -211,10 +211,12 @@ def train(
                     if not (is_out_of_memory(exc) or isinstance(exc, PeerOutOfMemory)) or plan.micro_batch == 1:
                         raise
                     agreement.report_own_failure()
+                    where = getattr(exc, "gaplan_phase", "another rank" if isinstance(exc, PeerOutOfMemory) else "")
                 optimizer.zero_grad(set_to_none=True)  # after the except block: the traceback is gone
                 release_after_oom(workload.device)
                 smaller = make_plan(plan.effective_batch, max(1, plan.micro_batch // 2), plan.world_size)
-                message = (f"step {step + 1}: out of memory at micro-batch {plan.micro_batch}; redoing the step "
+                message = (f"step {step + 1}: out of memory at micro-batch {plan.micro_batch}"
+                           f"{f' (in {where})' if where else ''}; redoing the step "
                            f"with micro-batch {smaller.micro_batch} x {smaller.grad_accum_steps} accumulation steps")
                 fallbacks.append(message)
                 if on_event:
@@ -281,6 +283,10 @@ def _bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
     return list(zip([0, *ends[:-1]], ends, strict=True))
 
 
+class OptimizerStepDoesNotFit(GaplanError):
+    """The optimizer step ran out of memory: not cured by a smaller micro-batch, so not retried."""
+
+
 class PeerOutOfMemory(RuntimeError):
     """Another rank ran out of memory in this step: every rank redoes it with the smaller micro-batch."""
 
@@ -326,11 +332,19 @@ def _optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[di
         scaler.unscale_(workload.optimizer)  # before clipping: clip the true gradient
     if config.max_grad_norm:
         torch.nn.utils.clip_grad_norm_(workload.model.parameters(), config.max_grad_norm)
-    if scaler is not None:
-        scaler.step(workload.optimizer)
-        scaler.update()
-    else:
-        workload.optimizer.step()
+    try:
+        if scaler is not None:
+            scaler.step(workload.optimizer)
+            scaler.update()
+        else:
+            workload.optimizer.step()
+    except Exception as exc:  # noqa: BLE001 - classified right below; anything else re-raises
+        if not is_out_of_memory(exc):
+            raise
+        # A smaller micro-batch frees activations, not the step's own temporaries: retrying cannot help, and a
+        # foreach step that failed part-way must not be applied a second time.
+        raise OptimizerStepDoesNotFit(f"the optimizer step itself does not fit ({one_line(exc)[:160]}); a smaller "
+                                      "micro-batch cannot help: give it more memory, or use --optimizer sgd") from None
     workload.optimizer.zero_grad(set_to_none=True)
     tokens = sum(int(mb["attention_mask"].sum()) if "attention_mask" in mb else 0 for mb in micro_batches)
     loss = result.loss
