@@ -301,3 +301,57 @@ def test_torchrun_nodes_plan_with_the_smallest_b_star(tmp_path, monkeypatch):
     node0 = [json.loads(p.read_text()) for p in (tmp_path / "cache0" / "plans").glob("*.json")]
     assert len(node0) == 1 and node0[0]["max_micro_batch"] == 4 and node0[0]["trials"], "node 0 probed for real"
     assert json.loads((out / "plan.json").read_text())["plan"]["micro_batch"] == 2
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+    """SIGTERM to rank 1 alone: the ranks agree at the next step boundary, rank 0 checkpoints once, nobody hangs."""
+    import signal
+    import time
+
+    out = tmp_path / "ddp"
+    env = dict(os.environ, GAPLAN_CACHE_DIR=str(tmp_path / "cache"))
+    run = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                            "29545", "-m", "gaplan", "train", "--seq-len", "16", "--device", "cpu", "--micro-batch", "2",
+                            "--effective-batch", "8", "--steps", "500", "--optimizer", "sgd", "--threads", "1",
+                            "--quiet", "--out", str(out)], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    log = out / "train_log.csv"
+    deadline = time.monotonic() + 240
+    while (not log.exists() or len(log.read_text().splitlines()) < 3) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    rank1 = _process_with_env(run.pid, "RANK=1")
+    assert rank1 is not None and run.poll() is None, "rank 1 not found or the run ended early"
+    os.kill(rank1, signal.SIGTERM)
+    _, err = run.communicate(timeout=180)  # a rank left waiting in a collective would hang here
+    import torch
+
+    state = torch.load(out / "checkpoint.pt", weights_only=False)
+    logged = len(log.read_text().splitlines()) - 1
+    assert 2 <= state["step"] == logged < 500, (state["step"], logged)
+    assert "stopped after step" in err
+
+
+def _process_with_env(parent: int, entry: str) -> int | None:
+    """The descendant of ``parent`` whose environment holds ``entry`` (torchrun's worker of that rank)."""
+    children = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as handle:
+                if int(handle.read().rsplit(")", 1)[1].split()[1]) == parent:  # field 4: the parent's pid
+                    children.append(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+    for child in children:
+        try:
+            with open(f"/proc/{child}/environ", "rb") as handle:
+                if entry.encode() in handle.read().split(b"\0"):
+                    return child
+        except OSError:
+            continue
+        found = _process_with_env(child, entry)
+        if found is not None:
+            return found
+    return None

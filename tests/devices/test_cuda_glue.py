@@ -88,7 +88,7 @@ def test_the_margin_applies_to_the_whole_card_when_no_limit_is_given(monkeypatch
     seen = {}
 
     class WorkerStandIn:  # records the budget the probe would give its trials, then stops the probe
-        def __init__(self, spec, device, limit_bytes, threads=None):
+        def __init__(self, spec, device, limit_bytes, **options):
             seen.update(device=device, limit=limit_bytes)
             raise KeyboardInterrupt
 
