@@ -38,6 +38,7 @@ def accumulate_gradients(
     no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
     scale: Callable[[torch.Tensor], torch.Tensor] | None = None,
     before_last: Callable[[], None] | None = None,
+    before_last_backward: Callable[[], None] | None = None,
 ) -> StepResult:
     """Forward and backward every micro-batch so the summed gradient is the large-batch gradient.
 
@@ -51,6 +52,8 @@ def accumulate_gradients(
         scale: a GradScaler's ``scale`` for fp16.
         before_last: called before the last micro-batch, the one whose backward DDP synchronizes
             (training uses it to agree across ranks that no micro-step ran out of memory).
+        before_last_backward: called between the last micro-batch's forward and its backward (the
+            same agreement, for an OOM in that forward).
     """
     if num_items_in_batch is None:
         num_items_in_batch = count_step_targets(micro_batches, task)
@@ -69,6 +72,8 @@ def accumulate_gradients(
                     loss = normalized_loss(raw_loss(model, batch), num_items_in_batch, steps, loss_is_scaled_for_ga)
                 total += float(loss.detach())
                 loss = loss * loss_multiplier
+                if before_last_backward is not None and index == steps - 1:
+                    before_last_backward()
                 phase = "backward"
                 (scale(loss) if scale is not None else loss).backward()
             except Exception as exc:

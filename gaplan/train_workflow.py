@@ -249,7 +249,8 @@ def _read_data(spec: WorkloadSpec, options: TrainOptions, say: Say):
     corpus = load_corpus(options.data, seq_len=seq_len, vocab_size=vocab_size, task=task, num_labels=num_labels,
                          tokenizer_dir=spec.model if os.path.isdir(spec.model) else None,
                          tokenizer_choice=options.tokenizer, text_field=options.text_field,
-                         label_field=options.label_field, long_samples=options.long_samples)
+                         label_field=options.label_field, long_samples=options.long_samples,
+                         trust_remote_code=spec.trust_remote_code)
     say(corpus.describe())
     return corpus
 

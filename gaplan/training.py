@@ -211,7 +211,7 @@ def train(
                     if not (is_out_of_memory(exc) or isinstance(exc, PeerOutOfMemory)) or plan.micro_batch == 1:
                         raise
                     agreement.report_own_failure()
-                    where = getattr(exc, "gaplan_phase", "another rank" if isinstance(exc, PeerOutOfMemory) else "")
+                    where = "another rank" if isinstance(exc, PeerOutOfMemory) else getattr(exc, "gaplan_phase", "")
                 optimizer.zero_grad(set_to_none=True)  # after the except block: the traceback is gone
                 release_after_oom(workload.device)
                 smaller = make_plan(plan.effective_batch, max(1, plan.micro_batch // 2), plan.world_size)
@@ -292,27 +292,39 @@ class PeerOutOfMemory(RuntimeError):
 
 
 class _OomAgreement:
-    """One vote per rank and attempt, before the synchronized micro-step: did any rank run out of memory?
+    """Votes per rank and attempt on whether any rank ran out of memory, at the points where DDP does not wait.
 
-    A rank that fails votes from its ``except`` block; the others vote just before the last
-    micro-batch, whose backward DDP synchronizes, and stop there if a peer failed. So all ranks
-    switch to the smaller split together. (An OOM inside the last micro-step itself happens after
-    the vote, while the peers wait in DDP's all-reduce: that one cannot be coordinated.)
+    The ranks vote before the last micro-batch (whose backward DDP synchronizes) and again between its
+    forward and its backward. A rank that fails votes ``True`` from its ``except`` block at the next
+    vote the others will cast; they raise :class:`PeerOutOfMemory` there. So an OOM in any micro-step's
+    forward or backward, or in the last one's forward, switches every rank to the smaller split
+    together. (An OOM inside the last backward happens while the peers wait in DDP's all-reduce: that
+    one cannot be coordinated.)
     """
+
+    VOTES = 2  # before the last micro-batch, and before its backward
 
     def __init__(self, dist: Distributed) -> None:
         self.dist = dist
-        self.voted = False
+        self.cast = 0  # votes this rank took part in, this attempt
+        self.settled = False  # a vote found a failure: every rank knows
+
+    def _vote(self, failed: bool) -> None:
+        self.cast += 1
+        if self.dist.any(failed):
+            self.settled = True
+            if not failed:
+                raise PeerOutOfMemory("another rank ran out of memory in this step")
 
     def before_last(self) -> None:
-        self.voted = True
-        if self.dist.any(False):
-            raise PeerOutOfMemory("another rank ran out of memory in this step")
+        self._vote(False)
+
+    def before_last_backward(self) -> None:
+        self._vote(False)
 
     def report_own_failure(self) -> None:
-        if not self.voted:
-            self.voted = True
-            self.dist.any(True)
+        if not self.settled and self.cast < self.VOTES:
+            self._vote(True)
 
 
 def _optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[dict], dist: Distributed,
@@ -327,7 +339,8 @@ def _optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[di
         num_items_in_batch=num_items,
         loss_multiplier=dist.world_size if workload.loss_is_scaled_for_ga is not False else 1, no_sync=no_sync,
         scale=scaler.scale if scaler is not None else None,
-        before_last=agreement.before_last if agreement is not None and dist.active else None)
+        before_last=agreement.before_last if agreement is not None and dist.active else None,
+        before_last_backward=agreement.before_last_backward if agreement is not None and dist.active else None)
     if scaler is not None:
         scaler.unscale_(workload.optimizer)  # before clipping: clip the true gradient
     if config.max_grad_norm:

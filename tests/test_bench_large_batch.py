@@ -6,6 +6,7 @@ from gaplan.benchmark import LARGE_BATCH, PLAN, bench
 from gaplan.units import format_bytes
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_a_large_batch_over_the_edge_runs_unbounded_as_its_own_row(small_probe):
     effective = small_probe.max_micro_batch + 1  # one sample more than fits: the plan must accumulate

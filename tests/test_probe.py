@@ -73,6 +73,7 @@ def test_plan_file_round_trip(small_probe, tmp_path):
     assert loaded.workload == small_probe.workload
 
 
+@pytest.mark.heavy
 def test_seeded_from_the_estimate(small_probe):
     """Started at the fake-tensor estimate's edge, the probe verifies both sides in a few real trials."""
     from gaplan.estimate import estimate

@@ -106,8 +106,10 @@ def test_other_errors_are_not_retried(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_ranks_switch_together_after_one_rank_runs_out_of_memory(tmp_path):
-    """Rank 1 alone hits an OOM; both ranks halve the micro-batch and the weights equal a run without it."""
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_ranks_switch_together_after_one_rank_runs_out_of_memory(tmp_path, where):
+    """Rank 1 alone hits an OOM, in the first micro-step or in the last one's forward (after the first vote);
+    both ranks halve the micro-batch and the weights equal a run without it."""
     import json
     import shutil
     import subprocess
@@ -120,7 +122,7 @@ def test_ranks_switch_together_after_one_rank_runs_out_of_memory(tmp_path):
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
     out = str(tmp_path / "ddp.safetensors")
     subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", "29541",
-                    os.path.join(REPO_ROOT, "tests", "scripts", "ddp_oom.py"), out],
+                    os.path.join(REPO_ROOT, "tests", "scripts", "ddp_oom.py"), out, where],
                    check=True, cwd=REPO_ROOT, capture_output=True, timeout=300,
                    env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO_ROOT))
     ranks = [json.loads(open(f"{out}.rank{r}.json").read()) for r in (0, 1)]

@@ -182,7 +182,8 @@ def _label(record: Record, source: str, num_labels: int | None) -> int:
 
 def load_corpus(path: str, *, seq_len: int, vocab_size: int | None, task: str = CAUSAL_LM,
                 num_labels: int | None = None, tokenizer_dir: str | None = None, tokenizer_choice: str | None = None,
-                text_field: str = "text", label_field: str = "label", long_samples: str = "split") -> TextCorpus:
+                text_field: str = "text", label_field: str = "label", long_samples: str = "split",
+                trust_remote_code: bool = False) -> TextCorpus:
     """Read and check ``--data`` without a model run: call it before probing.
 
     ``tokenizer_dir`` is the model folder (``None`` for a preset), ``tokenizer_choice`` the
@@ -195,7 +196,7 @@ def load_corpus(path: str, *, seq_len: int, vocab_size: int | None, task: str = 
         raise GaplanError(f"--long-samples {long_samples}: choose {' or '.join(LONG_SAMPLES)}")
     if not os.path.exists(path):  # the cheapest mistake first, before a tokenizer is looked for
         raise GaplanError(f"--data {path}: cannot read it (no such file or folder)")
-    tokenizer = load_tokenizer(tokenizer_dir, tokenizer_choice)
+    tokenizer = load_tokenizer(tokenizer_dir, tokenizer_choice, trust_remote_code)
     tokenizer.check_fits(vocab_size, task)  # before reading: a wrong tokenizer is found fast
     records = read_records(path, text_field, label_field if task == CLASSIFICATION else None)
     return TextCorpus(path, seq_len, vocab_size, records=records, tokenizer=tokenizer, task=task,

@@ -89,7 +89,7 @@ def byte_tokenizer() -> Tokenizer:
     return Tokenizer(BYTES, BYTE_VOCAB, 0, BYTE_MASK_ID)
 
 
-def load_tokenizer(model_dir: str | None, choice: str | None = None) -> Tokenizer:
+def load_tokenizer(model_dir: str | None, choice: str | None = None, trust_remote_code: bool = False) -> Tokenizer:
     """The tokenizer for text data.
 
     ``choice`` ``None``: the tokenizer files of ``model_dir`` (an error when it has none, or when there
@@ -104,21 +104,21 @@ def load_tokenizer(model_dir: str | None, choice: str | None = None) -> Tokenize
         if not has_tokenizer(choice):
             raise GaplanError(f"--tokenizer {choice}: no tokenizer files in it (looked for "
                               f"{', '.join(TOKENIZER_FILES)})")
-        return _load_hf(choice)
+        return _load_hf(choice, trust_remote_code)
     if model_dir is None or not os.path.isdir(model_dir):
         raise GaplanError("text data needs a tokenizer and the model has no folder with one: give --tokenizer DIR "
                           "(a tokenizer folder) or --tokenizer bytes (byte tokens)")
     if not has_tokenizer(model_dir):
         raise GaplanError(f"the model folder {model_dir} has no tokenizer files for the text data: give "
                           f"--tokenizer DIR (a tokenizer folder) or --tokenizer bytes (byte tokens)")
-    return _load_hf(model_dir)
+    return _load_hf(model_dir, trust_remote_code)
 
 
-def _load_hf(directory: str) -> Tokenizer:
+def _load_hf(directory: str, trust_remote_code: bool = False) -> Tokenizer:
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=trust_remote_code)
         size = len(tokenizer)
     except Exception as exc:  # noqa: BLE001 - whatever broke, the user must hear it, not get bytes
         raise GaplanError(f"the tokenizer in {directory} cannot be loaded "

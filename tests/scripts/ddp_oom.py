@@ -1,6 +1,8 @@
 """Run under torchrun with 2 ranks: rank 1 runs out of memory once; both ranks must switch together.
 
-Writes rank 0's final weights to argv[1] and a JSON summary per rank to argv[1] + ".rank<N>.json".
+argv[2] says where: ``first`` (the forward of the first micro-step) or ``last`` (the forward of the last one,
+after the ranks' first vote). Writes rank 0's final weights to argv[1] and a JSON summary per rank to
+argv[1] + ".rank<N>.json".
 """
 
 import json
@@ -17,17 +19,23 @@ from gaplan.workload import WorkloadSpec, build_workload
 SPEC = WorkloadSpec(model="tiny-gpt2", seq_len=16, optimizer="sgd", lr=0.1)
 
 
-def main(out: str) -> None:
+def main(out: str, where: str = "first") -> None:
     dist = init_distributed("cpu")
     workload = build_workload(SPEC, "cpu", seed=0)
     raw_loss = workload.raw_loss
-    state = {"raised": False}
+    state = {"raised": False, "calls": 0}
+    failing_call = 1 if where == "first" else 2  # plan 16 over 2 ranks at 4: two micro-steps a rank
 
     def flaky(model, batch):
-        if dist.rank == 1 and not state["raised"] and batch["input_ids"].shape[0] == 4:
+        state["calls"] += 1
+        fail = dist.rank == 1 and not state["raised"] and state["calls"] == failing_call
+        # In the last micro-step, fail after the model's forward (DDP's own pre-forward collectives done), as an
+        # OOM in the logits or the loss would; in the first, before it.
+        loss = raw_loss(model, batch) if not fail or where == "last" else None
+        if fail:
             state["raised"] = True
             raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes (injected)")
-        return raw_loss(model, batch)
+        return loss
 
     workload.raw_loss = flaky
     result = train(workload, make_plan(16, 4, 2), SyntheticCorpus(16, seed=0), TrainConfig(steps=2, seed=0))
@@ -39,4 +47,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "first")
