@@ -2,7 +2,7 @@
 
 The learning rate given is kept (and the per-optimizer default), 10 steps by default, an absurd
 effective batch refused fast, ``--data`` trains exactly the lines given, ``--warmup-steps``, the
-plan.json of a ``--micro-batch`` run, SIGINT then ``--resume``, and torchrun without ``--micro-batch``.
+plan.json of a ``--micro-batch`` run, and torchrun without ``--micro-batch``.
 """
 
 import csv
@@ -25,7 +25,6 @@ from gaplan.data import TextCorpus, step_indices
 
 from ..conftest import REPO_ROOT, SMALL_BUDGET
 from ..tolerances import assert_close_at_scale
-from .test_train_cli import SMALL_TRAIN, gaplan_process, logged_steps
 
 TINY = ["--seq-len", "16", "--quiet"]
 
@@ -197,36 +196,6 @@ def test_a_micro_batch_plan_records_what_is_known_and_reports_no_probe(tmp_path)
     assert " 0 B" not in text and "Task: ?" not in text and "unknown parameters" not in text, text
 
 
-@pytest.mark.heavy
-@pytest.mark.slow
-def test_resume_after_sigint_equals_an_uninterrupted_run(tmp_path):
-    """Ctrl-C checkpoints and exits 130, like SIGTERM; --resume then ends bitwise equal to an uninterrupted run."""
-    whole = gaplan_process(*SMALL_TRAIN, "--out", str(tmp_path / "whole"), "--save-weights", str(tmp_path / "whole.st"))
-    cut_dir = tmp_path / "cut"
-    cut = gaplan_process(*SMALL_TRAIN, "--out", str(cut_dir))
-    deadline = time.monotonic() + 240
-    while logged_steps(cut_dir) < 2 and cut.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert cut.poll() is None, "the run finished before it could be interrupted"
-    cut.send_signal(signal.SIGINT)
-    code = cut.wait(timeout=120)
-    assert code == 130, cut.stderr.read()
-    done = logged_steps(cut_dir)
-    assert 2 <= done < 5
-    assert (cut_dir / "checkpoint.pt").exists()
-    resumed = subprocess.run([sys.executable, "-m", "gaplan", *SMALL_TRAIN, "--resume", str(cut_dir),
-                              "--save-weights", str(tmp_path / "resumed.st")], cwd=REPO_ROOT, capture_output=True,
-                             text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr
-    assert whole.wait(timeout=300) == 0, whole.stderr.read()
-    for stream in (whole.stdout, whole.stderr, cut.stdout, cut.stderr):
-        stream.close()
-    a, b = load_file(tmp_path / "whole.st"), load_file(tmp_path / "resumed.st")
-    assert a.keys() == b.keys()
-    assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the uninterrupted run"
-    assert logged_steps(cut_dir) == 5
-
-
 TORCHRUN_TRAIN = ["train", "--seq-len", "16", "--memory-limit", "256MiB", "--device", "cpu", "--effective-batch", "8",
                   "--steps", "1", "--optimizer", "sgd", "--threads", "1", "--json", "--quiet"]
 
@@ -308,7 +277,6 @@ def test_torchrun_nodes_plan_with_the_smallest_b_star(tmp_path, monkeypatch):
 @pytest.mark.distributed
 def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     """SIGTERM to rank 1 alone: the ranks agree at the next step boundary, rank 0 checkpoints once, nobody hangs."""
-    import signal
     import time
 
     out = tmp_path / "ddp"

@@ -101,9 +101,10 @@ def logged_steps(run_dir) -> int:
 
 @pytest.mark.heavy
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["kill-9", "sigterm", "sigint"])
 def test_resume_after_a_signal_equals_an_uninterrupted_run(tmp_path, sig):
-    """kill -9 loses at most the step in flight; SIGTERM checkpoints first. Either way --resume ends bitwise equal."""
+    """kill -9 loses at most the step in flight; SIGTERM and SIGINT (Ctrl-C) checkpoint first. Either way --resume
+    ends bitwise equal."""
     whole = gaplan_process(*SMALL_TRAIN, "--out", str(tmp_path / "whole"), "--save-weights", str(tmp_path / "whole.st"))
     cut_dir = tmp_path / "cut"
     cut = gaplan_process(*SMALL_TRAIN, "--out", str(cut_dir))
