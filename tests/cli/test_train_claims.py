@@ -293,13 +293,13 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     rank1 = _process_with_env(run.pid, "RANK=1")
     assert rank1 is not None and run.poll() is None, "rank 1 not found or the run ended early"
     os.kill(rank1, signal.SIGTERM)
-    _, err = run.communicate(timeout=180)  # a rank left waiting in a collective would hang here
+    run.communicate(timeout=180)  # a rank left waiting in a collective would hang here
     import torch
 
     state = torch.load(out / "checkpoint.pt", weights_only=False)
     logged = len(log.read_text().splitlines()) - 1
-    assert 2 <= state["step"] == logged < 500, (state["step"], logged)
-    assert "stopped after step" in err
+    assert 2 <= state["step"] == logged < 500, (state["step"], logged)  # both ranks stopped at that step
+    assert run.returncode != 0  # rank 0 exits 130 after its checkpoint
 
 
 def _process_with_env(parent: int, entry: str) -> int | None:

@@ -128,5 +128,6 @@ print(json.dumps(out))
     assert out["h100_needed"] > 16 * out["params"] > lookup_target("h100-80gb").total_bytes
     assert out["edge"] == 2 and out["capped"] and out["accum"] == 32
     assert out["peak"] <= out["usable"]
-    # The weights alone would be 27 GB. Measured on torch 2.13, 2 cores: 374 MiB peak RSS, 16 s for both estimates.
-    assert out["maxrss"] < 512 * 2**20
+    # The weights alone would be 27 GB. Measured on torch 2.13, 2 cores: 373 MiB peak RSS alone, up to 750 MiB
+    # inside the full heavy run; about 11-16 s for both estimates.
+    assert out["maxrss"] < 2**30
