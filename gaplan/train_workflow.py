@@ -148,14 +148,14 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
         # Set before the model is built, so weights, gradients and optimizer states count, as in a probe's trial.
         meter.activate(memory_limit or DEFAULT_CPU_BUDGET, enforce=True)
         main_say(f"training under an enforced budget of {meter.limit_bytes / 2**20:.0f} MiB (as the probe's trials)")
-    else:
-        meter.activate(None, enforce=False)  # measure this process's peaks; the budget binds only the probe
     # A resumed run's weights come from its checkpoint: no need to read the folder's.
     workload = build_workload(spec, local_device(device), seed=options.seed, load_weights=not options.resume)
     if not options.resume:
         weights = workload.info.get("weights")
         main_say(f"weights: {workload.info['weights_path']} (pretrained)" if weights == "pretrained"
                  else "weights: random init" if weights == "random" else "weights: built by the model's function")
+    if not options.enforce_memory_limit:
+        meter.activate(None, enforce=False)  # measure the training's peaks above the built model; no budget
     if corpus is None and model_source_kind(spec.model) != "function":
         corpus = SyntheticCorpus(workload.seq_len, workload.num_labels or 4, seed=options.seed)
     main_say(f"plan: {plan.describe()}")

@@ -10,6 +10,7 @@ from gaplan.workload_spec import WorkloadSpec
 from .conftest import SMALL_BUDGET, SMALL_SPEC
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_throughput_objective_plans_with_the_fastest_measured_split():
     stages = []

@@ -62,6 +62,7 @@ def test_seed_from_estimate_finds_the_plain_probes_edge(tmp_path, small_probe):
     assert data["trial_count"] <= len(small_probe.trials), data["trial_count"]
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_emit_hf_prints_the_plans_training_arguments(tmp_path):
     """``--emit hf``: per_device_train_batch_size and gradient_accumulation_steps of the plan (2 x 3 for E=6, cap 2)."""
@@ -126,6 +127,7 @@ def _trial_counts(text: str) -> dict[int, int]:
     return counts
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_trial_table_prints_once_in_a_terminal_and_once_on_a_pipe(tmp_path):
     terminal = _run_in_terminal(["probe", *CAPPED, "--out", str(tmp_path / "tty")])

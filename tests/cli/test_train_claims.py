@@ -213,6 +213,7 @@ def _summary(stdout: str) -> dict:
     return objects[0]
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_torchrun_without_micro_batch_probes_and_trains(tmp_path):
