@@ -9,6 +9,7 @@ from gaplan.constants import SEARCH_CAP
 # A small workload whose memory line is steep enough for the edge to be sharp and the trials quick.
 SMALL_SPEC = dict(model="tiny-gpt2", seq_len=16)
 SMALL_BUDGET = 256 * 2**20
+SMALL_THREADS = 1
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -18,5 +19,7 @@ def small_probe():
     from gaplan.probing import probe
     from gaplan.workload_spec import WorkloadSpec
 
+    # One thread: a second intra-op thread that mallocs gets its own glibc arena, whose reserved address space
+    # counts against RLIMIT_DATA; whether it does depends on scheduling, which moves the edge by one under load.
     return probe(WorkloadSpec(**SMALL_SPEC), device="cpu", memory_limit=SMALL_BUDGET, effective_batch=256,
-                 search_cap=SEARCH_CAP)
+                 search_cap=SEARCH_CAP, threads=SMALL_THREADS)

@@ -9,7 +9,7 @@ from gaplan.search import trial_bound
 from gaplan.worker_process import WorkerProcess
 from gaplan.workload import WorkloadSpec
 
-from .conftest import SMALL_BUDGET, SMALL_SPEC
+from .conftest import SMALL_BUDGET, SMALL_SPEC, SMALL_THREADS
 
 pytestmark = pytest.mark.slow
 
@@ -29,8 +29,8 @@ def test_edge_is_exact_in_a_fresh_process(small_probe):
     """B* trains two optimizer steps in a new process under the same budget; B*+1 runs out of memory."""
     spec = WorkloadSpec(**SMALL_SPEC)
     edge = small_probe.max_micro_batch
-    assert check_in_fresh_process(spec, "cpu", SMALL_BUDGET, edge, optimizer_steps=2)
-    assert not check_in_fresh_process(spec, "cpu", SMALL_BUDGET, edge + 1, optimizer_steps=2)
+    assert check_in_fresh_process(spec, "cpu", SMALL_BUDGET, edge, optimizer_steps=2, threads=SMALL_THREADS)
+    assert not check_in_fresh_process(spec, "cpu", SMALL_BUDGET, edge + 1, optimizer_steps=2, threads=SMALL_THREADS)
 
 
 def test_step_one_trap(small_probe):
@@ -40,7 +40,7 @@ def test_step_one_trap(small_probe):
     start allocates in another order than the steady state) passes its first step: that is the trap.
     """
     spec = WorkloadSpec(**SMALL_SPEC)
-    with WorkerProcess(spec, "cpu", SMALL_BUDGET, warm_optimizer=False) as cold:
+    with WorkerProcess(spec, "cpu", SMALL_BUDGET, threads=SMALL_THREADS, warm_optimizer=False) as cold:
         for too_big in range(small_probe.max_micro_batch + 1, small_probe.max_micro_batch + 5):
             two = cold.trial(too_big, optimizer_steps=2)
             if not two.fits:
@@ -55,7 +55,7 @@ def test_failed_trial_leaves_no_leak(small_probe):
     """After an OOM the next trial starts from the same memory: same peak as before the failure."""
     spec = WorkloadSpec(**SMALL_SPEC)
     size = small_probe.max_micro_batch * 3 // 4
-    with WorkerProcess(spec, "cpu", SMALL_BUDGET) as worker:
+    with WorkerProcess(spec, "cpu", SMALL_BUDGET, threads=SMALL_THREADS) as worker:
         before = worker.trial(size)
         failed = worker.trial(small_probe.max_micro_batch * 4)
         after = worker.trial(size)
@@ -82,7 +82,7 @@ def test_seeded_from_the_estimate(small_probe):
     spec = WorkloadSpec(**SMALL_SPEC)
     predicted = estimate(spec, memory_limit=SMALL_BUDGET, device_kind="cpu", effective_batch=1)
     seeded = probe(spec, device="cpu", memory_limit=SMALL_BUDGET, start=predicted.max_micro_batch,
-                   search_cap=SEARCH_CAP)
+                   search_cap=SEARCH_CAP, threads=SMALL_THREADS)
     # Two probes in fresh processes agree to one sample (heap layout moves the edge by one at most).
     assert abs(seeded.max_micro_batch - small_probe.max_micro_batch) <= 1
     assert len(seeded.trials) <= max(3, len(small_probe.trials))

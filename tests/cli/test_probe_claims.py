@@ -21,7 +21,7 @@ from gaplan.cli import main
 
 from ..conftest import REPO_ROOT, SMALL_BUDGET
 
-SMALL = ["--model", "tiny-gpt2", "--seq-len", "16", "--memory-limit", "256MiB", "--device", "cpu"]
+SMALL = ["--model", "tiny-gpt2", "--seq-len", "16", "--memory-limit", "256MiB", "--device", "cpu", "--threads", "1"]
 # A capped search (E=3: no micro-batch above 3 is of use): trials 1, 2, 3; quick, for claims about output.
 CAPPED = [*SMALL, "--effective-batch", "3", "--optimizer", "sgd"]
 TRIAL_LINE = re.compile(r"^\s*micro-batch\s+(\d+)\s+(fits|OOM)\s+peak", re.MULTILINE)
