@@ -15,14 +15,12 @@ import shutil
 from collections.abc import Iterator
 from typing import Any
 
+from gaplan.data.tokenizer import has_tokenizer
 from gaplan.errors import GaplanError, one_line
 
 SAFE_WEIGHTS = "model.safetensors"
 BIN_WEIGHTS = "pytorch_model.bin"
 _WEIGHTS_NAMES = (SAFE_WEIGHTS, SAFE_WEIGHTS + ".index.json", BIN_WEIGHTS, BIN_WEIGHTS + ".index.json")
-# What AutoTokenizer reads (the same names as gaplan.data's check for a tokenizer).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model", "vocab.txt",
-                   "vocab.json", "merges.txt")
 
 
 def weights_files(folder: str) -> list[str]:
@@ -30,10 +28,6 @@ def weights_files(folder: str) -> list[str]:
     if not os.path.isdir(folder):
         return []
     return [name for name in _WEIGHTS_NAMES if os.path.isfile(os.path.join(folder, name))]
-
-
-def has_tokenizer(folder: str) -> bool:
-    return os.path.isdir(folder) and any(os.path.isfile(os.path.join(folder, n)) for n in TOKENIZER_FILES)
 
 
 @contextlib.contextmanager

@@ -68,7 +68,7 @@ def probe(
         raise GaplanError(f"--margin must be a fraction in [0, 1) (got {margin})")
     if memory_limit is not None and memory_limit <= 0:
         raise GaplanError(f"--memory-limit must be larger than zero (got {memory_limit})")
-    make_plan(effective_batch, -(-effective_batch // world_size), world_size)  # reject a bad batch before any work
+    make_plan(effective_batch, default_search_cap(effective_batch, world_size), world_size)  # a bad batch fails here
     if search_cap is None:
         search_cap = default_search_cap(effective_batch, world_size)
     if search_cap < 1:

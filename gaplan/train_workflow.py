@@ -21,12 +21,8 @@ from gaplan.lines import trial_line
 from gaplan.plan import Plan, default_search_cap
 from gaplan.probe_result import ProbeResult, save_probe
 from gaplan.run_folder import PLAN_JSON, TRAIN_JSON, path_in
-from gaplan.workflows import Say, plan_without_probe, run_bench
+from gaplan.workflows import Say, _quiet, plan_without_probe, run_bench
 from gaplan.workload_spec import WorkloadSpec
-
-
-def _quiet(text: str) -> None:
-    pass
 
 
 @dataclass(frozen=True)

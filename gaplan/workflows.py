@@ -22,7 +22,7 @@ from gaplan.workload_spec import WorkloadSpec
 Say = Callable[[str], None]
 
 
-def _quiet(text: str) -> None:
+def _quiet(text: str) -> None:  # the default progress callback: say nothing (gaplan.train_workflow too)
     pass
 
 
