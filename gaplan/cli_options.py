@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -90,8 +89,24 @@ def positive(options: dict[str, Any], *names: str) -> None:
 
 
 def command_line() -> str:
-    """This invocation as a shell command, recorded in plan.json so a report says how to reproduce it."""
-    return " ".join(["gaplan", *map(shlex.quote, sys.argv[1:])])
+    """This invocation as a shell command, recorded in plan.json so a report says how to reproduce it.
+
+    Rebuilt from the options given (not from ``sys.argv``, which is the host program's when gaplan is
+    called in-process, as by click's test runner); defaults are left out, as the user left them out.
+    """
+    ctx = click.get_current_context()
+    words = ["gaplan", ctx.info_name or ""]
+    given = given_on_command_line(ctx)
+    for param in ctx.command.params:
+        if param.name not in given or not isinstance(param, click.Option):
+            continue
+        flag, value = max(param.opts, key=len), ctx.params[param.name]
+        if param.is_flag:
+            words += [flag] if value else param.secondary_opts[-1:]
+        else:
+            for item in value if param.multiple else [value]:
+                words += [flag, str(item)]
+    return " ".join(map(shlex.quote, words))
 
 
 def stderr_printer(quiet: bool) -> Callable[[str], None]:

@@ -138,11 +138,13 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
     corpus = _read_data(spec, options, main_say)  # before the probe: bad data costs no probe and writes nothing
     spec, probed, plan = _plan(spec, options, device, memory_limit, dist, say)
     meter = make_backend("cpu" if device == "cpu" else local_device(device))
+    if options.enforce_memory_limit and device != "cpu":
+        raise GaplanError("--enforce-memory-limit binds a CPU run (on CUDA the card is the limit)")
+    # Before the model is built, so an enforced budget counts weights, gradients and optimizer states, as in a
+    # probe's trial. Without one nothing is bound; the log's peaks are the whole process's either way.
+    meter.activate(memory_limit or DEFAULT_CPU_BUDGET if options.enforce_memory_limit else None,
+                   enforce=options.enforce_memory_limit)
     if options.enforce_memory_limit:
-        if device != "cpu":
-            raise GaplanError("--enforce-memory-limit binds a CPU run (on CUDA the card is the limit)")
-        # Set before the model is built, so weights, gradients and optimizer states count, as in a probe's trial.
-        meter.activate(memory_limit or DEFAULT_CPU_BUDGET, enforce=True)
         main_say(f"training under an enforced budget of {meter.limit_bytes / 2**20:.0f} MiB (as the probe's trials)")
     # A resumed run's weights come from its checkpoint: no need to read the folder's.
     workload = build_workload(spec, local_device(device), seed=options.seed, load_weights=not options.resume)
@@ -150,8 +152,6 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
         weights = workload.info.get("weights")
         main_say(f"weights: {workload.info['weights_path']} (pretrained)" if weights == "pretrained"
                  else "weights: random init" if weights == "random" else "weights: built by the model's function")
-    if not options.enforce_memory_limit:
-        meter.activate(None, enforce=False)  # measure the training's peaks above the built model; no budget
     if corpus is None and model_source_kind(spec.model) != "function":
         corpus = SyntheticCorpus(workload.seq_len, workload.num_labels or 4, seed=options.seed)
     main_say(f"plan: {plan.describe()}")
@@ -165,7 +165,7 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
     config = TrainConfig(steps=options.steps, seed=options.seed, max_grad_norm=options.max_grad_norm,
                          checkpoint_every=options.checkpoint_every, warmup_steps=options.warmup_steps, run_dir=run_dir)
     result = train(workload, plan, corpus, config, resume=options.resume, on_step=on_step,
-                   on_event=on_event or main_say, peak_bytes=meter.peak_bytes, reset_peak=meter.reset_peak)
+                   on_event=on_event or main_say, peak_bytes=meter.process_peak_bytes, reset_peak=meter.reset_peak)
     if options.save_weights and is_main:
         from safetensors.torch import save_file
 

@@ -34,6 +34,9 @@ class Backend(Protocol):
     def peak_bytes(self) -> int:
         """Peak memory used above the baseline since :meth:`reset_peak`."""
 
+    def process_peak_bytes(self) -> int:
+        """Peak memory of the whole process since :meth:`reset_peak`, with no baseline taken off."""
+
     def current_bytes(self) -> int: ...
 
     def release(self) -> None:

@@ -38,6 +38,9 @@ class CudaBackend:
         self.peak_allocated_bytes = torch.cuda.max_memory_allocated(self.device)
         return torch.cuda.max_memory_reserved(self.device)
 
+    def process_peak_bytes(self) -> int:
+        return self.peak_bytes()  # the allocator's own peak: already this process's alone
+
     def current_bytes(self) -> int:
         return torch.cuda.memory_allocated(self.device)
 

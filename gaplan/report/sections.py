@@ -28,6 +28,7 @@ from gaplan.report.formatting import (
 from gaplan.report.load import RunData, has_rows, measured, memory_fit, ratio, reference_label, reference_row
 from gaplan.run_folder import BREAKDOWN_PNG, MEMORY_PNG, PROBE_CSV, THROUGHPUT_PNG, TRAINING_PNG
 from gaplan.units import format_bytes
+from gaplan.workload_spec import DEFAULT_LR
 
 _UNKNOWN_TASKS = ("", "?")  # "?" is what plans made without a probe recorded before the task was kept
 
@@ -77,13 +78,21 @@ def header_items(run: RunData) -> list[str]:
         f"**Model:** {run.model}, {count(plan.get('param_count'))} parameters",
         f"**Task:** {task}, sequence length {seq_len if seq_len else 'unknown'}",
         f"**Training setup:** {workload.get('dtype', '?')}, optimizer {workload.get('optimizer', '?')}"
-        f" (lr {workload.get('lr', '?')}), gradient checkpointing {checkpointing}",
+        f" (lr {_learning_rate(workload)}), gradient checkpointing {checkpointing}",
         f"**Device:** {plan['device']}",
         f"**Memory budget:** {_budget_text(run)}",
         f"**Versions:** {versions}",
         f"**Created:** {plan.get('created') or 'unknown'}",
         *([f"**Reproduce with:** `{plan['command']}`"] if plan.get("command") else []),
     ]
+
+
+def _learning_rate(workload: dict[str, Any]) -> str:
+    """The rate trained with: a plan records ``lr: null`` when the optimizer's default was taken."""
+    lr = workload.get("lr")
+    if lr is None and workload.get("optimizer") in DEFAULT_LR:
+        return f"{DEFAULT_LR[workload['optimizer']]:g}, the optimizer's default"
+    return "?" if lr is None else f"{lr:g}"
 
 
 def plan_section(run: RunData) -> list[Block]:

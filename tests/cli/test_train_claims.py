@@ -194,6 +194,10 @@ def test_a_micro_batch_plan_records_what_is_known_and_reports_no_probe(tmp_path)
     text = (out / "report.md").read_text()
     assert "No probe ran" in text
     assert " 0 B" not in text and "Task: ?" not in text and "unknown parameters" not in text, text
+    # Rebuilt from the options given, not from sys.argv (pytest's here); the default rate said as such.
+    assert f"`gaplan train --seq-len 16 --optimizer sgd --effective-batch 8 --micro-batch 4 --steps 1 --out {out} --quiet`" \
+        in text, text
+    assert "optimizer sgd (lr 0.0001, the optimizer's default)" in text
 
 
 TORCHRUN_TRAIN = ["train", "--seq-len", "16", "--memory-limit", "256MiB", "--device", "cpu", "--effective-batch", "8",

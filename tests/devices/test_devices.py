@@ -37,3 +37,16 @@ def test_cuda_probe_is_exact_under_an_emulated_small_card():
     assert edge >= 1 and result.device.startswith("cuda")
     assert check_in_fresh_process(spec, "cuda", result.probe_limit_bytes, edge, optimizer_steps=2)
     assert not check_in_fresh_process(spec, "cuda", result.probe_limit_bytes, edge + 1, optimizer_steps=2)
+
+
+def test_the_cpu_process_peak_counts_the_whole_process_and_grows_with_a_new_tensor():
+    from gaplan.devices.cpu import CpuBackend, read_status
+
+    backend = CpuBackend()
+    backend.activate(None, enforce=False)
+    backend.reset_peak()
+    before = backend.process_peak_bytes()
+    assert before >= read_status()["RssAnon"] - 2**20  # everything resident, not a difference that can read 0
+    tensor = torch.ones(16 * 2**20)  # 64 MiB, its own mapping (the mmap threshold is pinned): new resident pages
+    assert backend.process_peak_bytes() - before > 60 * 2**20
+    del tensor
