@@ -38,6 +38,13 @@ def workload_options(func: Callable) -> Callable:
         click.option("--weights-dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32",
                      show_default=True, help="Dtype of the master weights (--dtype is the autocast compute dtype)."),
         click.option("--trust-remote-code", is_flag=True, help="Let transformers run the model folder's own code."),
+        click.option("--parallel", type=click.Choice(["ddp", "fsdp"]), default="ddp", show_default=True,
+                     help="Over several ranks: ddp (replicated) or fsdp (FSDP2, each block sharded over the ranks)."),
+        click.option("--cpu-offload", is_flag=True,
+                     help="With --parallel fsdp: keep parameters, gradients and optimizer states on the CPU."),
+        click.option("--grad-sync", type=click.Choice(["last", "every"]), default="last", show_default=True,
+                     help="With --parallel fsdp: reduce-scatter gradients on the last micro-step only, or on "
+                          "every one (gradients stay sharded between micro-steps: less memory, more traffic)."),
         click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda[:N]"),
         click.option("--memory-limit", default=None, metavar="SIZE",
                      help="Memory budget, e.g. 2GiB or 800MB (CPU default 1 GiB; CUDA default: the card)."),
@@ -59,7 +66,9 @@ def spec_from_options(options: dict[str, Any]):
     return WorkloadSpec(model=options["model"], task=options["task"], seq_len=options["seq_len"],
                         dtype=options["dtype"], optimizer=options["optimizer"], lr=options["lr"],
                         grad_checkpointing=options["grad_checkpointing"] == "on", init=options["init"],
-                        weights_dtype=options["weights_dtype"], trust_remote_code=options["trust_remote_code"]).validate()
+                        weights_dtype=options["weights_dtype"], trust_remote_code=options["trust_remote_code"],
+                        parallel=options["parallel"], cpu_offload=options["cpu_offload"],
+                        grad_sync=options["grad_sync"]).validate()
 
 
 def memory_limit_from_options(options: dict[str, Any]) -> int | None:

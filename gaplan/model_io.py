@@ -157,7 +157,7 @@ def check_save_path(out_dir: str) -> str:
     return out
 
 
-def save_model(workload: Any, out_dir: str, tokenizer_dir: str | None = None) -> str:
+def save_model(workload: Any, out_dir: str, tokenizer_dir: str | None = None, state_dict: dict | None = None) -> str:
     """Write ``workload``'s model as a ``save_pretrained`` folder (config, safetensors weights, tokenizer).
 
     ``AutoModelFor<task>.from_pretrained(out_dir)`` and ``AutoTokenizer.from_pretrained(out_dir)`` load
@@ -183,7 +183,7 @@ def save_model(workload: Any, out_dir: str, tokenizer_dir: str | None = None) ->
         os.makedirs(parent, exist_ok=True)
         shutil.rmtree(temp, ignore_errors=True)
         os.mkdir(temp)
-        _write_folder(model, workload, temp, tokenizer_dir)
+        _write_folder(model, workload, temp, tokenizer_dir, state_dict)
         if os.path.isdir(out):
             os.replace(out, old)
             moved_aside = True
@@ -200,14 +200,14 @@ def save_model(workload: Any, out_dir: str, tokenizer_dir: str | None = None) ->
     return out
 
 
-def _write_folder(model: Any, workload: Any, folder: str, tokenizer_dir: str | None) -> None:
+def _write_folder(model: Any, workload: Any, folder: str, tokenizer_dir: str | None, state_dict: dict | None) -> None:
     config = model.config
     use_cache = getattr(config, "use_cache", None)
     if use_cache is not None:  # training turned the KV cache off; the saved model is for inference too
         config.use_cache = workload.info.get("use_cache", True)
     try:
         with quiet_transformers():
-            model.save_pretrained(folder)
+            model.save_pretrained(folder, state_dict=state_dict)
     finally:
         if use_cache is not None:
             config.use_cache = use_cache

@@ -12,6 +12,7 @@ THROUGHPUT_CSV = "throughput.csv"  # bench: one row per split
 BREAKDOWN_CSV = "breakdown.csv"  # peak bytes by category at the probed sizes
 TRAIN_LOG_CSV = "train_log.csv"  # train: one row per optimizer step
 CHECKPOINT = "checkpoint.pt"  # train: model, optimizer, scheduler, RNG states, step
+SHARDED_STATE_PREFIX = "checkpoint-shards-step"  # train --parallel fsdp: a folder of each rank's shards per checkpoint
 TRAIN_JSON = "train.json"  # train: the workload and options the run was started with, for --resume
 MEMORY_PNG = "memory.png"
 BREAKDOWN_PNG = "breakdown.png"

@@ -122,6 +122,8 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
     from gaplan.data import SyntheticCorpus, TextCorpus
     from gaplan.devices import make_backend, resolve_device
     from gaplan.distributed import init_distributed, local_device
+    from gaplan.parallel import find_blocks, sharded
+    from gaplan.sharded_state import full_model_state
     from gaplan.training import TrainConfig, train
     from gaplan.workload import build_workload
     from gaplan.workload_spec import model_source_kind
@@ -152,6 +154,15 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
         weights = workload.info.get("weights")
         main_say(f"weights: {workload.info['weights_path']} (pretrained)" if weights == "pretrained"
                  else "weights: random init" if weights == "random" else "weights: built by the model's function")
+    if spec.parallel == "fsdp":
+        if not dist.active:
+            raise GaplanError("--parallel fsdp shards the model over ranks: launch it with "
+                              "torchrun --nproc-per-node N -m gaplan train ... (N at least 2)")
+        blocks = len(find_blocks(workload.model))
+        workload = sharded(workload, cpu_offload=spec.cpu_offload)
+        main_say(f"FSDP2: {blocks} blocks and the root sharded over {dist.world_size} ranks"
+                 + (", parameters and optimizer states offloaded to the CPU" if spec.cpu_offload else "")
+                 + f", gradients reduced on {'every micro-step' if spec.grad_sync == 'every' else 'the last micro-step'}")
     if corpus is None and model_source_kind(spec.model) != "function":
         corpus = SyntheticCorpus(workload.seq_len, workload.num_labels or 4, seed=options.seed)
     main_say(f"plan: {plan.describe()}")
@@ -166,18 +177,21 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
                          checkpoint_every=options.checkpoint_every, warmup_steps=options.warmup_steps, run_dir=run_dir)
     result = train(workload, plan, corpus, config, resume=options.resume, on_step=on_step,
                    on_event=on_event or main_say, peak_bytes=meter.process_peak_bytes, reset_peak=meter.reset_peak)
+    saving_model = options.save_model and not result.interrupted
+    # A sharded model is gathered by every rank together (a collective); rank 0 writes it.
+    full_state = full_model_state(workload.model) if options.save_weights or saving_model else None
     if options.save_weights and is_main:
         from safetensors.torch import save_file
 
-        state = {k: v.detach().contiguous().clone() for k, v in workload.model.state_dict().items()}
+        state = {k: v.detach().contiguous().clone() for k, v in full_state.items()}
         save_file(state, options.save_weights)  # cloned per name: tied weights no longer share storage
     summary = _summary(run_dir, result)
     if isinstance(corpus, TextCorpus):
         summary["data"] = {"path": options.data, "tokenizer": corpus.tokenizer, **dataclasses.asdict(corpus.stats)}
-    if options.save_model and is_main and not result.interrupted:
+    if saving_model and is_main:
         from gaplan.model_io import save_model
 
-        summary["model_dir"] = save_model(workload, options.save_model)
+        summary["model_dir"] = save_model(workload, options.save_model, state_dict=full_state)
         tokenizer = getattr(getattr(corpus, "text_tokenizer", None), "hf", None)
         if tokenizer is not None:  # the tokenizer the data was read with (--tokenizer DIR, or the folder's own)
             tokenizer.save_pretrained(summary["model_dir"])

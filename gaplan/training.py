@@ -28,9 +28,11 @@ from gaplan.devices import is_out_of_memory, release_after_oom
 from gaplan.distributed import Distributed
 from gaplan.errors import GaplanError, one_line
 from gaplan.loss import count_step_targets
+from gaplan.parallel import is_sharded, no_sync_for
 from gaplan.plan import Plan, make_plan
 from gaplan.run_folder import CHECKPOINT, TRAIN_LOG_CSV
 from gaplan.schema import TRAIN_LOG
+from gaplan.sharded_state import load_sharded_state, remove_stale_sharded_states, save_sharded_state
 from gaplan.step import accumulate_gradients
 from gaplan.workload import Workload
 
@@ -157,21 +159,25 @@ def train(
     if plan.world_size != dist.world_size:
         plan = make_plan(plan.effective_batch, plan.micro_batch_cap, dist.world_size)
     model: nn.Module = workload.model
-    if dist.active:
+    shards = is_sharded(model)  # FSDP2: sharded by the caller (gaplan.parallel.sharded), with its optimizer
+    if dist.active and not shards:
         from torch.nn.parallel import DistributedDataParallel
 
         model = DistributedDataParallel(workload.model)
     optimizer = workload.optimizer
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config))
-    scaler = torch.amp.GradScaler(workload.device.type) if workload.spec.dtype == "fp16" else None
+    scaler = _grad_scaler(workload, shards)
     start_step, logs, fallbacks = 0, [], []
     run_dir = config.run_dir
     if run_dir and dist.rank == 0:
         os.makedirs(run_dir, exist_ok=True)
     if resume:
         state = load_checkpoint(run_dir or ".", map_location=workload.device)
-        workload.model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        if state.get("sharded_state"):
+            load_sharded_state(run_dir or ".", state["sharded_state"], workload.model, optimizer)
+        else:
+            workload.model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         if scaler is not None and state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
@@ -187,12 +193,17 @@ def train(
         if not run_dir:
             return
         rng = _gather_rng(dist)
+        # Sharded: each rank writes its shards (torch's distributed checkpoint); checkpoint.pt names their folder.
+        shard_folder = save_sharded_state(run_dir, step, workload.model, optimizer, dist) if shards else None
         if dist.rank == 0:
+            weights = ({"sharded_state": shard_folder} if shards else
+                       {"model": workload.model.state_dict(), "optimizer": optimizer.state_dict()})
             save_checkpoint(os.path.join(run_dir, CHECKPOINT), {
-                "model": workload.model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict() if scaler else None,
+                **weights, "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict() if scaler else None,
                 "rng": rng, "step": step, "plan": plan.to_dict(), "workload": workload.spec.to_dict(),
             })
+            if shards:
+                remove_stale_sharded_states(run_dir, keep=shard_folder)
 
     started = time.perf_counter()
     interrupted = False
@@ -332,12 +343,13 @@ def _optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[di
                     agreement: _OomAgreement | None = None) -> tuple[float, int]:
     """Accumulate, then step. Returns the large-batch loss and the tokens seen (all ranks)."""
     num_items = int(dist.sum(count_step_targets(micro_batches, workload.task)))
-    no_sync = getattr(model, "no_sync", None)
+    # DDP averages gradients over ranks; a token-normalized loss must be summed, so undo the average.
+    # FSDP here sums already (gaplan.parallel sets it on every unit).
+    averaged = dist.active and not is_sharded(model) and workload.loss_is_scaled_for_ga is not False
     result = accumulate_gradients(
         model, micro_batches, workload.raw_loss, workload.task, workload.loss_is_scaled_for_ga, workload.autocast,
-        # DDP averages gradients over ranks; a token-normalized loss must be summed, so undo the average.
-        num_items_in_batch=num_items,
-        loss_multiplier=dist.world_size if workload.loss_is_scaled_for_ga is not False else 1, no_sync=no_sync,
+        num_items_in_batch=num_items, loss_multiplier=dist.world_size if averaged else 1,
+        no_sync=no_sync_for(model, workload.spec.grad_sync),
         scale=scaler.scale if scaler is not None else None,
         before_last=agreement.before_last if agreement is not None and dist.active else None,
         before_last_backward=agreement.before_last_backward if agreement is not None and dist.active else None)
@@ -366,6 +378,18 @@ def _optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[di
     elif dist.active:
         loss = dist.sum(loss) / dist.world_size
     return loss, int(dist.sum(tokens))
+
+
+def _grad_scaler(workload: Workload, shards: bool) -> torch.amp.GradScaler | None:
+    """fp16's loss scaler; for a sharded model the one that agrees over ranks on skipping a step (each rank
+    sees only its shards' infinities)."""
+    if workload.spec.dtype != "fp16":
+        return None
+    if shards:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(workload.device.type)
+    return torch.amp.GradScaler(workload.device.type)
 
 
 def _append_log(run_dir: str, log: StepLog) -> None:

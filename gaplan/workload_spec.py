@@ -48,6 +48,8 @@ PRESETS: dict[str, tuple[str, dict, str, int, str]] = {
 
 # The learning rate when none is given: AdamW's usual 1e-3 learns in a few steps; SGD takes a cautious 1e-4.
 DEFAULT_LR = {"adamw": 1e-3, "sgd": 1e-4}
+PARALLEL_LAYOUTS = ("ddp", "fsdp")
+GRAD_SYNCS = ("last", "every")
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,9 @@ class WorkloadSpec:
     init: str = "auto"  # auto | pretrained | random: where the starting weights come from
     weights_dtype: str = "fp32"  # the master weights' dtype (``dtype`` is the autocast compute dtype)
     trust_remote_code: bool = False  # let transformers run the model folder's own code
+    parallel: str = "ddp"  # ddp (replicated) | fsdp (FSDP2 fully_shard per block and root)
+    cpu_offload: bool = False  # fsdp only: parameters, gradients and optimizer states live on the CPU
+    grad_sync: str = "last"  # fsdp only: reduce-scatter gradients on the last micro-step, or on every one
 
     @property
     def learning_rate(self) -> float:
@@ -87,6 +92,15 @@ class WorkloadSpec:
         if self.weights_dtype == "fp16" and self.dtype == "fp16":
             raise GaplanError("--weights-dtype fp16 cannot train with --dtype fp16: the loss scaler needs fp32 or "
                               "bf16 master weights (fp16 gradients cannot be unscaled)")
+        if self.parallel not in PARALLEL_LAYOUTS:
+            raise GaplanError(f"unknown --parallel {self.parallel!r}; choose one of {', '.join(PARALLEL_LAYOUTS)}")
+        if self.grad_sync not in GRAD_SYNCS:
+            raise GaplanError(f"unknown --grad-sync {self.grad_sync!r}; choose one of {', '.join(GRAD_SYNCS)}")
+        if self.parallel != "fsdp" and self.cpu_offload:
+            raise GaplanError("--cpu-offload needs --parallel fsdp (it offloads FSDP's sharded parameters and "
+                              "optimizer states)")
+        if self.parallel != "fsdp" and self.grad_sync != "last":
+            raise GaplanError("--grad-sync every needs --parallel fsdp (DDP syncs on the last micro-step)")
         if not isinstance(self.trust_remote_code, bool):
             raise GaplanError(f"trust_remote_code must be true or false (got {self.trust_remote_code!r})")
         if self.optimizer not in OPTIMIZERS:
