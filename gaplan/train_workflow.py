@@ -132,6 +132,9 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
     dist = init_distributed(device)
     if options.threads:
         torch.set_num_threads(options.threads)
+    if spec.parallel == "fsdp" and not dist.active:
+        raise GaplanError("--parallel fsdp shards the model over ranks: launch it with "
+                          "torchrun --nproc-per-node N -m gaplan train ... (N at least 2)")
     is_main = dist.rank == 0
     main_say = say if is_main else _quiet
     if dist.active and device == "cpu" and memory_limit is not None:
@@ -155,9 +158,6 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
         main_say(f"weights: {workload.info['weights_path']} (pretrained)" if weights == "pretrained"
                  else "weights: random init" if weights == "random" else "weights: built by the model's function")
     if spec.parallel == "fsdp":
-        if not dist.active:
-            raise GaplanError("--parallel fsdp shards the model over ranks: launch it with "
-                              "torchrun --nproc-per-node N -m gaplan train ... (N at least 2)")
         blocks = len(find_blocks(workload.model))
         workload = sharded(workload, cpu_offload=spec.cpu_offload)
         main_say(f"FSDP2: {blocks} blocks and the root sharded over {dist.world_size} ranks"

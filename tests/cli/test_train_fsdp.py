@@ -1,0 +1,121 @@
+"""FSDP2 training under torchrun on CPU (gloo): the sharded run trains the same weights as one process."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from gaplan.cli import main
+
+from ..conftest import REPO_ROOT
+from ..tolerances import assert_close_at_scale, relative_difference
+
+# 30 samples over 2 ranks: 15 each, in micro-batches of 4, 4, 4 and 3 (uneven); SyntheticCorpus pads varied lengths.
+FSDP_STEPS = ["train", "--seq-len", "32", "--effective-batch", "30", "--steps", "2", "--seed", "0", "--threads", "1",
+              "--quiet"]
+
+
+def torchrun(*args: str, port: int, timeout: int = 300) -> subprocess.CompletedProcess:
+    runner = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
+    assert runner, "torchrun comes with torch"
+    return subprocess.run([runner, "--nproc-per-node", "2", "--master-port", str(port), "-m", "gaplan", *args],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def one_process(*args: str):
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def fsdp_against_one_process(tmp_path, extra: list[str], port: int) -> dict[str, float]:
+    """Train 2 steps FSDP over 2 ranks at micro-batch 4, and in one process at micro-batch 30; the weights' differences."""
+    sharded = torchrun(*FSDP_STEPS, *extra, "--parallel", "fsdp", "--micro-batch", "4", "--out", str(tmp_path / "fsdp"),
+                       "--save-weights", str(tmp_path / "fsdp.st"), port=port)
+    assert sharded.returncode == 0, sharded.stderr[-3000:]
+    one_process(*FSDP_STEPS, *extra, "--micro-batch", "30", "--out", str(tmp_path / "one"),
+                "--save-weights", str(tmp_path / "one.st"))
+    a, b = load_file(tmp_path / "fsdp.st"), load_file(tmp_path / "one.st")
+    assert a.keys() == b.keys()
+    return {key: relative_difference(a[key], b[key]) for key in a}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_fsdp_ranks_equal_one_process_with_sgd(tmp_path):
+    sharded = torchrun(*FSDP_STEPS, "--optimizer", "sgd", "--lr", "0.1", "--parallel", "fsdp", "--micro-batch", "4",
+                       "--out", str(tmp_path / "fsdp"), "--save-weights", str(tmp_path / "fsdp.st"), "--json",
+                       port=29541)
+    assert sharded.returncode == 0, sharded.stderr[-3000:]
+    summary = json.loads(sharded.stdout.strip().splitlines()[-1])
+    assert summary["plan"]["world_size"] == 2 and summary["plan"]["micro_batch_sizes"] == [4, 4, 4, 3], summary
+    one_process(*FSDP_STEPS, "--optimizer", "sgd", "--lr", "0.1", "--micro-batch", "30", "--out", str(tmp_path / "one"),
+                "--save-weights", str(tmp_path / "one.st"))
+    a, b = load_file(tmp_path / "fsdp.st"), load_file(tmp_path / "one.st")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert_close_at_scale(a[key], b[key], msg=key)
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("extra, rtol", [
+    (["--optimizer", "adamw", "--lr", "1e-3"], 1e-5),
+    (["--optimizer", "sgd", "--lr", "0.1", "--grad-checkpointing", "on"], 1e-5),
+    (["--optimizer", "sgd", "--lr", "0.1", "--grad-sync", "every"], 1e-5),
+    # bf16: FSDP computes with bf16 copies of the weights (MixedPrecisionPolicy), one process with bf16 autocast
+    # (which keeps layer norms in fp32): the same arithmetic only up to bf16 rounding (8 bits of mantissa).
+    (["--optimizer", "sgd", "--lr", "0.1", "--dtype", "bf16"], 2e-2),
+], ids=["adamw", "checkpointing", "sync-every", "bf16"])
+def test_two_fsdp_ranks_equal_one_process(tmp_path, extra, rtol):
+    differences = fsdp_against_one_process(tmp_path, extra, port=29542)
+    worst = max(differences, key=differences.get)
+    assert differences[worst] < rtol, (worst, differences[worst])
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_sharded_checkpoint_resumes_bitwise(tmp_path):
+    common = [*FSDP_STEPS[:-1], "--optimizer", "adamw", "--parallel", "fsdp", "--micro-batch", "4"]
+    common = [arg if arg != "2" else "4" for arg in common]  # 4 steps
+    whole = torchrun(*common, "--out", str(tmp_path / "whole"), "--save-weights", str(tmp_path / "whole.st"),
+                     port=29543)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    half = [*common[:common.index("--steps") + 1], "2", *common[common.index("--steps") + 2:]]
+    first = torchrun(*half, "--out", str(tmp_path / "cut"), port=29544)
+    assert first.returncode == 0, first.stderr[-3000:]
+    shards = [p.name for p in (tmp_path / "cut").iterdir() if p.name.startswith("checkpoint-shards")]
+    assert shards == ["checkpoint-shards-step00000002"], shards
+    resumed = torchrun("train", "--resume", str(tmp_path / "cut"), "--steps", "4", "--quiet",
+                       "--save-weights", str(tmp_path / "resumed.st"), port=29545)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = load_file(tmp_path / "whole.st"), load_file(tmp_path / "resumed.st")
+    assert all(torch.equal(a[k], b[k]) for k in a), "the resumed sharded run differs from the uninterrupted one"
+
+
+@pytest.mark.slow
+def test_fsdp_without_torchrun_is_one_line(tmp_path):
+    out = tmp_path / "never"
+    result = CliRunner().invoke(main, ["train", "--parallel", "fsdp", "--micro-batch", "2", "--effective-batch", "4",
+                                       "--steps", "1", "--seq-len", "16", "--quiet", "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "torchrun --nproc-per-node N" in lines[0], result.stderr
+    assert not out.exists()
+
+
+def test_cpu_offload_and_grad_sync_need_fsdp(tmp_path):
+    for args, message in ((["--cpu-offload"], "--cpu-offload needs --parallel fsdp"),
+                          (["--grad-sync", "every"], "--grad-sync every needs --parallel fsdp")):
+        result = CliRunner().invoke(main, ["train", *args, "--quiet", "--out", str(tmp_path / "never")])
+        assert result.exit_code == 2, result.output
+        assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "never").exists()
