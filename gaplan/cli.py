@@ -114,10 +114,15 @@ def probe(**options: Any) -> None:
     if timing and options["world_size"] != 1:
         raise GaplanError("--report, --objective throughput and --grad-checkpointing auto time one device: "
                           "use --world-size 1")
+    from gaplan.probing import trial_ranks
+
+    ranks = trial_ranks(spec, options["world_size"])  # --parallel fsdp needs 2 ranks or more
     out = options["out"] or default_run_dir("probe", spec.model)
     check_writable(out)
     say = stderr_printer(options["quiet"])
-    say(f"probing {spec.model} (each trial: a fresh process, 2 optimizer steps of 2 micro-steps) ...")
+    each = (f"{ranks} fresh processes in one gloo group, one per rank, each under the budget" if ranks > 1 and
+            options["device"] == "cpu" else f"{ranks} ranks, one per GPU" if ranks > 1 else "a fresh process")
+    say(f"probing {spec.model} (each trial: {each}, 2 optimizer steps of 2 micro-steps) ...")
     run = run_probe(spec, out, device=options["device"], memory_limit=memory_limit,
                     effective_batch=options["effective_batch"], world_size=options["world_size"],
                     margin=options["margin"], search_cap=options["search_cap"], objective=options["objective"],
@@ -239,7 +244,7 @@ def train(**options: Any) -> None:
     if options["resume"]:  # the run as it was started; what was given again must agree with it
         given = given_on_command_line(click.get_current_context())
         spec_fields = {"model", "task", "seq_len", "dtype", "weights_dtype", "optimizer", "lr", "init",
-                       "trust_remote_code"}
+                       "trust_remote_code", "parallel", "cpu_offload", "grad_sync"}
         given_spec = {k: getattr(spec, k) for k in spec_fields if k in given}
         if "grad_checkpointing" in given and options["grad_checkpointing"] in ("on", "off"):
             given_spec["grad_checkpointing"] = options["grad_checkpointing"] == "on"
@@ -249,7 +254,8 @@ def train(**options: Any) -> None:
         device = device if "device" in given else environment.get("device", device)
         memory_limit = memory_limit if "memory_limit" in given else environment.get("memory_limit")
     say = stderr_printer(options["quiet"])
-    bar = ProgressBar(train_options.steps, enabled=not options["quiet"])
+    # Under torchrun every rank runs this; one bar (rank 0's) is enough.
+    bar = ProgressBar(train_options.steps, enabled=not options["quiet"] and os.environ.get("RANK", "0") == "0")
     run = run_train(spec, run_dir, train_options, device=device, memory_limit=memory_limit, say=say,
                     on_step=bar.step, on_event=bar.write, on_row=lambda row: say(throughput_line(row)))
     bar.close()

@@ -17,10 +17,15 @@ def print_probe(result, trials_shown_live: bool) -> None:
     note = " (default CPU budget; set --memory-limit to change it)" if result.budget_is_default else ""
     click.echo(f"model      {spec.model}  ({result.task}, {result.param_count / 1e6:.1f}M parameters, "
                f"seq len {result.seq_len}, {spec.dtype}, {spec.optimizer})")
-    click.echo(f"device     {result.device}, budget {format_bytes(result.memory_limit_bytes)}{note}")
+    ranks = getattr(result, "trial_ranks", 1)
+    per_rank = " per rank" if ranks > 1 else ""
+    click.echo(f"device     {result.device}, budget {format_bytes(result.memory_limit_bytes)}{per_rank}{note}")
+    if ranks > 1:
+        click.echo(f"layout     FSDP2 over {ranks} ranks: every trial runs all {ranks}; a size fits only if it fits "
+                   "on every rank, and the peak is the largest rank's")
     if result.margin:
         click.echo(f"margin     {result.margin:.0%} kept free: trials ran under {format_bytes(result.probe_limit_bytes)}")
-    click.echo(f"static     {format_bytes(result.static_bytes)} for weights, gradients and optimizer states")
+    click.echo(f"static     {format_bytes(result.static_bytes)}{per_rank} for weights, gradients and optimizer states")
     if not trials_shown_live:
         click.echo("")
         for trial in result.trials:
@@ -28,7 +33,8 @@ def print_probe(result, trials_shown_live: bool) -> None:
     click.echo("")
     edge = f"{result.max_micro_batch}" + (" (the search cap; more may fit)" if result.capped else "")
     click.echo(f"largest micro-batch that fits: {edge}   "
-               f"[{len(result.trials)} trials, each a fresh process, {result.wall_seconds:.1f} s]")
+               f"[{len(result.trials)} trials, each {f'{ranks} fresh processes' if ranks > 1 else 'a fresh process'}, "
+               f"{result.wall_seconds:.1f} s]")
     click.echo(f"plan: {result.plan.describe()}")
 
 

@@ -41,6 +41,10 @@ class ProbeResult:
     command: str | None = None  # the command line that made this run, to reproduce it
     probed: bool = True
     ddp: bool = False  # the trials ran under DistributedDataParallel (a plan for several ranks)
+    # The world size the probe was made for (FSDP's shards, so its B*, depend on it), and the ranks each trial
+    # ran: the world size for a sharded workload (workload.parallel "fsdp"), else 1 (DDP's trials run one process).
+    world_size: int = 1
+    trial_ranks: int = 1
     created: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
     @property
@@ -57,6 +61,8 @@ class ProbeResult:
             "created": self.created,
             "probed": self.probed,
             "ddp": self.ddp,
+            "world_size": self.world_size,
+            "trial_ranks": self.trial_ranks,
             "workload": self.workload.to_dict(),
             "device": self.device,
             "memory_limit_bytes": self.memory_limit_bytes,
@@ -102,6 +108,8 @@ class ProbeResult:
                 command=data.get("command"),
                 probed=bool(data.get("probed", True)),
                 ddp=bool(data.get("ddp", False)),
+                world_size=int(data.get("world_size") or data["plan"].get("world_size") or 1),
+                trial_ranks=int(data.get("trial_ranks") or 1),
                 created=data.get("created", ""),
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -23,12 +23,40 @@ from gaplan.worker_process import WorkerProcess
 from gaplan.workload_spec import WorkloadSpec
 
 
-def _check_ready(info: dict, spec: WorkloadSpec, limit_bytes: int) -> None:
-    if info.get("error") == "does-not-fit" or info.get("static_bytes", 0) > info.get("limit_bytes", limit_bytes):
+def _check_ready(info: dict, spec: WorkloadSpec, limit_bytes: int, ranks: int = 1) -> None:
+    limit = info.get("limit_bytes") or limit_bytes
+    if info.get("error") == "does-not-fit" or (info.get("static_bytes") or 0) > limit:
         needed = info.get("static_bytes")
         what = f"needs at least {format_bytes(needed)} " if needed else "needs more memory than that "
-        raise DoesNotFit(f"{spec.model} does not fit in {format_bytes(info.get('limit_bytes', limit_bytes))}: "
+        where = f" per rank (sharded over {ranks} ranks)" if ranks > 1 else ""
+        raise DoesNotFit(f"{spec.model} does not fit in {format_bytes(limit)}{where}: "
                          f"it {what}for weights, gradients and optimizer states", needed)
+
+
+def trial_ranks(spec: WorkloadSpec, world_size: int) -> int:
+    """How many ranks each trial runs: the world size for a sharded workload (its memory depends on it), else 1.
+
+    Raises:
+        GaplanError: ``--parallel fsdp`` with fewer than 2 ranks.
+    """
+    if spec.parallel != "fsdp":
+        return 1
+    if world_size < 2:
+        raise GaplanError(f"--parallel fsdp: FSDP shards over at least 2 ranks; give --world-size 2 or more "
+                          f"(got {world_size})")
+    return world_size
+
+
+def check_gpus_for_ranks(device: str, ranks: int) -> None:
+    """On CUDA a trial of ``ranks`` ranks runs one per local GPU, cuda:0 to cuda:ranks-1 (on CPU: processes here)."""
+    if ranks < 2 or not device.startswith("cuda"):
+        return
+    import torch
+
+    count = torch.cuda.device_count()
+    if count < ranks:
+        raise GaplanError(f"--parallel fsdp --world-size {ranks}: a trial runs every rank on its own GPU of "
+                          f"this machine (cuda:0 to cuda:{ranks - 1}), and it has {count}")
 
 
 def probe(
@@ -55,7 +83,10 @@ def probe(
         search_cap: no trial above this; default ``ceil(effective_batch / world_size)``, since a larger
             micro-batch is never of use to the plan (when it fits, the result says ``capped``).
         ddp: trials wrap the model in DistributedDataParallel (its gradient buckets count); default: when
-            ``world_size`` > 1, since that run trains under DDP.
+            ``world_size`` > 1, since that run trains under DDP. Not used for a sharded workload
+            (``spec.parallel == "fsdp"``): each of its trials runs ``world_size`` ranks in one process group
+            (processes on this machine, gloo, each under ``memory_limit``; on CUDA cuda:0 to cuda:W-1),
+            and a size fits only if it fits on every rank (:mod:`gaplan.rank_trials`).
         optimizer_steps: accumulated optimizer steps per trial (each in a fresh process); two by
             default, so the answer is checked past the first step, not only at it.
         on_trial: called after each trial, for progress display.
@@ -64,6 +95,7 @@ def probe(
         DoesNotFit: when even micro-batch 1 does not fit.
     """
     spec = (spec or WorkloadSpec()).validate()
+    ranks = trial_ranks(spec, world_size)
     if not 0 <= margin < 1:
         raise GaplanError(f"--margin must be a fraction in [0, 1) (got {margin})")
     if memory_limit is not None and memory_limit <= 0:
@@ -74,21 +106,22 @@ def probe(
     if search_cap < 1:
         raise GaplanError(f"the search cap must be a positive integer (got {search_cap})")
     device = resolve_device(device)
+    check_gpus_for_ranks(device, ranks)
     budget_is_default = memory_limit is None
     if device == "cpu" and memory_limit is None:
         memory_limit = DEFAULT_CPU_BUDGET
     if device.startswith("cuda") and memory_limit is None:
         memory_limit = cuda_total_bytes(device)  # the whole card, so that --margin applies to it too
     if device == "cpu":
-        check_cpu_budget(memory_limit)
+        check_cpu_budget(memory_limit, ranks)
     started = time.perf_counter()
     probe_limit = None if memory_limit is None else int(memory_limit * (1 - margin))
-    ddp = world_size > 1 if ddp is None else ddp
-    with WorkerProcess(spec, device, probe_limit, threads=threads, ddp=ddp) as worker:
+    ddp = (world_size > 1 if ddp is None else ddp) and ranks == 1
+    with WorkerProcess(spec, device, probe_limit, threads=threads, ddp=ddp, ranks=ranks) as worker:
         info = worker.info
         memory_limit = memory_limit or info["limit_bytes"]
         probe_limit = info["limit_bytes"]
-        _check_ready(info, spec, probe_limit)
+        _check_ready(info, spec, probe_limit, ranks)
 
         def measure(micro_batch: int) -> Trial:
             trial = worker.trial(micro_batch, optimizer_steps=optimizer_steps)
@@ -108,14 +141,18 @@ def probe(
         max_micro_batch=edge, capped=result.capped, trials=result.trials,
         plan=make_plan(effective_batch, edge, world_size), param_count=info["param_count"],
         static_bytes=info["static_bytes"], task=info["task"], seq_len=info["seq_len"], ddp=ddp,
-        wall_seconds=time.perf_counter() - started,
+        wall_seconds=time.perf_counter() - started, world_size=world_size, trial_ranks=ranks,
     )
 
 
 def check_in_fresh_process(spec: WorkloadSpec, device: str, limit_bytes: int | None, micro_batch: int,
-                           optimizer_steps: int = 2, threads: int | None = None) -> bool:
-    """Train ``optimizer_steps`` accumulated steps at ``micro_batch`` in a new process; True if it fits."""
-    with WorkerProcess(spec, resolve_device(device), limit_bytes, threads=threads) as worker:
+                           optimizer_steps: int = 2, threads: int | None = None, world_size: int = 1) -> bool:
+    """Train ``optimizer_steps`` accumulated steps at ``micro_batch`` in a new process; True if it fits.
+
+    A sharded workload runs ``world_size`` ranks, each under ``limit_bytes``: True if it fits on every one.
+    """
+    ranks = trial_ranks(spec, world_size)
+    with WorkerProcess(spec, resolve_device(device), limit_bytes, threads=threads, ranks=ranks) as worker:
         if worker.info.get("error") == "does-not-fit":
             return False
         return worker.trial(micro_batch, optimizer_steps=optimizer_steps).fits
@@ -128,9 +165,17 @@ def cuda_total_bytes(device: str) -> int:
     return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
 
 
-def check_cpu_budget(memory_limit: int) -> None:
-    """A CPU budget must be real: one above the memory this machine has free would only end in the OOM killer."""
+def check_cpu_budget(memory_limit: int, ranks: int = 1) -> None:
+    """A CPU budget must be real: one above the memory this machine has free would only end in the OOM killer.
+
+    ``ranks`` trial processes at once (a sharded trial) each have the budget: all of them must fit.
+    """
     free = available_bytes()
-    if free is not None and memory_limit > free:
-        raise GaplanError(f"--memory-limit {format_bytes(memory_limit)} is more than this machine's available memory "
-                          f"({format_bytes(free)}): a CPU budget must fit in it")
+    if free is None or memory_limit * ranks <= free:
+        return
+    if ranks > 1:
+        raise GaplanError(f"--memory-limit {format_bytes(memory_limit)} per rank x {ranks} ranks is more than this "
+                          f"machine's available memory ({format_bytes(free)}): every rank of a trial runs here, "
+                          "under its own budget")
+    raise GaplanError(f"--memory-limit {format_bytes(memory_limit)} is more than this machine's available memory "
+                      f"({format_bytes(free)}): a CPU budget must fit in it")

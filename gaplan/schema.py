@@ -82,7 +82,8 @@ def check_plan(data: object, path: str) -> dict[str, Any]:
             missing += [f"{section}.{key}" for key in keys if key not in data[section]]
     if missing:
         raise GaplanError(f"{path} is not a gaplan plan file: missing {', '.join(missing)}")
-    for key in ("memory_limit_bytes", "probe_limit_bytes", "max_micro_batch", "param_count", "static_bytes"):
+    for key in ("memory_limit_bytes", "probe_limit_bytes", "max_micro_batch", "param_count", "static_bytes",
+                "world_size", "trial_ranks"):
         _check_number(path, key, data.get(key))
     for key in ("effective_batch", "micro_batch", "grad_accum_steps", "world_size"):
         _check_number(path, f"plan.{key}", data["plan"].get(key))

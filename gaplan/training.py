@@ -221,6 +221,8 @@ def train(
                 except Exception as exc:  # noqa: BLE001 - classified right below
                     if not (is_out_of_memory(exc) or isinstance(exc, PeerOutOfMemory)) or plan.micro_batch == 1:
                         raise
+                    if shards:
+                        raise _sharded_out_of_memory(exc, step, plan, dist) from None
                     agreement.report_own_failure()
                     where = "another rank" if isinstance(exc, PeerOutOfMemory) else getattr(exc, "gaplan_phase", "")
                 optimizer.zero_grad(set_to_none=True)  # after the except block: the traceback is gone
@@ -378,6 +380,17 @@ def _optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[di
     elif dist.active:
         loss = dist.sum(loss) / dist.world_size
     return loss, int(dist.sum(tokens))
+
+
+def _sharded_out_of_memory(exc: BaseException, step: int, plan: Plan, dist: Distributed) -> GaplanError:
+    """Under FSDP every forward and backward all-gathers: the other ranks wait inside a collective that this
+    rank will never join, so no vote can reach them and the step cannot be redone smaller. Stop this rank
+    (torchrun then stops the others) and say what to do."""
+    where = getattr(exc, "gaplan_phase", "the optimizer step")
+    return GaplanError(f"rank {dist.rank} ran out of memory at step {step + 1}, in {where}, at micro-batch "
+                       f"{plan.micro_batch} under FSDP, where the other ranks wait inside a collective: no smaller "
+                       "retry is possible mid-step. Train with a smaller --micro-batch (gaplan probe --parallel fsdp "
+                       "finds the largest that fits)")
 
 
 def _grad_scaler(workload: Workload, shards: bool) -> torch.amp.GradScaler | None:

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import torch
 
 from gaplan.devices import Backend, is_out_of_memory
+from gaplan.loss import count_step_targets
+from gaplan.parallel import no_sync_for
 from gaplan.step import accumulate_gradients
 from gaplan.trial import Trial
 from gaplan.workload import Workload
@@ -25,6 +27,17 @@ def materialize_optimizer_state(workload: Workload) -> None:
             param.grad = torch.zeros_like(param)
     workload.optimizer.step()
     workload.optimizer.zero_grad(set_to_none=True)
+
+
+def _targets_over_ranks(batches: list, task: str) -> int | None:
+    """The step's targets summed over the ranks of a multi-rank trial, as training counts them (one all-reduce)."""
+    import torch.distributed as dist
+
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return None  # counted by accumulate_gradients
+    total = torch.tensor([count_step_targets(batches, task)], dtype=torch.int64)
+    dist.all_reduce(total)
+    return int(total.item())
 
 
 def run_trial(workload: Workload, backend: Backend, micro_batch: int, micro_steps: int = 2,
@@ -46,10 +59,12 @@ def run_trial(workload: Workload, backend: Backend, micro_batch: int, micro_step
             backend.reset_peak()
             step_started = time.perf_counter()
             batches = [workload.make_batch(size) for size in sizes]
-            # Under DDP, no gradient sync but on the last micro-step, as training does.
+            # Under DDP, no gradient sync but on the last micro-step, as training does; sharded (FSDP), as the
+            # workload's grad_sync says. The loss multiplier stays 1: it scales the loss, not the memory.
             accumulate_gradients(workload.model, batches, workload.raw_loss, workload.task,
                                  workload.loss_is_scaled_for_ga, workload.autocast,
-                                 no_sync=getattr(workload.model, "no_sync", None))
+                                 num_items_in_batch=_targets_over_ranks(batches, workload.task),
+                                 no_sync=no_sync_for(workload.model, workload.spec.grad_sync))
             micro_steps_peak = max(micro_steps_peak, backend.peak_bytes())  # no optimizer step in it yet
             workload.optimizer.step()
             workload.optimizer.zero_grad(set_to_none=True)

@@ -22,13 +22,19 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable
 
+from gaplan.rank_trials import merge_ready, merge_trials, run_ranks
 from gaplan.trial import Trial
 from gaplan.worker_protocol import TrialRequest, WorkerSetup
+
+# A multi-rank trial that has not ended after this long is killed (a hang, not an answer): see gaplan.rank_trials.
+DEFAULT_RANK_TIMEOUT_S = 1800.0
 
 
 def run_in_child(work: Callable[[], dict]) -> dict:
@@ -76,10 +82,19 @@ def _die_with_parent() -> None:
         pass  # not Linux: a trial child then outlives a killed worker until its trial ends
 
 
-def _build_under_budget(setup: WorkerSetup, enforce: bool = True):
+def rank_device(device: str, rank: int | None) -> str:
+    """Where a rank of a multi-rank trial runs: ``cuda:RANK`` on CUDA (as torchrun's LOCAL_RANK), else the CPU."""
+    if rank is None or not device.startswith("cuda"):
+        return device
+    return f"cuda:{rank}"
+
+
+def _build_under_budget(setup: WorkerSetup, enforce: bool = True, rank: int | None = None):
     """In a trial child: impose the budget, then build the workload (weights and optimizer state count).
 
     ``enforce=False`` measures without the budget (a reference run that is known not to fit).
+    ``rank``: this child is that rank of a sharded trial (its process group joined already): the model is
+    sharded with FSDP2 after it is built, as ``gaplan train --parallel fsdp`` does, under the budget.
     """
     import torch
 
@@ -88,17 +103,72 @@ def _build_under_budget(setup: WorkerSetup, enforce: bool = True):
     from gaplan.workload import build_workload
     from gaplan.workload_spec import WorkloadSpec
 
+    device = rank_device(setup.device, rank)
     if setup.threads:
         torch.set_num_threads(setup.threads)
-    backend = make_backend(setup.device)
+    backend = make_backend(device)
     backend.activate(setup.limit_bytes, enforce=enforce)
     # Weights don't change memory: trials build from the config, directly on the device, and read no checkpoint.
-    workload = build_workload(WorkloadSpec(**setup.workload), setup.device, seed=setup.seed, load_weights=False)
-    if setup.ddp:
-        workload = _wrapped_in_ddp(workload, setup.device)
+    workload = build_workload(WorkloadSpec(**setup.workload), device, seed=setup.seed, load_weights=False)
+    if rank is not None:
+        from gaplan.parallel import sharded
+
+        workload = sharded(workload, cpu_offload=workload.spec.cpu_offload)
+    elif setup.ddp:
+        workload = _wrapped_in_ddp(workload, device)
     if setup.warm_optimizer:
         materialize_optimizer_state(workload)
     return backend, workload
+
+
+def _join_group(setup: WorkerSetup, rank: int, store_path: str) -> None:
+    """In a rank's child, before its budget (as under torchrun): join this trial's own process group.
+
+    A new FileStore per trial: no port to find, nothing shared with another trial.
+    """
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from gaplan.distributed import process_group_backend
+
+    device = rank_device(setup.device, rank)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    # The parent kills a stuck rank first; the group's own timeout is a second line.
+    timeout = datetime.timedelta(seconds=setup.timeout_s or DEFAULT_RANK_TIMEOUT_S)
+    dist.init_process_group(process_group_backend(device), store=dist.FileStore(store_path, setup.ranks),
+                            rank=rank, world_size=setup.ranks, timeout=timeout)
+
+
+def _in_ranks(setup: WorkerSetup, body: Callable[[int | None], dict]) -> list[dict]:
+    """``body(rank)`` in every rank of a fresh process group (:func:`gaplan.rank_trials.run_ranks`)."""
+    store_dir = tempfile.mkdtemp(prefix="gaplan-ranks-")
+
+    def work(rank: int) -> dict:
+        _die_with_parent()
+        _join_group(setup, rank, os.path.join(store_dir, "store"))
+        return body(rank)
+
+    try:
+        return run_ranks(setup.ranks, work, setup.timeout_s or DEFAULT_RANK_TIMEOUT_S)
+    finally:
+        shutil.rmtree(store_dir, ignore_errors=True)
+
+
+def _static_bytes(workload) -> int:
+    """Weights, gradients and optimizer states this process holds: of a sharded model, its shards only."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(workload.model.parameters())
+    if not any(isinstance(p, DTensor) for p in params):
+        return workload.static_bytes()
+    local = [(p.to_local() if isinstance(p, DTensor) else p, p.requires_grad) for p in params]
+    weights = sum(t.numel() * t.element_size() for t, _ in local)
+    trained = sum(t.numel() * t.element_size() for t, requires_grad in local if requires_grad)
+    states = 2 * trained if workload.spec.optimizer == "adamw" else 0  # as gaplan.workload.static_bytes counts
+    return weights + trained + states
 
 
 def _wrapped_in_ddp(workload, device: str):
@@ -120,24 +190,24 @@ def _wrapped_in_ddp(workload, device: str):
     return dataclasses.replace(workload, model=DistributedDataParallel(workload.model))
 
 
-def _describe(setup: WorkerSetup, static: int | None) -> dict:
+def _describe(setup: WorkerSetup, static: int | None, rank: int | None = None) -> dict:
     """The ready message: the workload built once under the budget, or why it does not fit."""
     from gaplan.devices import is_out_of_memory, make_backend
 
     try:
-        backend, workload = _build_under_budget(setup)
+        backend, workload = _build_under_budget(setup, rank=rank)
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
-        backend = make_backend(setup.device)
+        backend = make_backend(rank_device(setup.device, rank))
         backend.activate(setup.limit_bytes)
         return {"error": "does-not-fit", "limit_bytes": backend.limit_bytes, "static_bytes": static}
     return {
         "ready": True,
-        "device": backend.name,
+        "device": setup.device if rank is not None else backend.name,
         "limit_bytes": backend.limit_bytes,
         "param_count": workload.param_count,
-        "static_bytes": workload.static_bytes(),
+        "static_bytes": _static_bytes(workload),
         "task": workload.task,
         "seq_len": workload.seq_len,
         "model_type": workload.info.get("model_type"),
@@ -145,13 +215,14 @@ def _describe(setup: WorkerSetup, static: int | None) -> dict:
     }
 
 
-def _trial(setup: WorkerSetup, request: TrialRequest) -> dict:
-    """One request in a trial child: a trial (optionally unbounded, with uneven sizes) or a breakdown."""
+def _trial(setup: WorkerSetup, request: TrialRequest, rank: int | None = None) -> dict:
+    """One request in a trial child (or in one rank of it): a trial (optionally unbounded, with uneven sizes)
+    or a breakdown."""
     from gaplan.devices import is_out_of_memory
     from gaplan.trial_runner import run_trial
 
     try:
-        backend, workload = _build_under_budget(setup, enforce=not request.unbounded)
+        backend, workload = _build_under_budget(setup, enforce=not request.unbounded, rank=rank)
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
@@ -178,16 +249,28 @@ def _serve(requests, reply) -> None:
     except GaplanError as exc:
         reply({"error": "user", "message": str(exc)})
         return
+    if static is not None and setup.ranks > 1:
+        static = -(-static // setup.ranks)  # each rank holds its shards (the ranks measure theirs exactly)
     if static is not None and setup.limit_bytes and static > setup.limit_bytes:
         reply({"error": "does-not-fit", "limit_bytes": setup.limit_bytes, "static_bytes": static})
         return
-    ready = run_in_child(lambda: _describe(setup, static))
+    if setup.ranks > 1:
+        ready = merge_ready(_in_ranks(setup, functools.partial(_describe, setup, static)))
+    else:
+        ready = run_in_child(lambda: _describe(setup, static))
     reply(ready)
     if not ready.get("ready"):
         return
     for line in requests:
         request = TrialRequest.from_dict(json.loads(line))
-        outcome = run_in_child(functools.partial(_trial, setup, request))
+        if setup.ranks > 1 and request.breakdown:
+            reply({"error": "user", "message": "the memory breakdown by category measures one process: it does "
+                                               "not run the ranks of a sharded (--parallel fsdp) trial"})
+            continue
+        if setup.ranks > 1:
+            outcome = merge_trials(request.micro_batch, _in_ranks(setup, functools.partial(_trial, setup, request)))
+        else:
+            outcome = run_in_child(functools.partial(_trial, setup, request))
         if outcome.get("error") == "killed":  # no Python error to catch: the kernel ended it for memory
             outcome = Trial(request.micro_batch, False, error=outcome["message"]).to_dict()
         reply(outcome)

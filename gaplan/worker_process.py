@@ -18,7 +18,10 @@ class WorkerProcess:
     """A :mod:`gaplan.worker` child holding one workload under one budget."""
 
     def __init__(self, spec: WorkloadSpec, device: str, limit_bytes: int | None, threads: int | None = None,
-                 seed: int = 0, warm_optimizer: bool = True, ddp: bool = False) -> None:
+                 seed: int = 0, warm_optimizer: bool = True, ddp: bool = False, ranks: int = 1,
+                 timeout_s: float | None = None) -> None:
+        """``ranks`` above 1: every trial runs that many ranks, each under ``limit_bytes`` (a sharded workload);
+        ``timeout_s``: such a trial that has not ended by then is killed (:mod:`gaplan.rank_trials`)."""
         env = dict(os.environ, **MMAP_THRESHOLD_ENV)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         # The worker must import this very gaplan, installed or not.
@@ -28,7 +31,8 @@ class WorkerProcess:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gaplan.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env=env, bufsize=1)
-        self._send(WorkerSetup(spec.to_dict(), device, limit_bytes, threads, seed, warm_optimizer, ddp).to_dict())
+        self._send(WorkerSetup(spec.to_dict(), device, limit_bytes, threads, seed, warm_optimizer, ddp, ranks,
+                               timeout_s).to_dict())
         self.info = self._receive()
 
     def _send(self, message: dict) -> None:

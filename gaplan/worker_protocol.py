@@ -20,6 +20,10 @@ class WorkerSetup:
     seed: int = 0
     warm_optimizer: bool = True  # create the optimizer's states before the trial (steady state)
     ddp: bool = False  # wrap the model in DistributedDataParallel, as a run on several ranks trains it
+    # Ranks per trial: above 1 (FSDP) every trial is that many forked processes in one process group, each
+    # under its own budget (cuda:r for rank r on CUDA); the trial fits only if it fits on every rank.
+    ranks: int = 1
+    timeout_s: float | None = None  # a multi-rank trial that has not ended by then is killed (None: no limit)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -21,6 +21,9 @@ DEFAULT_MODEL = "tiny-gpt2"
 # then gives the same gradient as one large batch, which the tests check bit for bit.
 _NO_DROPOUT_GPT2 = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 _NO_DROPOUT_BERT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+# Llama-2's published config (meta-llama/Llama-2-*-hf config.json), less its shape.
+_LLAMA_2 = dict(vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
+                pad_token_id=0, tie_word_embeddings=False)
 
 # name -> (config class name, config kwargs, task, default seq len, description)
 PRESETS: dict[str, tuple[str, dict, str, int, str]] = {
@@ -43,6 +46,17 @@ PRESETS: dict[str, tuple[str, dict, str, int, str]] = {
                                          intermediate_size=1024, vocab_size=8192, max_position_embeddings=512,
                                          num_labels=4, **_NO_DROPOUT_BERT),
                       CLASSIFICATION, 128, "BERT style sequence classifier (4 classes), 4 layers x 256"),
+    # Published shapes, for planning (gaplan estimate / gaplan plan): a random init from the config, no download.
+    "llama-2-7b": ("LlamaConfig", dict(_LLAMA_2, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                                       num_attention_heads=32, num_key_value_heads=32),
+                   CAUSAL_LM, 4096, "Llama-2-7B shape (32 layers x 4096, 6.7B parameters; random init, no weights)"),
+    "llama-2-13b": ("LlamaConfig", dict(_LLAMA_2, hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
+                                        num_attention_heads=40, num_key_value_heads=40),
+                    CAUSAL_LM, 4096, "Llama-2-13B shape (40 layers x 5120, 13B parameters; random init, no weights)"),
+    "llama-2-70b": ("LlamaConfig", dict(_LLAMA_2, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                                        num_attention_heads=64, num_key_value_heads=8),
+                    CAUSAL_LM, 4096, "Llama-2-70B shape (80 layers x 8192, grouped-query attention, 69B parameters; "
+                                     "random init, no weights)"),
 }
 
 

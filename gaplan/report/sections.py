@@ -105,6 +105,10 @@ def plan_section(run: RunData) -> list[Block]:
         items = [f"**Largest micro-batch:** {best}, given with `--micro-batch` (not probed)"]
     rank = " (sizes on rank 0)" if int(plan["plan"].get("world_size") or 1) > 1 else ""
     items.append(f"**Plan:** {Plan.from_dict(plan['plan']).describe()}{rank}")
+    if (plan.get("workload") or {}).get("parallel") == "fsdp" and run.probed:
+        ranks = int(plan.get("trial_ranks") or plan["plan"].get("world_size") or 1)
+        items.append(f"**Layout:** FSDP2, sharded over {ranks} ranks; every trial ran all {ranks}, each under the "
+                     "budget: budget, peaks and static memory are per rank (the largest rank's)")
     budget = run.budget
     at_best = trials[(trials["micro_batch"] == best) & trials["fits"] & trials["peak_bytes"].notna()]
     if not at_best.empty and budget is not None:

@@ -119,3 +119,16 @@ def test_cpu_offload_and_grad_sync_need_fsdp(tmp_path):
         assert result.exit_code == 2, result.output
         assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_an_oom_under_fsdp_stops_every_rank_with_one_line_instead_of_hanging(tmp_path):
+    """A real OOM (the CPU budget enforced) inside a sharded step: the failing rank says why, torchrun stops the
+    other, which would otherwise wait in the all-gather forever."""
+    result = torchrun("train", "--seq-len", "64", "--effective-batch", "512", "--micro-batch", "256", "--steps", "1",
+                      "--optimizer", "sgd", "--threads", "1", "--parallel", "fsdp", "--memory-limit", "200MiB",
+                      "--enforce-memory-limit", "--quiet", "--out", str(tmp_path / "oom"), port=29546, timeout=240)
+    assert result.returncode != 0
+    assert "ran out of memory at step 1" in result.stderr and "under FSDP" in result.stderr, result.stderr[-3000:]
