@@ -68,7 +68,8 @@ def main() -> None:
 @workload_options
 @click.option("--effective-batch", type=int, default=DEFAULT_EFFECTIVE_BATCH, show_default=True,
               help="Samples per optimizer step.")
-@click.option("--world-size", type=int, default=1, show_default=True, help="Processes the batch is split over.")
+@click.option("--world-size", type=int, default=1, show_default=True,
+              help="Processes the batch is split over (with --parallel fsdp, 2 or more: every trial runs them all).")
 @click.option("--margin", type=float, default=0.0, show_default=True,
               help="Fraction of the budget kept free (e.g. 0.05 for longer batches later).")
 @SEARCH_CAP_OPTION
@@ -120,8 +121,7 @@ def probe(**options: Any) -> None:
     out = options["out"] or default_run_dir("probe", spec.model)
     check_writable(out)
     say = stderr_printer(options["quiet"])
-    each = (f"{ranks} fresh processes in one gloo group, one per rank, each under the budget" if ranks > 1 and
-            options["device"] == "cpu" else f"{ranks} ranks, one per GPU" if ranks > 1 else "a fresh process")
+    each = f"{ranks} fresh processes in one process group, each under the budget" if ranks > 1 else "a fresh process"
     say(f"probing {spec.model} (each trial: {each}, 2 optimizer steps of 2 micro-steps) ...")
     run = run_probe(spec, out, device=options["device"], memory_limit=memory_limit,
                     effective_batch=options["effective_batch"], world_size=options["world_size"],

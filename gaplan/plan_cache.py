@@ -20,7 +20,8 @@ from gaplan.workload_spec import WorkloadSpec, model_source_kind
 
 # Part of the key: a change in how trials measure must not reuse older answers.
 PROBE_METHOD = "fork-per-trial, 2 optimizer steps, anonymous peak"
-_SAME_WORKLOAD_FIELDS = ("model", "task", "seq_len", "dtype", "weights_dtype", "optimizer", "grad_checkpointing")
+_SAME_WORKLOAD_FIELDS = ("model", "task", "seq_len", "dtype", "weights_dtype", "optimizer", "grad_checkpointing",
+                         "parallel", "cpu_offload", "grad_sync")
 
 
 def cache_root() -> str:
@@ -28,13 +29,19 @@ def cache_root() -> str:
 
 
 def plan_cache_path(spec: WorkloadSpec, device: str, memory_limit: int | None, threads: int | None = None,
-                    ddp: bool = False) -> str:
-    """The cache file of a probe of this workload, device, budget and thread count (and DDP wrapper or not)."""
+                    ddp: bool = False, world_size: int = 1) -> str:
+    """The cache file of a probe of this workload, device, budget and thread count (and DDP wrapper or not).
+
+    The workload includes its layout (``parallel``, ``cpu_offload``, ``grad_sync``); a sharded one's key also
+    holds the world size, since each rank holds 1/W of the model.
+    """
     # The learning rate, where the weights come from and remote code change no memory.
     workload = {k: v for k, v in spec.to_dict().items() if k not in ("lr", "init", "trust_remote_code")}
+    sharded = spec.parallel == "fsdp"
     key = json.dumps({"workload": workload, "model_files": _model_files_digest(spec.model), "device": device,
                       "memory_limit": memory_limit, "threads": threads, "probe": PROBE_METHOD,
-                      **({"ddp": True} if ddp else {})}, sort_keys=True)
+                      **({"ddp": True} if ddp and not sharded else {}),
+                      **({"world_size": world_size} if sharded else {})}, sort_keys=True)
     return os.path.join(cache_root(), "plans", hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
 
 
@@ -55,35 +62,49 @@ def probe_for(
     write_cache: bool = True,
     say: Callable[[str], None] = lambda text: None,
     on_trial: Callable[[Trial], None] | None = None,
+    world_size: int | None = None,
 ) -> tuple[WorkloadSpec, ProbeResult]:
     """The probe to plan from: ``plan_file``, else the cached probe of this workload, else a new probe.
 
     ``ddp``: the run trains under DistributedDataParallel, so the trials do too (its buckets count).
+    ``world_size``: the ranks of a sharded run (``spec.parallel == "fsdp"``), whose every trial runs them all;
+    default: torchrun's ``WORLD_SIZE``. A plan file made for another world size is refused.
     ``needed_micro_batch`` is one rank's share of the step: the search goes no higher, and a
     cached probe that stopped at a smaller cap is not reused. Returns the workload spec too: a
     plan's tuner may have chosen gradient checkpointing (``grad_checkpointing`` None or "auto").
     """
     from gaplan.probing import probe
 
+    sharded = spec.parallel == "fsdp"
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if plan_file:
         probed = load_probe(plan_file)
         if grad_checkpointing in (None, "auto"):
             spec = dataclasses.replace(spec, grad_checkpointing=probed.workload.grad_checkpointing)
         if not same_workload(probed.workload, spec):
+            layout = f", --parallel {probed.workload.parallel}" if probed.workload.parallel != spec.parallel else ""
             raise GaplanError(f"--plan {plan_file} was made for {probed.workload.model} "
-                              f"(seq len {probed.workload.seq_len}, {probed.workload.dtype}), not this workload")
+                              f"(seq len {probed.workload.seq_len}, {probed.workload.dtype}{layout}), not this workload")
+        if sharded and probed.world_size != world_size:
+            raise GaplanError(f"--plan {plan_file} was probed for FSDP over {probed.world_size} ranks, not "
+                              f"{world_size}: each rank's shard, so B*, depends on the world size")
         return spec, probed
     if grad_checkpointing == "auto":
         raise GaplanError("--grad-checkpointing auto is decided by gaplan probe; give its --plan, or on/off")
-    cache = plan_cache_path(spec, device, memory_limit, threads, ddp)
+    cache = plan_cache_path(spec, device, memory_limit, threads, ddp, world_size)
     if os.path.isfile(cache):
         probed = load_probe(cache)
         if not probed.capped or probed.max_micro_batch >= needed_micro_batch:
             say(f"using the cached probe {cache}: largest micro-batch {probed.max_micro_batch}")
             return spec, probed
     say("probing the largest micro-batch that fits first ...")
-    probed = probe(spec, device=device, memory_limit=memory_limit, effective_batch=needed_micro_batch,
-                   threads=threads, ddp=ddp, on_trial=on_trial)
+    if sharded:  # every trial runs the world's ranks; needed_micro_batch is one rank's share already
+        probed = probe(spec, device=device, memory_limit=memory_limit, effective_batch=needed_micro_batch * world_size,
+                       world_size=world_size, search_cap=needed_micro_batch, threads=threads, on_trial=on_trial)
+    else:
+        probed = probe(spec, device=device, memory_limit=memory_limit, effective_batch=needed_micro_batch,
+                       threads=threads, ddp=ddp, on_trial=on_trial)
     if write_cache:
         save_probe(probed, cache)
     return spec, probed

@@ -23,7 +23,7 @@ from gaplan.estimate.device import (
 from gaplan.units import format_bytes
 
 TOPICS = ("budget", "steady-state", "cpu-process", "allocator", "optimizer", "attention", "mixed-precision",
-          "convolutions", "outside-pytorch")
+          "convolutions", "outside-pytorch", "sharding", "data-parallel")
 
 
 @dataclass(frozen=True)
@@ -163,3 +163,49 @@ def _attention(ops) -> Assumption:
                           "attention.", {"kernel": "math"})
     return Assumption("attention", "Attention: the model computes it eagerly (seq x seq probabilities kept), as it would "
                       "on CUDA.", {"kernel": "eager"})
+
+
+# --- several ranks ------------------------------------------------------------------------------------------------
+
+
+def sharded_assumptions(spec, device_kind: str, world_size: int, blocks: int, depths) -> list[Assumption]:
+    """What a traced rank of a ``world_size``-way FSDP2 step assumed."""
+    depth_text = (f"all {blocks} blocks traced" if len(depths) == 1 else
+                  f"its {blocks} identical blocks traced at depths {' and '.join(map(str, depths))} and every category "
+                  f"extrapolated to {blocks} along the line through them")
+    notes = [Assumption(
+        "sharding",
+        f"FSDP2 over {world_size} ranks, one rank traced (rank 0, which holds the largest shards: dimension 0 split in "
+        f"ceil(rows / {world_size}), padded) on a fake process group: fully_shard per block and on the root as training "
+        f"does it, reshard after forward, one block prefetched in backward; {depth_text}. NCCL's own buffers and "
+        "streams are not counted.",
+        {"world_size": world_size, "blocks": blocks, "traced_depths": list(depths)})]
+    if spec.grad_sync == "last":
+        notes.append(Assumption(
+            "sharding",
+            "Gradients reduce-scattered on the last micro-step only (--grad-sync last): the earlier micro-steps leave the "
+            "whole model's unsharded gradients (in fp32 under mixed precision) on every rank, held into the last one. "
+            "--grad-sync every keeps them sharded (less memory, a reduce-scatter per micro-step). A plan of one "
+            "micro-step holds none: the estimate, which traces two, is then an upper bound.",
+            {"grad_sync": "last"}))
+    else:
+        notes.append(Assumption(
+            "sharding", "Gradients reduce-scattered on every micro-step (--grad-sync every): only sharded gradients are "
+            "held between micro-steps.", {"grad_sync": "every"}))
+    if spec.cpu_offload:
+        where = ("in host memory and not counted on the GPU (their bytes are reported as host bytes)"
+                 if device_kind == "cuda" else "in the same CPU process (a CPU estimate counts them)")
+        notes.append(Assumption(
+            "sharding",
+            f"--cpu-offload: sharded parameters, gradients and optimizer states live {where}; the optimizer step runs on "
+            "the CPU. Each block's shard copied to the device before its all-gather is not counted (1/"
+            f"{world_size} of a block).", {"cpu_offload": True}))
+    return notes
+
+
+def data_parallel_buckets(grad_bytes: int, world_size: int) -> Assumption:
+    return Assumption(
+        "data-parallel",
+        f"DistributedDataParallel over {world_size} ranks: its gradient buckets, a flat copy of the gradients "
+        f"({format_bytes(grad_bytes)}), are added to every step (gradient_as_bucket_view is off, as gaplan trains).",
+        {"world_size": world_size, "bucket_bytes": grad_bytes})

@@ -32,6 +32,9 @@ class TracedRow:
     tracked_total: int
     peak_bytes: int
     composed: bool = False  # a ``step`` row made of this size's micro-steps row and the optimizer-step row
+    # A sharded (FSDP) trace's own categories (gaplan.estimate.sharded.FSDP_CATEGORIES, plus host_bytes: what
+    # --cpu-offload keeps in host memory); empty for one process.
+    detail: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -3,8 +3,10 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -34,10 +36,10 @@ def one_process(*args: str):
     return result
 
 
-def fsdp_against_one_process(tmp_path, extra: list[str], port: int) -> dict[str, float]:
+def fsdp_against_one_process(tmp_path, extra: list[str], port: int, sharded_only: tuple[str, ...] = ()) -> dict:
     """Train 2 steps FSDP over 2 ranks at micro-batch 4, and in one process at micro-batch 30; the weights' differences."""
-    sharded = torchrun(*FSDP_STEPS, *extra, "--parallel", "fsdp", "--micro-batch", "4", "--out", str(tmp_path / "fsdp"),
-                       "--save-weights", str(tmp_path / "fsdp.st"), port=port)
+    sharded = torchrun(*FSDP_STEPS, *extra, *sharded_only, "--parallel", "fsdp", "--micro-batch", "4",
+                       "--out", str(tmp_path / "fsdp"), "--save-weights", str(tmp_path / "fsdp.st"), port=port)
     assert sharded.returncode == 0, sharded.stderr[-3000:]
     one_process(*FSDP_STEPS, *extra, "--micro-batch", "30", "--out", str(tmp_path / "one"),
                 "--save-weights", str(tmp_path / "one.st"))
@@ -66,16 +68,19 @@ def test_two_fsdp_ranks_equal_one_process_with_sgd(tmp_path):
 @pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("extra, rtol", [
-    (["--optimizer", "adamw", "--lr", "1e-3"], 1e-5),
-    (["--optimizer", "sgd", "--lr", "0.1", "--grad-checkpointing", "on"], 1e-5),
-    (["--optimizer", "sgd", "--lr", "0.1", "--grad-sync", "every"], 1e-5),
+@pytest.mark.parametrize("extra, sharded_only, rtol", [
+    # AdamW divides by sqrt(v): a gradient element near 0 is mostly fp32 reduction-order noise, and its update is
+    # still ~lr, so the noise (1e-7 of the gradient) reaches the weights as ~1e-4 of their scale (measured 2.3e-4).
+    # tiny-llama: GPT-2's key bias has a gradient exactly 0 in theory (softmax ignores a constant): all noise.
+    (["--model", "tiny-llama", "--optimizer", "adamw", "--lr", "1e-3"], (), 1e-3),
+    (["--optimizer", "sgd", "--lr", "0.1", "--grad-checkpointing", "on"], (), 1e-5),
+    (["--optimizer", "sgd", "--lr", "0.1"], ("--grad-sync", "every"), 1e-5),
     # bf16: FSDP computes with bf16 copies of the weights (MixedPrecisionPolicy), one process with bf16 autocast
     # (which keeps layer norms in fp32): the same arithmetic only up to bf16 rounding (8 bits of mantissa).
-    (["--optimizer", "sgd", "--lr", "0.1", "--dtype", "bf16"], 2e-2),
+    (["--optimizer", "sgd", "--lr", "0.1", "--dtype", "bf16"], (), 2e-2),
 ], ids=["adamw", "checkpointing", "sync-every", "bf16"])
-def test_two_fsdp_ranks_equal_one_process(tmp_path, extra, rtol):
-    differences = fsdp_against_one_process(tmp_path, extra, port=29542)
+def test_two_fsdp_ranks_equal_one_process(tmp_path, extra, sharded_only, rtol):
+    differences = fsdp_against_one_process(tmp_path, extra, port=29542, sharded_only=sharded_only)
     worst = max(differences, key=differences.get)
     assert differences[worst] < rtol, (worst, differences[worst])
 
@@ -83,19 +88,33 @@ def test_two_fsdp_ranks_equal_one_process(tmp_path, extra, rtol):
 @pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_a_sharded_checkpoint_resumes_bitwise(tmp_path):
-    common = [*FSDP_STEPS[:-1], "--optimizer", "adamw", "--parallel", "fsdp", "--micro-batch", "4"]
-    common = [arg if arg != "2" else "4" for arg in common]  # 4 steps
+def test_sigterm_under_fsdp_checkpoints_shards_and_resume_is_bitwise(tmp_path):
+    """SIGTERM to torchrun: both ranks stop at one step boundary, write their shards (distributed checkpoint) and
+    exit 130; --resume loads the shards and ends bitwise equal to an uninterrupted run."""
+    common = ["train", "--seq-len", "32", "--effective-batch", "30", "--steps", "6", "--seed", "0", "--threads", "1",
+              "--quiet", "--optimizer", "adamw", "--parallel", "fsdp", "--micro-batch", "4", "--checkpoint-every", "1"]
     whole = torchrun(*common, "--out", str(tmp_path / "whole"), "--save-weights", str(tmp_path / "whole.st"),
                      port=29543)
     assert whole.returncode == 0, whole.stderr[-3000:]
-    half = [*common[:common.index("--steps") + 1], "2", *common[common.index("--steps") + 2:]]
-    first = torchrun(*half, "--out", str(tmp_path / "cut"), port=29544)
-    assert first.returncode == 0, first.stderr[-3000:]
-    shards = [p.name for p in (tmp_path / "cut").iterdir() if p.name.startswith("checkpoint-shards")]
-    assert shards == ["checkpoint-shards-step00000002"], shards
-    resumed = torchrun("train", "--resume", str(tmp_path / "cut"), "--steps", "4", "--quiet",
-                       "--save-weights", str(tmp_path / "resumed.st"), port=29545)
+    runner = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
+    cut_dir = tmp_path / "cut"
+    cut = subprocess.Popen([runner, "--nproc-per-node", "2", "--master-port", "29544", "-m", "gaplan", *common,
+                            "--out", str(cut_dir)], cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True)
+    log = cut_dir / "train_log.csv"
+    deadline = time.monotonic() + 240
+    while (not log.exists() or len(log.read_text().splitlines()) < 3) and cut.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cut.poll() is None, "the run finished before it could be interrupted"
+    cut.send_signal(signal.SIGTERM)
+    _, stderr = cut.communicate(timeout=120)
+    done = len(log.read_text().splitlines()) - 1
+    assert 2 <= done < 6, stderr[-3000:]
+    shards = [p.name for p in cut_dir.iterdir() if "checkpoint-shards" in p.name]
+    assert shards == [f"checkpoint-shards-step{done:08d}"], (shards, stderr[-3000:])
+    resumed = torchrun("train", "--resume", str(cut_dir), "--quiet", "--save-weights", str(tmp_path / "resumed.st"),
+                       port=29545)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a, b = load_file(tmp_path / "whole.st"), load_file(tmp_path / "resumed.st")
     assert all(torch.equal(a[k], b[k]) for k in a), "the resumed sharded run differs from the uninterrupted one"

@@ -1,0 +1,450 @@
+"""One rank of a W-way FSDP2 step, traced on fake tensors: nothing is allocated, no GPU and no other rank.
+
+``gaplan estimate --parallel fsdp --world-size W`` runs here. How one rank is traced:
+
+1. a fake process group of ``W`` ranks (``torch.testing._internal.distributed.fake_pg``: collectives
+   return at once, shapes right) and a ``cpu`` device mesh over it (a ``cuda`` mesh fails on a CPU-only
+   build; CUDA differences are modelled by :mod:`gaplan.estimate.device`, as for one process);
+2. the model built on the meta device and sharded as training shards it
+   (:func:`gaplan.parallel.shard_model`: ``fully_shard`` per block, then the root, the dtype's
+   ``MixedPrecisionPolicy``, ``CPUOffloadPolicy`` with ``--cpu-offload``), then ``to_empty`` under
+   ``FakeTensorMode``: rank 0's shards become fake tensors (rank 0 holds the largest shards);
+3. the optimizer made after sharding, its states filled (the steady state: AdamW's two moments exist);
+4. torch's ``FSDPMemTracker`` over the micro-steps of one accumulated step, as training runs them:
+   two micro-steps, the first under ``set_requires_gradient_sync(False)`` with ``--grad-sync last``
+   (its unsharded fp32 gradients are held into the second) or both reduce-scattering with
+   ``--grad-sync every`` (sharded gradients held); the peak is by FSDP's categories;
+5. the optimizer step traced apart, with torch's ``MemTracker`` over tensors shaped like rank 0's
+   local shards (the step is elementwise on the shards: a DTensor's step holds the same bytes, and
+   tracing it through DTensor's sharding propagation costs minutes for a large model).
+
+Depth. A deep model whose blocks are one stack of identical blocks (Llama's 32 or 80 decoder layers)
+is traced at two shallow depths and every category extrapolated along the line through them: every
+block adds the same shards, gradients, activations and buffers, and the peak stays at the same place
+of the step (the start of the last micro-step's backward). A 70B shape then traces in seconds; the
+line is checked by the tests against full-depth traces. Shallow models are traced whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from gaplan.errors import GaplanError
+from gaplan.estimate.assumptions import Assumption, sharded_assumptions, trace_assumptions
+from gaplan.estimate.device import DeviceModel
+from gaplan.estimate.fake import fake_batch_maker, fake_tensor_errors, fake_tensor_mode
+from gaplan.estimate.result import TracedRow
+from gaplan.estimate.torch_private import private, private_attr, private_module
+from gaplan.estimate.trace import TraceHelper, fast_peak_tracking
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from gaplan.workload import Workload, WorkloadSpec
+
+MICRO_STEPS = 2  # traced per step: the second sees what the first left (held gradients), as every later one does
+FULL_DEPTH_MAX = 8  # a stack of at most this many blocks is traced whole
+TRACE_DEPTHS = (2, 3)  # depths a deeper uniform stack is traced at, then extrapolated
+
+# FSDPMemTracker's reference types -> the names gaplan reports (TracedRow.detail).
+FSDP_CATEGORY_OF = {
+    "Sharded Param": "sharded_parameters", "Unsharded Param": "unsharded_parameters", "Buffer": "buffers",
+    "Sharded Grad": "sharded_gradients", "Unsharded Grad": "unsharded_gradients", "OptState": "optimizer_states",
+    "Activation": "activations", "Inputs": "inputs", "Temp": "temporaries", "All Gather": "all_gather",
+    "Reduce Scatter": "reduce_scatter",
+}
+FSDP_CATEGORIES = tuple(FSDP_CATEGORY_OF.values())
+# ... grouped into gaplan's breakdown categories.
+GROUPS = {
+    "parameters": ("sharded_parameters", "unsharded_parameters", "buffers"),
+    "gradients": ("sharded_gradients", "unsharded_gradients"),
+    "optimizer_states": ("optimizer_states",),
+    "activations": ("activations", "inputs"),
+    "other": ("temporaries", "all_gather", "reduce_scatter"),
+}
+# With --cpu-offload these live in host memory (CPUOffloadPolicy): the device holds the rest.
+OFFLOADED = ("sharded_parameters", "sharded_gradients", "optimizer_states")
+_MEMTRACKER_CATEGORY = {"Parameter": "sharded_parameters", "Buffer": "buffers", "Gradient": "sharded_gradients",
+                        "Optstate": "optimizer_states", "Activation": "activations", "Temp": "temporaries",
+                        "Other": "temporaries"}
+
+
+def check_world_size(spec: WorkloadSpec, world_size: int) -> None:
+    """A sharded estimate needs two ranks or more; a replicated one any positive number."""
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise GaplanError(f"--world-size must be a positive integer (got {world_size})")
+    if spec.parallel == "fsdp" and world_size < 2:
+        raise GaplanError("--parallel fsdp shards the model over ranks: give --world-size 2 or more "
+                          "(one rank holds everything: use --parallel ddp)")
+
+
+def local_rows(rows: int, world_size: int) -> int:
+    """Rank 0's rows of a dimension-0 shard (FSDP2 chunks dim 0 into ``ceil(rows / W)`` and pads the rest)."""
+    return max(1, -(-rows // world_size))
+
+
+def sharded_static_bytes(model: nn.Module, optimizer: str, world_size: int) -> int:
+    """Rank 0's sharded weights, gradients and optimizer states (AdamW: two per parameter), plus the buffers."""
+    weights = grads = 0
+    for param in model.parameters():
+        rows = param.shape[0] if param.dim() else 1
+        nbytes = local_rows(rows, world_size) * (param.numel() // max(rows, 1)) * param.element_size()
+        weights += nbytes
+        grads += nbytes if param.requires_grad else 0
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    return weights + grads + (2 * grads if optimizer == "adamw" else 0) + buffers
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int) -> Iterator[Any]:
+    """A fake ``world_size``-rank process group with this process as rank 0, and a cpu device mesh over it."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise GaplanError("the sharded estimate needs torch.distributed, which this torch build lacks")
+    if dist.is_initialized():
+        raise GaplanError("the sharded estimate runs its own fake process group: run it outside torchrun "
+                          "(or any initialized process group)")
+    store = private("torch.testing._internal.distributed.fake_pg", "FakeStore")()
+    init_device_mesh = private("torch.distributed.device_mesh", "init_device_mesh")
+    dist.init_process_group("fake", rank=0, world_size=world_size, store=store)
+    try:
+        yield init_device_mesh("cpu", (world_size,))
+    finally:
+        dist.destroy_process_group()
+
+
+class ShardedTraceHelper(TraceHelper):
+    """:class:`TraceHelper`, and pinned host memory (``CPUOffloadPolicy`` pins the shards) standing as itself.
+
+    Fake tensors cannot be pinned; host memory is not what the device holds, so nothing is lost.
+    """
+
+    def dispatch(self, func, args, kwargs):
+        import torch
+
+        if func is torch.ops.aten._pin_memory.default:
+            return args[0]
+        if func is torch.ops.aten.is_pinned.default:
+            return True
+        return super().dispatch(func, args, kwargs)
+
+
+@dataclasses.dataclass
+class _Copy:
+    """One sharded copy of the model (at one depth), its optimizer and its fake batches."""
+
+    depth: int
+    workload: Workload  # model sharded, optimizer over the shards, fake batches, device cpu
+
+
+class ShardedTracer:
+    """The sharded counterpart of :class:`gaplan.estimate.trace.Tracer`: the same rows, one rank of ``world_size``.
+
+    The edge search (:func:`gaplan.estimate.edge.find_edge`) drives either. A ``micro-steps`` row is
+    the FSDPMemTracker peak of two accumulated micro-steps, a ``optimizer-step`` row the step on the
+    local shards; a ``step`` row is the larger (the two phases never overlap). Rows carry FSDP's own
+    categories in ``detail``.
+    """
+
+    def __init__(self, spec: WorkloadSpec, device_kind: str, world_size: int, threads: int | None = None) -> None:
+        check_world_size(spec, world_size)
+        self.spec = spec
+        self.world_size = world_size
+        self.device = DeviceModel(device_kind, threads)
+        self.rows: list[TracedRow] = []
+        self._stack = contextlib.ExitStack()
+        self._copies: list[_Copy] = []
+        self._optimizer_row: TracedRow | None = None
+        self.workload: Workload  # the full-depth model on the meta device (parameter count, task, sequence length)
+        self.blocks = 0  # transformer blocks in the full model
+        self.depths: tuple[int, ...] = ()
+
+    # -- setting up ------------------------------------------------------------------------------
+
+    def __enter__(self) -> ShardedTracer:
+        try:
+            self._enter()
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def _enter(self) -> None:
+        import torch
+
+        from gaplan.parallel import find_blocks
+        from gaplan.workload import build_workload, model_source_kind
+
+        private_module("torch.distributed._tools.fsdp2_mem_tracker")  # fail early, in one line, when torch lacks it
+        mesh = self._stack.enter_context(fake_process_group(self.world_size))
+        scope = torch.device("meta") if model_source_kind(self.spec.model) == "function" else contextlib.nullcontext()
+        with scope:
+            meta = build_workload(self.spec, "meta")
+        self.workload = dataclasses.replace(meta, device=torch.device("cpu"))
+        blocks = find_blocks(meta.model)
+        self.blocks = len(blocks)
+        stack = uniform_stack(meta.model, blocks)
+        self.depths = (self.blocks,) if stack is None or self.blocks <= FULL_DEPTH_MAX else TRACE_DEPTHS
+        self.mode = fake_tensor_mode()
+        self.helper = ShardedTraceHelper()
+        self._stack.enter_context(fast_peak_tracking())
+        self._stack.enter_context(self.device.allocator())
+        self._stack.enter_context(self.mode)
+        self._stack.enter_context(self.helper)
+        self._stack.enter_context(self.device.autocast(self.spec.dtype))
+        for depth in self.depths:
+            model = meta.model if depth == self.blocks else truncated_copy(meta.model, stack, depth)
+            self._copies.append(_Copy(depth, self._sharded_copy(meta, model, mesh)))
+
+    def _sharded_copy(self, meta: Workload, model: nn.Module, mesh) -> Workload:
+        """``model`` (on meta) sharded as training shards it, its shards fake, its optimizer's states filled."""
+        import torch
+
+        from gaplan.parallel import shard_model
+
+        if model is meta.model:  # the full-depth model is sharded itself; keep an unsharded copy for the shapes
+            model = copy.deepcopy(model)
+        with fake_tensor_errors(self.spec):
+            shard_model(model, dtype=self.spec.dtype, cpu_offload=self.spec.cpu_offload, mesh=mesh)
+            model.to_empty(device="cpu")
+            model.train()
+        optimizer = self.device.make_optimizer(model, self.spec)
+        fill_optimizer_state(optimizer, self.spec.optimizer)
+        return dataclasses.replace(meta, model=model, optimizer=optimizer, make_batch=fake_batch_maker(meta, self.mode),
+                                   device=torch.device("cpu"))
+
+    def __exit__(self, *exc: object) -> None:
+        self._copies.clear()
+        self._stack.close()
+
+    # -- traces ----------------------------------------------------------------------------------
+
+    def _trace_copy(self, copy_: _Copy, micro_batch: int) -> dict[str, int]:
+        """FSDPMemTracker's peak of the accumulated micro-steps on one sharded copy, by FSDP category."""
+        from gaplan.parallel import no_sync_for
+        from gaplan.step import accumulate_gradients
+
+        tracker_class = private("torch.distributed._tools.fsdp2_mem_tracker", "FSDPMemTracker")
+        workload = copy_.workload
+        workload.optimizer.zero_grad(set_to_none=True)
+        batches = [workload.make_batch(micro_batch) for _ in range(MICRO_STEPS)]
+        tracker = tracker_class(workload.model, workload.optimizer)
+        tracker.track_inputs(tuple(batches))
+
+        def raw_loss(model, batch):
+            # FSDPMemTracker refuses a second forward of the root unless its module stats are reset (its peak stays);
+            # the first micro-step's held gradients are re-labelled: it counts them as backward temporaries.
+            tracker.reset_mod_stats()
+            label_held_gradients(tracker, workload.model)
+            return workload.raw_loss(model, batch)
+
+        with fake_tensor_errors(self.spec), tracker:
+            accumulate_gradients(workload.model, batches, raw_loss, workload.task, workload.loss_is_scaled_for_ga,
+                                 workload.autocast, no_sync=no_sync_for(workload.model, self.spec.grad_sync))
+        workload.optimizer.zero_grad(set_to_none=True)
+        del batches
+        return by_category(tracker.get_tracker_snapshot("peak"), FSDP_CATEGORY_OF)
+
+    def micro_steps(self, micro_batch: int) -> TracedRow:
+        traced = {c.depth: self._trace_copy(c, micro_batch) for c in self._copies}
+        return self._add(self._row(micro_batch, "micro-steps", extrapolate(traced, self.blocks)))
+
+    def optimizer_step(self) -> TracedRow:
+        if self._optimizer_row is None:
+            self._optimizer_row = self._add(self._row(0, "optimizer-step", self._trace_optimizer_step()))
+        return self._optimizer_row
+
+    def _trace_optimizer_step(self) -> dict[str, int]:
+        """The optimizer step on tensors shaped like rank 0's local shards (plus the replicated buffers)."""
+        from gaplan.breakdown import measure_breakdown
+
+        holder = local_shard_module(self.workload.model, self.world_size)
+        optimizer = self.device.make_optimizer(holder, self.spec)
+        workload = dataclasses.replace(self.workload, model=holder, optimizer=optimizer)
+        from gaplan.trial_runner import materialize_optimizer_state
+
+        materialize_optimizer_state(workload)
+        for param in holder.parameters():  # gradients of the step, as after the last micro-step's reduce-scatter
+            if param.requires_grad:
+                param.grad = param.new_zeros(param.shape)
+        breakdown = measure_breakdown(workload, 0, micro_steps=0)
+        # measure_breakdown groups MemTracker's types into gaplan's; on the shards they are the sharded ones.
+        return {"sharded_parameters": breakdown.parameters, "sharded_gradients": breakdown.gradients,
+                "optimizer_states": breakdown.optimizer_states, "activations": breakdown.activations,
+                "temporaries": breakdown.other}
+
+    def step(self, micro_batch: int) -> TracedRow:
+        return self.composed_step(self.micro_steps(micro_batch), self.optimizer_step())
+
+    def composed_step(self, micro_steps: TracedRow, optimizer_step: TracedRow) -> TracedRow:
+        larger = max(micro_steps, optimizer_step, key=lambda r: r.tracked_total)
+        return self._add(dataclasses.replace(larger, micro_batch=micro_steps.micro_batch, phase="step", composed=True))
+
+    def last_step(self, micro_batch: int) -> TracedRow:
+        return next(r for r in reversed(self.rows) if r.phase == "step" and r.micro_batch == micro_batch)
+
+    def _add(self, row: TracedRow) -> TracedRow:
+        self.rows.append(row)
+        return row
+
+    def _row(self, micro_batch: int, phase: str, detail: dict[str, int]) -> TracedRow:
+        """A row of what the device holds: with --cpu-offload on a GPU, the offloaded categories are host memory."""
+        detail = {name: int(detail.get(name, 0)) for name in FSDP_CATEGORIES}
+        host = 0
+        if self.spec.cpu_offload and self.device.kind == "cuda":
+            host = sum(detail[name] for name in OFFLOADED)
+            detail.update(dict.fromkeys(OFFLOADED, 0))
+        groups = {group: sum(detail[name] for name in names) for group, names in GROUPS.items()}
+        total = sum(groups.values())
+        return TracedRow(micro_batch=micro_batch, phase=phase, **groups, tracked_total=total,
+                         peak_bytes=total + self.overhead(), detail={**detail, "host_bytes": host})
+
+    # -- what the device adds, and what was assumed ----------------------------------------------
+
+    def overhead(self) -> int:
+        return self.device.overhead(self.helper.gemm_panel_bytes)
+
+    def final_rows(self) -> list[TracedRow]:
+        overhead = self.overhead()
+        return [dataclasses.replace(r, peak_bytes=r.tracked_total + overhead) for r in self.rows]
+
+    def static_bytes(self) -> int:
+        """Rank 0's sharded weights, gradients and optimizer states (and buffers); on the host with --cpu-offload."""
+        return sharded_static_bytes(self.workload.model, self.spec.optimizer, self.world_size)
+
+    def extra(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"attention_ops": sorted(self.helper.attention_ops), "parallel": "fsdp",
+                                "world_size": self.world_size, "blocks": self.blocks, "traced_depths": list(self.depths),
+                                "grad_sync": self.spec.grad_sync, "cpu_offload": self.spec.cpu_offload}
+        data.update(self.device.extra(self.helper.gemm_panel_bytes))
+        step = next((r for r in self.final_rows() if r.phase == "optimizer-step"), None)
+        if step is not None:
+            data["optimizer_step_peak_bytes"] = step.peak_bytes
+        return data
+
+    def assumptions(self) -> list[Assumption]:
+        step = self._optimizer_row
+        notes = trace_assumptions(self.spec, self.device, self.helper, self.static_bytes(),
+                                  step.tracked_total if step is not None else None)
+        return notes + sharded_assumptions(self.spec, self.device.kind, self.world_size, self.blocks, self.depths)
+
+
+# --- helpers ------------------------------------------------------------------------------------------------------
+
+
+def by_category(snapshot: dict, names: dict[str, str]) -> dict[str, int]:
+    """A tracker's peak snapshot for the (one, cpu) device, as ``{gaplan name: bytes}``."""
+    if len(snapshot) != 1:
+        seen = ", ".join(str(key) for key in snapshot) or "nothing"
+        raise GaplanError(f"the sharded trace expected one device, torch's tracker reported {seen}")
+    (peak,) = snapshot.values()
+    out: dict[str, int] = {}
+    for key, value in peak.items():
+        name = names.get(getattr(key, "value", key))
+        if name is not None:
+            out[name] = out.get(name, 0) + int(value)
+    return out
+
+
+def extrapolate(traced: dict[int, dict[str, int]], depth: int) -> dict[str, int]:
+    """Each category at ``depth`` blocks, on the line through the two traced depths (the one trace when whole)."""
+    if depth in traced:
+        return dict(traced[depth])
+    (d1, low), (d2, high) = sorted(traced.items())[:2]
+    names = set(low) | set(high)
+    return {name: max(0, round(low.get(name, 0) + (high.get(name, 0) - low.get(name, 0)) * (depth - d1) / (d2 - d1)))
+            for name in names}
+
+
+def uniform_stack(model: nn.Module, blocks: list[nn.Module]) -> tuple[nn.Module, str] | None:
+    """``(parent, name)`` of the ``nn.ModuleList`` that holds exactly ``blocks`` when they are identical in shape
+    (same class, same parameters and buffers); None otherwise (the model is then traced at full depth)."""
+    from torch import nn
+
+    def signature(block: nn.Module) -> tuple:
+        return (type(block), tuple((n, tuple(t.shape), t.dtype, t.requires_grad) for n, t in block.named_parameters()),
+                tuple((n, tuple(t.shape), t.dtype) for n, t in block.named_buffers()))
+
+    if len(blocks) < 2 or len({signature(b) for b in blocks}) != 1:
+        return None
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, nn.ModuleList) and len(child) == len(blocks) and all(
+                    a is b for a, b in zip(child, blocks, strict=True)):
+                return parent, name
+    return None
+
+
+def truncated_copy(model: nn.Module, stack: tuple[nn.Module, str] | None, depth: int) -> nn.Module:
+    """A deep copy of ``model`` (on meta) that keeps the first ``depth`` blocks of its stack."""
+    from torch import nn
+
+    if stack is None:
+        raise GaplanError("internal: a truncated copy needs a uniform stack of blocks")
+    parent, name = stack
+    full = getattr(parent, name)
+    parent._modules[name] = nn.ModuleList(list(full)[:depth])
+    try:
+        return copy.deepcopy(model)
+    finally:
+        parent._modules[name] = full
+
+
+def fill_optimizer_state(optimizer, name: str) -> None:
+    """The steady state's optimizer states on the shards: AdamW's step count and two moments (SGD has none).
+
+    Made directly, not by a step: a first step over DTensors runs DTensor's sharding propagation for
+    every parameter shape (minutes for a large model), and the states are what AdamW's first step makes.
+    """
+    import torch
+
+    if name != "adamw":
+        return
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            optimizer.state[param] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(param),
+                                      "exp_avg_sq": torch.zeros_like(param)}
+
+
+def local_shard_module(model: nn.Module, world_size: int) -> nn.Module:
+    """A module holding fake tensors shaped like rank 0's local shard of every parameter, and the buffers."""
+    import torch
+    from torch import nn
+
+    holder = nn.Module()
+    params = []
+    for param in model.parameters():
+        rows = param.shape[0] if param.dim() else 1
+        shape = (local_rows(rows, world_size), *param.shape[1:])
+        params.append(nn.Parameter(torch.empty(shape, dtype=param.dtype, device="cpu"), requires_grad=param.requires_grad))
+    holder.shards = nn.ParameterList(params)
+    for index, buffer in enumerate(model.buffers()):
+        holder.register_buffer(f"buffer_{index}", torch.empty(tuple(buffer.shape), dtype=buffer.dtype, device="cpu"))
+    return holder
+
+
+def label_held_gradients(tracker, model: nn.Module) -> None:
+    """Label the unsharded gradients a no-sync micro-step left (fp32 under mixed precision) as unsharded gradients."""
+    from torch.distributed.fsdp import FSDPModule
+
+    module = private_module("torch.distributed._tools.fsdp2_mem_tracker")
+    unsharded_grad = private_attr(private_attr(module, "_FSDPRefType"), "UNSHARDED_GRAD")
+    update = private_attr(tracker, "_update_and_maybe_create_winfos")
+    for unit in model.modules():
+        if not isinstance(unit, FSDPModule):
+            continue
+        group = private_attr(private_attr(unit, "_get_fsdp_state")(), "_fsdp_param_group")
+        if group is None:
+            continue
+        for param in private_attr(group, "fsdp_params"):
+            held = getattr(param, "unsharded_accumulated_grad", None)
+            if held is None and hasattr(param, "_unsharded_param"):
+                held = param._unsharded_param.grad
+            if held is not None:
+                update(held, unsharded_grad, update_existing=True)
+
