@@ -170,6 +170,11 @@ def target_limit(options: dict[str, Any]) -> int | None:
 @click.option("--effective-batch", type=int, default=None,
               help=f"Samples per optimizer step (default {DEFAULT_EFFECTIVE_BATCH}, or the plan's).")
 @click.option("--micro-batch", type=int, default=None, help="Skip the probe and use this micro-batch.")
+@click.option("--batch-by", type=click.Choice(["samples", "tokens"]), default="samples", show_default=True,
+              help="samples: micro-batches of a fixed number of samples; tokens: each step's samples packed into "
+                   "micro-batches of at most --token-budget padded tokens (long-tailed data wastes less on padding).")
+@click.option("--token-budget", type=int, default=None, metavar="TOKENS",
+              help="With --batch-by tokens: the most padded tokens (samples x longest) in one micro-batch.")
 @click.option("--plan", "plan_file", default=None, metavar="PLAN.JSON", help="Use a plan written by gaplan probe.")
 @click.option("--data", default=None, metavar="PATH",
               help="Text file (a sample a line), JSONL, a datasets folder (save_to_disk) or a .parquet file.")
@@ -232,7 +237,8 @@ def train(**options: Any) -> None:
 
         check_save_path(options["save_model"])
     train_options = TrainOptions(
-        effective_batch=options["effective_batch"], micro_batch=options["micro_batch"], plan_file=options["plan_file"],
+        effective_batch=options["effective_batch"], micro_batch=options["micro_batch"],
+        token_budget=_token_budget(options), plan_file=options["plan_file"],
         grad_checkpointing=options["grad_checkpointing"], data=options["data"], text_field=options["text_field"],
         label_field=options["label_field"], long_samples=options["long_samples"], tokenizer=options["tokenizer"],
         steps=options["steps"],
@@ -274,11 +280,28 @@ def train(**options: Any) -> None:
         sys.exit(130)
 
 
+def _token_budget(options: dict) -> int | None:
+    """The token budget of ``--batch-by tokens`` (given: the token probe is not built yet), None by samples."""
+    if options["batch_by"] == "samples":
+        if options["token_budget"] is not None:
+            raise GaplanError("--token-budget needs --batch-by tokens")
+        return None
+    if options["token_budget"] is None:
+        raise GaplanError("--batch-by tokens needs --token-budget TOKENS (gaplan cannot probe a token budget yet)")
+    if options["token_budget"] < 2:
+        raise GaplanError(f"--token-budget must be at least 2 tokens (got {options['token_budget']})")
+    if options["micro_batch"] is not None or options["plan_file"] is not None:
+        raise GaplanError("--batch-by tokens packs by --token-budget: leave out --micro-batch and --plan")
+    return options["token_budget"]
+
+
 @main.command(name="bench")
 @workload_options
 @click.option("--effective-batch", type=int, default=DEFAULT_EFFECTIVE_BATCH, show_default=True,
               help="Samples per optimizer step.")
 @click.option("--plan", "plan_file", default=None, metavar="PLAN.JSON", help="Use a plan written by gaplan probe.")
+@click.option("--world-size", type=int, default=1, show_default=True,
+              help="With --parallel fsdp: the ranks (2 or more) every timed run trains on, each under the budget.")
 @click.option("--repeats", type=int, default=3, show_default=True, help="Timed optimizer steps per split.")
 @click.option("--warmup", type=int, default=1, show_default=True, help="Untimed optimizer steps first.")
 @click.option("--no-large-batch", is_flag=True, help="Do not run the true large batch (micro-batch = E).")
@@ -299,23 +322,32 @@ def bench_command(**options: Any) -> None:
       gaplan bench --effective-batch 256
       gaplan bench --model tiny-bert-cls --seq-len 64 --effective-batch 64 --repeats 5
       gaplan bench --plan reports/<run>/plan.json --json
+      gaplan bench --parallel fsdp --world-size 2 --effective-batch 64   # each run: 2 ranks, FSDP2
     """
     from gaplan.devices import resolve_device
+    from gaplan.plan import default_search_cap, make_plan
     from gaplan.plan_cache import probe_for
+    from gaplan.probing import trial_ranks
     from gaplan.workflows import run_bench
 
     spec = spec_from_options(options)
     memory_limit = memory_limit_from_options(options)
-    positive(options, "effective_batch", "repeats", "threads")
+    positive(options, "effective_batch", "repeats", "threads", "world_size")
     if options["warmup"] < 0:
         raise GaplanError(f"--warmup must be 0 or more (got {options['warmup']})")
+    world = options["world_size"]
+    if trial_ranks(spec, world) == 1 and world != 1:
+        raise GaplanError("--world-size applies to --parallel fsdp here (every timed run trains all its ranks); "
+                          "a replicated (DDP) split is timed in one process: use --world-size 1")
+    make_plan(options["effective_batch"], options["effective_batch"], world)  # E must divide over the ranks
     device = resolve_device(options["device"])
     out = options["out"] or default_run_dir("bench", spec.model)
     check_writable(out)
     say = stderr_printer(options["quiet"])
-    spec, probed = probe_for(spec, device, memory_limit, options["effective_batch"], plan_file=options["plan_file"],
-                             grad_checkpointing=options["grad_checkpointing"], threads=options["threads"], say=say,
-                             on_trial=lambda t: say(trial_line(t)))
+    spec, probed = probe_for(spec, device, memory_limit, default_search_cap(options["effective_batch"], world),
+                             plan_file=options["plan_file"], grad_checkpointing=options["grad_checkpointing"],
+                             threads=options["threads"], say=say, on_trial=lambda t: say(trial_line(t)),
+                             world_size=world)
     say(f"timing splits of effective batch {options['effective_batch']} (B* = {probed.max_micro_batch}, "
         f"{options['warmup']} warm-up + {options['repeats']} timed steps each) ...")
     live = not options["quiet"] and same_terminal()

@@ -31,6 +31,7 @@ class TrainOptions:
 
     effective_batch: int | None = None  # default: the plan file's, else DEFAULT_EFFECTIVE_BATCH
     micro_batch: int | None = None  # skip the probe
+    token_budget: int | None = None  # batch by tokens: micro-batches of at most this many padded tokens
     plan_file: str | None = None
     grad_checkpointing: str | None = None  # as given: None, "on", "off" or "auto" (auto needs a plan file)
     data: str | None = None
@@ -53,8 +54,8 @@ class TrainOptions:
 
 
 # What a resumed run must keep (the samples of a step and the weights depend on them) ...
-_FIXED_OPTIONS = ("effective_batch", "micro_batch", "plan_file", "data", "text_field", "label_field", "long_samples",
-                  "tokenizer", "seed", "max_grad_norm", "warmup_steps")
+_FIXED_OPTIONS = ("effective_batch", "micro_batch", "token_budget", "plan_file", "data", "text_field", "label_field",
+                  "long_samples", "tokenizer", "seed", "max_grad_norm", "warmup_steps")
 # ... and what it may change: how long, how often it checkpoints, and the outputs.
 _FREE_OPTIONS = ("steps", "checkpoint_every", "save_weights", "save_model", "compare", "threads", "command",
                  "enforce_memory_limit")
@@ -165,7 +166,11 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
                  + f", gradients reduced on {'every micro-step' if spec.grad_sync == 'every' else 'the last micro-step'}")
     if corpus is None and model_source_kind(spec.model) != "function":
         corpus = SyntheticCorpus(workload.seq_len, workload.num_labels or 4, seed=options.seed)
-    main_say(f"plan: {plan.describe()}")
+    if options.token_budget and workload.seq_len and options.token_budget < workload.seq_len:
+        raise GaplanError(f"--token-budget {options.token_budget} is below the sequence length {workload.seq_len}: "
+                          "a sample of full length would not fit in any micro-batch")
+    if not options.token_budget:  # by tokens, the micro-batches are packed anew each step (said below)
+        main_say(f"plan: {plan.describe()}")
     if is_main:
         os.makedirs(run_dir, exist_ok=True)
         if not options.resume:
@@ -174,7 +179,11 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
             spec, device, memory_limit, plan, workload.param_count, workload.task, workload.seq_len)
         save_probe(dataclasses.replace(record, plan=plan, command=options.command), path_in(run_dir, PLAN_JSON))
     config = TrainConfig(steps=options.steps, seed=options.seed, max_grad_norm=options.max_grad_norm,
-                         checkpoint_every=options.checkpoint_every, warmup_steps=options.warmup_steps, run_dir=run_dir)
+                         checkpoint_every=options.checkpoint_every, warmup_steps=options.warmup_steps, run_dir=run_dir,
+                         token_budget=options.token_budget)
+    if options.token_budget:
+        main_say(f"batching by tokens: each step's {plan.effective_batch} samples packed into micro-batches of at "
+                 f"most {options.token_budget} padded tokens per rank")
     result = train(workload, plan, corpus, config, resume=options.resume, on_step=on_step,
                    on_event=on_event or main_say, peak_bytes=meter.process_peak_bytes, reset_peak=meter.reset_peak)
     saving_model = options.save_model and not result.interrupted
@@ -220,6 +229,8 @@ def _plan(spec: WorkloadSpec, options: TrainOptions, device: str, memory_limit: 
 
     effective = options.effective_batch or DEFAULT_EFFECTIVE_BATCH
     probed = None
+    if options.token_budget:  # packed by tokens each step: the plan gives only E and the ranks' equal shares
+        return spec, None, make_plan(effective, default_search_cap(effective, dist.world_size), dist.world_size)
     if options.plan_file or options.micro_batch is None:
         if options.plan_file or dist.local_rank == 0:
             node = f"[rank {dist.rank}] " if dist.active else ""

@@ -27,15 +27,18 @@ from gaplan.data import Sample, collate, step_indices
 from gaplan.devices import is_out_of_memory, release_after_oom
 from gaplan.distributed import Distributed
 from gaplan.errors import GaplanError, one_line
-from gaplan.loss import count_step_targets
+from gaplan.loss import batch_size, count_step_targets
+from gaplan.packing import PackingError, pack_step
 from gaplan.parallel import is_sharded, no_sync_for
 from gaplan.plan import Plan, make_plan
 from gaplan.run_folder import CHECKPOINT, TRAIN_LOG_CSV
 from gaplan.schema import TRAIN_LOG
 from gaplan.sharded_state import load_sharded_state, remove_stale_sharded_states, save_sharded_state
 from gaplan.step import accumulate_gradients
+from gaplan.tasks import IGNORE_INDEX
 from gaplan.workload import Workload
 
+PLACEHOLDER = "gaplan_placeholder"  # marks an empty micro-step's stand-in batch (all labels ignored)
 LOG_FIELDS = ["step", "loss", "lr", "samples_per_s", "tokens_per_s", "peak_bytes", "micro_batch",
               "grad_accum_steps", "seconds"]
 assert set(LOG_FIELDS) == set(TRAIN_LOG.columns), "train_log.csv's writer and its schema must agree"
@@ -51,6 +54,7 @@ class TrainConfig:
     checkpoint_every: int = 0
     warmup_steps: int = 0
     run_dir: str | None = None
+    token_budget: int | None = None  # batch by tokens: micro-batches of at most this many padded tokens
 
 
 @dataclass
@@ -207,19 +211,23 @@ def train(
 
     started = time.perf_counter()
     interrupted = False
+    token_budget = config.token_budget
     with _StopRequested() as stop:
         for step in range(start_step, config.steps):
             if reset_peak:
                 reset_peak()
             t0 = time.perf_counter()
             while True:
-                micro_batches = _micro_batches(workload, plan, corpus, step, dist.rank, config.seed)
+                micro_batches = (_token_micro_batches(workload, plan, corpus, step, dist, config.seed, token_budget)
+                                 if token_budget else
+                                 _micro_batches(workload, plan, corpus, step, dist.rank, config.seed))
                 agreement = _OomAgreement(dist)
                 try:
                     loss, tokens = _optimizer_step(workload, model, micro_batches, dist, scaler, config, agreement)
                     break
                 except Exception as exc:  # noqa: BLE001 - classified right below
-                    if not (is_out_of_memory(exc) or isinstance(exc, PeerOutOfMemory)) or plan.micro_batch == 1:
+                    smallest = token_budget <= _longest(micro_batches) if token_budget else plan.micro_batch == 1
+                    if not (is_out_of_memory(exc) or isinstance(exc, PeerOutOfMemory)) or smallest:
                         raise
                     if shards:
                         raise _sharded_out_of_memory(exc, step, plan, dist) from None
@@ -227,19 +235,29 @@ def train(
                     where = "another rank" if isinstance(exc, PeerOutOfMemory) else getattr(exc, "gaplan_phase", "")
                 optimizer.zero_grad(set_to_none=True)  # after the except block: the traceback is gone
                 release_after_oom(workload.device)
-                smaller = make_plan(plan.effective_batch, max(1, plan.micro_batch // 2), plan.world_size)
-                message = (f"step {step + 1}: out of memory at micro-batch {plan.micro_batch}"
-                           f"{f' (in {where})' if where else ''}; redoing the step "
-                           f"with micro-batch {smaller.micro_batch} x {smaller.grad_accum_steps} accumulation steps")
+                if token_budget:
+                    # Halved, but never below the step's longest sample (a micro-batch holds at least one).
+                    smaller_budget = max(token_budget // 2, _longest(micro_batches))
+                    message = (f"step {step + 1}: out of memory at {token_budget} tokens per micro-batch"
+                               f"{f' (in {where})' if where else ''}; redoing the step at {smaller_budget} tokens")
+                    token_budget = smaller_budget
+                else:
+                    smaller = make_plan(plan.effective_batch, max(1, plan.micro_batch // 2), plan.world_size)
+                    message = (f"step {step + 1}: out of memory at micro-batch {plan.micro_batch}"
+                               f"{f' (in {where})' if where else ''}; redoing the step with micro-batch "
+                               f"{smaller.micro_batch} x {smaller.grad_accum_steps} accumulation steps")
+                    plan = smaller
                 fallbacks.append(message)
                 if on_event:
                     on_event(message)
-                plan = smaller
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
             seconds = time.perf_counter() - t0
             log = StepLog(step + 1, loss, lr, plan.effective_batch / seconds, tokens / seconds,
-                          peak_bytes() if peak_bytes else None, plan.micro_batch, plan.grad_accum_steps, seconds)
+                          peak_bytes() if peak_bytes else None,
+                          # By tokens: this step's largest micro-batch and its number of micro-steps.
+                          max(map(batch_size, micro_batches)) if token_budget else plan.micro_batch,
+                          len(micro_batches) if token_budget else plan.grad_accum_steps, seconds)
             logs.append(log)
             if dist.rank == 0 and run_dir:
                 _append_log(run_dir, log)
@@ -288,6 +306,41 @@ def _micro_batches(workload: Workload, plan: Plan, corpus: Sequence[Sample] | No
                         mask_id=getattr(corpus, "mask_id", 3), pad_id=getattr(corpus, "pad_id", 0))
         batches.append({k: v.to(workload.device) for k, v in batch.items()})
     return batches
+
+
+def _token_micro_batches(workload: Workload, plan: Plan, corpus: Sequence[Sample] | None, step: int,
+                         dist: Distributed, seed: int, token_budget: int) -> list[dict[str, torch.Tensor]]:
+    """This rank's micro-batches of step ``step`` packed by tokens (:func:`gaplan.packing.pack_step`).
+
+    An empty micro-step (this rank has fewer samples to split than another rank has micro-steps) feeds one of
+    its samples with every label ignored: no target, no gradient, but the forward and backward that DDP's
+    and FSDP's collectives wait for.
+    """
+    if corpus is None:
+        raise GaplanError("--batch-by tokens needs data whose samples have lengths (text data or a preset's "
+                          "synthetic corpus); a module:function workload makes its own batches")
+    indices = step_indices(step, plan.effective_batch, len(corpus), seed)
+    samples = [corpus[i] for i in indices]
+    try:
+        packed = pack_step([len(sample.ids) for sample in samples], token_budget, dist.world_size)
+    except PackingError as exc:
+        raise GaplanError(f"step {step + 1}: {exc}") from None
+    mine = packed.micro_batches[dist.rank]
+    stand_in = next(batch for batch in mine if batch)[:1]
+    batches = []
+    for positions in mine:
+        batch = collate([samples[p] for p in positions or stand_in], workload.task, seed,
+                        mask_id=getattr(corpus, "mask_id", 3), pad_id=getattr(corpus, "pad_id", 0))
+        if not positions:
+            batch["labels"] = torch.full_like(batch["labels"], IGNORE_INDEX)
+            batch[PLACEHOLDER] = True
+        batches.append({k: (v.to(workload.device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()})
+    return batches
+
+
+def _longest(micro_batches: Sequence[dict[str, torch.Tensor]]) -> int:
+    """The longest sample's tokens in a step's micro-batches (padded width)."""
+    return max(int(batch["input_ids"].shape[1]) for batch in micro_batches)
 
 
 def _bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
@@ -373,7 +426,8 @@ def _optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[di
         raise OptimizerStepDoesNotFit(f"the optimizer step itself does not fit ({one_line(exc)[:160]}); a smaller "
                                       "micro-batch cannot help: give it more memory, or use --optimizer sgd") from None
     workload.optimizer.zero_grad(set_to_none=True)
-    tokens = sum(int(mb["attention_mask"].sum()) if "attention_mask" in mb else 0 for mb in micro_batches)
+    tokens = sum(int(mb["attention_mask"].sum()) if "attention_mask" in mb and PLACEHOLDER not in mb else 0
+                 for mb in micro_batches)
     loss = result.loss
     if dist.active and workload.loss_is_scaled_for_ga is not False:
         loss = dist.sum(loss)  # each rank's share of the global normalized loss
