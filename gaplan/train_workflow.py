@@ -284,4 +284,5 @@ def _summary(run_dir: str, result: Any) -> dict[str, Any]:
         "samples_per_s": (sum(log.samples_per_s for log in logs) / len(logs)) if logs else None,
         "tokens_per_s": (sum(log.tokens_per_s for log in logs) / len(logs)) if logs else None,
         "seconds": round(result.seconds, 2), "oom_fallbacks": result.oom_fallbacks, "interrupted": result.interrupted,
+        "padding_fraction": result.padding_fraction,
     }

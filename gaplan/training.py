@@ -79,6 +79,13 @@ class TrainResult:
     oom_fallbacks: list[str] = field(default_factory=list)
     interrupted: bool = False
     seconds: float = 0.0
+    padded_tokens: int = 0  # token positions fed, padding included (all ranks, all steps)
+    real_tokens: int = 0  # of which real tokens (attention mask)
+
+    @property
+    def padding_fraction(self) -> float | None:
+        """The share of the fed positions that were padding (None for data without an attention mask)."""
+        return 1 - self.real_tokens / self.padded_tokens if self.padded_tokens else None
 
 
 def _schedule(config: TrainConfig) -> Callable[[int], float]:
@@ -212,6 +219,7 @@ def train(
     started = time.perf_counter()
     interrupted = False
     token_budget = config.token_budget
+    padded_total = real_total = 0
     with _StopRequested() as stop:
         for step in range(start_step, config.steps):
             if reset_peak:
@@ -224,6 +232,8 @@ def train(
                 agreement = _OomAgreement(dist)
                 try:
                     loss, tokens = _optimizer_step(workload, model, micro_batches, dist, scaler, config, agreement)
+                    padded = int(dist.sum(sum(int(mb["attention_mask"].numel()) for mb in micro_batches
+                                              if "attention_mask" in mb and PLACEHOLDER not in mb)))
                     break
                 except Exception as exc:  # noqa: BLE001 - classified right below
                     smallest = token_budget <= _longest(micro_batches) if token_budget else plan.micro_batch == 1
@@ -250,6 +260,7 @@ def train(
                 fallbacks.append(message)
                 if on_event:
                     on_event(message)
+            padded_total, real_total = padded_total + padded, real_total + tokens
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
             seconds = time.perf_counter() - t0
@@ -275,7 +286,7 @@ def train(
                 if on_event:
                     on_event(f"stopped after step {done}; checkpoint saved in {run_dir} (resume with --resume)")
                 break
-    return TrainResult(logs, plan, fallbacks, interrupted, time.perf_counter() - started)
+    return TrainResult(logs, plan, fallbacks, interrupted, time.perf_counter() - started, padded_total, real_total)
 
 
 def _gather_rng(dist: Distributed) -> Any:
