@@ -1,0 +1,46 @@
+"""Probe a token budget: the exact sample edge at the data's shortest and longest lengths, then T*."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from gaplan.probe_result import ProbeResult
+from gaplan.token_budget import (
+    LONG_SEARCH_CAP,
+    LengthProfile,
+    TokenBudget,
+    budget_from_edges,
+    check_granule,
+    short_search_cap,
+)
+from gaplan.trial import Trial
+from gaplan.workload_spec import WorkloadSpec
+
+
+def probe_token_budget(spec: WorkloadSpec, profile: LengthProfile, device: str, memory_limit: int | None,
+                       granule: int, *, threads: int | None = None, ddp: bool = False, world_size: int | None = None,
+                       write_cache: bool = True, say: Callable[[str], None] = lambda text: None,
+                       on_trial: Callable[[Trial], None] | None = None) -> tuple[TokenBudget, ProbeResult]:
+    """T* for data of ``profile``'s lengths, and the probe at the longest length (the run's sample plan).
+
+    Two probes of the workload at sequence lengths ``profile.longest`` and ``profile.shortest``
+    (each cached as any probe is); the second searches only as far as the first makes useful.
+    """
+    from gaplan.plan_cache import probe_for
+
+    check_granule(granule)  # before any trial
+    common = dict(threads=threads, ddp=ddp, world_size=world_size, write_cache=write_cache, say=say,
+                  on_trial=on_trial)
+    say(f"token budget: probing {profile.longest}-token samples (the longest) ...")
+    _, long_probe = probe_for(dataclasses.replace(spec, seq_len=profile.longest), device, memory_limit,
+                              LONG_SEARCH_CAP, **common)
+    long_edge = long_probe.max_micro_batch
+    short_edge = long_edge
+    if profile.shortest < profile.longest:
+        cap = short_search_cap(profile.longest, long_edge, profile.shortest)
+        say(f"token budget: probing {profile.shortest}-token samples (the shortest), up to {cap} of them ...")
+        _, short_probe = probe_for(dataclasses.replace(spec, seq_len=profile.shortest), device, memory_limit,
+                                   cap, **common)
+        short_edge = short_probe.max_micro_batch
+    return budget_from_edges(profile.shortest, short_edge, profile.longest, long_edge, granule), long_probe
