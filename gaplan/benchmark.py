@@ -8,6 +8,10 @@ batch (micro-batch E, no accumulation). Every run is a fresh trial process under
 the probe's budget. On CPU a large batch that does not fit is run without the
 budget, for reference, and labelled so; on CUDA it is not run: the memory line
 says what it would need, and the largest batch that fits is the reference.
+
+A sharded workload (``--parallel fsdp``) is timed as it trains: every run is a trial of all W ranks
+(:mod:`gaplan.rank_trials`), each rank takes E/W samples per step split into its micro-batches, the
+step time is the slowest rank's, and samples/s count the whole step (E samples over all ranks).
 """
 
 from __future__ import annotations
@@ -73,12 +77,15 @@ class BenchResult:
         return [asdict(r) for r in self.rows]
 
 
-def candidate_splits(effective_batch: int, max_micro_batch: int) -> list[tuple[str, tuple[int, ...]]]:
-    """The plan, then B*, B*/2, B*/4, ... 1 (each as an even split of E), without repeats: (kind, sizes)."""
-    splits = [(PLAN, make_plan(effective_batch, max_micro_batch).micro_batch_sizes)]
+def candidate_splits(effective_batch: int, max_micro_batch: int, world_size: int = 1) -> list[tuple[str, tuple[int, ...]]]:
+    """The plan, then B*, B*/2, B*/4, ... 1 (each as an even split of E), without repeats: (kind, sizes).
+
+    Over ``world_size`` ranks the sizes are one rank's (of its E/W samples per step).
+    """
+    splits = [(PLAN, make_plan(effective_batch, max_micro_batch, world_size).micro_batch_sizes)]
     micro = max_micro_batch
     while micro >= 1:
-        sizes = make_plan(effective_batch, micro).micro_batch_sizes
+        sizes = make_plan(effective_batch, micro, world_size).micro_batch_sizes
         if all(sizes != s for _, s in splits):
             splits.append((SPLIT, sizes))
         micro //= 2
@@ -105,7 +112,10 @@ def bench(
     if repeats < 1 or warmup < 0:
         raise GaplanError(f"--repeats must be at least 1 and --warmup at least 0 (got {repeats}, {warmup})")
     effective = effective_batch or probed.plan.effective_batch
-    make_plan(effective, effective)  # a bad effective batch fails here, before any work
+    # A sharded workload is timed over its ranks (each trial runs all of them); anything else in one process.
+    world = probed.plan.world_size if probed.workload.parallel == "fsdp" else 1
+    make_plan(effective, effective, world)  # a bad effective batch fails here, before any work
+    share = effective // world  # one rank's samples per step
     edge = probed.max_micro_batch
     result = BenchResult(effective)
     available_bytes = available_bytes or cpu_available_bytes
@@ -115,26 +125,27 @@ def bench(
         if on_row is not None:
             on_row(row)
 
-    with WorkerProcess(probed.workload, probed.device, probed.probe_limit_bytes, threads=threads) as worker:
+    with WorkerProcess(probed.workload, probed.device, probed.probe_limit_bytes, threads=threads,
+                       ranks=world) as worker:
         def measure(kind: str, sizes: tuple[int, ...], unbounded: bool = False, note: str = "") -> SplitMeasurement:
             outcome = worker.trial(max(sizes), optimizer_steps=warmup + repeats, sizes=list(sizes), unbounded=unbounded)
-            return _row(kind, sizes, outcome, warmup, repeats, unbounded, note)
+            return _row(kind, sizes, outcome, warmup, repeats, unbounded, note, world)
 
-        for kind, sizes in candidate_splits(effective, edge) if splits is None else splits:
+        for kind, sizes in candidate_splits(effective, edge, world) if splits is None else splits:
             add(measure(kind, sizes))
         if large_batch:
             same = next((r for r in result.rows if r.grad_accum_steps == 1 and r.samples_per_s), None)
-            if effective <= edge and same is not None:  # the plan is the large batch already: no second run
+            if share <= edge and same is not None:  # the plan is the large batch already: no second run
                 add(_with_note(SplitMeasurement(**{**asdict(same), "kind": LARGE_BATCH}),
                                "the same run as the plan: E fits in one micro-batch"))
-            elif effective <= edge:
-                add(measure(LARGE_BATCH, (effective,)))
+            elif share <= edge:
+                add(measure(LARGE_BATCH, (share,)))
             else:
-                need = _predicted_need(probed, effective)
+                need = _predicted_need(probed, share)
                 budget = format_bytes(probed.probe_limit_bytes) if probed.probe_limit_bytes else None
                 free = available_bytes() if probed.device == "cpu" else None
-                if probed.device == "cpu" and (need is None or free is None or need < 0.8 * free):
-                    row = measure(LARGE_BATCH, (effective,), unbounded=True)
+                if probed.device == "cpu" and (need is None or free is None or need * world < 0.8 * free):
+                    row = measure(LARGE_BATCH, (share,), unbounded=True)
                     # Not "needs <peak>": the peak is resident memory, which reads below the budget's address-space
                     # count. What is known is that E > B*, and B*+1 ran out of memory.
                     note = (f"over the {budget} budget (B* = {edge}); measured unbounded for reference" if budget
@@ -143,8 +154,9 @@ def bench(
                 else:
                     where = ("this machine's free memory" if probed.device == "cpu"
                              else f"the {budget} budget" if budget else "the device's memory")
-                    add(_not_run(effective, f"needs ~{format_bytes(need)} (from the memory line), more than {where}; "
-                                            "not run"))
+                    per_rank = " per rank" if world > 1 else ""
+                    add(_not_run(effective, f"needs ~{format_bytes(need)}{per_rank} (from the memory line), more than "
+                                            f"{where}; not run", world))
                     add(measure(LARGEST_FIT, (edge,), note=f"the largest batch that fits ({edge}), as the reference"))
     reference = result.reference
     if reference is not None and reference.samples_per_s:
@@ -153,9 +165,9 @@ def bench(
 
 
 def _row(kind: str, sizes: tuple[int, ...], trial: Trial, warmup: int, repeats: int, unbounded: bool,
-         note: str) -> SplitMeasurement:
-    effective = sum(sizes)
-    label = _label(sizes)
+         note: str, world_size: int = 1) -> SplitMeasurement:
+    effective = sum(sizes) * world_size  # ``sizes`` are one rank's; every rank takes as many
+    label = _label(sizes, world_size)
     if not trial.fits:
         return SplitMeasurement(label, kind, max(sizes), len(sizes), effective, 0, None, None, None, None, None, None,
                                 False, not unbounded, note=f"out of memory: {trial.error}")
@@ -167,15 +179,17 @@ def _row(kind: str, sizes: tuple[int, ...], trial: Trial, warmup: int, repeats: 
                             fits_budget=not unbounded, bounded=not unbounded, note=note)
 
 
-def _label(sizes: tuple[int, ...]) -> str:
+def _label(sizes: tuple[int, ...], world_size: int = 1) -> str:
     micro = max(sizes)
     uneven = "" if len(set(sizes)) == 1 else f" ({min(sizes)}-{micro})"
-    return f"{micro} x {len(sizes)}{uneven}"
+    ranks = f" x {world_size} ranks" if world_size > 1 else ""
+    return f"{micro} x {len(sizes)}{uneven}{ranks}"
 
 
-def _not_run(effective: int, note: str) -> SplitMeasurement:
-    return SplitMeasurement(f"{effective} x 1", LARGE_BATCH, effective, 1, effective, 0, None, None, None, None, None,
-                            None, False, False, note=note)
+def _not_run(effective: int, note: str, world_size: int = 1) -> SplitMeasurement:
+    share = effective // world_size
+    return SplitMeasurement(_label((share,), world_size), LARGE_BATCH, share, 1, effective, 0, None, None, None, None,
+                            None, None, False, False, note=note)
 
 
 def _with_note(row: SplitMeasurement, note: str) -> SplitMeasurement:

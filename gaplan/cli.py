@@ -27,6 +27,7 @@ from gaplan.cli_options import (
     workload_options,
 )
 from gaplan.cli_output import ProgressBar, print_probe, same_terminal
+from gaplan.cli_plan import plan_command
 from gaplan.constants import DEFAULT_EFFECTIVE_BATCH, DEFAULT_TRAIN_STEPS
 from gaplan.errors import GaplanError
 from gaplan.lines import throughput_line, trial_line
@@ -112,6 +113,9 @@ def probe(**options: Any) -> None:
     memory_limit = target_limit(options) or memory_limit_from_options(options)
     positive(options, "effective_batch", "world_size", "search_cap", "threads", "repeats")
     timing = options["report"] or options["objective"] == "throughput" or options["grad_checkpointing"] == "auto"
+    if timing and spec.parallel == "fsdp":
+        raise GaplanError("--report, --objective throughput and --grad-checkpointing auto time one device; a sharded "
+                          "run's splits are timed by gaplan bench --parallel fsdp --world-size W")
     if timing and options["world_size"] != 1:
         raise GaplanError("--report, --objective throughput and --grad-checkpointing auto time one device: "
                           "use --world-size 1")
@@ -174,7 +178,10 @@ def target_limit(options: dict[str, Any]) -> int | None:
               help="samples: micro-batches of a fixed number of samples; tokens: each step's samples packed into "
                    "micro-batches of at most --token-budget padded tokens (long-tailed data wastes less on padding).")
 @click.option("--token-budget", type=int, default=None, metavar="TOKENS",
-              help="With --batch-by tokens: the most padded tokens (samples x longest) in one micro-batch.")
+              help="With --batch-by tokens: the most padded tokens (samples x longest) in one micro-batch "
+                   "(default: probed from --data's lengths, T*).")
+@click.option("--granule", type=int, default=64, show_default=True,
+              help="With --batch-by tokens: a probed token budget is a multiple of this many tokens.")
 @click.option("--plan", "plan_file", default=None, metavar="PLAN.JSON", help="Use a plan written by gaplan probe.")
 @click.option("--data", default=None, metavar="PATH",
               help="Text file (a sample a line), JSONL, a datasets folder (save_to_disk) or a .parquet file.")
@@ -238,7 +245,8 @@ def train(**options: Any) -> None:
         check_save_path(options["save_model"])
     train_options = TrainOptions(
         effective_batch=options["effective_batch"], micro_batch=options["micro_batch"],
-        token_budget=_token_budget(options), plan_file=options["plan_file"],
+        batch_by=options["batch_by"], token_budget=_token_budget(options), granule=options["granule"],
+        plan_file=options["plan_file"],
         grad_checkpointing=options["grad_checkpointing"], data=options["data"], text_field=options["text_field"],
         label_field=options["label_field"], long_samples=options["long_samples"], tokenizer=options["tokenizer"],
         steps=options["steps"],
@@ -281,14 +289,14 @@ def train(**options: Any) -> None:
 
 
 def _token_budget(options: dict) -> int | None:
-    """The token budget of ``--batch-by tokens`` (given: the token probe is not built yet), None by samples."""
+    """The token budget given with ``--batch-by tokens`` (None: probe it), checked; None by samples."""
+    if options["granule"] < 1:
+        raise GaplanError(f"--granule must be a positive number of tokens (got {options['granule']})")
     if options["batch_by"] == "samples":
         if options["token_budget"] is not None:
             raise GaplanError("--token-budget needs --batch-by tokens")
         return None
-    if options["token_budget"] is None:
-        raise GaplanError("--batch-by tokens needs --token-budget TOKENS (gaplan cannot probe a token budget yet)")
-    if options["token_budget"] < 2:
+    if options["token_budget"] is not None and options["token_budget"] < 2:
         raise GaplanError(f"--token-budget must be at least 2 tokens (got {options['token_budget']})")
     if options["micro_batch"] is not None or options["plan_file"] is not None:
         raise GaplanError("--batch-by tokens packs by --token-budget: leave out --micro-batch and --plan")
@@ -391,6 +399,7 @@ def report_command(run_dir: str, as_json: bool) -> None:
 
 
 main.add_command(estimate_command)
+main.add_command(plan_command)
 
 
 def run() -> None:

@@ -21,6 +21,7 @@ from gaplan.lines import trial_line
 from gaplan.plan import Plan, default_search_cap
 from gaplan.probe_result import ProbeResult, save_probe
 from gaplan.run_folder import PLAN_JSON, TRAIN_JSON, path_in
+from gaplan.token_budget import DEFAULT_GRANULE
 from gaplan.workflows import Say, _quiet, plan_without_probe, run_bench
 from gaplan.workload_spec import WorkloadSpec
 
@@ -31,7 +32,9 @@ class TrainOptions:
 
     effective_batch: int | None = None  # default: the plan file's, else DEFAULT_EFFECTIVE_BATCH
     micro_batch: int | None = None  # skip the probe
-    token_budget: int | None = None  # batch by tokens: micro-batches of at most this many padded tokens
+    batch_by: str = "samples"  # or "tokens": each step's samples packed into micro-batches of <= token_budget tokens
+    token_budget: int | None = None  # by tokens: given, else probed (T*) from the data's lengths
+    granule: int = DEFAULT_GRANULE  # by tokens: a probed budget is a multiple of it
     plan_file: str | None = None
     grad_checkpointing: str | None = None  # as given: None, "on", "off" or "auto" (auto needs a plan file)
     data: str | None = None
@@ -54,8 +57,8 @@ class TrainOptions:
 
 
 # What a resumed run must keep (the samples of a step and the weights depend on them) ...
-_FIXED_OPTIONS = ("effective_batch", "micro_batch", "token_budget", "plan_file", "data", "text_field", "label_field",
-                  "long_samples", "tokenizer", "seed", "max_grad_norm", "warmup_steps")
+_FIXED_OPTIONS = ("effective_batch", "micro_batch", "batch_by", "token_budget", "granule", "plan_file", "data",
+                  "text_field", "label_field", "long_samples", "tokenizer", "seed", "max_grad_norm", "warmup_steps")
 # ... and what it may change: how long, how often it checkpoints, and the outputs.
 _FREE_OPTIONS = ("steps", "checkpoint_every", "save_weights", "save_model", "compare", "threads", "command",
                  "enforce_memory_limit")
@@ -142,12 +145,19 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
         main_say(f"each of the {dist.world_size} ranks has its own {memory_limit / 2**30:.2f} GiB budget "
                  f"({dist.local_world_size} on this machine)")
     corpus = _read_data(spec, options, main_say)  # before the probe: bad data costs no probe and writes nothing
+    if options.batch_by == "tokens" and options.token_budget is None:
+        options = dataclasses.replace(options, token_budget=_probe_token_budget(spec, corpus, options, device,
+                                                                                memory_limit, dist, say, main_say))
     spec, probed, plan = _plan(spec, options, device, memory_limit, dist, say)
     meter = make_backend("cpu" if device == "cpu" else local_device(device))
     if options.enforce_memory_limit and device != "cpu":
         raise GaplanError("--enforce-memory-limit binds a CPU run (on CUDA the card is the limit)")
     # Before the model is built, so an enforced budget counts weights, gradients and optimizer states, as in a
     # probe's trial. Without one nothing is bound; the log's peaks are the whole process's either way.
+    if options.enforce_memory_limit:
+        from gaplan.workload import load_model_code
+
+        load_model_code(spec)  # the libraries' one-time memory before the budget, as the probe's worker does
     meter.activate(memory_limit or DEFAULT_CPU_BUDGET if options.enforce_memory_limit else None,
                    enforce=options.enforce_memory_limit)
     if options.enforce_memory_limit:
@@ -254,6 +264,30 @@ def _plan(spec: WorkloadSpec, options: TrainOptions, device: str, memory_limit: 
         raise GaplanError(f"--micro-batch {options.micro_batch} does not fit: the probed maximum is "
                           f"{probed.max_micro_batch}")
     return spec, probed, make_plan(effective, options.micro_batch or cap, dist.world_size)
+
+
+def _probe_token_budget(spec: WorkloadSpec, corpus: Any, options: TrainOptions, device: str,
+                        memory_limit: int | None, dist: Any, say: Say, main_say: Say) -> int:
+    """T* for this data (one probe per node, the smallest over the nodes), as :func:`_plan` does for B*."""
+    from gaplan.token_budget import LengthProfile
+    from gaplan.token_probe import probe_token_budget
+
+    if corpus is None:
+        raise GaplanError("--batch-by tokens probes the token budget from the data's lengths: give --data, "
+                          "or give --token-budget")
+    profile = LengthProfile.of([len(sample.ids) for sample in corpus.samples])
+    main_say(f"lengths: {profile.describe()}")
+    budget = 1 << 62
+    if dist.local_rank == 0:
+        node = f"[rank {dist.rank}] " if dist.active else ""
+        node_say = (lambda text: say(node + text)) if dist.local_rank == 0 else _quiet
+        found, _ = probe_token_budget(spec, profile, device, memory_limit, options.granule, threads=options.threads,
+                                      ddp=dist.world_size > 1, say=node_say,
+                                      on_trial=lambda trial: node_say(trial_line(trial)))
+        node_say(found.describe())
+        budget = found.token_budget
+    dist.barrier()
+    return dist.min(budget)
 
 
 def _read_data(spec: WorkloadSpec, options: TrainOptions, say: Say):

@@ -23,6 +23,7 @@ class Trial:
     tokens_per_step: int = 0  # attention-mask tokens in one step's batches (0 when batches have no mask)
     before_bytes: int = 0  # memory held before the trial, and after its clean-up: equal when nothing leaked
     after_bytes: int = 0
+    rank_peak_bytes: list[int] | None = None  # each rank's peak, in a trial of several ranks (peak_bytes: the largest)
 
     @property
     def line_peak_bytes(self) -> int | None:

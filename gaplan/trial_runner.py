@@ -29,11 +29,28 @@ def materialize_optimizer_state(workload: Workload) -> None:
     workload.optimizer.zero_grad(set_to_none=True)
 
 
+def _no_sync(workload: Workload):
+    """What keeps a micro-step from syncing gradients: DDP's ``no_sync``, or FSDP's switch (:func:`no_sync_for`).
+
+    Only a sharded workload asks FSDP: ``no_sync_for`` imports it, and a trial imports nothing under its budget.
+    """
+    if workload.spec.parallel != "fsdp":
+        return getattr(workload.model, "no_sync", None)
+    return no_sync_for(workload.model, workload.spec.grad_sync)
+
+
+def _world_size() -> int:
+    """The ranks of this trial: above 1 in a rank of a sharded trial (:mod:`gaplan.rank_trials`)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def _targets_over_ranks(batches: list, task: str) -> int | None:
     """The step's targets summed over the ranks of a multi-rank trial, as training counts them (one all-reduce)."""
     import torch.distributed as dist
 
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
+    if _world_size() == 1:
         return None  # counted by accumulate_gradients
     total = torch.tensor([count_step_targets(batches, task)], dtype=torch.int64)
     dist.all_reduce(total)
@@ -64,7 +81,7 @@ def run_trial(workload: Workload, backend: Backend, micro_batch: int, micro_step
             accumulate_gradients(workload.model, batches, workload.raw_loss, workload.task,
                                  workload.loss_is_scaled_for_ga, workload.autocast,
                                  num_items_in_batch=_targets_over_ranks(batches, workload.task),
-                                 no_sync=no_sync_for(workload.model, workload.spec.grad_sync))
+                                 no_sync=_no_sync(workload))
             micro_steps_peak = max(micro_steps_peak, backend.peak_bytes())  # no optimizer step in it yet
             workload.optimizer.step()
             workload.optimizer.zero_grad(set_to_none=True)
@@ -77,6 +94,10 @@ def run_trial(workload: Workload, backend: Backend, micro_batch: int, micro_step
         if not is_out_of_memory(exc):
             raise
         error = str(exc).splitlines()[0][:200]
+    if error is not None and _world_size() > 1:
+        # A rank of a sharded trial reports at once, without cleaning up: its peers wait in a collective it will
+        # never join (the parent kills them), and on CUDA a synchronize would wait on their unfinished kernels.
+        return Trial(micro_batch, False, None, round(time.perf_counter() - started, 3), error, completed)
     # Recover only here, after the except block: its traceback keeps the failed step's tensors alive.
     if error is not None:
         workload.optimizer.zero_grad(set_to_none=True)

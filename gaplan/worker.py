@@ -12,6 +12,10 @@ against RLIMIT_DATA, so its edge drifts by a few samples. A fork costs
 milliseconds where a new interpreter costs seconds, and every trial then sees
 exactly what a fresh training process sees.
 
+A sharded workload (``WorkerSetup.ranks`` above 1, ``--parallel fsdp``) forks one child per rank for
+every trial: they join a process group of their own, each sets its budget, builds and shards the model
+and trains; the first rank to fail ends the trial and the others are killed (:mod:`gaplan.rank_trials`).
+
 It speaks JSON lines: the first request names the workload, device and budget;
 each later one asks for a trial. Run by :class:`gaplan.worker_process.WorkerProcess`;
 ``python -m gaplan.worker`` by hand is for debugging.
@@ -159,11 +163,11 @@ def _in_ranks(setup: WorkerSetup, body: Callable[[int | None], dict]) -> list[di
 
 def _static_bytes(workload) -> int:
     """Weights, gradients and optimizer states this process holds: of a sharded model, its shards only."""
+    if workload.spec.parallel != "fsdp":
+        return workload.static_bytes()
     from torch.distributed.tensor import DTensor
 
     params = list(workload.model.parameters())
-    if not any(isinstance(p, DTensor) for p in params):
-        return workload.static_bytes()
     local = [(p.to_local() if isinstance(p, DTensor) else p, p.requires_grad) for p in params]
     weights = sum(t.numel() * t.element_size() for t, _ in local)
     trained = sum(t.numel() * t.element_size() for t, requires_grad in local if requires_grad)
@@ -281,12 +285,10 @@ def _static_bytes_without_memory(spec) -> int | None:
 
     Building on meta also imports the model's code here, once, instead of in every trial child.
     """
-    from gaplan.workload import build_workload
-    from gaplan.workload_spec import model_source_kind
+    from gaplan.workload import load_model_code
 
-    if model_source_kind(spec.model) == "function":
-        return None  # a user's function may not build on meta; its size shows when it is built
-    return build_workload(spec, "meta").static_bytes()
+    built = load_model_code(spec)  # None for a user's function: its size shows when it is built
+    return None if built is None else built.static_bytes()
 
 
 def main() -> None:

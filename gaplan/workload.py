@@ -216,6 +216,23 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
                     raw_loss, None, device, vocab_size, num_labels, info=info)
 
 
+def load_model_code(spec: WorkloadSpec) -> Workload | None:
+    """Build ``spec`` on the meta device (nothing allocated): imports the model's code, once, and lets the libraries
+    make their one-time allocations.
+
+    A CPU budget (RLIMIT_DATA over the process's data size when it is set) taken after this counts what training
+    holds, not the libraries: the probe's worker does it before its trials fork, and a training run under
+    ``--enforce-memory-limit`` must do it before its budget too, or it has less room than the trials had (about
+    90 MiB less for tiny-gpt2: transformers' GPT-2 modules). A sharded workload imports FSDP2 here too. None for a
+    ``module:function`` model, which may not build on meta (its code is imported by then).
+    """
+    if spec.parallel == "fsdp":
+        import torch.distributed.fsdp  # noqa: F401 - FSDP2 and DTensor: ~40 MiB of library, not of training
+    if model_source_kind(spec.model) == "function":
+        return None
+    return build_workload(spec, "meta")
+
+
 def _from_config(spec: WorkloadSpec, config: Any, task: str, device: torch.device) -> nn.Module:
     """A random init from the config, built in place on ``device`` (on meta nothing is allocated).
 

@@ -19,6 +19,39 @@ def test_candidate_splits_keep_the_effective_batch():
     assert len({sizes for _, sizes in splits}) == len(splits)
 
 
+def test_candidate_splits_over_ranks_are_one_ranks_share():
+    splits = candidate_splits(64, 8, world_size=2)  # each rank takes 32 samples per step
+    assert splits[0] == (PLAN, (8,) * 4)
+    assert [max(sizes) for _, sizes in splits] == [8, 4, 2, 1]
+    assert all(sum(sizes) == 32 for _, sizes in splits)
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_sharded_bench_times_every_rank_and_counts_the_whole_step(tmp_path):
+    """FSDP over 2 ranks, E = 8 (4 per rank), B* pretended 2: every run is a 2-rank trial; rows count all 8 samples."""
+    from gaplan.plan import make_plan
+    from gaplan.probe_result import ProbeResult
+    from gaplan.trial import Trial
+
+    from .conftest import SMALL_BUDGET, SMALL_THREADS
+
+    spec = WorkloadSpec(model="tiny-gpt2", seq_len=16, parallel="fsdp")
+    probed = ProbeResult(workload=spec, device="cpu", memory_limit_bytes=SMALL_BUDGET, margin=0.0,
+                         probe_limit_bytes=SMALL_BUDGET, budget_is_default=False, max_micro_batch=2, capped=False,
+                         trials=[Trial(2, True, 90 * 2**20), Trial(3, False)], plan=make_plan(8, 2, 2),
+                         param_count=5_500_000, static_bytes=42 * 2**20, task="causal-lm", seq_len=16,
+                         wall_seconds=1.0, world_size=2, trial_ranks=2)
+    result = bench(probed, effective_batch=8, repeats=1, warmup=0, threads=SMALL_THREADS)
+    assert [(r.kind, r.split) for r in result.rows] == [
+        (PLAN, "2 x 2 x 2 ranks"), (SPLIT, "1 x 4 x 2 ranks"), (LARGE_BATCH, "4 x 1 x 2 ranks")]
+    assert all(r.effective_batch == 8 and r.samples_per_s for r in result.rows)
+    for row in result.rows:  # tokens of both ranks' full-length batches of seq 16
+        assert row.tokens_per_s == pytest.approx(row.samples_per_s * 16)
+    assert result.rows[-1].bounded is False and "measured unbounded for reference" in result.rows[-1].note
+
+
 @pytest.mark.heavy
 @pytest.mark.slow
 def test_bench_rows_ratios_and_the_unbounded_large_batch(small_probe):

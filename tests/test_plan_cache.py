@@ -134,3 +134,61 @@ def test_write_cache_false_leaves_no_entry(stand_in_probe):
     assert not os.path.exists(plan_cache_path(SPEC, "cpu", SMALL_BUDGET))
     probe_for(SPEC, "cpu", SMALL_BUDGET, 64)
     assert len(stand_in_probe) == 2 and os.path.isfile(plan_cache_path(SPEC, "cpu", SMALL_BUDGET))
+
+
+FSDP = dataclasses.replace(SPEC, parallel="fsdp")
+
+
+def test_the_key_holds_the_layout_and_a_sharded_runs_world_size():
+    """FSDP's shards (so its B*) depend on the layout and the world size; a replicated run's trials do not."""
+    keys = {
+        "ddp": plan_cache_path(SPEC, "cpu", SMALL_BUDGET, threads=1),
+        "ddp wrapper": plan_cache_path(SPEC, "cpu", SMALL_BUDGET, threads=1, ddp=True),
+        "fsdp 2": plan_cache_path(FSDP, "cpu", SMALL_BUDGET, threads=1, world_size=2),
+        "fsdp 4": plan_cache_path(FSDP, "cpu", SMALL_BUDGET, threads=1, world_size=4),
+        "fsdp 2 offload": plan_cache_path(dataclasses.replace(FSDP, cpu_offload=True), "cpu", SMALL_BUDGET, threads=1,
+                                          world_size=2),
+        "fsdp 2 sync every": plan_cache_path(dataclasses.replace(FSDP, grad_sync="every"), "cpu", SMALL_BUDGET,
+                                             threads=1, world_size=2),
+    }
+    assert len(set(keys.values())) == len(keys), keys
+    assert plan_cache_path(SPEC, "cpu", SMALL_BUDGET, threads=1, world_size=4) == keys["ddp"]
+    # A sharded run's trials run every rank, each without a DDP wrapper: the flag is no part of its key.
+    assert plan_cache_path(FSDP, "cpu", SMALL_BUDGET, threads=1, ddp=True, world_size=2) == keys["fsdp 2"]
+
+
+def test_probe_for_a_sharded_run_probes_its_world_size_and_caches_per_world_size(monkeypatch):
+    calls = []
+
+    def fake_probe(spec, **options):
+        calls.append(options)
+        world = options["world_size"]
+        return dataclasses.replace(probe_result(9, effective_batch=options["effective_batch"]), workload=spec,
+                                   plan=make_plan(options["effective_batch"], 9, world), world_size=world,
+                                   trial_ranks=world)
+
+    monkeypatch.setattr(gaplan.probing, "probe", fake_probe)
+    _, probed = probe_for(FSDP, "cpu", SMALL_BUDGET, 32, threads=1, world_size=2, ddp=True)
+    assert calls[-1]["world_size"] == 2 and calls[-1]["search_cap"] == 32 and calls[-1]["effective_batch"] == 64
+    assert probed.world_size == 2 and os.path.isfile(plan_cache_path(FSDP, "cpu", SMALL_BUDGET, 1, world_size=2))
+    probe_for(FSDP, "cpu", SMALL_BUDGET, 32, threads=1, world_size=2)
+    assert len(calls) == 1  # cached
+    monkeypatch.setenv("WORLD_SIZE", "4")  # under torchrun, without an explicit world size
+    probe_for(FSDP, "cpu", SMALL_BUDGET, 32, threads=1)
+    assert len(calls) == 2 and calls[-1]["world_size"] == 4
+
+
+def test_a_plan_file_of_another_layout_or_world_size_is_refused(tmp_path):
+    from gaplan.errors import GaplanError
+
+    ddp_plan = tmp_path / "ddp.json"
+    save_probe(probe_result(9), str(ddp_plan))
+    with pytest.raises(GaplanError, match="--parallel ddp"):
+        probe_for(FSDP, "cpu", SMALL_BUDGET, 32, plan_file=str(ddp_plan), world_size=2)
+    fsdp_plan = tmp_path / "fsdp.json"
+    save_probe(dataclasses.replace(probe_result(9), workload=FSDP, plan=make_plan(64, 9, 2), world_size=2,
+                                   trial_ranks=2), str(fsdp_plan))
+    _, probed = probe_for(FSDP, "cpu", SMALL_BUDGET, 32, plan_file=str(fsdp_plan), world_size=2)
+    assert probed.world_size == 2 and probed.trial_ranks == 2 and probed.workload.parallel == "fsdp"
+    with pytest.raises(GaplanError, match="probed for FSDP over 2 ranks, not 4"):
+        probe_for(FSDP, "cpu", SMALL_BUDGET, 32, plan_file=str(fsdp_plan), world_size=4)

@@ -43,7 +43,8 @@ def test_the_short_probe_needs_no_more_than_its_cap(shortest, extra, long_edge):
 def test_a_long_tailed_profile():
     lengths = [8] * 50 + [16] * 30 + [64] * 15 + [256] * 5
     profile = LengthProfile.of(lengths)
-    assert (profile.count, profile.shortest, profile.longest, profile.median) == (100, 8, 256, 12)  # between the 50th (8) and 51st (16)
+    # the median lies between the 50th (8) and the 51st (16)
+    assert (profile.count, profile.shortest, profile.longest, profile.median) == (100, 8, 256, 12)
     assert profile.p90 == 64 and profile.p99 == 256
     assert sum(row[2] for row in profile.histogram) == 100 and profile.histogram[0][:2] == (8, 32)
 

@@ -18,14 +18,16 @@ How it works, one module per idea:
 5. :mod:`~gaplan.estimate.budget` and :mod:`~gaplan.estimate.targets`: what the peak is compared
    with (a GPU's usable memory, a memory limit, the CPU budget).
 6. :mod:`~gaplan.estimate.assumptions`: every assumption above, as records the result carries.
+7. :mod:`~gaplan.estimate.sharded`: one rank of a W-way FSDP2 step (``--parallel fsdp --world-size W``),
+   traced with torch's ``FSDPMemTracker`` on a fake process group.
 
 :mod:`~gaplan.estimate.torch_private` guards the torch internals the trace reads or patches.
 """
 
 from gaplan.estimate.assumptions import Assumption
-from gaplan.estimate.estimator import estimate, trace_steps
+from gaplan.estimate.estimator import estimate, predicted_peak, trace_steps
 from gaplan.estimate.result import EstimateResult, TracedRow
 from gaplan.estimate.targets import Target, list_targets, lookup_target
 
 __all__ = ["Assumption", "EstimateResult", "Target", "TracedRow", "estimate", "list_targets", "lookup_target",
-           "trace_steps"]
+           "predicted_peak", "trace_steps"]

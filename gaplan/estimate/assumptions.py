@@ -177,8 +177,8 @@ def sharded_assumptions(spec, device_kind: str, world_size: int, blocks: int, de
         "sharding",
         f"FSDP2 over {world_size} ranks, one rank traced (rank 0, which holds the largest shards: dimension 0 split in "
         f"ceil(rows / {world_size}), padded) on a fake process group: fully_shard per block and on the root as training "
-        f"does it, reshard after forward, one block prefetched in backward; {depth_text}. NCCL's own buffers and "
-        "streams are not counted.",
+        f"does it, reshard after forward, one block prefetched in backward; {depth_text}. The communication "
+        "backend's own buffers (NCCL's, gloo's) are not counted.",
         {"world_size": world_size, "blocks": blocks, "traced_depths": list(depths)})]
     if spec.grad_sync == "last":
         notes.append(Assumption(

@@ -1,4 +1,5 @@
-"""The entry points: :func:`estimate` (search the edge against a budget, plan) and :func:`trace_steps` (peaks only)."""
+"""The entry points: :func:`estimate` (search the edge against a budget, plan), :func:`trace_steps` (peaks only)
+and :func:`predicted_peak` (one micro-batch's peak per rank)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gaplan.constants import SEARCH_CAP
-from gaplan.errors import GaplanError
+from gaplan.errors import DoesNotFit, GaplanError
 from gaplan.estimate.budget import budget, check_device_kind
 from gaplan.estimate.edge import check_sizes, find_edge
 from gaplan.estimate.result import EstimateResult, TracedRow
+from gaplan.estimate.sharded import ShardedTracer, check_world_size
 from gaplan.estimate.trace import Tracer
+from gaplan.layouts import check_nodes, launch_command
 from gaplan.plan import make_plan
+from gaplan.units import format_bytes
 
 if TYPE_CHECKING:
     from gaplan.workload import WorkloadSpec
@@ -27,6 +31,8 @@ def estimate(
     device_kind: str = "cuda",
     search_cap: int = SEARCH_CAP,
     threads: int | None = None,
+    world_size: int = 1,
+    nodes: int = 1,
 ) -> EstimateResult:
     """Estimate the largest micro-batch of ``spec`` that fits, and plan ``effective_batch``, without allocating.
 
@@ -41,6 +47,10 @@ def estimate(
             a CPU process, to compare with ``gaplan probe --device cpu``; no target).
         search_cap: the largest micro-batch considered.
         threads: CPU threads of the process modelled (``device_kind="cpu"``; default: this process's).
+        world_size: ranks the effective batch is split over. With ``spec.parallel == "fsdp"`` (at least 2)
+            one rank of a ``world_size``-way FSDP2 step is traced (:mod:`gaplan.estimate.sharded`); with
+            ``ddp`` above 1, DistributedDataParallel's gradient buckets are added. Every peak is per rank.
+        nodes: machines the ranks are spread over (``world_size`` divides evenly), for the launch command.
 
     Raises:
         GaplanError: bad input (unknown target, no config.json, sequence longer than the positions...),
@@ -54,40 +64,84 @@ def estimate(
     if not isinstance(search_cap, int) or search_cap < 1:
         raise GaplanError(f"the search cap must be a positive integer (got {search_cap})")
     sizes = check_sizes(sizes)
-    make_plan(effective_batch, 1)  # reject a bad effective batch before any work
+    check_world_size(spec, world_size)
+    check_nodes(world_size, nodes)
+    make_plan(effective_batch, 1, world_size)  # reject a bad effective batch before any work
     the_budget = budget(device_kind, memory_limit, target)
 
     started = time.perf_counter()
-    with Tracer(spec, device_kind, threads) as tracer:
-        edge, capped, line = find_edge(tracer, the_budget.usable_bytes, sizes, search_cap, spec)
+    with make_tracer(spec, device_kind, threads, world_size) as tracer:
+        try:
+            edge, capped, line = find_edge(tracer, the_budget.usable_bytes, sizes, search_cap, spec)
+        except DoesNotFit as exc:
+            raise DoesNotFit(f"{exc}{does_not_fit_hint(spec, tracer, world_size)}", exc.needed_bytes) from None
         rows = tracer.final_rows()
         peak = next(r.peak_bytes for r in reversed(rows) if r.phase == "step" and r.micro_batch == edge)
         workload = tracer.workload
+        plan = make_plan(effective_batch, edge, world_size)
         return EstimateResult(
             workload=spec.to_dict(), device_kind=device_kind,
             target=the_budget.target.name if the_budget.target else None,
             memory_limit_bytes=int(the_budget.limit_bytes), usable_bytes=int(the_budget.usable_bytes), rows=rows,
             line=(float(line[0]), float(line[1])), max_micro_batch=edge, capped=capped, peak_bytes=peak,
-            plan=make_plan(effective_batch, edge).to_dict(), assumptions=[the_budget.assumption, *tracer.assumptions()],
+            plan=plan.to_dict(), assumptions=[the_budget.assumption, *tracer.assumptions()],
             trace_seconds=time.perf_counter() - started, param_count=workload.param_count,
-            static_bytes=workload.static_bytes(), task=workload.task, seq_len=workload.seq_len,
-            trace_count=sum(not r.composed for r in rows), extra=tracer.extra())
+            static_bytes=tracer.static_bytes(), task=workload.task, seq_len=workload.seq_len,
+            trace_count=sum(not r.composed for r in rows), extra=tracer.extra(), world_size=world_size, nodes=nodes,
+            launch_command=launch_command(spec.to_dict(), plan.micro_batch, effective_batch, world_size, nodes,
+                                          "cpu" if device_kind == "cpu" else None))
+
+
+def make_tracer(spec: WorkloadSpec, device_kind: str, threads: int | None, world_size: int) -> Tracer | ShardedTracer:
+    """One rank's tracer: a W-way FSDP2 rank for ``--parallel fsdp``, else one process (with DDP's buckets above 1 rank)."""
+    if spec.parallel == "fsdp":
+        return ShardedTracer(spec, device_kind, world_size, threads)
+    return Tracer(spec, device_kind, threads, world_size)
+
+
+def does_not_fit_hint(spec: WorkloadSpec, tracer, world_size: int) -> str:
+    """What would make room, appended to the one-line "does not fit"."""
+    if spec.parallel != "fsdp":
+        return ("; shard it over ranks: --parallel fsdp --world-size N (gaplan plan compares the layouts)"
+                if world_size > 1 or spec.optimizer == "adamw" else "")
+    held = max((r.detail.get("unsharded_gradients", 0) for r in tracer.rows), default=0)
+    if spec.grad_sync == "last" and held:
+        return (f"; {format_bytes(held)} of it are the whole model's unsharded gradients held between micro-steps: "
+                "--grad-sync every keeps them sharded")
+    options = [o for o, on in (("--grad-checkpointing on", spec.grad_checkpointing), ("--cpu-offload", spec.cpu_offload))
+               if not on]
+    more = f", {' or '.join(options)}" if options else ""
+    return f"; try more ranks (--world-size){more} (gaplan plan compares the layouts)"
 
 
 def trace_steps(spec: WorkloadSpec, micro_batches: Sequence[int], device_kind: str = "cpu",
-                threads: int | None = None) -> list[TracedRow]:
-    """The estimated peak of one steady-state step at each micro-batch (no search, no budget).
+                threads: int | None = None, world_size: int = 1) -> list[TracedRow]:
+    """The estimated peak of one steady-state step at each micro-batch (no search, no budget), per rank.
 
     Each row is the larger of the micro-steps' and the optimizer step's traced peaks, plus the
     device's overhead: with ``device_kind="cpu"``, what ``gaplan probe --device cpu`` measures as a
-    trial's ``peak_bytes`` at that micro-batch.
+    trial's ``peak_bytes`` at that micro-batch. With ``spec.parallel == "fsdp"``, one rank of a
+    ``world_size``-way FSDP2 step (what the largest rank of ``gaplan probe --parallel fsdp`` measures);
+    ``row.detail`` then has FSDP's categories.
     """
     spec = spec.validate()
     check_device_kind(device_kind)
+    check_world_size(spec, world_size)
     if not micro_batches or not all(isinstance(b, int) and b >= 1 for b in micro_batches):
         raise GaplanError(f"micro-batches must be positive integers (got {list(micro_batches)})")
-    with Tracer(spec, device_kind, threads) as tracer:
+    with make_tracer(spec, device_kind, threads, world_size) as tracer:
         optimizer_step = tracer.optimizer_step()
         for b in micro_batches:
             tracer.composed_step(tracer.micro_steps(b), optimizer_step)
         return [r for r in tracer.final_rows() if r.phase == "step"]
+
+
+def predicted_peak(spec: WorkloadSpec, micro_batch: int, device_kind: str = "cpu", world_size: int = 1,
+                   threads: int | None = None) -> int:
+    """The estimated per-rank peak bytes of one steady-state step at ``micro_batch``: ``trace_steps``'s one row.
+
+    For ``spec.parallel == "fsdp"`` and ``device_kind="cpu"``, what the largest rank of a ``world_size``-rank
+    FSDP probe trial should measure as its ``peak_bytes``.
+    """
+    (row,) = trace_steps(spec, [micro_batch], device_kind=device_kind, threads=threads, world_size=world_size)
+    return row.peak_bytes

@@ -58,12 +58,14 @@ class EstimateResult:
     assumptions: list[Assumption]  # the budget's first, then the trace's and the device model's
     trace_seconds: float
     param_count: int
-    static_bytes: int  # weights + gradients + optimizer states
+    static_bytes: int  # weights + gradients + optimizer states (a rank's shards under FSDP)
     task: str
     seq_len: int | None
     trace_count: int = 0
     extra: dict = field(default_factory=dict)
-
+    world_size: int = 1  # ranks; every byte figure is per rank
+    nodes: int = 1
+    launch_command: str | None = None  # the gaplan train (or torchrun) command of the plan
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
         data["rows"] = [row.to_dict() for row in self.rows]

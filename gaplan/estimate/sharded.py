@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 MICRO_STEPS = 2  # traced per step: the second sees what the first left (held gradients), as every later one does
 FULL_DEPTH_MAX = 8  # a stack of at most this many blocks is traced whole
-TRACE_DEPTHS = (2, 3)  # depths a deeper uniform stack is traced at, then extrapolated
+TRACE_DEPTHS = (3, 4)  # depths a deeper uniform stack is traced at, then extrapolated
 
 # FSDPMemTracker's reference types -> the names gaplan reports (TracedRow.detail).
 FSDP_CATEGORY_OF = {
@@ -177,7 +177,7 @@ class ShardedTracer:
     def _enter(self) -> None:
         import torch
 
-        from gaplan.parallel import find_blocks
+        from gaplan.parallel import find_blocks, shard_model
         from gaplan.workload import build_workload, model_source_kind
 
         private_module("torch.distributed._tools.fsdp2_mem_tracker")  # fail early, in one line, when torch lacks it
@@ -190,6 +190,12 @@ class ShardedTracer:
         self.blocks = len(blocks)
         stack = uniform_stack(meta.model, blocks)
         self.depths = (self.blocks,) if stack is None or self.blocks <= FULL_DEPTH_MAX else TRACE_DEPTHS
+        # Copies and sharding on meta, outside the fake mode (a deep copy under it would copy fake tensors).
+        models = {depth: copy.deepcopy(meta.model) if depth == self.blocks else truncated_copy(meta.model, stack, depth)
+                  for depth in self.depths}
+        with fake_tensor_errors(self.spec):
+            for model in models.values():
+                shard_model(model, dtype=self.spec.dtype, cpu_offload=self.spec.cpu_offload, mesh=mesh)
         self.mode = fake_tensor_mode()
         self.helper = ShardedTraceHelper()
         self._stack.enter_context(fast_peak_tracking())
@@ -197,22 +203,15 @@ class ShardedTracer:
         self._stack.enter_context(self.mode)
         self._stack.enter_context(self.helper)
         self._stack.enter_context(self.device.autocast(self.spec.dtype))
-        for depth in self.depths:
-            model = meta.model if depth == self.blocks else truncated_copy(meta.model, stack, depth)
-            self._copies.append(_Copy(depth, self._sharded_copy(meta, model, mesh)))
+        for depth, model in models.items():
+            self._copies.append(_Copy(depth, self._materialize(meta, model)))
 
-    def _sharded_copy(self, meta: Workload, model: nn.Module, mesh) -> Workload:
-        """``model`` (on meta) sharded as training shards it, its shards fake, its optimizer's states filled."""
+    def _materialize(self, meta: Workload, model: nn.Module) -> Workload:
+        """A sharded ``model`` (on meta) with fake shards, its optimizer made after sharding and its states filled."""
         import torch
 
-        from gaplan.parallel import shard_model
-
-        if model is meta.model:  # the full-depth model is sharded itself; keep an unsharded copy for the shapes
-            model = copy.deepcopy(model)
         with fake_tensor_errors(self.spec):
-            shard_model(model, dtype=self.spec.dtype, cpu_offload=self.spec.cpu_offload, mesh=mesh)
             model.to_empty(device="cpu")
-            model.train()
         optimizer = self.device.make_optimizer(model, self.spec)
         fill_optimizer_state(optimizer, self.spec.optimizer)
         return dataclasses.replace(meta, model=model, optimizer=optimizer, make_batch=fake_batch_maker(meta, self.mode),

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from gaplan.constants import BREAKDOWN_CATEGORIES
-from gaplan.estimate.assumptions import Assumption, trace_assumptions
+from gaplan.estimate.assumptions import Assumption, data_parallel_buckets, trace_assumptions
 from gaplan.estimate.device import DeviceModel, mkl_panel_bytes
 from gaplan.estimate.fake import fake_tensor_errors, fake_tensor_mode, fake_workload, no_step_optimizer
 from gaplan.estimate.result import TracedRow
@@ -32,8 +32,10 @@ if TYPE_CHECKING:
 class Tracer:
     """A fake workload, the modes and patches its traces run under, and the rows they gave."""
 
-    def __init__(self, spec: WorkloadSpec, device_kind: str, threads: int | None = None) -> None:
+    def __init__(self, spec: WorkloadSpec, device_kind: str, threads: int | None = None, world_size: int = 1) -> None:
         self.spec = spec
+        self.world_size = world_size  # above 1: DistributedDataParallel's gradient buckets count (bucket_bytes)
+        self.bucket_bytes = 0
         self.device = DeviceModel(device_kind, threads)
         self.rows: list[TracedRow] = []
         self._stack = contextlib.ExitStack()
@@ -45,6 +47,9 @@ class Tracer:
         try:
             self.workload = fake_workload(self.spec, self.device, self.mode)
             self._no_step = dataclasses.replace(self.workload, optimizer=no_step_optimizer(self.workload.optimizer))
+            if self.world_size > 1:  # DDP's buckets: a flat copy of the gradients, held through every step
+                self.bucket_bytes = sum(p.numel() * p.element_size() for p in self.workload.model.parameters()
+                                        if p.requires_grad)
             self.helper = TraceHelper()
             self._stack.enter_context(fast_peak_tracking())
             self._stack.enter_context(self.device.allocator())
@@ -102,8 +107,12 @@ class Tracer:
     # -- what the device adds, and what was assumed ----------------------------------------------
 
     def overhead(self) -> int:
-        """Bytes the device holds besides the traced tensors (the CPU process's heap and MKL buffers)."""
-        return self.device.overhead(self.helper.gemm_panel_bytes)
+        """Bytes the device holds besides the traced tensors (the CPU process's heap and MKL buffers, DDP's buckets)."""
+        return self.device.overhead(self.helper.gemm_panel_bytes) + self.bucket_bytes
+
+    def static_bytes(self) -> int:
+        """Weights, gradients and optimizer states."""
+        return self.workload.static_bytes()
 
     def final_rows(self) -> list[TracedRow]:
         """Every row, with the device overhead as known at the end (MKL's buffer is sized by the largest GEMM seen)."""
@@ -113,6 +122,8 @@ class Tracer:
     def extra(self) -> dict[str, Any]:
         data: dict[str, Any] = {"attention_ops": sorted(self.helper.attention_ops)}
         data.update(self.device.extra(self.helper.gemm_panel_bytes))
+        if self.world_size > 1:
+            data.update(parallel="ddp", world_size=self.world_size, ddp_bucket_bytes=self.bucket_bytes)
         step = next((r for r in self.final_rows() if r.phase == "optimizer-step"), None)
         if step is not None:
             data["optimizer_step_peak_bytes"] = step.peak_bytes
@@ -120,8 +131,11 @@ class Tracer:
 
     def assumptions(self) -> list[Assumption]:
         step = next((r for r in self.rows if r.phase == "optimizer-step"), None)
-        return trace_assumptions(self.spec, self.device, self.helper, self.workload.static_bytes(),
-                                 step.tracked_total if step is not None else None)
+        notes = trace_assumptions(self.spec, self.device, self.helper, self.workload.static_bytes(),
+                                  step.tracked_total if step is not None else None)
+        if self.world_size > 1:
+            notes.append(data_parallel_buckets(self.bucket_bytes, self.world_size))
+        return notes
 
 
 class TraceHelper:

@@ -51,7 +51,8 @@ def test_packed_by_tokens_over_two_ddp_ranks_trains_the_weights_of_one_full_batc
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--batch-by", "tokens"], "--batch-by tokens needs --token-budget"),
+    (["--batch-by", "tokens"], "give --data, or give --token-budget"),
+    (["--batch-by", "tokens", "--granule", "0"], "--granule must be a positive number of tokens (got 0)"),
     (["--token-budget", "64"], "--token-budget needs --batch-by tokens"),
     (["--batch-by", "tokens", "--token-budget", "16", "--seq-len", "32"], "--token-budget 16 is below the sequence"),
     (["--batch-by", "tokens", "--token-budget", "64", "--micro-batch", "4"], "leave out --micro-batch"),

@@ -1,0 +1,109 @@
+"""``gaplan plan`` (the layout chooser) and ``gaplan estimate --parallel fsdp`` end to end, and their bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from gaplan.cli import main
+
+
+def one_error_line(result) -> str:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--parallel", "fsdp"], "--parallel fsdp shards the model over ranks: give --world-size 2 or more"),
+    (["--cpu-offload"], "--cpu-offload needs --parallel fsdp"),
+    (["--grad-sync", "every"], "--grad-sync every needs --parallel fsdp"),
+    (["--parallel", "fsdp", "--world-size", "12", "--nodes", "8"], "does not split evenly over --nodes 8"),
+    (["--world-size", "16", "--nodes", "2", "--gpus-per-node", "4"], "is not --nodes 2 x --gpus-per-node 4"),
+    (["--world-size", "0"], "--world-size must be a positive integer"),
+    (["--parallel", "fsdp", "--world-size", "3", "--effective-batch", "64"], "not divisible by the world size 3"),
+])
+def test_estimate_bad_sharding_input_is_one_line_exit_2(args, message):
+    result = CliRunner().invoke(main, ["estimate", "--quiet", *args])
+    assert message in one_error_line(result)
+
+
+def test_estimate_fsdp_refusal_comes_before_the_progress_line():
+    result = CliRunner().invoke(main, ["estimate", "--parallel", "fsdp"])
+    assert "--world-size 2 or more" in one_error_line(result)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--layouts", "zero3"], "unknown layout 'zero3'"),
+    (["--world-size", "0"], "--world-size must be a positive integer"),
+    (["--world-size", "3", "--effective-batch", "64"], "not divisible by the world size 3"),
+    (["--device", "cpu", "--target", "h100-80gb"], "does not go with --device cpu"),
+    (["--target", "gtx-480"], "unknown target 'gtx-480'"),
+    (["--seq-len", "1"], "--seq-len must be at least 2"),
+])
+def test_plan_bad_input_is_one_line_exit_2(tmp_path, args, message):
+    result = CliRunner().invoke(main, ["plan", "--quiet", "--out", str(tmp_path / "out"), *args])
+    assert message in one_error_line(result)
+
+
+@pytest.mark.slow
+def test_estimate_fsdp_on_cpu_prints_the_sharded_categories_and_the_torchrun_command():
+    result = CliRunner().invoke(main, ["estimate", "--device", "cpu", "--parallel", "fsdp", "--world-size", "2",
+                                       "--model", "tiny-gpt2", "--seq-len", "16", "--memory-limit", "120MiB",
+                                       "--effective-batch", "64", "--threads", "1", "--quiet"])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    for text in ("ranks      2 (1 node x 2), FSDP2", "sh.params", "gathered", "full grads", "all-gather", "red-scat",
+                 "per rank", "world size 2", "launch: torchrun --nproc-per-node 2 -m gaplan train --model tiny-gpt2"):
+        assert text in out, text
+    data = json.loads(CliRunner().invoke(main, [
+        "estimate", "--device", "cpu", "--parallel", "fsdp", "--world-size", "2", "--model", "tiny-gpt2", "--seq-len",
+        "16", "--memory-limit", "120MiB", "--effective-batch", "64", "--threads", "1", "--quiet", "--json"]).stdout)
+    assert data["world_size"] == 2 and data["launch_command"].startswith("torchrun --nproc-per-node 2")
+    assert data["rows"][-1]["detail"]["sharded_parameters"] > 0
+
+
+@pytest.mark.slow
+def test_plan_on_cpu_compares_layouts_picks_one_and_writes_the_report(tmp_path):
+    out = tmp_path / "plan"
+    result = CliRunner().invoke(main, ["plan", "--model", "tiny-gpt2", "--seq-len", "16", "--device", "cpu",
+                                       "--memory-limit", "120MiB", "--world-size", "2", "--effective-batch", "64",
+                                       "--layouts", "ddp,fsdp", "--grad-sync", "last", "--threads", "1",
+                                       "--out", str(out), "--json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    rows = {(r["layout"]["machinery"], r["layout"]["precision"]): r for r in data["results"]}
+    assert set(rows) == {(m, p) for m in ("ddp", "fsdp") for p in ("fp32-master", "low-weights-fp32-optimizer",
+                                                                    "pure-low")}
+    assert rows[("ddp", "low-weights-fp32-optimizer")]["fits"] is None
+    # fp32 weights under DDP do not fit 120 MiB per rank (weights, gradients, AdamW states and DDP's buckets).
+    assert rows[("ddp", "fp32-master")]["fits"] is False
+    assert rows[("fsdp", "fp32-master")]["fits"] is True
+    pick = data["pick"]
+    assert pick["fits"] and data["command"].startswith("torchrun --nproc-per-node 2 -m gaplan train")
+    assert f"--micro-batch {pick['micro_batch']} --effective-batch 64" in data["command"]
+    assert pick["micro_batch"] * pick["grad_accum_steps"] * 2 == 64
+    # The pick has the fewest accumulation steps of the layouts that fit.
+    assert pick["grad_accum_steps"] == min(r["grad_accum_steps"] for r in data["results"] if r["fits"])
+    assert sorted(data["files"]) == ["layouts.csv", "layouts.json", "layouts.png", "report.html", "report.md"]
+    for name in data["files"]:
+        assert os.path.getsize(out / name) > 0
+    report = (out / "report.md").read_text()
+    assert "## Layouts" in report and "pick:" in report and "torchrun" in report and "layouts.png" in report
+
+
+@pytest.mark.slow
+def test_plan_prints_a_table_and_the_launch_line(tmp_path):
+    result = CliRunner().invoke(main, ["plan", "--model", "tiny-gpt2", "--seq-len", "16", "--device", "cpu",
+                                       "--memory-limit", "1GiB", "--world-size", "1", "--effective-batch", "8",
+                                       "--layouts", "ddp,fsdp", "--threads", "1", "--out", str(tmp_path / "p")])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "layout" in out and "peak per rank" in out and "split" in out
+    assert "pick: DDP with fp32 weights" in out and "launch: gaplan train --model tiny-gpt2" in out
+    assert "needs --world-size 2 or more" in out  # FSDP over one rank is listed as not estimated, with the reason
+    assert "DDP, fp32 weights" in result.stderr  # progress per layout
