@@ -59,19 +59,58 @@ def split_over_ranks(lengths: Sequence[int], world_size: int) -> list[list[int]]
     return ranks
 
 
+DP_WORK_LIMIT = 2_000_000  # partition steps the exact packing may take per rank and step (else greedy)
+
+
 def fill(positions: Sequence[int], lengths: Sequence[int], token_budget: int) -> list[list[int]]:
-    """Longest first, each micro-batch filled while its padded size stays within ``token_budget``."""
-    batches: list[list[int]] = []
-    for position in sorted(positions, key=lambda i: (-lengths[i], i)):
+    """Longest first, in as few micro-batches as fit ``token_budget``, with the least padding among those.
+
+    Greedy filling (each micro-batch filled while its padded size fits) gives the fewest micro-batches
+    of consecutive lengths; on a long tail it pads the first ones heavily (the longest sample sets the
+    width of its whole batch). Re-cutting the same order into that many batches with the least padded
+    tokens (dynamic programming) keeps the micro-step count and drops padding; for a very large step
+    share the greedy cut is kept (its cost grows as steps x samples squared).
+    """
+    order = sorted(positions, key=lambda i: (-lengths[i], i))
+    for position in order:
         if lengths[position] > token_budget:
             raise PackingError(f"a sample of {lengths[position]} tokens is longer than the token budget "
                                f"{token_budget}: raise the budget or split long samples")
+    greedy: list[list[int]] = []
+    for position in order:
         # Sorted longest first: the batch's first sample is its longest, so its padded size is len x that.
-        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= token_budget:
-            batches[-1].append(position)
+        if greedy and (len(greedy[-1]) + 1) * lengths[greedy[-1][0]] <= token_budget:
+            greedy[-1].append(position)
         else:
-            batches.append([position])
-    return batches
+            greedy.append([position])
+    if len(greedy) * len(order) ** 2 > DP_WORK_LIMIT:
+        return greedy
+    return _least_padding(order, lengths, token_budget, len(greedy))
+
+
+def _least_padding(order: Sequence[int], lengths: Sequence[int], token_budget: int, groups: int) -> list[list[int]]:
+    """``order`` (longest first) cut into ``groups`` consecutive micro-batches within budget, least padded tokens."""
+    n, infinity = len(order), float("inf")
+    width = [lengths[p] for p in order]
+    cost = [[infinity] * (n + 1) for _ in range(groups + 1)]
+    cut = [[0] * (n + 1) for _ in range(groups + 1)]
+    cost[0][0] = 0
+    for g in range(1, groups + 1):
+        for end in range(1, n + 1):
+            best, best_start = infinity, 0
+            for start in range(end - 1, -1, -1):  # batch order[start:end], padded to width[start]
+                padded = (end - start) * width[start]
+                if padded > token_budget:
+                    break  # a longer batch starting earlier is wider still
+                if cost[g - 1][start] + padded < best:
+                    best, best_start = cost[g - 1][start] + padded, start
+            cost[g][end], cut[g][end] = best, best_start
+    batches, end = [], n
+    for g in range(groups, 0, -1):
+        start = cut[g][end]
+        batches.append(list(order[start:end]))
+        end = start
+    return batches[::-1]
 
 
 def _split_until(batches: list[list[int]], target: int) -> list[list[int]]:

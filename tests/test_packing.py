@@ -37,9 +37,29 @@ def test_ranks_get_counts_within_one_and_tokens_within_one_longest_sample(length
 def test_a_long_tail_packs_short_samples_together_and_long_ones_alone():
     lengths = [128, 16, 16, 16, 16, 16, 16, 16, 16, 64]
     packed = pack_step(lengths, 128, 1)
-    # Longest first: [128], then 64 with one 16 (2 x 64 = 128), then the other seven 16s (7 x 16 = 112).
-    assert [list(b) for b in packed.micro_batches[0]] == [[0], [9, 1], [2, 3, 4, 5, 6, 7, 8]]
-    assert packed.padded_tokens(lengths) == 128 + 128 + 112
+    # Greedy would pad a 16 to 64 ([128], [64, 16], [16 x 7]: 368 tokens); the same 3 micro-steps cut better:
+    assert [list(b) for b in packed.micro_batches[0]] == [[0], [9], [1, 2, 3, 4, 5, 6, 7, 8]]
+    assert packed.padded_tokens(lengths) == 128 + 64 + 128
+
+
+def greedy(lengths, budget):
+    batches = []
+    for position in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= budget:
+            batches[-1].append(position)
+        else:
+            batches.append([position])
+    return batches
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps)
+def test_as_few_micro_steps_as_greedy_filling_and_never_more_padding(case):
+    lengths, budget, _ = case
+    packed = pack_step(lengths, budget, 1)
+    reference = greedy(lengths, budget)
+    assert packed.micro_steps == max(1, len(reference))
+    assert packed.padded_tokens(lengths) <= sum(padded_tokens(b, lengths) for b in reference)
 
 
 def test_a_rank_with_too_few_samples_gets_an_empty_micro_step():
