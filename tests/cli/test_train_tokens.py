@@ -2,11 +2,10 @@
 
 import pytest
 from click.testing import CliRunner
-from safetensors.torch import load_file
 
 from gaplan.cli import main
 
-from ..tolerances import assert_close_at_scale
+from .test_train_cli import assert_same_weights
 from .test_train_fsdp import torchrun
 
 # SyntheticCorpus: lengths from 8 to 32 at seq 32, so a 64-token budget packs 2 to 8 samples per micro-batch.
@@ -18,13 +17,6 @@ def run(*args):
     result = CliRunner().invoke(main, list(args))
     assert result.exit_code == 0, result.output
     return result
-
-
-def assert_same_weights(a, b):
-    wa, wb = load_file(a), load_file(b)
-    assert wa.keys() == wb.keys()
-    for key in wa:
-        assert_close_at_scale(wa[key], wb[key], msg=key)
 
 
 @pytest.mark.slow
