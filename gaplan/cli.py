@@ -17,8 +17,12 @@ from gaplan import __version__
 from gaplan.cli_estimate import estimate_command
 from gaplan.cli_options import (
     SEARCH_CAP_OPTION,
+    batch_by_options,
+    check_granule_option,
     check_writable,
     command_line,
+    data_options,
+    data_source_from_options,
     given_on_command_line,
     memory_limit_from_options,
     positive,
@@ -30,8 +34,8 @@ from gaplan.cli_output import ProgressBar, print_probe, same_terminal
 from gaplan.cli_plan import plan_command
 from gaplan.constants import DEFAULT_EFFECTIVE_BATCH, DEFAULT_TRAIN_STEPS
 from gaplan.errors import GaplanError
-from gaplan.lines import throughput_line, trial_line
-from gaplan.run_folder import CHECKPOINT, REPORT_HTML, REPORT_MD, default_run_dir, path_in
+from gaplan.lines import histogram_lines, throughput_line, token_bench_lines, trial_line
+from gaplan.run_folder import CHECKPOINT, REPORT_HTML, REPORT_MD, TOKENS_JSON, default_run_dir, path_in
 
 
 class GaplanGroup(click.Group):
@@ -87,6 +91,8 @@ def main() -> None:
                                                          "(traced on fake tensors first) and verify both sides.")
 @click.option("--emit", type=click.Choice(["hf"]), default=None,
               help="Also print the plan as code to paste: hf = transformers TrainingArguments.")
+@batch_by_options
+@data_options
 @click.option("--out", default=None, metavar="DIR", help="Run folder for plan.json (default reports/probe-<model>-<time>).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of the table.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
@@ -106,12 +112,24 @@ def probe(**options: Any) -> None:
       gaplan probe --model mypkg.models:make_resnet --memory-limit 1GiB --json
       gaplan probe --report --objective throughput      # time every split; plan with the fastest
       gaplan probe --grad-checkpointing auto --emit hf  # print TrainingArguments to paste
+      gaplan probe --data corpus.jsonl --batch-by tokens  # T*: the largest tokens per micro-batch for this data
+
+    With --batch-by tokens: reads --data, prints its length profile, and finds T*, the largest token
+    budget a micro-batch packed from this data may hold: the exact edge B* at the data's longest and
+    shortest lengths, T* the most tokens both allow, in granules. Writes plan.json (the probe at the
+    longest length), tokens.json (the profile and T*: gaplan train --token-plan) and lengths.png.
     """
     from gaplan.workflows import run_probe
 
     spec = spec_from_options(options)
     memory_limit = target_limit(options) or memory_limit_from_options(options)
     positive(options, "effective_batch", "world_size", "search_cap", "threads", "repeats")
+    check_granule_option(options)
+    if options["batch_by"] == "tokens":
+        _probe_by_tokens(spec, memory_limit, options)
+        return
+    if options["data"]:
+        raise GaplanError("--data applies to --batch-by tokens here (a probe by samples runs full-length batches)")
     timing = options["report"] or options["objective"] == "throughput" or options["grad_checkpointing"] == "auto"
     if timing and spec.parallel == "fsdp":
         raise GaplanError("--report, --objective throughput and --grad-checkpointing auto time one device; a sharded "
@@ -154,6 +172,68 @@ def probe(**options: Any) -> None:
         click.echo("\n# Hugging Face Trainer settings for this plan:\n" + snippet, nl=False)
 
 
+def _probe_by_tokens(spec: Any, memory_limit: int | None, options: dict[str, Any]) -> None:
+    """``gaplan probe --batch-by tokens``: the data's length profile, T*, plan.json, tokens.json, lengths.png."""
+    from gaplan.token_workflow import run_token_probe
+
+    _check_by_tokens(spec, options, "probe")
+    for name, default, flag in (("report", False, "--report"), ("objective", "max-micro-batch", "--objective"),
+                                ("seed_from_estimate", False, "--seed-from-estimate"), ("emit", None, "--emit"),
+                                ("search_cap", None, "--search-cap"), ("margin", 0.0, "--margin")):
+        if options[name] != default:
+            raise GaplanError(f"{flag} applies to a probe by samples, not to --batch-by tokens")
+    if options["grad_checkpointing"] == "auto":
+        raise GaplanError("--grad-checkpointing auto applies to a probe by samples: give on or off with --batch-by tokens")
+    out = options["out"] or default_run_dir("probe", spec.model)
+    check_writable(out)
+    say = stderr_printer(options["quiet"])
+    live = not options["quiet"] and same_terminal()
+    shown = []
+
+    def show_profile(profile: Any) -> None:
+        if not options["as_json"] and live:
+            say("\n".join(histogram_lines(profile.histogram)))
+        shown.append(profile)
+
+    run = run_token_probe(spec, out, data_source_from_options(options), device=options["device"],
+                          memory_limit=memory_limit, granule=options["granule"],
+                          effective_batch=options["effective_batch"], threads=options["threads"],
+                          command=command_line(), say=say, on_trial=lambda t: say(trial_line(t)),
+                          on_profile=show_profile)
+    if options["as_json"]:
+        click.echo(json.dumps(run.to_dict()))
+        return
+    profile, budget = run.profile, run.budget
+    if not live:
+        click.echo(f"lengths    {profile.describe()}")
+        click.echo("\n".join(histogram_lines(profile.histogram)))
+        for name, probed in (("longest", run.long_probe), ("shortest", run.short_probe)):
+            if probed is not None:
+                click.echo(f"\nB* at the {name} length, {probed.workload.seq_len} tokens: {probed.max_micro_batch}"
+                           f"{' (the search cap; more may fit)' if probed.capped else ''}   [{len(probed.trials)} trials]")
+                for trial in probed.trials:
+                    click.echo(trial_line(trial))
+        click.echo("")
+    note = " (default CPU budget; set --memory-limit to change it)" if run.long_probe.budget_is_default else ""
+    from gaplan.units import format_bytes
+
+    click.echo(f"device     {run.long_probe.device}, budget {format_bytes(run.long_probe.memory_limit_bytes)}{note}")
+    click.echo(budget.describe())
+    click.echo(f"samples plan at the longest length: {run.long_probe.plan.describe()}")
+    click.echo(f"plan.json, tokens.json and lengths.png written to {out}  (gaplan train --batch-by tokens "
+               f"--token-plan {path_in(out, TOKENS_JSON)})")
+
+
+def _check_by_tokens(spec: Any, options: dict[str, Any], command: str) -> None:
+    """What every ``--batch-by tokens`` probe needs: the data's lengths, one device."""
+    if not options["data"]:
+        raise GaplanError(f"--batch-by tokens probes the token budget from the data's lengths: give --data "
+                          f"(gaplan {command} --data FILE --batch-by tokens)")
+    if spec.parallel == "fsdp" or options.get("world_size", 1) != 1:
+        raise GaplanError(f"gaplan {command} --batch-by tokens probes one device: use --world-size 1 and "
+                          "--parallel ddp (gaplan train under torchrun probes T* per node)")
+
+
 def target_limit(options: dict[str, Any]) -> int | None:
     """``--target``'s usable memory (the card less its CUDA context and workspaces), to emulate it on a larger GPU."""
     if not options["target"]:
@@ -174,23 +254,14 @@ def target_limit(options: dict[str, Any]) -> int | None:
 @click.option("--effective-batch", type=int, default=None,
               help=f"Samples per optimizer step (default {DEFAULT_EFFECTIVE_BATCH}, or the plan's).")
 @click.option("--micro-batch", type=int, default=None, help="Skip the probe and use this micro-batch.")
-@click.option("--batch-by", type=click.Choice(["samples", "tokens"]), default="samples", show_default=True,
-              help="samples: micro-batches of a fixed number of samples; tokens: each step's samples packed into "
-                   "micro-batches of at most --token-budget padded tokens (long-tailed data wastes less on padding).")
+@batch_by_options
 @click.option("--token-budget", type=int, default=None, metavar="TOKENS",
               help="With --batch-by tokens: the most padded tokens (samples x longest) in one micro-batch "
                    "(default: probed from --data's lengths, T*).")
-@click.option("--granule", type=int, default=64, show_default=True,
-              help="With --batch-by tokens: a probed token budget is a multiple of this many tokens.")
+@click.option("--token-plan", default=None, metavar="TOKENS.JSON",
+              help="With --batch-by tokens: take T* from a tokens.json written by gaplan probe --batch-by tokens.")
 @click.option("--plan", "plan_file", default=None, metavar="PLAN.JSON", help="Use a plan written by gaplan probe.")
-@click.option("--data", default=None, metavar="PATH",
-              help="Text file (a sample a line), JSONL, a datasets folder (save_to_disk) or a .parquet file.")
-@click.option("--text-field", default="text", show_default=True, help="The text field of JSONL, datasets or parquet data.")
-@click.option("--label-field", default="label", show_default=True, help="The label field (classification).")
-@click.option("--long-samples", type=click.Choice(["split", "truncate"]), default="split", show_default=True,
-              help="Samples longer than --seq-len: split into seq-len chunks, or truncate them.")
-@click.option("--tokenizer", default=None, metavar="bytes|DIR",
-              help="Tokenizer for --data: the model folder's own by default; 'bytes' for byte tokens; or a folder.")
+@data_options
 @click.option("--steps", type=int, default=DEFAULT_TRAIN_STEPS, show_default=True, help="Optimizer steps.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--max-grad-norm", type=float, default=None, help="Clip the gradient norm (after fp16 unscaling).")
@@ -245,7 +316,8 @@ def train(**options: Any) -> None:
         check_save_path(options["save_model"])
     train_options = TrainOptions(
         effective_batch=options["effective_batch"], micro_batch=options["micro_batch"],
-        batch_by=options["batch_by"], token_budget=_token_budget(options), granule=options["granule"],
+        batch_by=options["batch_by"], token_budget=_token_budget(options, spec, memory_limit),
+        granule=options["granule"],
         plan_file=options["plan_file"],
         grad_checkpointing=options["grad_checkpointing"], data=options["data"], text_field=options["text_field"],
         label_field=options["label_field"], long_samples=options["long_samples"], tokenizer=options["tokenizer"],
@@ -288,19 +360,29 @@ def train(**options: Any) -> None:
         sys.exit(130)
 
 
-def _token_budget(options: dict) -> int | None:
-    """The token budget given with ``--batch-by tokens`` (None: probe it), checked; None by samples."""
-    if options["granule"] < 1:
-        raise GaplanError(f"--granule must be a positive number of tokens (got {options['granule']})")
+def _token_budget(options: dict, spec: Any = None, memory_limit: int | None = None) -> int | None:
+    """The token budget given with ``--batch-by tokens`` (``--token-budget``, or T* of ``--token-plan``; None: probe
+    it), checked; None by samples."""
+    check_granule_option(options)
     if options["batch_by"] == "samples":
-        if options["token_budget"] is not None:
-            raise GaplanError("--token-budget needs --batch-by tokens")
+        for name in ("token_budget", "token_plan"):
+            if options[name] is not None:
+                raise GaplanError(f"--{name.replace('_', '-')} needs --batch-by tokens")
         return None
     if options["token_budget"] is not None and options["token_budget"] < 2:
         raise GaplanError(f"--token-budget must be at least 2 tokens (got {options['token_budget']})")
     if options["micro_batch"] is not None or options["plan_file"] is not None:
         raise GaplanError("--batch-by tokens packs by --token-budget: leave out --micro-batch and --plan")
-    return options["token_budget"]
+    if options["token_plan"] is None:
+        return options["token_budget"]
+    if options["token_budget"] is not None:
+        raise GaplanError("--token-budget and --token-plan both give the token budget: give one")
+    from gaplan.devices import resolve_device
+    from gaplan.token_workflow import token_budget_from_plan
+
+    budget = token_budget_from_plan(options["token_plan"], spec, resolve_device(options["device"]), memory_limit)
+    stderr_printer(options["quiet"])(f"token plan {options['token_plan']}: {budget.describe()}")
+    return budget.token_budget
 
 
 @main.command(name="bench")
@@ -313,6 +395,10 @@ def _token_budget(options: dict) -> int | None:
 @click.option("--repeats", type=int, default=3, show_default=True, help="Timed optimizer steps per split.")
 @click.option("--warmup", type=int, default=1, show_default=True, help="Untimed optimizer steps first.")
 @click.option("--no-large-batch", is_flag=True, help="Do not run the true large batch (micro-batch = E).")
+@batch_by_options
+@data_options
+@click.option("--rounds", type=int, default=3, show_default=True,
+              help="With --batch-by tokens: fresh training runs per plan, interleaved; rates are their medians.")
 @click.option("--out", default=None, metavar="DIR", help="Run folder (default reports/bench-<model>-<time>).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object on stdout.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
@@ -331,6 +417,13 @@ def bench_command(**options: Any) -> None:
       gaplan bench --model tiny-bert-cls --seq-len 64 --effective-batch 64 --repeats 5
       gaplan bench --plan reports/<run>/plan.json --json
       gaplan bench --parallel fsdp --world-size 2 --effective-batch 64   # each run: 2 ranks, FSDP2
+      gaplan bench --data corpus.txt --tokenizer bytes --batch-by tokens    # token plan vs samples plan
+
+    With --batch-by tokens: probes T* for --data (as gaplan probe --batch-by tokens), then trains the
+    token plan (micro-batches packed within T* tokens) and the samples plan (B* at the longest length)
+    on the same steps of the data, each run a fresh process under the enforced budget (CPU): --rounds
+    runs per plan, interleaved, each of --warmup untimed and --repeats timed optimizer steps. Prints
+    samples/s, real tokens/s, padding, micro-steps per step, peak, and the ratio of real tokens/s.
     """
     from gaplan.devices import resolve_device
     from gaplan.plan import default_search_cap, make_plan
@@ -340,9 +433,15 @@ def bench_command(**options: Any) -> None:
 
     spec = spec_from_options(options)
     memory_limit = memory_limit_from_options(options)
-    positive(options, "effective_batch", "repeats", "threads", "world_size")
+    positive(options, "effective_batch", "repeats", "threads", "world_size", "rounds")
     if options["warmup"] < 0:
         raise GaplanError(f"--warmup must be 0 or more (got {options['warmup']})")
+    check_granule_option(options)
+    if options["batch_by"] == "tokens":
+        _bench_by_tokens(spec, memory_limit, options)
+        return
+    if options["data"]:
+        raise GaplanError("--data applies to --batch-by tokens here (bench by samples times full-length batches)")
     world = options["world_size"]
     if trial_ranks(spec, world) == 1 and world != 1:
         raise GaplanError("--world-size applies to --parallel fsdp here (every timed run trains all its ranks); "
@@ -374,6 +473,50 @@ def bench_command(**options: Any) -> None:
     if best is not None:
         click.echo(f"fastest split that fits: {best.split} at {best.samples_per_s:.1f} samples/s")
     click.echo(f"throughput.csv and the report written to {out}")
+
+
+def _bench_by_tokens(spec: Any, memory_limit: int | None, options: dict[str, Any]) -> None:
+    """``gaplan bench --batch-by tokens``: T*, then the token plan against the samples plan on the same data."""
+    from gaplan.constants import TOKEN_PLAN_KIND
+    from gaplan.token_workflow import run_token_bench
+
+    _check_by_tokens(spec, options, "bench")
+    if options["plan_file"]:
+        raise GaplanError("--plan is a samples plan: gaplan bench --batch-by tokens probes T* and B* for --data")
+    out = options["out"] or default_run_dir("bench", spec.model)
+    check_writable(out)
+    say = stderr_printer(options["quiet"])
+    live = not options["quiet"] and same_terminal()
+
+    def on_run(kind: str, round_number: int, run: dict[str, Any]) -> None:
+        name = "token plan  " if kind == TOKEN_PLAN_KIND else "samples plan"
+        if "error" in run:
+            say(f"  round {round_number}  {name}  failed: {run['error']}")
+        else:
+            say(f"  round {round_number}  {name}  {run['samples_per_s']:8.1f} samples/s  {run['tokens_per_s']:9,.0f} "
+                f"real tokens/s  {sum(run['micro_steps']) / len(run['micro_steps']):5.1f} micro-steps per step")
+
+    result = run_token_bench(spec, out, data_source_from_options(options), device=options["device"],
+                             memory_limit=memory_limit, granule=options["granule"],
+                             effective_batch=options["effective_batch"], warmup=options["warmup"],
+                             repeats=options["repeats"], rounds=options["rounds"], threads=options["threads"],
+                             command=command_line(), say=say, on_trial=lambda t: say(trial_line(t)),
+                             on_profile=lambda profile: say("\n".join(histogram_lines(profile.histogram))) if live
+                             else None, on_run=on_run)
+    if options["as_json"]:
+        click.echo(json.dumps(result.to_dict()))
+        return
+    probe = result.probe
+    if not live:
+        click.echo(f"lengths    {probe.profile.describe()}")
+        click.echo("\n".join(histogram_lines(probe.profile.histogram)))
+    click.echo(probe.budget.describe())
+    click.echo(f"samples plan: B* = {probe.long_probe.max_micro_batch} at the longest length "
+               f"({probe.profile.longest} tokens)\n")
+    click.echo("\n".join(token_bench_lines(result.rows)))
+    if result.ratio is not None:
+        click.echo(f"\nreal tokens/s, token plan / samples plan: {result.ratio:.2f}x")
+    click.echo(f"throughput.csv, tokens.json and the report written to {out}")
 
 
 @main.command(name="report")

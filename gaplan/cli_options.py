@@ -55,6 +55,55 @@ def workload_options(func: Callable) -> Callable:
     return func
 
 
+def data_options(func: Callable) -> Callable:
+    """Options that name the training data and how it is read (train, and probe/bench ``--batch-by tokens``)."""
+    options = [
+        click.option("--data", default=None, metavar="PATH",
+                     help="Text file (a sample a line), JSONL, a datasets folder (save_to_disk) or a .parquet file."),
+        click.option("--text-field", default="text", show_default=True,
+                     help="The text field of JSONL, datasets or parquet data."),
+        click.option("--label-field", default="label", show_default=True, help="The label field (classification)."),
+        click.option("--long-samples", type=click.Choice(["split", "truncate"]), default="split", show_default=True,
+                     help="Samples longer than --seq-len: split into seq-len chunks, or truncate them."),
+        click.option("--tokenizer", default=None, metavar="bytes|DIR",
+                     help="Tokenizer for --data: the model folder's own by default; 'bytes' for byte tokens; "
+                          "or a folder."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def batch_by_options(func: Callable) -> Callable:
+    """``--batch-by`` and ``--granule``: micro-batches of a number of samples, or packed within a token budget."""
+    options = [
+        click.option("--batch-by", type=click.Choice(["samples", "tokens"]), default="samples", show_default=True,
+                     help="samples: micro-batches of a fixed number of samples; tokens: each step's samples packed "
+                          "into micro-batches of at most T padded tokens (long-tailed data wastes less on padding; "
+                          "T* is probed from --data's lengths)."),
+        click.option("--granule", type=int, default=64, show_default=True,
+                     help="With --batch-by tokens: a probed token budget is a multiple of this many tokens."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def check_granule_option(options: dict[str, Any]) -> None:
+    if options["granule"] < 1:
+        raise GaplanError(f"--granule must be a positive number of tokens (got {options['granule']})")
+
+
+def data_source_from_options(options: dict[str, Any]):
+    """The ``--data`` options as a :class:`gaplan.token_workflow.DataSource` (None without ``--data``)."""
+    from gaplan.token_workflow import DataSource
+
+    if not options["data"]:
+        return None
+    return DataSource(options["data"], text_field=options["text_field"], label_field=options["label_field"],
+                      long_samples=options["long_samples"], tokenizer=options["tokenizer"])
+
+
 SEARCH_CAP_OPTION = click.option("--search-cap", "--max-micro-batch", "search_cap", type=int, default=None,
                                  help="Do not try micro-batches above this (default: the effective batch per "
                                       "device, ceil(E/W): a larger one is never used by the plan).")

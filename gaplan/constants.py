@@ -15,6 +15,8 @@ PLAN_KIND = "plan"  # the plan's own split
 SPLIT_KIND = "split"  # another even split of the effective batch
 LARGE_BATCH_KIND = "large-batch"  # the whole effective batch as one micro-batch, no accumulation
 LARGEST_FIT_KIND = "largest-fit"  # the largest batch that fits, the reference when the large batch cannot run
+TOKEN_PLAN_KIND = "token-plan"  # bench --batch-by tokens: each step packed into micro-batches of at most T* tokens
+SAMPLES_PLAN_KIND = "samples-plan"  # bench --batch-by tokens: micro-batches of B* samples (B* at the longest length)
 
 # Memory by category (breakdown.csv's columns), as torch's MemTracker reports it.
 BREAKDOWN_CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "other")

@@ -17,7 +17,7 @@ import pandas as pd
 from gaplan.atomic_write import atomic_write, atomic_write_text
 from gaplan.constants import BREAKDOWN_CATEGORIES
 from gaplan.errors import GaplanError, one_line
-from gaplan.run_folder import BREAKDOWN_CSV, PROBE_CSV, THROUGHPUT_CSV, TRAIN_LOG_CSV
+from gaplan.run_folder import BREAKDOWN_CSV, PROBE_CSV, THROUGHPUT_CSV, TOKENS_JSON, TRAIN_LOG_CSV
 
 # The trial fields plan.json and probe.csv keep (a Trial's timing details stay in the worker).
 TRIAL_COLUMNS = ["micro_batch", "fits", "peak_bytes", "micro_steps_peak_bytes", "seconds", "completed_steps", "error"]
@@ -42,8 +42,10 @@ THROUGHPUT = TableSchema(
     THROUGHPUT_CSV,
     required=("split", "kind", "micro_batch", "grad_accum_steps", "effective_batch", "samples_per_s"),
     optional=("repeats", "step_seconds_median", "step_seconds_min", "step_seconds_max", "tokens_per_s", "peak_bytes",
-              "fits_budget", "bounded", "ratio_to_large_batch", "note"),
-    text=frozenset({"split", "kind", "note"}), boolean=frozenset({"fits_budget", "bounded"}))
+              "fits_budget", "bounded", "ratio_to_large_batch", "note",
+              # bench --batch-by tokens (absent from older files and from other benches: NA)
+              "batch_by", "token_budget", "micro_steps_mean", "padding_fraction", "tokens_ratio"),
+    text=frozenset({"split", "kind", "note", "batch_by"}), boolean=frozenset({"fits_budget", "bounded"}))
 BREAKDOWN = TableSchema(BREAKDOWN_CSV, required=("micro_batch", *BREAKDOWN_CATEGORIES),
                         optional=("tracked_total", "device_peak_bytes"))
 TRAIN_LOG = TableSchema(TRAIN_LOG_CSV, required=("step", "loss", "samples_per_s"),
@@ -112,6 +114,56 @@ def _check_number(path: str, name: str, value: object) -> None:
     # None is allowed: absent optional fields; bools are numbers to Python but never meant here.
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise GaplanError(f"{path}: {name} must be a number (got {value!r})")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# tokens.json (probe/bench --batch-by tokens): the data's length profile and the token budget T*
+
+_PROFILE_NUMBERS = ("count", "shortest", "longest", "median", "p90", "p99", "mean")
+_BUDGET_NUMBERS = ("token_budget", "granule", "shortest", "longest", "short_edge", "long_edge")
+
+
+def read_tokens_json(path: str) -> dict[str, Any]:
+    """Read and check a ``tokens.json``; the dict as written (see :func:`check_tokens`)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        raise GaplanError(f"token plan {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GaplanError(one_line(f"cannot read token plan {path}: {exc}")) from None
+    return check_tokens(data, path)
+
+
+def check_tokens(data: object, path: str = TOKENS_JSON) -> dict[str, Any]:
+    """Check that ``data`` is a complete token plan: the workload, the length profile and T* with its edges."""
+    if not isinstance(data, dict):
+        raise GaplanError(f"{path} is not a gaplan token plan: expected a JSON object")
+    missing = [key for key in ("workload", "profile", "token_budget") if not isinstance(data.get(key), dict)]
+    if missing:
+        raise GaplanError(f"{path} is not a gaplan token plan: missing {', '.join(missing)}")
+    missing = [f"profile.{k}" for k in _PROFILE_NUMBERS if k not in data["profile"]]
+    missing += [f"token_budget.{k}" for k in _BUDGET_NUMBERS if k not in data["token_budget"]]
+    missing += [] if "model" in data["workload"] else ["workload.model"]
+    if missing:
+        raise GaplanError(f"{path} is not a gaplan token plan: missing {', '.join(missing)}")
+    for section, keys in (("profile", _PROFILE_NUMBERS), ("token_budget", _BUDGET_NUMBERS)):
+        for key in keys:
+            _check_number(path, f"{section}.{key}", data[section][key])
+    _check_number(path, "memory_limit_bytes", data.get("memory_limit_bytes"))
+    for key in ("histogram", "length_counts"):
+        rows = data["profile"].get(key) if key == "histogram" else data.get(key)
+        if rows is None:
+            continue
+        if not isinstance(rows, list) or not all(isinstance(row, list) and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in row) for row in rows):
+            raise GaplanError(f"{path}: {key} must be a list of lists of integers")
+    return data
+
+
+def write_tokens_json(path: str, data: dict[str, Any]) -> None:
+    """Write a token plan atomically (checked first: a writer's bug must not leave a file no reader takes)."""
+    atomic_write_text(path, json.dumps(check_tokens(data, path), indent=2) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

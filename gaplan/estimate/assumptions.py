@@ -180,6 +180,12 @@ def sharded_assumptions(spec, device_kind: str, world_size: int, blocks: int, de
         f"does it, reshard after forward, one block prefetched in backward; {depth_text}. The communication "
         "backend's own buffers (NCCL's, gloo's) are not counted.",
         {"world_size": world_size, "blocks": blocks, "traced_depths": list(depths)})]
+    if spec.dtype != "fp32":
+        notes.append(Assumption(
+            "sharding",
+            f"FSDP's MixedPrecisionPolicy (as training sets it): parameters gathered in {spec.dtype} for compute, "
+            f"gradients reduced in fp32, the shards kept in {spec.weights_dtype}; autocast runs over the gathered "
+            f"{spec.dtype} weights, so it caches no copies of them.", {"param_dtype": spec.dtype, "reduce_dtype": "fp32"}))
     if spec.grad_sync == "last":
         notes.append(Assumption(
             "sharding",

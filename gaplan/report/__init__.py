@@ -21,7 +21,14 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from gaplan.atomic_write import atomic_write
-from gaplan.report.charts import breakdown_figure, memory_figure, throughput_figure, training_figure, write_charts
+from gaplan.report.charts import (
+    breakdown_figure,
+    lengths_figure,
+    memory_figure,
+    throughput_figure,
+    training_figure,
+    write_charts,
+)
 from gaplan.report.document import (
     Block,
     Bullets,
@@ -37,7 +44,16 @@ from gaplan.report.document import (
 )
 from gaplan.report.load import MemoryFit, RunData, has_rows, load_run, memory_fit, reference_row
 from gaplan.report.sections import report_blocks
-from gaplan.run_folder import BREAKDOWN_PNG, MEMORY_PNG, PROBE_CSV, REPORT_STEM, THROUGHPUT_PNG, TRAINING_PNG, path_in
+from gaplan.run_folder import (
+    BREAKDOWN_PNG,
+    LENGTHS_PNG,
+    MEMORY_PNG,
+    PROBE_CSV,
+    REPORT_STEM,
+    THROUGHPUT_PNG,
+    TRAINING_PNG,
+    path_in,
+)
 from gaplan.schema import write_trials_csv
 
 __all__ = [
@@ -58,6 +74,8 @@ class ReportFiles:
 def write_report(run_dir: str) -> ReportFiles:
     """Read ``run_dir`` and write probe.csv, the charts, report.md and report.html into it.
 
+    A folder of ``--batch-by tokens`` (with ``tokens.json``) also gets the lengths histogram and its section.
+
     The memory chart needs probe trials: a plan made with ``--micro-batch`` gets none.
     """
     run = load_run(run_dir)
@@ -71,6 +89,8 @@ def write_report(run_dir: str) -> ReportFiles:
         charts.append((MEMORY_PNG, memory_figure(run)))
     if has_rows(run.breakdown):
         charts.append((BREAKDOWN_PNG, breakdown_figure(run)))
+    if run.tokens is not None:
+        charts.append((LENGTHS_PNG, lengths_figure(run.tokens, run.model)))
     if has_rows(run.throughput):
         charts.append((THROUGHPUT_PNG, throughput_figure(run)))
     if has_rows(run.train_log):

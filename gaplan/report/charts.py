@@ -6,6 +6,7 @@ GUI backend, safe to call from any thread or a headless machine.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +17,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from gaplan.atomic_write import atomic_write
-from gaplan.constants import BREAKDOWN_CATEGORIES, LARGE_BATCH_KIND
+from gaplan.constants import BREAKDOWN_CATEGORIES, LARGE_BATCH_KIND, TOKEN_PLAN_KIND
 from gaplan.report.formatting import CATEGORY_LABELS, axis_unit, integer, is_false, missing, rate
 from gaplan.report.load import RunData, measured, memory_fit, ratio, reference_label, reference_row
 from gaplan.run_folder import path_in
@@ -162,7 +163,7 @@ def throughput_figure(run: RunData) -> Figure:
     axes.set_ylabel("throughput (samples/s)")
     positions = np.arange(len(bars))
     speeds = bars["samples_per_s"].fillna(0).to_numpy(dtype="float64")
-    plan_rows = (bars["kind"] == "plan").to_numpy(dtype=bool)
+    plan_rows = bars["kind"].isin(["plan", TOKEN_PLAN_KIND]).to_numpy(dtype=bool)
     misfits = np.array([is_false(value) for value in bars["fits_budget"]], dtype=bool)
     colors = ["tab:orange" if is_plan else "tab:blue" for is_plan in plan_rows]
     drawn = axes.bar(positions, speeds, width=0.6, color=colors, edgecolor="black", linewidth=0.6)
@@ -226,4 +227,45 @@ def training_figure(run: RunData) -> Figure:
     speed_axes.legend(loc="lower right")
     for axes in (loss_axes, speed_axes):
         axes.grid(True, alpha=0.3)
+    return figure
+
+
+def lengths_figure(tokens: dict[str, Any], model: str | None = None) -> Figure:
+    """The histogram of the data's sample lengths (tokens.json), its percentiles, and what T* packs at each end."""
+    profile, budget = tokens["profile"], tokens["token_budget"]
+    shortest, longest = int(profile["shortest"]), int(profile["longest"])
+    counts = tokens.get("length_counts")
+    if counts:  # the whole distribution: up to 60 bins of equal width
+        width = max(1, -(-(longest - shortest + 1) // 60))
+        binned: dict[int, int] = {}
+        for length, samples in counts:
+            start = shortest + (int(length) - shortest) // width * width
+            binned[start] = binned.get(start, 0) + int(samples)
+        starts, heights = list(binned), list(binned.values())
+    else:  # older or hand-made files: the profile's own bins
+        starts = [int(row[0]) for row in profile["histogram"]]
+        heights = [int(row[2]) for row in profile["histogram"]]
+        width = max(1, int(profile["histogram"][0][1]) - int(profile["histogram"][0][0]) + 1)
+    data = tokens.get("data") or {}
+    source = f" of {os.path.basename(str(data['path']))}" if data.get("path") else ""
+    figure, axes = _new_axes(f"Sample lengths{source}: {integer(profile['count'])} samples, {shortest} to {longest} "
+                             f"tokens" + (f" ({model})" if model else ""))
+    axes.bar(starts, heights, width=width * 0.92, align="edge", color="tab:blue", edgecolor="black", linewidth=0.4,
+             label="samples")
+    axes.set_xlabel("sample length (tokens" + (f", tokenizer {data['tokenizer']}" if data.get("tokenizer") else "")
+                    + ")")
+    axes.set_ylabel("samples")
+    for name, color, style in (("median", "tab:green", "-"), ("p90", "tab:orange", "--"), ("p99", "tab:red", "--")):
+        value = float(profile[name])
+        axes.axvline(value, color=color, linestyle=style, linewidth=1.5, label=f"{name} {value:g}")
+    axes.axvline(longest, color="black", linestyle=":", linewidth=1.2, label=f"longest {longest}")
+    t_star = int(budget["token_budget"])
+    axes.annotate(f"T* = {t_star:,} tokens per micro-batch (granule {int(budget['granule'])}):\n"
+                  f"{t_star // longest} x {longest} tokens (B* {int(budget['long_edge'])} at the longest)\n"
+                  f"{t_star // shortest} x {shortest} tokens (B* {int(budget['short_edge'])} at the shortest)",
+                  xy=(0.98, 0.55), xycoords="axes fraction", ha="right", va="center", fontsize=10,
+                  bbox={"boxstyle": "round,pad=0.4", "facecolor": "white", "edgecolor": "tab:gray", "alpha": 0.9})
+    axes.set_xlim(min(starts) - width, longest + width * 1.5)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.legend(loc="upper right")
     return figure

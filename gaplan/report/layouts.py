@@ -141,9 +141,9 @@ _SHORT = {"ddp": "DDP", "fsdp": "FSDP", "fsdp+ckpt": "FSDP+ckpt", "fsdp+offload"
 def short_label(result: LayoutResult) -> str:
     """``FSDP+ckpt`` over ``fp32 master`` (or ``pure bf16``), for a chart's axis."""
     layout = result.layout
-    sync = " (sync every)" if layout.parallel == "fsdp" and layout.grad_sync == "every" else ""
+    sync = "\nsync every" if layout.parallel == "fsdp" and layout.grad_sync == "every" else ""
     precision = f"pure {layout.dtype}" if layout.weights_dtype == layout.dtype else f"{layout.weights_dtype} master"
-    return f"{_SHORT[layout.machinery]}{sync}\n{precision}"
+    return f"{_SHORT[layout.machinery]}\n{precision}{sync}"
 
 
 def layouts_figure(comparison: LayoutComparison) -> Figure:

@@ -15,8 +15,17 @@ import pandas as pd
 from gaplan.constants import LARGE_BATCH_KIND, LARGEST_FIT_KIND
 from gaplan.errors import GaplanError
 from gaplan.report.formatting import is_false, missing
-from gaplan.run_folder import PLAN_JSON, path_in
-from gaplan.schema import BREAKDOWN, THROUGHPUT, TRAIN_LOG, read_plan_json, read_table, trials_frame, was_probed
+from gaplan.run_folder import PLAN_JSON, TOKENS_JSON, path_in
+from gaplan.schema import (
+    BREAKDOWN,
+    THROUGHPUT,
+    TRAIN_LOG,
+    read_plan_json,
+    read_table,
+    read_tokens_json,
+    trials_frame,
+    was_probed,
+)
 from gaplan.search import fit_memory_line
 
 
@@ -30,6 +39,7 @@ class RunData:
     throughput: pd.DataFrame | None
     breakdown: pd.DataFrame | None
     train_log: pd.DataFrame | None
+    tokens: dict[str, Any] | None = None  # tokens.json (probe/bench --batch-by tokens): length profile and T*
 
     @property
     def model(self) -> str:
@@ -69,6 +79,7 @@ def load_run(run_dir: str) -> RunData:
         throughput=read_table(run_dir, THROUGHPUT),
         breakdown=read_table(run_dir, BREAKDOWN),
         train_log=read_table(run_dir, TRAIN_LOG),
+        tokens=read_tokens_json(tokens_path) if os.path.isfile(tokens_path := path_in(run_dir, TOKENS_JSON)) else None,
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gaplan.constants import BREAKDOWN_CATEGORIES
+from gaplan.constants import BREAKDOWN_CATEGORIES, SAMPLES_PLAN_KIND, TOKEN_PLAN_KIND
 from gaplan.plan import Plan
 from gaplan.report.document import Block, Bullets, Heading, Image, Paragraph, Table
 from gaplan.report.formatting import (
@@ -26,7 +26,7 @@ from gaplan.report.formatting import (
     yes_no,
 )
 from gaplan.report.load import RunData, has_rows, measured, memory_fit, ratio, reference_label, reference_row
-from gaplan.run_folder import BREAKDOWN_PNG, MEMORY_PNG, PROBE_CSV, THROUGHPUT_PNG, TRAINING_PNG
+from gaplan.run_folder import BREAKDOWN_PNG, LENGTHS_PNG, MEMORY_PNG, PROBE_CSV, THROUGHPUT_PNG, TRAINING_PNG
 from gaplan.units import format_bytes
 from gaplan.workload_spec import DEFAULT_LR
 
@@ -38,6 +38,8 @@ def report_blocks(run: RunData, images: Sequence[str]) -> list[Block]:
     plan = run.plan
     blocks: list[Block] = [Heading(1, f"gaplan report: {run.model}"), Bullets(header_items(run))]
     blocks += plan_section(run)
+    if run.tokens is not None:
+        blocks += token_section(run, images)
     if isinstance(plan.get("tuner"), dict):
         blocks += tuner_section(plan["tuner"])
     blocks += probe_section(run, images)
@@ -127,6 +129,53 @@ def plan_section(run: RunData) -> list[Block]:
         wall = plan.get("wall_seconds")
         items.append(f"**Probe:** {len(trials)} trials" + (f" in {float(wall):.1f} s" if wall is not None else ""))
     return [Heading(2, "Plan"), Bullets(items)]
+
+
+def token_section(run: RunData, images: Sequence[str]) -> list[Block]:
+    """``--batch-by tokens``: the data's lengths, T* and the two probes it rests on, and the token plan against
+    the samples plan when a bench measured them."""
+    from gaplan.token_budget import LengthProfile, TokenBudget
+
+    tokens = run.tokens
+    assert tokens is not None
+    profile = LengthProfile(**{**tokens["profile"], "histogram": tuple(map(tuple, tokens["profile"]["histogram"]))})
+    budget = TokenBudget(**tokens["token_budget"])
+    data = tokens.get("data") or {}
+    items = []
+    if data.get("path"):
+        tokenizer = data.get("tokenizer") or "the model folder's"
+        items.append(f"**Data:** `{data['path']}`, tokenizer {tokenizer}"
+                     + (f", {integer(data['samples'])} samples from {integer(data['read'])} records"
+                        if data.get("samples") is not None and data.get("read") is not None else ""))
+    items += [f"**Lengths:** {profile.describe()}",
+              "**Token budget:** " + budget.describe().replace("*", "\\*"),
+              f"**Edges:** B\\* = {budget.long_edge} at the longest length ({budget.longest} tokens), "
+              f"{budget.short_edge} at the shortest ({budget.shortest} tokens)"]
+    blocks: list[Block] = [Heading(2, "Token budget"), Bullets(items)]
+    if LENGTHS_PNG in images:
+        blocks.append(Image(LENGTHS_PNG, "Sample lengths"))
+    blocks.append(Table(["lengths (tokens)", "samples"], [[f"{low}-{high}", integer(n)]
+                                                          for low, high, n in profile.histogram], frozenset({1})))
+    frame = run.throughput
+    if has_rows(frame) and "batch_by" in frame.columns:
+        compared = frame[frame["kind"].isin([TOKEN_PLAN_KIND, SAMPLES_PLAN_KIND])]
+        if not compared.empty:
+            rows = [[row["split"], rate(row["samples_per_s"]), rate(row["tokens_per_s"]),
+                     "-" if missing(row["padding_fraction"]) else f"{float(row['padding_fraction']):.1%}",
+                     "-" if missing(row["micro_steps_mean"]) else f"{float(row['micro_steps_mean']):.1f}",
+                     byte_size(row["peak_bytes"]),
+                     "-" if missing(row["tokens_ratio"]) else f"{float(row['tokens_ratio']):.2f}x"]
+                    for _, row in compared.iterrows()]
+            blocks.append(Heading(3, "Token plan vs samples plan"))
+            blocks.append(Paragraph("The same optimizer steps of the same data under the same budget; real tokens "
+                                    "exclude padding; rates are medians over fresh runs, warm-up excluded. The "
+                                    "ratio is real tokens/s relative to the samples plan. Peaks are the whole "
+                                    "training process's (libraries included; the budget counts what training "
+                                    "allocates past them)."))
+            blocks.append(Table(["plan", "samples/s", "real tokens/s", "padding", "micro-steps per step",
+                                 "process peak",
+                                 "tokens/s ratio"], rows, frozenset({1, 2, 3, 4, 5, 6})))
+    return blocks
 
 
 def tuner_section(tuner: dict[str, Any]) -> list[Block]:

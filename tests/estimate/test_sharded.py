@@ -202,3 +202,4 @@ def test_llama_2_70b_over_64_ranks_traces_in_a_minute_and_2_gib():
     assert "--nnodes 8" in data["launch_command"] and "--nproc-per-node 8" in data["launch_command"]
     assert seconds < 60
     assert max(rss_kib, before) < 2 * 2**20  # KiB
+
