@@ -7,11 +7,12 @@ from click.testing import CliRunner
 
 from gaplan.cli import main
 
+from ..conftest import SMALL_BUDGET, SMALL_SPEC, SMALL_THREADS
 from ..token_corpus import write_long_tailed
 
-# seq 16 and a small budget: B* at 16 tokens is small, so both probes take few trials.
-SMALL = ["--model", "tiny-gpt2", "--seq-len", "16", "--memory-limit", "160MiB", "--device", "cpu", "--threads", "1",
-         "--tokenizer", "bytes"]
+# The session's small probe (seq 16): its workload, budget and threads, so it serves as the probe at the longest length.
+SMALL = ["--model", SMALL_SPEC["model"], "--seq-len", str(SMALL_SPEC["seq_len"]), "--memory-limit",
+         f"{SMALL_BUDGET // 2**20}MiB", "--device", "cpu", "--threads", str(SMALL_THREADS), "--tokenizer", "bytes"]
 
 
 def invoke(args):
@@ -19,9 +20,15 @@ def invoke(args):
 
 
 @pytest.mark.slow
-def test_probe_by_tokens_writes_t_star_and_the_profile(tmp_path, monkeypatch):
+def test_probe_by_tokens_writes_t_star_and_the_profile(tmp_path, monkeypatch, small_probe):
+    from gaplan.plan_cache import plan_cache_path
+    from gaplan.probe_result import save_probe
+    from gaplan.workload_spec import WorkloadSpec
+
     monkeypatch.setenv("GAPLAN_CACHE_DIR", str(tmp_path / "cache"))
-    data = write_long_tailed(tmp_path / "corpus.txt", 200, 6, 16)
+    # The probe at the longest length (16) is the session's, cached as gaplan would cache it: one probe runs here.
+    save_probe(small_probe, plan_cache_path(WorkloadSpec(**SMALL_SPEC).validate(), "cpu", SMALL_BUDGET, SMALL_THREADS))
+    data = write_long_tailed(tmp_path / "corpus.txt", 200, 10, 16, shortest=8)
     out = tmp_path / "run"
     result = invoke(["probe", *SMALL, "--data", data, "--batch-by", "tokens", "--granule", "16", "--json", "--quiet",
                      "--out", str(out)])
@@ -30,7 +37,7 @@ def test_probe_by_tokens_writes_t_star_and_the_profile(tmp_path, monkeypatch):
     tokens = json.loads((out / "tokens.json").read_text())
     budget, profile = tokens["token_budget"], tokens["profile"]
     assert printed["token_budget"] == budget
-    assert (profile["count"], profile["shortest"], profile["longest"]) == (200, 4, 16)
+    assert (profile["count"], profile["shortest"], profile["longest"]) == (200, 8, 16)
     assert sum(count for _, count in tokens["length_counts"]) == 200
     t_star, granule = budget["token_budget"], budget["granule"]
     assert granule == 16 and t_star % granule == 0 and t_star >= profile["longest"]
@@ -41,14 +48,15 @@ def test_probe_by_tokens_writes_t_star_and_the_profile(tmp_path, monkeypatch):
     assert over // budget["longest"] > budget["long_edge"] or over // budget["shortest"] > budget["short_edge"]
     # plan.json is the probe at the longest length; its B* is T*'s long edge.
     plan = json.loads((out / "plan.json").read_text())
-    assert plan["max_micro_batch"] == budget["long_edge"] and plan["workload"]["seq_len"] == 16
+    assert plan["max_micro_batch"] == budget["long_edge"] == small_probe.max_micro_batch
+    assert plan["workload"]["seq_len"] == 16
     assert tokens["probes"]["shortest"]["max_micro_batch"] == budget["short_edge"]
     assert (out / "lengths.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The table output says T* (the probes are cached now), and the report gets the token section.
     table = invoke(["probe", *SMALL, "--data", data, "--batch-by", "tokens", "--granule", "16", "--out", str(out)])
     assert table.exit_code == 0, table.output
     assert f"T* = {t_star} tokens per micro-batch (granule 16)" in table.stdout
-    assert "lengths    200 samples of 4 to 16 tokens" in table.stdout
+    assert "lengths    200 samples of 8 to 16 tokens" in table.stdout
     assert invoke(["report", str(out)]).exit_code == 0
     report = (out / "report.md").read_text()
     assert "## Token budget" in report and "![Sample lengths](lengths.png)" in report
