@@ -56,16 +56,20 @@ TRAIN_LOG = TableSchema(TRAIN_LOG_CSV, required=("step", "loss", "samples_per_s"
 # plan.json
 
 
-def read_plan_json(path: str) -> dict[str, Any]:
-    """Read and check a ``plan.json``; the dict as written (see :func:`check_plan`)."""
+def _read_json(path: str, what: str) -> Any:
+    """A JSON file's content; a missing or unreadable file is one line naming ``what`` it should have been."""
     try:
         with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
+            return json.load(handle)
     except FileNotFoundError:
-        raise GaplanError(f"plan file {path} does not exist") from None
+        raise GaplanError(f"{what} {path} does not exist") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise GaplanError(one_line(f"cannot read plan file {path}: {exc}")) from None
-    return check_plan(data, path)
+        raise GaplanError(one_line(f"cannot read {what} {path}: {exc}")) from None
+
+
+def read_plan_json(path: str) -> dict[str, Any]:
+    """Read and check a ``plan.json``; the dict as written (see :func:`check_plan`)."""
+    return check_plan(_read_json(path, "plan file"), path)
 
 
 def check_plan(data: object, path: str) -> dict[str, Any]:
@@ -125,14 +129,7 @@ _BUDGET_NUMBERS = ("token_budget", "granule", "shortest", "longest", "short_edge
 
 def read_tokens_json(path: str) -> dict[str, Any]:
     """Read and check a ``tokens.json``; the dict as written (see :func:`check_tokens`)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except FileNotFoundError:
-        raise GaplanError(f"token plan {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise GaplanError(one_line(f"cannot read token plan {path}: {exc}")) from None
-    return check_tokens(data, path)
+    return check_tokens(_read_json(path, "token plan"), path)
 
 
 def check_tokens(data: object, path: str = TOKENS_JSON) -> dict[str, Any]:

@@ -182,10 +182,12 @@ def throughput_figure(run: RunData) -> Figure:
                       bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
 
     handles: list[Any] = []
+    by_tokens = bool((bars["kind"] == TOKEN_PLAN_KIND).any())  # bench --batch-by tokens: the two plans
     if plan_rows.any():
-        handles.append(Patch(facecolor="tab:orange", edgecolor="black", label="plan"))
+        handles.append(Patch(facecolor="tab:orange", edgecolor="black", label="token plan" if by_tokens else "plan"))
     if not plan_rows.all():
-        handles.append(Patch(facecolor="tab:blue", edgecolor="black", label="other split"))
+        handles.append(Patch(facecolor="tab:blue", edgecolor="black",
+                             label="samples plan" if by_tokens else "other split"))
     if misfits.any():
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="does not fit the budget"))
     if reference is not None:
