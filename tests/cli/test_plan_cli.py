@@ -67,6 +67,7 @@ def test_estimate_fsdp_on_cpu_prints_the_sharded_categories_and_the_torchrun_com
     assert data["rows"][-1]["detail"]["sharded_parameters"] > 0
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_plan_on_cpu_compares_layouts_picks_one_and_writes_the_report(tmp_path):
     out = tmp_path / "plan"

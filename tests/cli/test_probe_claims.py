@@ -33,6 +33,7 @@ def probe_json(*args: str) -> dict:
     return json.loads(result.stdout)
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_seed_from_estimate_needs_two_real_trials_on_the_default_workload(tmp_path):
     """README: on the default workload the estimate predicts the edge and the probe needs two real trials."""
@@ -80,6 +81,7 @@ def test_emit_hf_prints_the_plans_training_arguments(tmp_path):
     assert table.stdout.index("largest micro-batch that fits") < table.stdout.index("per_device_train_batch_size")
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_margin_keeps_its_share_of_the_budget_free(tmp_path, small_probe):
     """``--margin 0.2``: trials run under 80% of the budget, B* is smaller, and no fitted peak enters the margin."""

@@ -19,6 +19,7 @@ def invoke(args):
     return CliRunner().invoke(main, args, catch_exceptions=False)
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_probe_by_tokens_writes_t_star_and_the_profile(tmp_path, monkeypatch, small_probe):
     from gaplan.plan_cache import plan_cache_path

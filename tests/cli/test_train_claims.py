@@ -238,6 +238,7 @@ def test_torchrun_without_micro_batch_probes_and_trains(tmp_path):
     assert len(cached) == 1 and json.loads(cached[0].read_text())["max_micro_batch"] == record["max_micro_batch"]
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_torchrun_nodes_plan_with_the_smallest_b_star(tmp_path, monkeypatch):
