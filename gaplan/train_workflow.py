@@ -176,9 +176,11 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
                  + f", gradients reduced on {'every micro-step' if spec.grad_sync == 'every' else 'the last micro-step'}")
     if corpus is None and model_source_kind(spec.model) != "function":
         corpus = SyntheticCorpus(workload.seq_len, workload.num_labels or 4, seed=options.seed)
-    if options.token_budget and workload.seq_len and options.token_budget < workload.seq_len:
-        raise GaplanError(f"--token-budget {options.token_budget} is below the sequence length {workload.seq_len}: "
-                          "a sample of full length would not fit in any micro-batch")
+    # The longest sample the steps can hold: the data's (read already), else a full-length synthetic one.
+    longest = max(map(len, (s.ids for s in corpus.samples))) if isinstance(corpus, TextCorpus) else workload.seq_len
+    if options.token_budget and longest and options.token_budget < longest:
+        raise GaplanError(f"--token-budget {options.token_budget} is below the longest sample ({longest} tokens): "
+                          "it would not fit in any micro-batch")
     if not options.token_budget:  # by tokens, the micro-batches are packed anew each step (said below)
         main_say(f"plan: {plan.describe()}")
     if is_main:

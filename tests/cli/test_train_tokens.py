@@ -46,7 +46,8 @@ def test_packed_by_tokens_over_two_ddp_ranks_trains_the_weights_of_one_full_batc
     (["--batch-by", "tokens"], "give --data, or give --token-budget"),
     (["--batch-by", "tokens", "--granule", "0"], "--granule must be a positive number of tokens (got 0)"),
     (["--token-budget", "64"], "--token-budget needs --batch-by tokens"),
-    (["--batch-by", "tokens", "--token-budget", "16", "--seq-len", "32"], "--token-budget 16 is below the sequence"),
+    (["--batch-by", "tokens", "--token-budget", "16", "--seq-len", "32"],
+     "--token-budget 16 is below the longest sample (32 tokens)"),
     (["--batch-by", "tokens", "--token-budget", "64", "--micro-batch", "4"], "leave out --micro-batch"),
 ])
 def test_bad_input(tmp_path, args, message):
@@ -55,3 +56,12 @@ def test_bad_input(tmp_path, args, message):
     assert result.exit_code == 2, result.output
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not out.exists()
+
+
+def test_a_budget_only_needs_to_hold_the_datas_longest_sample_not_the_sequence_length(tmp_path):
+    data = tmp_path / "short.txt"
+    data.write_text("".join(f"line number {i}\n" for i in range(16)))  # 13-14 byte tokens, seq len 64
+    result = CliRunner().invoke(main, ["train", "--data", str(data), "--tokenizer", "bytes", "--seq-len", "64",
+                                       "--batch-by", "tokens", "--token-budget", "32", "--effective-batch", "8",
+                                       "--steps", "1", "--optimizer", "sgd", "--quiet", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
