@@ -177,3 +177,13 @@ def given_on_command_line(ctx: click.Context) -> set[str]:
 
     return {name for name in ctx.params
             if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
+
+
+def check_by_tokens(spec: Any, options: dict[str, Any], command: str) -> None:
+    """What every ``--batch-by tokens`` probe needs: the data's lengths, one device."""
+    if not options["data"]:
+        raise GaplanError(f"--batch-by tokens probes the token budget from the data's lengths: give --data "
+                          f"(gaplan {command} --data FILE --batch-by tokens)")
+    if spec.parallel == "fsdp" or options.get("world_size", 1) != 1:
+        raise GaplanError(f"gaplan {command} --batch-by tokens probes one device: use --world-size 1 and "
+                          "--parallel ddp (gaplan train under torchrun probes T* per node)")
