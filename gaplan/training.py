@@ -8,7 +8,6 @@ checkpoints hold model, optimizer, scheduler, RNG states, the step and the plan,
 from __future__ import annotations
 
 import csv
-import itertools
 import math
 import os
 import random
@@ -23,22 +22,20 @@ from torch import nn
 
 from gaplan.atomic_write import atomic_write
 from gaplan.constants import DEFAULT_TRAIN_STEPS
-from gaplan.data import Sample, collate, step_indices
+from gaplan.data import Sample
 from gaplan.devices import is_out_of_memory, release_after_oom
 from gaplan.distributed import Distributed
 from gaplan.errors import GaplanError, one_line
 from gaplan.loss import batch_size, count_step_targets
-from gaplan.packing import PackingError, pack_step
 from gaplan.parallel import is_sharded, no_sync_for
 from gaplan.plan import Plan, make_plan
 from gaplan.run_folder import CHECKPOINT, TRAIN_LOG_CSV
 from gaplan.schema import TRAIN_LOG
 from gaplan.sharded_state import load_sharded_state, remove_stale_sharded_states, save_sharded_state
 from gaplan.step import accumulate_gradients
-from gaplan.tasks import IGNORE_INDEX
+from gaplan.step_batches import PLACEHOLDER, longest_sample, sample_micro_batches, token_micro_batches
 from gaplan.workload import Workload
 
-PLACEHOLDER = "gaplan_placeholder"  # marks an empty micro-step's stand-in batch (all labels ignored)
 LOG_FIELDS = ["step", "loss", "lr", "samples_per_s", "tokens_per_s", "peak_bytes", "micro_batch",
               "grad_accum_steps", "seconds"]
 assert set(LOG_FIELDS) == set(TRAIN_LOG.columns), "train_log.csv's writer and its schema must agree"
@@ -226,9 +223,9 @@ def train(
                 reset_peak()
             t0 = time.perf_counter()
             while True:
-                micro_batches = (_token_micro_batches(workload, plan, corpus, step, dist, config.seed, token_budget)
+                micro_batches = (token_micro_batches(workload, plan, corpus, step, dist, config.seed, token_budget)
                                  if token_budget else
-                                 _micro_batches(workload, plan, corpus, step, dist.rank, config.seed))
+                                 sample_micro_batches(workload, plan, corpus, step, dist.rank, config.seed))
                 agreement = _OomAgreement(dist)
                 try:
                     loss, tokens = _optimizer_step(workload, model, micro_batches, dist, scaler, config, agreement)
@@ -236,7 +233,7 @@ def train(
                                               if "attention_mask" in mb and PLACEHOLDER not in mb)))
                     break
                 except Exception as exc:  # noqa: BLE001 - classified right below
-                    smallest = token_budget <= _longest(micro_batches) if token_budget else plan.micro_batch == 1
+                    smallest = token_budget <= longest_sample(micro_batches) if token_budget else plan.micro_batch == 1
                     if not (is_out_of_memory(exc) or isinstance(exc, PeerOutOfMemory)) or smallest:
                         raise
                     if shards:
@@ -247,7 +244,7 @@ def train(
                 release_after_oom(workload.device)
                 if token_budget:
                     # Halved, but never below the step's longest sample (a micro-batch holds at least one).
-                    smaller_budget = max(token_budget // 2, _longest(micro_batches))
+                    smaller_budget = max(token_budget // 2, longest_sample(micro_batches))
                     message = (f"step {step + 1}: out of memory at {token_budget} tokens per micro-batch"
                                f"{f' (in {where})' if where else ''}; redoing the step at {smaller_budget} tokens")
                     token_budget = smaller_budget
@@ -296,68 +293,6 @@ def _gather_rng(dist: Distributed) -> Any:
     gathered: list[Any] = [None] * dist.world_size
     dist.dist.all_gather_object(gathered, state)
     return gathered
-
-
-def _micro_batches(workload: Workload, plan: Plan, corpus: Sequence[Sample] | None, step: int, rank: int,
-                   seed: int) -> list[dict[str, torch.Tensor]]:
-    """This rank's micro-batches of step ``step``, split by the plan's sizes."""
-    sizes = plan.rank_micro_batch_sizes[rank]
-    if corpus is None:  # a custom workload makes its own batches: seed them by step so resume sees the same
-        generator_state = torch.get_rng_state()
-        torch.manual_seed(seed * 1_000_003 + step * 97 + rank)
-        whole = workload.make_batch(sum(sizes))
-        torch.set_rng_state(generator_state)
-        return [{k: v[start:end] for k, v in whole.items()} for start, end in _bounds(sizes)]
-    indices = step_indices(step, plan.effective_batch, len(corpus), seed)
-    share = plan.effective_batch // plan.world_size
-    mine = indices[rank * share:(rank + 1) * share]
-    batches = []
-    for start, end in _bounds(sizes):
-        batch = collate([corpus[i] for i in mine[start:end]], workload.task, seed,
-                        mask_id=getattr(corpus, "mask_id", 3), pad_id=getattr(corpus, "pad_id", 0))
-        batches.append({k: v.to(workload.device) for k, v in batch.items()})
-    return batches
-
-
-def _token_micro_batches(workload: Workload, plan: Plan, corpus: Sequence[Sample] | None, step: int,
-                         dist: Distributed, seed: int, token_budget: int) -> list[dict[str, torch.Tensor]]:
-    """This rank's micro-batches of step ``step`` packed by tokens (:func:`gaplan.packing.pack_step`).
-
-    An empty micro-step (this rank has fewer samples to split than another rank has micro-steps) feeds one of
-    its samples with every label ignored: no target, no gradient, but the forward and backward that DDP's
-    and FSDP's collectives wait for.
-    """
-    if corpus is None:
-        raise GaplanError("--batch-by tokens needs data whose samples have lengths (text data or a preset's "
-                          "synthetic corpus); a module:function workload makes its own batches")
-    indices = step_indices(step, plan.effective_batch, len(corpus), seed)
-    samples = [corpus[i] for i in indices]
-    try:
-        packed = pack_step([len(sample.ids) for sample in samples], token_budget, dist.world_size)
-    except PackingError as exc:
-        raise GaplanError(f"step {step + 1}: {exc}") from None
-    mine = packed.micro_batches[dist.rank]
-    stand_in = next(batch for batch in mine if batch)[:1]
-    batches = []
-    for positions in mine:
-        batch = collate([samples[p] for p in positions or stand_in], workload.task, seed,
-                        mask_id=getattr(corpus, "mask_id", 3), pad_id=getattr(corpus, "pad_id", 0))
-        if not positions:
-            batch["labels"] = torch.full_like(batch["labels"], IGNORE_INDEX)
-            batch[PLACEHOLDER] = True
-        batches.append({k: (v.to(workload.device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()})
-    return batches
-
-
-def _longest(micro_batches: Sequence[dict[str, torch.Tensor]]) -> int:
-    """The longest sample's tokens in a step's micro-batches (padded width)."""
-    return max(int(batch["input_ids"].shape[1]) for batch in micro_batches)
-
-
-def _bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
-    """``(start, end)`` of each micro-batch within the step's samples."""
-    ends = list(itertools.accumulate(sizes))
-    return list(zip([0, *ends[:-1]], ends, strict=True))
 
 
 class OptimizerStepDoesNotFit(GaplanError):
