@@ -122,10 +122,8 @@ def run_token_probe(spec: WorkloadSpec, out: str, data: DataSource, *, device: s
     say(f"lengths: {profile.describe()}")
     if on_profile is not None:
         on_profile(profile)
-    budget, long_probe = probe_token_budget(spec, profile, device, memory_limit, granule, threads=threads,
-                                            say=say, on_trial=on_trial)
-    short_probe = _cached_probe(dataclasses.replace(spec, seq_len=profile.shortest), device, memory_limit, threads) \
-        if profile.shortest < profile.longest else None
+    budget, long_probe, short_probe = probe_token_budget(spec, profile, device, memory_limit, granule,
+                                                         threads=threads, say=say, on_trial=on_trial)
     long_probe = dataclasses.replace(long_probe, plan=make_plan(effective_batch, long_probe.plan_cap, 1),
                                      command=command)
     record = token_record(spec, long_probe, short_probe, data, corpus, lengths, profile, budget, threads,
@@ -139,18 +137,6 @@ def run_token_probe(spec: WorkloadSpec, out: str, data: DataSource, *, device: s
 
     write_charts(out, [(LENGTHS_PNG, lengths_figure(record, spec.model))])
     return TokenProbeRun(profile, budget, long_probe, short_probe, record, out, [PLAN_JSON, TOKENS_JSON, LENGTHS_PNG])
-
-
-def _cached_probe(spec: WorkloadSpec, device: str, memory_limit: int | None, threads: int | None) -> ProbeResult | None:
-    """The probe :func:`probe_token_budget` just ran (or reused) at ``spec``'s length, read back from the cache."""
-    from gaplan.plan_cache import plan_cache_path
-    from gaplan.probe_result import load_probe
-
-    path = plan_cache_path(spec, device, memory_limit, threads, False, int(os.environ.get("WORLD_SIZE", "1")))
-    try:
-        return load_probe(path)
-    except GaplanError:
-        return None
 
 
 def token_record(spec: WorkloadSpec, long_probe: ProbeResult, short_probe: ProbeResult | None, data: DataSource,

@@ -283,7 +283,7 @@ def _probe_token_budget(spec: WorkloadSpec, corpus: Any, options: TrainOptions, 
     if dist.local_rank == 0:
         node = f"[rank {dist.rank}] " if dist.active else ""
         node_say = (lambda text: say(node + text)) if dist.local_rank == 0 else _quiet
-        found, _ = probe_token_budget(spec, profile, device, memory_limit, options.granule, threads=options.threads,
+        found, _, _ = probe_token_budget(spec, profile, device, memory_limit, options.granule, threads=options.threads,
                                       ddp=dist.world_size > 1, say=node_say,
                                       on_trial=lambda trial: node_say(trial_line(trial)))
         node_say(found.describe())
