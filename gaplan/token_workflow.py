@@ -58,9 +58,9 @@ class DataSource:
 
 def read_data(spec: WorkloadSpec, data: DataSource, say: Say = _quiet):
     """The data read and checked as ``gaplan train`` reads it (tokenizer, labels, long samples)."""
-    from gaplan.train_workflow import TrainOptions, _read_data
+    from gaplan.train_workflow import TrainOptions, read_training_data
 
-    return _read_data(spec, TrainOptions(**data.train_options()), say)
+    return read_training_data(spec, TrainOptions(**data.train_options()), say)
 
 
 def length_counts(lengths: Sequence[int]) -> list[list[int]]:

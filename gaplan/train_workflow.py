@@ -144,7 +144,7 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
     if dist.active and device == "cpu" and memory_limit is not None:
         main_say(f"each of the {dist.world_size} ranks has its own {memory_limit / 2**30:.2f} GiB budget "
                  f"({dist.local_world_size} on this machine)")
-    corpus = _read_data(spec, options, main_say)  # before the probe: bad data costs no probe and writes nothing
+    corpus = read_training_data(spec, options, main_say)  # before the probe: bad data costs no probe and writes nothing
     if options.batch_by == "tokens" and options.token_budget is None:
         options = dataclasses.replace(options, token_budget=_probe_token_budget(spec, corpus, options, device,
                                                                                 memory_limit, dist, say, main_say))
@@ -292,7 +292,7 @@ def _probe_token_budget(spec: WorkloadSpec, corpus: Any, options: TrainOptions, 
     return dist.min(budget)
 
 
-def _read_data(spec: WorkloadSpec, options: TrainOptions, say: Say):
+def read_training_data(spec: WorkloadSpec, options: TrainOptions, say: Say):
     """``--data`` read and checked (tokenizer against vocab_size, labels, lengths); None without ``--data``."""
     from gaplan.data import load_corpus
     from gaplan.workload import model_shape
