@@ -81,6 +81,33 @@ def _predict_edge(points: list[tuple[int, int]], limit_bytes: int) -> int | None
     return math.floor(b3 + (limit_bytes - p3) / slope)
 
 
+def _secant_edge(points: list[tuple[int, int]], limit_bytes: int) -> int | None:
+    """Edge predicted by the last secant over a doubling (the line not trusted yet), if the peak grew 5% over it.
+
+    Used only where the next doubling would already overshoot it: the first secants can cross the bend out of
+    the flat start, so they disagree, but the last one is the best line there is, and a trial where it meets
+    the budget brackets the edge far tighter than a doubling that fails.
+    """
+    points = sorted(points)
+    if len(points) < 2:
+        return None
+    b2, p2 = points[-1]
+    lower = [pt for pt in points if pt[0] <= b2 / 2]
+    if not lower:
+        return None
+    b1, p1 = lower[-1]
+    if p2 - p1 < 0.05 * p2:
+        return None
+    return math.floor(b2 + (limit_bytes - p2) * (b2 - b1) / (p2 - p1))
+
+
+def _line_limit(seen: dict[int, Trial], limit_bytes: int) -> int:
+    """The budget as the memory line sees it: less what the budget counts and the peaks do not, as measured by
+    the largest size that fitted (on CPU, data pages reserved but not resident: see ``Trial.budget_gap_bytes``)."""
+    gaps = [(b, t.budget_gap_bytes) for b, t in seen.items() if t.fits and t.budget_gap_bytes is not None]
+    return limit_bytes - max(gaps)[1] if gaps else limit_bytes
+
+
 def find_edge(
     measure: Callable[[int], Trial],
     limit_bytes: int | None = None,
@@ -134,13 +161,23 @@ def find_edge(
         if cap is not None and lo >= cap:
             return SearchResult(lo, trials, capped=True)
         predicted = None
+        candidate = None
         if phase != "bisect" and limit_bytes is not None and jumps < MAX_JUMPS:
             points = [(b, t.line_peak_bytes) for b, t in seen.items() if t.fits and t.line_peak_bytes is not None]
-            predicted = _predict_edge(points, limit_bytes)
+            line_limit = _line_limit(seen, limit_bytes)
+            predicted = _predict_edge(points, line_limit)
+            if predicted is None and phase == "grow" and hi is None and lo > 0:
+                secant = _secant_edge(points, line_limit)
+                if secant is not None and lo < secant < _plain_candidate(lo, hi, cap):
+                    candidate, phase = secant, "secant"  # the doubling would fail: trial where the secant says
+                    jumps += 1
         if phase == "grow" and predicted is not None and predicted >= lo and hi is None:
             phase = "guided"
-        candidate = None
-        if phase == "guided":
+        if candidate is None and phase == "secant":
+            # The secant's answer fitted: step up from it as from the line's. It failed: the secant is less sure
+            # than the line (it may have crossed the bend), so bisect the bracket, tighter than a failed doubling's.
+            phase = "guided" if seen[trials[-1].micro_batch].fits else "bisect"
+        if candidate is None and phase == "guided":
             if predicted is not None and lo < predicted and (hi is None or predicted < hi):
                 candidate = predicted
                 jumps += 1
