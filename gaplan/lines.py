@@ -12,6 +12,8 @@ def trial_line(trial: Trial) -> str:
     """``micro-batch 35  fits  peak 1014.30 MiB  13.25 s`` (an OOM says at which optimizer step)."""
     verdict = "fits" if trial.fits else "OOM "
     where = f"  (out of memory at optimizer step {trial.completed_steps + 1})" if not trial.fits else ""
+    if trial.fits and trial.completed_steps == 1:
+        where = "  (1 optimizer step)"  # in a probe of two-step trials: a sketch that only draws the memory line
     return (f"  micro-batch {trial.micro_batch:>6}  {verdict}  peak {format_bytes(trial.peak_bytes):>10}  "
             f"{trial.seconds:7.2f} s{where}")
 

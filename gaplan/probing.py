@@ -88,7 +88,8 @@ def probe(
             (processes on this machine, gloo, each under ``memory_limit``; on CUDA cuda:0 to cuda:W-1),
             and a size fits only if it fits on every rank (:mod:`gaplan.rank_trials`).
         optimizer_steps: accumulated optimizer steps per trial (each in a fresh process); two by
-            default, so the answer is checked past the first step, not only at it.
+            default, so the answer is checked past the first step, not only at it. The doublings that only
+            draw the memory line run one (sketches: :func:`gaplan.search.find_edge`).
         on_trial: called after each trial, for progress display.
 
     Raises:
@@ -123,13 +124,16 @@ def probe(
         probe_limit = info["limit_bytes"]
         _check_ready(info, spec, probe_limit, ranks)
 
-        def measure(micro_batch: int) -> Trial:
-            trial = worker.trial(micro_batch, optimizer_steps=optimizer_steps)
+        def measure(micro_batch: int, steps: int = optimizer_steps) -> Trial:
+            trial = worker.trial(micro_batch, optimizer_steps=steps)
             if on_trial is not None:
                 on_trial(trial)
             return trial
 
-        result = find_edge(measure, probe_limit, start=start, max_batch=search_cap)
+        # The doublings only draw the memory line (its peaks are the forward/backward ones): one optimizer step
+        # is enough there, the optimizer states existing already. The answer never rests on one (see find_edge).
+        sketch = (lambda micro_batch: measure(micro_batch, 1)) if optimizer_steps > 1 else None
+        result = find_edge(measure, probe_limit, start=start, max_batch=search_cap, sketch=sketch)
     edge = result.edge
     if edge == 0:
         raise DoesNotFit(f"{spec.model} does not fit in {format_bytes(probe_limit)} even at micro-batch 1 "

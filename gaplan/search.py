@@ -113,6 +113,7 @@ def find_edge(
     limit_bytes: int | None = None,
     start: int = 1,
     max_batch: int | None = None,
+    sketch: Callable[[int], Trial] | None = None,
 ) -> SearchResult:
     """Find the largest ``b`` with ``measure(b).fits``, assuming fitting is monotone in ``b``.
 
@@ -122,6 +123,10 @@ def find_edge(
         start: first size tried: 1, or a prediction (an estimate's B*), checked one above or
             below next and then stepped away from by a growing stride like the line's answer.
         max_batch: stop growing here; if it fits, the result is ``capped``.
+        sketch: a cheaper trial (part of ``measure``'s schedule, e.g. one optimizer step of two) for the sizes
+            that only draw the line: the doublings before any failure. Its failure is a failure of ``measure``
+            too; its success is not final: the edge is always a size ``measure`` fitted, measured again when
+            a sketch put it there (and searched on below when it then fails).
 
     Returns:
         The edge (0 when even ``b = 1`` does not fit) and the trials.
@@ -134,18 +139,20 @@ def find_edge(
     seen: dict[int, Trial] = {}
     trials: list[Trial] = []
     lo, hi = 0, None  # lo fits (0: nothing known), hi fails (None: unknown)
+    sketched: set[int] = set()  # sizes whose last trial was a sketch
 
-    def run(b: int) -> None:
+    def run(b: int, light: bool = False) -> None:
         nonlocal lo, hi
-        trial = measure(b)
+        light = light and sketch is not None
+        trial = (sketch if light else measure)(b)
+        (sketched.add if light else sketched.discard)(b)
         seen[b] = trial
         trials.append(trial)
-        if trial.fits:
-            lo = max(lo, b)
-        else:
+        if not trial.fits:
             hi = b if hi is None else min(hi, b)
+        lo = max((size for size, t in seen.items() if t.fits and (hi is None or size < hi)), default=0)
 
-    run(start)
+    run(start, light=start == 1)
     # "grow" doubles; "guided" follows the line and then steps away from its answer;
     # "bisect" halves the bracket. The line is only taken up while growing: inside a
     # bracket bisection is already optimal and a missed jump would only cost trials.
@@ -154,6 +161,9 @@ def find_edge(
     jumps = 0  # trials placed by the line
     stride = 0  # the step away from the line's answer, doubled each time
     while True:
+        if lo in sketched and ((hi is not None and hi == lo + 1) or (cap is not None and lo >= cap)):
+            run(lo)  # the answer would rest on a sketch: measure it in full (if it fails, search on below)
+            continue
         if hi is not None and hi == lo + 1:
             return SearchResult(lo, trials)
         if hi == 1:
@@ -195,7 +205,7 @@ def find_edge(
             candidate = _plain_candidate(lo, hi, cap)
         if cap is not None:
             candidate = min(candidate, cap)
-        run(candidate)
+        run(candidate, light=phase == "grow" and hi is None)
 
 
 def _plain_candidate(lo: int, hi: int | None, cap: int | None) -> int:

@@ -122,3 +122,29 @@ def test_a_seeded_start_stays_within_the_bound(edge, factor):
     start = max(1, round(edge * factor))
     result = find_edge(lambda b: Trial(b, b <= edge, None), start=start)
     assert result.edge == edge and result.trial_count <= trial_bound(edge) + 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(edge=st.integers(1, 3000), optimism=st.integers(0, 3), floor=st.floats(0, 0.9), cap=st.none() | st.integers(1, 4000))
+def test_sketches_never_decide_the_answer(edge, optimism, floor, cap):
+    """Sketch trials (one optimizer step of two) may pass a few sizes the full trial fails; the answer is still exact,
+    measured in full; a faithful sketch costs at most one trial more (the edge again), an optimistic one a few."""
+    device = dict(edge=edge, intercept=300 * 2**20, slope=70 * 2**20, wobble=0.01, floor_until=int(floor * edge))
+    measure, limit, full_calls = linear_device(**device)
+    optimistic, _, sketch_calls = linear_device(**dict(device, edge=edge + optimism))
+
+    result = find_edge(measure, limit, max_batch=cap, sketch=optimistic)
+    expected = edge if cap is None else min(edge, cap)
+    assert result.edge == expected
+    assert expected in full_calls, "the edge was measured in full"
+    plain = find_edge(linear_device(**device)[0], limit, max_batch=cap)
+    assert result.trial_count <= plain.trial_count + (2 * (optimism + 1) if optimism else 1)
+
+
+def test_sketches_are_the_doublings_before_the_first_failure():
+    device = dict(edge=89, intercept=100 * 2**20, slope=3 * 2**20, floor_until=10)
+    measure, limit, full_calls = linear_device(**device)
+    sketch, _, sketch_calls = linear_device(**device)
+    assert find_edge(measure, limit, sketch=sketch).edge == 89
+    assert sketch_calls == [2**k for k in range(len(sketch_calls))] and sketch_calls, sketch_calls
+    assert 89 in full_calls and 90 in full_calls

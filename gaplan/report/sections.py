@@ -206,7 +206,12 @@ def probe_section(run: RunData, images: Sequence[str]) -> list[Block]:
         rows.append([str(number), str(trial.micro_batch), "fits" if trial.fits else "OOM", byte_size(trial.peak_bytes),
                      byte_size(trial.micro_steps_peak_bytes), integer(trial.completed_steps),
                      "-" if missing(trial.seconds) else f"{trial.seconds:.1f}", error])
-    blocks.append(Paragraph(f"In the order they ran; results also in `{PROBE_CSV}`."))
+    note = f"In the order they ran; results also in `{PROBE_CSV}`."
+    steps = run.trials.loc[run.trials["fits"], "completed_steps"].dropna()
+    if len(steps) and steps.min() < steps.max():
+        note += (f" A size that fitted after {int(steps.min())} optimizer step is a sketch: a doubling that only draws "
+                 f"the memory line; the answer rests on {int(steps.max())}-step trials.")
+    blocks.append(Paragraph(note))
     blocks.append(Table(["#", "micro-batch", "result", "peak (step)", "peak (fwd/bwd)", "steps done", "seconds", "error"],
                         rows, frozenset({0, 1, 3, 4, 5, 6})))
     return blocks
