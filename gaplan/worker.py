@@ -247,13 +247,15 @@ def _serve(requests, reply) -> None:
     import transformers  # noqa: F401
 
     from gaplan.errors import GaplanError
+    from gaplan.workload import load_model_code
     from gaplan.workload_spec import WorkloadSpec
 
     try:
-        static = _static_bytes_without_memory(WorkloadSpec(**setup.workload))
+        built = load_model_code(WorkloadSpec(**setup.workload))  # None for a user's function: built in the child
     except GaplanError as exc:
         reply({"error": "user", "message": str(exc)})
         return
+    static = None if built is None else built.static_bytes()
     # Every object alive now (the libraries, the model's code) moves to the permanent generation: a trial child's
     # gc.collect() then skips them, and does not write to (and so copy) every page of the inherited heap. Without
     # this each trial's collections took ~0.6 s on a small model, more than its steps (issue 14's profile).
@@ -266,7 +268,11 @@ def _serve(requests, reply) -> None:
         return
     if setup.ranks > 1:
         ready = merge_ready(_in_ranks(setup, functools.partial(_describe, setup, static)))
-    else:
+    elif built is not None and setup.device == "cpu":
+        # All the ready message says is known from the meta build: no child builds the model just to say it
+        # (~0.5 s of a cheap probe). A model that does not fit once built fails its first trial instead.
+        ready = _meta_ready(setup, built)
+    else:  # a user's function, or CUDA (whose budget needs the card, which this process must not touch)
         ready = run_in_child(lambda: _describe(setup, static))
     reply(ready)
     if not ready.get("ready"):
@@ -286,15 +292,13 @@ def _serve(requests, reply) -> None:
         reply(outcome)
 
 
-def _static_bytes_without_memory(spec) -> int | None:
-    """Weights + gradients + optimizer states, counted on the meta device (nothing allocated).
+def _meta_ready(setup: WorkerSetup, built) -> dict:
+    """The ready message of a CPU worker, from the workload built on meta (``_describe`` builds it for real)."""
+    from gaplan.constants import DEFAULT_CPU_BUDGET
 
-    Building on meta also imports the model's code here, once, instead of in every trial child.
-    """
-    from gaplan.workload import load_model_code
-
-    built = load_model_code(spec)  # None for a user's function: its size shows when it is built
-    return None if built is None else built.static_bytes()
+    return {"ready": True, "device": "cpu", "limit_bytes": setup.limit_bytes or DEFAULT_CPU_BUDGET,
+            "param_count": built.param_count, "static_bytes": built.static_bytes(), "task": built.task,
+            "seq_len": built.seq_len, "model_type": built.info.get("model_type")}
 
 
 def main() -> None:
