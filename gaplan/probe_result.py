@@ -46,6 +46,9 @@ class ProbeResult:
     world_size: int = 1
     trial_ranks: int = 1
     created: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    # This run's worker start, in seconds: "start to ready" (as the caller waited) and the worker's own parts.
+    # The probe's profile (examples/profile_probe.py); not saved in plan.json.
+    worker_seconds: dict[str, float] | None = None
 
     @property
     def plan_cap(self) -> int:

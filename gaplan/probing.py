@@ -146,6 +146,7 @@ def probe(
         plan=make_plan(effective_batch, edge, world_size), param_count=info["param_count"],
         static_bytes=info["static_bytes"], task=info["task"], seq_len=info["seq_len"], ddp=ddp,
         wall_seconds=time.perf_counter() - started, world_size=world_size, trial_ranks=ranks,
+        worker_seconds=worker.start_seconds,
     )
 
 

@@ -26,7 +26,10 @@ class Trial:
     # What the budget counted at the trial's end that the peak does not see (CPU: data pages reserved, not
     # resident): the search draws its line to the budget less this. None where not measured.
     budget_gap_bytes: int | None = None
-    rank_peak_bytes: list[int] | None = None  # each rank's peak, in a trial of several ranks (peak_bytes: the largest)
+    rank_peak_bytes: list[int] | None = None
+    # Where the trial's time went (fork, budget, model build, optimizer states, each step, in the worker): the
+    # probe's profile. Not in plan.json's trial table.
+    phase_seconds: dict[str, float] | None = None  # each rank's peak, in a trial of several ranks (peak_bytes: the largest)
 
     @property
     def line_peak_bytes(self) -> int | None:

@@ -23,6 +23,7 @@ each later one asks for a trial. Run by :class:`gaplan.worker_process.WorkerProc
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import json
@@ -31,6 +32,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 
@@ -94,12 +96,22 @@ def rank_device(device: str, rank: int | None) -> str:
     return f"cuda:{rank}"
 
 
-def _build_under_budget(setup: WorkerSetup, enforce: bool = True, rank: int | None = None):
+def _lap(phases: dict[str, float] | None, name: str, since: float) -> float:
+    """Record the seconds since ``since`` as phase ``name`` (for the probe's profile); returns now."""
+    now = time.perf_counter()
+    if phases is not None:
+        phases[name] = round(now - since, 4)
+    return now
+
+
+def _build_under_budget(setup: WorkerSetup, enforce: bool = True, rank: int | None = None,
+                        phases: dict[str, float] | None = None):
     """In a trial child: impose the budget, then build the workload (weights and optimizer state count).
 
     ``enforce=False`` measures without the budget (a reference run that is known not to fit).
     ``rank``: this child is that rank of a sharded trial (its process group joined already): the model is
     sharded with FSDP2 after it is built, as ``gaplan train --parallel fsdp`` does, under the budget.
+    ``phases``: filled with the seconds each part took (budget, build, optimizer states).
     """
     import torch
 
@@ -109,10 +121,12 @@ def _build_under_budget(setup: WorkerSetup, enforce: bool = True, rank: int | No
     from gaplan.workload_spec import WorkloadSpec
 
     device = rank_device(setup.device, rank)
+    started = time.perf_counter()
     if setup.threads:
         torch.set_num_threads(setup.threads)
     backend = make_backend(device)
     backend.activate(setup.limit_bytes, enforce=enforce)
+    started = _lap(phases, "budget", started)
     # Weights don't change memory: trials build from the config, directly on the device, and read no checkpoint.
     workload = build_workload(WorkloadSpec(**setup.workload), device, seed=setup.seed, load_weights=False)
     if rank is not None:
@@ -121,8 +135,10 @@ def _build_under_budget(setup: WorkerSetup, enforce: bool = True, rank: int | No
         workload = sharded(workload, cpu_offload=workload.spec.cpu_offload)
     elif setup.ddp:
         workload = _wrapped_in_ddp(workload, device)
+    started = _lap(phases, "model build", started)
     if setup.warm_optimizer:
         materialize_optimizer_state(workload)
+    _lap(phases, "optimizer states", started)
     return backend, workload
 
 
@@ -220,14 +236,17 @@ def _describe(setup: WorkerSetup, static: int | None, rank: int | None = None) -
     }
 
 
-def _trial(setup: WorkerSetup, request: TrialRequest, rank: int | None = None) -> dict:
+def _trial(setup: WorkerSetup, request: TrialRequest, rank: int | None = None, asked: float | None = None) -> dict:
     """One request in a trial child (or in one rank of it): a trial (optionally unbounded, with uneven sizes)
-    or a breakdown."""
+    or a breakdown. ``asked``: when the worker forked for it (the trial's ``phase_seconds`` start there)."""
     from gaplan.devices import is_out_of_memory
     from gaplan.trial_runner import run_trial
 
+    phases: dict[str, float] = {}
+    if asked is not None:
+        _lap(phases, "fork", asked)
     try:
-        backend, workload = _build_under_budget(setup, enforce=not request.unbounded, rank=rank)
+        backend, workload = _build_under_budget(setup, enforce=not request.unbounded, rank=rank, phases=phases)
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
@@ -236,12 +255,16 @@ def _trial(setup: WorkerSetup, request: TrialRequest, rank: int | None = None) -
         from gaplan.breakdown import measure_breakdown
 
         return measure_breakdown(workload, request.micro_batch, micro_steps=request.micro_steps).to_dict()
-    return run_trial(workload, backend, request.micro_batch, micro_steps=request.micro_steps,
-                     optimizer_steps=request.optimizer_steps, sizes=request.sizes).to_dict()
+    trial = run_trial(workload, backend, request.micro_batch, micro_steps=request.micro_steps,
+                      optimizer_steps=request.optimizer_steps, sizes=request.sizes)
+    phases.update({f"step {n}": round(s, 4) for n, s in enumerate(trial.step_seconds, start=1)})
+    return dataclasses.replace(trial, phase_seconds=phases).to_dict()
 
 
 def _serve(requests, reply) -> None:
     setup = WorkerSetup.from_dict(json.loads(requests.readline()))
+    started = time.perf_counter()
+    phases: dict[str, float] = {}
     # Import once here; every trial child inherits the loaded libraries for free.
     import torch  # noqa: F401
     import transformers  # noqa: F401
@@ -256,6 +279,7 @@ def _serve(requests, reply) -> None:
         reply({"error": "user", "message": str(exc)})
         return
     static = None if built is None else built.static_bytes()
+    started = _lap(phases, "imports (torch, transformers, the model's code)", started)
     # Every object alive now (the libraries, the model's code) moves to the permanent generation: a trial child's
     # gc.collect() then skips them, and does not write to (and so copy) every page of the inherited heap. Without
     # this each trial's collections took ~0.6 s on a small model, more than its steps (issue 14's profile).
@@ -274,7 +298,8 @@ def _serve(requests, reply) -> None:
         ready = _meta_ready(setup, built)
     else:  # a user's function, or CUDA (whose budget needs the card, which this process must not touch)
         ready = run_in_child(lambda: _describe(setup, static))
-    reply(ready)
+    _lap(phases, "ready message", started)
+    reply(dict(ready, phase_seconds=phases))
     if not ready.get("ready"):
         return
     for line in requests:
@@ -283,10 +308,13 @@ def _serve(requests, reply) -> None:
             reply({"error": "user", "message": "the memory breakdown by category measures one process: it does "
                                                "not run the ranks of a sharded (--parallel fsdp) trial"})
             continue
+        asked = time.perf_counter()
         if setup.ranks > 1:
             outcome = merge_trials(request.micro_batch, _in_ranks(setup, functools.partial(_trial, setup, request)))
         else:
-            outcome = run_in_child(functools.partial(_trial, setup, request))
+            outcome = run_in_child(functools.partial(_trial, setup, request, asked=asked))
+        if isinstance(outcome.get("phase_seconds"), dict):
+            _lap(outcome["phase_seconds"], "in the worker", asked)  # fork to reply: the child's whole life
         if outcome.get("error") == "killed":  # no Python error to catch: the kernel ended it for memory
             outcome = Trial(request.micro_batch, False, error=outcome["message"]).to_dict()
         reply(outcome)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from gaplan.devices.cpu import MMAP_THRESHOLD_ENV
 from gaplan.errors import GaplanError
@@ -28,12 +29,16 @@ class WorkerProcess:
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         self._stderr_lines: list[str] = []
+        started = time.perf_counter()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gaplan.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env=env, bufsize=1)
         self._send(WorkerSetup(spec.to_dict(), device, limit_bytes, threads, seed, warm_optimizer, ddp, ranks,
                                timeout_s).to_dict())
         self.info = self._receive()
+        # How long the caller waited for the worker, and the worker's own parts of it (the probe's profile).
+        self.start_seconds = {"start to ready": round(time.perf_counter() - started, 4),
+                              **(self.info.pop("phase_seconds", None) or {})}
 
     def _send(self, message: dict) -> None:
         assert self.process.stdin is not None

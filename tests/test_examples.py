@@ -87,3 +87,21 @@ def test_compare_with_peers_example(tmp_path):
     losses = {row["tool"]: row["max_relative_difference"] for row in data["loss"]}
     assert losses["gaplan"] < 1e-5 and losses["HF Trainer + gaplan (GaplanTrainer)"] < 1e-5
     assert losses["hand-written loop"] > 1e-2  # dividing each micro-batch's mean by the steps is wrong on padded data
+
+
+@pytest.mark.slow
+def test_profile_probe_example():
+    """The probe's profile: every trial's parts are measured inside the time the worker and the caller saw."""
+    import json
+
+    out = run_example("profile_probe.py", "--seq-len", "8", "--memory-limit", "160MiB", "--threads", "1", "--json")
+    profile = json.loads(out)
+    worker = profile["worker"]
+    assert 0 < worker["imports (torch, transformers, the model's code)"] <= worker["start to ready"]
+    assert profile["edge"] >= 1 and profile["trials"]
+    for row in profile["trials"]:
+        parts = [row[name] for name in ("fork", "budget", "model build", "optimizer states", "step 1", "step 2")]
+        assert all(part is None or part >= 0 for part in parts) and row["fork"] is not None, row
+        assert sum(part or 0 for part in parts) <= row["in the worker"] <= row["round trip"] + 0.05, row
+        assert (row["step 2"] is not None) == (row["fits"] and row["steps"] == 2), row
+    assert profile["probe wall"] <= profile["process wall"]
