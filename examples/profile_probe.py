@@ -31,7 +31,7 @@ def child(args: argparse.Namespace) -> dict:
     result = probe(WorkloadSpec(model=args.model, seq_len=args.seq_len), device="cpu",
                    memory_limit=parse_bytes(args.memory_limit), threads=args.threads or None,
                    on_trial=lambda trial: arrivals.append(time.perf_counter()))
-    waited = [later - earlier for earlier, later in zip([imported, *arrivals], arrivals)]
+    waited = [later - earlier for earlier, later in zip([imported, *arrivals[:-1]], arrivals, strict=True)]
     start = result.worker_seconds or {}
     trials = []
     for trial, seconds in zip(result.trials, waited, strict=True):
