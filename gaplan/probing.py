@@ -106,22 +106,30 @@ def probe(
         search_cap = default_search_cap(effective_batch, world_size)
     if search_cap < 1:
         raise GaplanError(f"the search cap must be a positive integer (got {search_cap})")
-    device = resolve_device(device)
-    check_gpus_for_ranks(device, ranks)
-    budget_is_default = memory_limit is None
-    if device == "cpu" and memory_limit is None:
-        memory_limit = DEFAULT_CPU_BUDGET
-    if device.startswith("cuda") and memory_limit is None:
-        memory_limit = cuda_total_bytes(device)  # the whole card, so that --margin applies to it too
-    if device == "cpu":
-        check_cpu_budget(memory_limit, ranks)
     started = time.perf_counter()
+    budget_is_default = memory_limit is None
+    # "auto" needs torch to resolve (2-3 s to import): the worker imports it anyway, so it resolves the device
+    # there while this process goes on, unless the budget needs the device first (a margin off the default).
+    resolve_in_worker = device == "auto" and ranks == 1 and (memory_limit is not None or margin == 0)
+    if not resolve_in_worker:
+        device = resolve_device(device)
+        check_gpus_for_ranks(device, ranks)
+        if device == "cpu" and memory_limit is None:
+            memory_limit = DEFAULT_CPU_BUDGET
+        if device.startswith("cuda") and memory_limit is None:
+            memory_limit = cuda_total_bytes(device)  # the whole card, so that --margin applies to it too
+        if device == "cpu":
+            check_cpu_budget(memory_limit, ranks)
     probe_limit = None if memory_limit is None else int(memory_limit * (1 - margin))
     ddp = (world_size > 1 if ddp is None else ddp) and ranks == 1
     with WorkerProcess(spec, device, probe_limit, threads=threads, ddp=ddp, ranks=ranks) as worker:
         info = worker.info
         memory_limit = memory_limit or info["limit_bytes"]
         probe_limit = info["limit_bytes"]
+        if resolve_in_worker:
+            device = info.get("device") or resolve_device(device)  # a does-not-fit reply names none
+            if device == "cpu":
+                check_cpu_budget(memory_limit)
         _check_ready(info, spec, probe_limit, ranks)
 
         def measure(micro_batch: int, steps: int = optimizer_steps) -> Trial:

@@ -19,7 +19,7 @@ from gaplan.plan import make_plan
 from gaplan.probe_result import ProbeResult
 from gaplan.probing import probe
 from gaplan.trial import Trial
-from gaplan.workload import WorkloadSpec
+from gaplan.workload_spec import WorkloadSpec
 
 OBJECTIVES = ("max-micro-batch", "throughput")
 CHECKPOINTING = ("off", "on", "auto")

@@ -269,6 +269,11 @@ def _serve(requests, reply) -> None:
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
+    if setup.device == "auto":
+        # Resolved in a child: asking CUDA whether it is there can initialize it, and a process that has
+        # initialized CUDA cannot fork trials that use it.
+        setup = dataclasses.replace(setup, device=run_in_child(_resolved_device)["device"])
+
     from gaplan.errors import GaplanError
     from gaplan.workload import load_model_code
     from gaplan.workload_spec import WorkloadSpec
@@ -318,6 +323,12 @@ def _serve(requests, reply) -> None:
         if outcome.get("error") == "killed":  # no Python error to catch: the kernel ended it for memory
             outcome = Trial(request.micro_batch, False, error=outcome["message"]).to_dict()
         reply(outcome)
+
+
+def _resolved_device() -> dict:
+    from gaplan.devices import resolve_device
+
+    return {"device": resolve_device("auto")}
 
 
 def _meta_ready(setup: WorkerSetup, built) -> dict:

@@ -11,7 +11,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class WorkerSetup:
-    """The workload (``WorkloadSpec.to_dict()``), where it runs and under which budget (None: the device's own)."""
+    """The workload (``WorkloadSpec.to_dict()``), where it runs (``auto``: the worker resolves it and says which in
+    its ready message) and under which budget (None: the device's own)."""
 
     workload: dict[str, Any]
     device: str

@@ -70,13 +70,13 @@ def release_after_oom(device) -> None:
 
 def resolve_device(name: str = "auto") -> str:
     """``auto`` -> ``cuda:0`` when a GPU is usable, else ``cpu``; checks that ``cuda[:N]`` exists."""
+    name = (name or "auto").strip().lower()
+    if name == "cpu":
+        return "cpu"  # without importing torch: a probe's caller need not (its worker does, at the same time)
     import torch
 
-    name = (name or "auto").strip().lower()
     if name == "auto":
         return "cuda:0" if torch.cuda.is_available() else "cpu"
-    if name == "cpu":
-        return "cpu"
     if name == "cuda" or name.startswith("cuda:"):
         if not torch.cuda.is_available():
             build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
