@@ -33,6 +33,11 @@ from gaplan.run_folder import CHECKPOINT, REPORT_HTML, REPORT_MD, default_run_di
 @workload_options
 @click.option("--effective-batch", type=int, default=None,
               help=f"Samples per optimizer step (default {DEFAULT_EFFECTIVE_BATCH}, or the plan's).")
+@click.option("--effective-tokens", type=int, default=None, metavar="TOKENS",
+              help="With --batch-by tokens, instead of --effective-batch: each optimizer step takes the next samples "
+                   "(in the seeded data order) until their real tokens reach TOKENS, the last sample crossing it "
+                   "(so a step holds TOKENS or a little more), packed into micro-batches as usual; the loss is "
+                   "normalized over the step's real target tokens.")
 @click.option("--micro-batch", type=int, default=None, help="Skip the probe and use this micro-batch.")
 @batch_by_options
 @click.option("--token-budget", type=int, default=None, metavar="TOKENS",
@@ -80,7 +85,7 @@ def train_command(**options: Any) -> None:
 
     spec = spec_from_options(options)
     memory_limit = memory_limit_from_options(options)
-    positive(options, "effective_batch", "micro_batch", "steps", "threads")
+    positive(options, "effective_batch", "effective_tokens", "micro_batch", "steps", "threads")
     for name in ("warmup_steps", "checkpoint_every"):
         if options[name] < 0:
             raise GaplanError(f"--{name.replace('_', '-')} must be 0 or more (got {options[name]})")
@@ -95,7 +100,8 @@ def train_command(**options: Any) -> None:
 
         check_save_path(options["save_model"])
     train_options = TrainOptions(
-        effective_batch=options["effective_batch"], micro_batch=options["micro_batch"],
+        effective_batch=options["effective_batch"], effective_tokens=_effective_tokens(options),
+        micro_batch=options["micro_batch"],
         batch_by=options["batch_by"], token_budget=_token_budget(options, spec, memory_limit),
         granule=options["granule"],
         plan_file=options["plan_file"],
@@ -138,6 +144,17 @@ def train_command(**options: Any) -> None:
             click.echo(f"report written to {path_in(run_dir, REPORT_MD)} and {REPORT_HTML}")
     if run.interrupted:
         sys.exit(130)
+
+
+def _effective_tokens(options: dict) -> int | None:
+    """``--effective-tokens``, checked: it sizes a step packed by tokens, in place of ``--effective-batch``."""
+    if options["effective_tokens"] is None:
+        return None
+    if options["batch_by"] != "tokens":
+        raise GaplanError("--effective-tokens needs --batch-by tokens (steps of a number of tokens are packed by tokens)")
+    if options["effective_batch"] is not None:
+        raise GaplanError("--effective-tokens and --effective-batch both set the size of a step: give one")
+    return options["effective_tokens"]
 
 
 def _token_budget(options: dict, spec: Any = None, memory_limit: int | None = None) -> int | None:

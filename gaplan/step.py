@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gaplan.gemm_workspace import release_gemm_workspace
 from gaplan.loss import batch_size, count_step_targets, normalized_loss
 
 
@@ -60,6 +61,10 @@ def accumulate_gradients(
     steps = len(micro_batches)
     total = 0.0
     for index, batch in enumerate(micro_batches):
+        # MKL's cached GEMM buffers count against the CPU budget and grow with the shapes run before: release
+        # them, so that every micro-step (a trial's, a training step's, a retry after an OOM) starts with none
+        # and needs what its own shape needs (gaplan.gemm_workspace says what was measured).
+        release_gemm_workspace()
         if loss_is_scaled_for_ga is True:
             batch = {**batch, "num_items_in_batch": num_items_in_batch}
         if before_last is not None and index == steps - 1:
@@ -81,5 +86,6 @@ def accumulate_gradients(
                 exc.gaplan_phase = f"the {phase} of micro-step {index + 1} of {steps}"  # type: ignore[attr-defined]
                 raise
         del loss  # free the graph's last reference before the next micro-batch
+    release_gemm_workspace()  # nor into the optimizer step
     return StepResult(total, num_items_in_batch, sum(batch_size(mb) for mb in micro_batches))
 

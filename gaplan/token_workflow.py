@@ -56,11 +56,12 @@ class DataSource:
                 "long_samples": self.long_samples, "tokenizer": self.tokenizer}
 
 
-def read_data(spec: WorkloadSpec, data: DataSource, say: Say = _quiet):
-    """The data read and checked as ``gaplan train`` reads it (tokenizer, labels, long samples)."""
-    from gaplan.train_workflow import TrainOptions, read_training_data
+def read_lengths(spec: WorkloadSpec, data: DataSource, say: Say = _quiet):
+    """The samples' token lengths as ``gaplan train`` reads the data (tokenizer, labels, long samples), from the
+    length cache when this file and tokenizer were read before (:func:`gaplan.train_workflow.read_data_lengths`)."""
+    from gaplan.train_workflow import TrainOptions, read_data_lengths
 
-    return read_training_data(spec, TrainOptions(**data.train_options()), say)
+    return read_data_lengths(spec, TrainOptions(**data.train_options()), say)
 
 
 def length_counts(lengths: Sequence[int]) -> list[list[int]]:
@@ -116,8 +117,8 @@ def run_token_probe(spec: WorkloadSpec, out: str, data: DataSource, *, device: s
 
     check_granule(granule)
     device = resolve_device(device)
-    corpus = read_data(spec, data, say)
-    lengths = [len(sample.ids) for sample in corpus.samples]
+    corpus = read_lengths(spec, data, say)  # the lengths, the records' fate and the tokenizer: all a profile needs
+    lengths = corpus.lengths
     profile = LengthProfile.of(lengths)
     say(f"lengths: {profile.describe()}")
     if on_profile is not None:

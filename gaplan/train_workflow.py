@@ -31,6 +31,7 @@ class TrainOptions:
     """How ``gaplan train`` runs, beyond the workload: the plan's source, the data, the loop, the outputs."""
 
     effective_batch: int | None = None  # default: the plan file's, else DEFAULT_EFFECTIVE_BATCH
+    effective_tokens: int | None = None  # by tokens: each step takes samples until their real tokens reach this
     micro_batch: int | None = None  # skip the probe
     batch_by: str = "samples"  # or "tokens": each step's samples packed into micro-batches of <= token_budget tokens
     token_budget: int | None = None  # by tokens: given, else probed (T*) from the data's lengths
@@ -57,8 +58,9 @@ class TrainOptions:
 
 
 # What a resumed run must keep (the samples of a step and the weights depend on them) ...
-_FIXED_OPTIONS = ("effective_batch", "micro_batch", "batch_by", "token_budget", "granule", "plan_file", "data",
-                  "text_field", "label_field", "long_samples", "tokenizer", "seed", "max_grad_norm", "warmup_steps")
+_FIXED_OPTIONS = ("effective_batch", "effective_tokens", "micro_batch", "batch_by", "token_budget", "granule",
+                  "plan_file", "data", "text_field", "label_field", "long_samples", "tokenizer", "seed", "max_grad_norm",
+                  "warmup_steps")
 # ... and what it may change: how long, how often it checkpoints, and the outputs.
 _FREE_OPTIONS = ("steps", "checkpoint_every", "save_weights", "save_model", "compare", "threads", "command",
                  "enforce_memory_limit")
@@ -192,10 +194,12 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
         save_probe(dataclasses.replace(record, plan=plan, command=options.command), path_in(run_dir, PLAN_JSON))
     config = TrainConfig(steps=options.steps, seed=options.seed, max_grad_norm=options.max_grad_norm,
                          checkpoint_every=options.checkpoint_every, warmup_steps=options.warmup_steps, run_dir=run_dir,
-                         token_budget=options.token_budget)
+                         token_budget=options.token_budget, effective_tokens=options.effective_tokens)
     if options.token_budget:
-        main_say(f"batching by tokens: each step's {plan.effective_batch} samples packed into micro-batches of at "
-                 f"most {options.token_budget} padded tokens per rank")
+        step = (f"samples until their real tokens reach {options.effective_tokens}" if options.effective_tokens
+                else f"{plan.effective_batch} samples")
+        main_say(f"batching by tokens: each step's {step} packed into micro-batches of at most "
+                 f"{options.token_budget} padded tokens per rank")
     result = train(workload, plan, corpus, config, resume=options.resume, on_step=on_step,
                    on_event=on_event or main_say, peak_bytes=meter.process_peak_bytes, reset_peak=meter.reset_peak)
     saving_model = options.save_model and not result.interrupted
@@ -293,23 +297,68 @@ def _probe_token_budget(spec: WorkloadSpec, corpus: Any, options: TrainOptions, 
 
 
 def read_training_data(spec: WorkloadSpec, options: TrainOptions, say: Say):
-    """``--data`` read and checked (tokenizer against vocab_size, labels, lengths); None without ``--data``."""
+    """``--data`` read and checked (tokenizer against vocab_size, labels, lengths); None without ``--data``.
+
+    The samples' lengths are written to the length cache (:mod:`gaplan.length_cache`) on the way.
+    """
     from gaplan.data import load_corpus
+    from gaplan.length_cache import DataLengths, save_lengths
     from gaplan.workload import model_shape
-    from gaplan.workload_spec import model_source_kind
 
     if not options.data:
         return None
-    if model_source_kind(spec.model) == "function":
-        raise GaplanError("--data does not apply to a module:function model (its function makes the batches)")
+    _check_data_applies(spec)
     task, seq_len, vocab_size, num_labels = model_shape(spec)
     corpus = load_corpus(options.data, seq_len=seq_len, vocab_size=vocab_size, task=task, num_labels=num_labels,
-                         tokenizer_dir=spec.model if os.path.isdir(spec.model) else None,
-                         tokenizer_choice=options.tokenizer, text_field=options.text_field,
-                         label_field=options.label_field, long_samples=options.long_samples,
-                         trust_remote_code=spec.trust_remote_code)
+                         tokenizer_dir=_tokenizer_dir(spec), tokenizer_choice=options.tokenizer,
+                         text_field=options.text_field, label_field=options.label_field,
+                         long_samples=options.long_samples, trust_remote_code=spec.trust_remote_code)
     say(corpus.describe())
+    save_lengths(_lengths_cache(spec, options, task, seq_len),
+                 DataLengths([len(sample.ids) for sample in corpus.samples], corpus.stats, corpus.tokenizer,
+                             options.data))
     return corpus
+
+
+def read_data_lengths(spec: WorkloadSpec, options: TrainOptions, say: Say):
+    """The token lengths of ``--data``'s samples (:class:`gaplan.length_cache.DataLengths`), from the length cache
+    when this data file, tokenizer and options were read before, else read (and tokenized) as
+    :func:`read_training_data` reads them, and cached."""
+    from gaplan.data import load_tokenizer
+    from gaplan.length_cache import DataLengths, load_lengths
+    from gaplan.workload import model_shape
+
+    _check_data_applies(spec)
+    if not os.path.exists(options.data):  # as load_corpus says it, before anything is looked up
+        raise GaplanError(f"--data {options.data}: cannot read it (no such file or folder)")
+    task, seq_len, vocab_size, _ = model_shape(spec)
+    cached = load_lengths(_lengths_cache(spec, options, task, seq_len), options.data)
+    if cached is None:
+        corpus = read_training_data(spec, options, say)
+        return DataLengths([len(sample.ids) for sample in corpus.samples], corpus.stats, corpus.tokenizer, options.data)
+    # The tokenizer still loads and is checked against this model's vocabulary (the key does not hold the model).
+    load_tokenizer(_tokenizer_dir(spec), options.tokenizer, spec.trust_remote_code).check_fits(vocab_size, task)
+    say(cached.describe())
+    return cached
+
+
+def _check_data_applies(spec: WorkloadSpec) -> None:
+    from gaplan.workload_spec import model_source_kind
+
+    if model_source_kind(spec.model) == "function":
+        raise GaplanError("--data does not apply to a module:function model (its function makes the batches)")
+
+
+def _tokenizer_dir(spec: WorkloadSpec) -> str | None:
+    return spec.model if os.path.isdir(spec.model) else None
+
+
+def _lengths_cache(spec: WorkloadSpec, options: TrainOptions, task: str, seq_len: int) -> str:
+    from gaplan.length_cache import lengths_cache_path
+
+    return lengths_cache_path(options.data, seq_len=seq_len, task=task, tokenizer_dir=_tokenizer_dir(spec),
+                              tokenizer_choice=options.tokenizer, text_field=options.text_field,
+                              label_field=options.label_field, long_samples=options.long_samples)
 
 
 def _summary(run_dir: str, result: Any) -> dict[str, Any]:

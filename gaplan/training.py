@@ -33,7 +33,7 @@ from gaplan.run_folder import CHECKPOINT, TRAIN_LOG_CSV
 from gaplan.schema import TRAIN_LOG
 from gaplan.sharded_state import load_sharded_state, remove_stale_sharded_states, save_sharded_state
 from gaplan.step import accumulate_gradients
-from gaplan.step_batches import PLACEHOLDER, longest_sample, sample_micro_batches, token_micro_batches
+from gaplan.step_batches import PLACEHOLDER, TokenSteps, longest_sample, sample_micro_batches, token_micro_batches
 from gaplan.workload import Workload
 
 LOG_FIELDS = ["step", "loss", "lr", "samples_per_s", "tokens_per_s", "peak_bytes", "micro_batch",
@@ -52,6 +52,7 @@ class TrainConfig:
     warmup_steps: int = 0
     run_dir: str | None = None
     token_budget: int | None = None  # batch by tokens: micro-batches of at most this many padded tokens
+    effective_tokens: int | None = None  # with a token budget: steps of this many real tokens, not E samples
 
 
 @dataclass
@@ -216,14 +217,23 @@ def train(
     started = time.perf_counter()
     interrupted = False
     token_budget = config.token_budget
+    token_steps = None
+    if config.effective_tokens:
+        if corpus is None:
+            raise GaplanError("--effective-tokens needs data whose samples have lengths; a module:function workload "
+                              "makes its own batches")
+        token_steps = TokenSteps(corpus, config.effective_tokens, config.seed, min_samples=dist.world_size)
     padded_total = real_total = 0
     with _StopRequested() as stop:
         for step in range(start_step, config.steps):
             if reset_peak:
                 reset_peak()
             t0 = time.perf_counter()
+            indices = token_steps.indices(step) if token_steps else None  # else the plan's E samples
+            step_samples = len(indices) if indices is not None else plan.effective_batch
             while True:
-                micro_batches = (token_micro_batches(workload, plan, corpus, step, dist, config.seed, token_budget)
+                micro_batches = (token_micro_batches(workload, plan, corpus, step, dist, config.seed, token_budget,
+                                                     indices)
                                  if token_budget else
                                  sample_micro_batches(workload, plan, corpus, step, dist.rank, config.seed))
                 agreement = _OomAgreement(dist)
@@ -261,7 +271,7 @@ def train(
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
             seconds = time.perf_counter() - t0
-            log = StepLog(step + 1, loss, lr, plan.effective_batch / seconds, tokens / seconds,
+            log = StepLog(step + 1, loss, lr, step_samples / seconds, tokens / seconds,
                           peak_bytes() if peak_bytes else None,
                           # By tokens: this step's largest micro-batch and its number of micro-steps.
                           max(map(batch_size, micro_batches)) if token_budget else plan.micro_batch,

@@ -1,10 +1,15 @@
 """--batch-by tokens: each step's samples packed into micro-batches of at most T padded tokens."""
 
+import json
+
 import pytest
 from click.testing import CliRunner
 
 from gaplan.cli import main
+from gaplan.data import Sample, step_indices
+from gaplan.step_batches import TokenSteps
 
+from ..token_corpus import long_tailed_lines
 from .test_train_cli import assert_same_weights
 from .test_train_fsdp import torchrun
 
@@ -49,6 +54,11 @@ def test_packed_by_tokens_over_two_ddp_ranks_trains_the_weights_of_one_full_batc
     (["--batch-by", "tokens", "--token-budget", "16", "--seq-len", "32"],
      "--token-budget 16 is below the longest sample (32 tokens)"),
     (["--batch-by", "tokens", "--token-budget", "64", "--micro-batch", "4"], "leave out --micro-batch"),
+    (["--effective-tokens", "64"], "--effective-tokens needs --batch-by tokens"),
+    (["--batch-by", "tokens", "--token-budget", "64", "--effective-tokens", "64", "--effective-batch", "8"],
+     "--effective-tokens and --effective-batch both set the size of a step: give one"),
+    (["--batch-by", "tokens", "--token-budget", "64", "--effective-tokens", "0"],
+     "--effective-tokens must be a positive integer (got 0)"),
 ])
 def test_bad_input(tmp_path, args, message):
     out = tmp_path / "never"
@@ -65,3 +75,40 @@ def test_a_budget_only_needs_to_hold_the_datas_longest_sample_not_the_sequence_l
                                        "--batch-by", "tokens", "--token-budget", "32", "--effective-batch", "8",
                                        "--steps", "1", "--optimizer", "sgd", "--quiet", "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
+
+
+def test_steps_of_a_number_of_tokens_take_the_data_in_order_until_their_tokens_reach_it():
+    corpus = [Sample(tuple(range(1, 2 + (7 * i) % 30))) for i in range(50)]  # 2 to 31 tokens
+    steps = TokenSteps(corpus, 100, seed=3)
+    order = step_indices(0, 400, len(corpus), seed=3)  # the same order as steps of samples: 8 epochs
+    taken = []
+    for step in range(25):
+        indices = steps.indices(step)
+        tokens = [len(corpus[i].ids) for i in indices]
+        # At least 100 real tokens, and no fewer samples would reach 100: the last one crosses the mark.
+        assert sum(tokens) >= 100 and sum(tokens) - tokens[-1] < 100, (step, tokens)
+        taken += indices
+    assert taken == order[:len(taken)]  # consecutive, across epochs, every sample once per epoch
+    assert steps.indices(3) == TokenSteps(corpus, 100, seed=3).indices(3)  # a resumed run finds the same step
+    assert all(len(TokenSteps(corpus, 1, seed=0, min_samples=2).indices(s)) == 2 for s in range(10))
+
+
+@pytest.mark.slow
+def test_a_step_of_a_number_of_tokens_trains_the_weights_of_one_full_batch_of_its_samples(tmp_path):
+    lines = long_tailed_lines(40, 8, 32)
+    data = tmp_path / "corpus.txt"
+    data.write_text("\n".join(lines) + "\n")
+    common = ["train", "--tokenizer", "bytes", "--seq-len", "32", "--steps", "1", "--optimizer", "sgd", "--lr", "0.1",
+              "--seed", "0", "--threads", "1", "--quiet", "--json"]
+    result = run(*common, "--data", str(data), "--batch-by", "tokens", "--token-budget", "64",
+                 "--effective-tokens", "150", "--out", str(tmp_path / "tokens"), "--save-weights", str(tmp_path / "t.st"))
+    log = (tmp_path / "tokens" / "train_log.csv").read_text().splitlines()
+    assert int(log[1].split(",")[-2]) >= 3  # micro-steps: 150+ tokens in micro-batches of at most 64 padded tokens
+    step = TokenSteps([Sample(tuple(line.encode())) for line in lines], 150, seed=0).indices(0)
+    assert sum(len(lines[i]) for i in step) >= 150 > sum(len(lines[i]) for i in step[:-1])
+    assert json.loads(result.stdout)["padding_fraction"] is not None
+    # The same samples as one batch: a file of just them, one step of all of them (their order does not matter).
+    (tmp_path / "step.txt").write_text("".join(lines[i] + "\n" for i in step))
+    run(*common, "--data", str(tmp_path / "step.txt"), "--effective-batch", str(len(step)), "--micro-batch",
+        str(len(step)), "--out", str(tmp_path / "full"), "--save-weights", str(tmp_path / "full.st"))
+    assert_same_weights(tmp_path / "t.st", tmp_path / "full.st")
