@@ -167,7 +167,6 @@ def merge_trials(micro_batch: int, results: list[dict]) -> dict:
         tokens_per_step=sum(r["tokens_per_step"] for r in results),
         before_bytes=max(r["before_bytes"] for r in results),
         after_bytes=max(r["after_bytes"] for r in results),
-        budget_gap_bytes=max((r.get("budget_gap_bytes") or 0) for r in results),
         rank_peak_bytes=peaks,
     )
 

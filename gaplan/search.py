@@ -12,6 +12,12 @@ The search finds the exact edge B* (B* fits, B*+1 does not):
    step up by 1.5% of the size (doubling the step) while no failure is known,
    and bisect the bracket left.
 
+While the line is not trusted (the first secants cross the bend out of a flat
+start), a doubling that the last secant says would fail is replaced by a trial
+where that secant meets the budget. The doublings before any failure may be
+*sketches* (a cheaper trial, e.g. one optimizer step of two): they only draw
+the line, and the edge is always a size the full trial fitted.
+
 Without peaks (or a line) this is doubling then bisection, at most
 ``2*log2(B*) + 1`` trials. With a line the jump costs one trial and saves the
 doublings past it; the bound ``2*log2(B*) + 2`` is checked by property tests on
@@ -101,13 +107,6 @@ def _secant_edge(points: list[tuple[int, int]], limit_bytes: int) -> int | None:
     return math.floor(b2 + (limit_bytes - p2) * (b2 - b1) / (p2 - p1))
 
 
-def _line_limit(seen: dict[int, Trial], limit_bytes: int) -> int:
-    """The budget as the memory line sees it: less what the budget counts and the peaks do not, as measured by
-    the largest size that fitted (on CPU, data pages reserved but not resident: see ``Trial.budget_gap_bytes``)."""
-    gaps = [(b, t.budget_gap_bytes) for b, t in seen.items() if t.fits and t.budget_gap_bytes is not None]
-    return limit_bytes - max(gaps)[1] if gaps else limit_bytes
-
-
 def find_edge(
     measure: Callable[[int], Trial],
     limit_bytes: int | None = None,
@@ -174,10 +173,9 @@ def find_edge(
         candidate = None
         if phase != "bisect" and limit_bytes is not None and jumps < MAX_JUMPS:
             points = [(b, t.line_peak_bytes) for b, t in seen.items() if t.fits and t.line_peak_bytes is not None]
-            line_limit = _line_limit(seen, limit_bytes)
-            predicted = _predict_edge(points, line_limit)
+            predicted = _predict_edge(points, limit_bytes)
             if predicted is None and phase == "grow" and hi is None and lo > 0:
-                secant = _secant_edge(points, line_limit)
+                secant = _secant_edge(points, limit_bytes)
                 if secant is not None and lo < secant < _plain_candidate(lo, hi, cap):
                     candidate, phase = secant, "secant"  # the doubling would fail: trial where the secant says
                     jumps += 1

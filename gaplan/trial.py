@@ -23,9 +23,6 @@ class Trial:
     tokens_per_step: int = 0  # attention-mask tokens in one step's batches (0 when batches have no mask)
     before_bytes: int = 0  # memory held before the trial, and after its clean-up: equal when nothing leaked
     after_bytes: int = 0
-    # What the budget counted at the trial's end that the peak does not see (CPU: data pages reserved, not
-    # resident): the search draws its line to the budget less this. None where not measured.
-    budget_gap_bytes: int | None = None
     rank_peak_bytes: list[int] | None = None
     # Where the trial's time went (fork, budget, model build, optimizer states, each step, in the worker): the
     # probe's profile. Not in plan.json's trial table.

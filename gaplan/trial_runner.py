@@ -106,5 +106,4 @@ def run_trial(workload: Workload, backend: Backend, micro_batch: int, micro_step
     backend.release()
     fits = error is None
     return Trial(micro_batch, fits, peak if fits else None, round(seconds, 3), error, completed,
-                 micro_steps_peak if fits else None, step_seconds, tokens, before, backend.current_bytes(),
-                 backend.budget_gap_bytes() if fits else None)
+                 micro_steps_peak if fits else None, step_seconds, tokens, before, backend.current_bytes())

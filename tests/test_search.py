@@ -7,33 +7,28 @@ from hypothesis import strategies as st
 from gaplan import Trial, find_edge, trial_bound
 
 
-def linear_device(edge, intercept, slope, wobble=0.0, report_peaks=True, floor_until=0, gap=0, report_gap=True):
+def linear_device(edge, intercept, slope, wobble=0.0, report_peaks=True, floor_until=0):
     """Peaks on a line (with a smooth wobble of a few percent); the budget sits between edge and edge+1.
 
     ``floor_until``: below this size the peak is flat (set by the optimizer step, as on real devices).
-    ``gap``: memory the budget counts that the reported peak does not (a CPU's reserved, not resident, pages),
-    reported in each fitted trial unless ``report_gap`` is False.
     """
     limit = intercept + slope * (edge + 0.5)
     calls = []
 
     def measure(b):
         calls.append(b)
-        peak = intercept + slope * max(b, floor_until) * (1 + wobble * ((b % 7) - 3) / 3) - gap
+        peak = intercept + slope * max(b, floor_until) * (1 + wobble * ((b % 7) - 3) / 3)
         fits = b <= edge
-        return Trial(b, fits, int(peak) if fits and report_peaks else None,
-                     budget_gap_bytes=gap if fits and report_gap else None)
+        return Trial(b, fits, int(peak) if fits and report_peaks else None)
 
     return measure, int(limit), calls
 
 
 @settings(max_examples=300, deadline=None)
 @given(edge=st.integers(1, 3000), intercept=st.integers(2**20, 2**31), slope=st.integers(2**10, 2**28),
-       wobble=st.sampled_from([0.0, 0.01, 0.03]), report_peaks=st.booleans(), floor=st.floats(0, 0.9),
-       gap=st.sampled_from([0.0, 0.05, 0.1]))
-def test_finds_exact_edge_within_bound(edge, intercept, slope, wobble, report_peaks, floor, gap):
-    gap_bytes = int(gap * intercept)
-    measure, limit, calls = linear_device(edge, intercept, slope, wobble, report_peaks, int(floor * edge), gap_bytes)
+       wobble=st.sampled_from([0.0, 0.01, 0.03]), report_peaks=st.booleans(), floor=st.floats(0, 0.9))
+def test_finds_exact_edge_within_bound(edge, intercept, slope, wobble, report_peaks, floor):
+    measure, limit, calls = linear_device(edge, intercept, slope, wobble, report_peaks, int(floor * edge))
     result = find_edge(measure, limit)
     assert result.edge == edge
     assert result.trial_count <= trial_bound(edge)
@@ -62,32 +57,19 @@ def test_the_line_waits_for_three_collinear_points():
     assert result.trial_count <= 9
 
 
-def test_the_line_meets_the_budget_less_what_the_peaks_do_not_see():
-    """On CPU the budget counts reserved pages and the peak resident ones: the line must aim lower by the gap."""
-    args = dict(edge=153, intercept=200 * 2**20, slope=8 * 2**20, gap=40 * 2**20)
-    measure, limit, calls = linear_device(**args)
-    assert find_edge(measure, limit).edge == 153
-    assert len(calls) <= 6, calls  # 1 2 4 8, then the edge and one above it
-    blind, limit, blind_calls = linear_device(**args, report_gap=False)
-    assert find_edge(blind, limit).edge == 153
-    assert len(blind_calls) > len(calls), "without the gap the line overshoots and the search steps back down"
-
-
 def test_a_bend_out_of_the_flat_start_takes_the_last_secant():
-    """Peaks of a real probe (tiny-gpt2, seq 32, 256 MiB, MiB): the secants 4-8 and 8-16 disagree (the bend), so the
-    line is never trusted; the doubling to 32 would fail, so the search tries where the last secant meets the budget
-    (less the measured gap) instead: B* = 20 in 7 trials, not 10."""
+    """Peaks of a real probe (tiny-gpt2, seq 32, 256 MiB; MiB): the secants 4-8 and 8-16 disagree (the bend out of the
+    flat start), so the line is never trusted. The doubling to 32 would fail, so the search tries where the last
+    secant meets the budget (24) instead: that brackets the edge tighter, and B* = 21 takes 9 trials, not 10."""
     mib = 2**20
-    peaks = {1: 112.2, 2: 110.5, 4: 113.8, 8: 148.9, 16: 202.9, 20: 229.6}
-    measured = {b: (203.0 + 6.7 * (b - 16)) for b in range(17, 64)} | peaks
+    peaks = {1: 112.0, 2: 111.4, 4: 113.7, 8: 147.7, 16: 201.8, 20: 228.3, 21: 234.8}
 
     def measure(b):
-        fits = b <= 20
-        return Trial(b, fits, int(measured[b] * mib) if fits else None, budget_gap_bytes=int(23.4 * mib) if fits else None)
+        return Trial(b, b <= 21, int(peaks[b] * mib) if b <= 21 else None)
 
-    result = find_edge(measure, 256 * mib)
-    assert result.edge == 20
-    assert [t.micro_batch for t in result.trials] == [1, 2, 4, 8, 16, 20, 21]
+    assert [t.micro_batch for t in find_edge(measure, 256 * mib).trials] == [1, 2, 4, 8, 16, 24, 20, 22, 21]
+    blind = [t.micro_batch for t in find_edge(lambda b: Trial(b, b <= 21, None), 256 * mib).trials]
+    assert blind == [1, 2, 4, 8, 16, 32, 24, 20, 22, 21]
 
 
 def test_nothing_fits():

@@ -39,9 +39,6 @@ class Backend(Protocol):
 
     def current_bytes(self) -> int: ...
 
-    def budget_gap_bytes(self) -> int:
-        """Memory the budget counts now that :meth:`current_bytes` does not (0 where both count the same)."""
-
     def release(self) -> None:
         """Return freed memory (allocator caches) after a trial."""
 

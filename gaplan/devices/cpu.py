@@ -107,14 +107,6 @@ class CpuBackend:
     def current_bytes(self) -> int:
         return read_status()["RssAnon"] - self._base_anon
 
-    def budget_gap_bytes(self) -> int:
-        # RLIMIT_DATA counts data pages reserved (heap and arenas grown, mappings made); the peak counts resident
-        # pages. What is reserved but not resident stays nearly constant from trial to trial (measured on tiny-gpt2
-        # at 256 MiB: 23-24 MiB at micro-batch 8 to 20), so the memory line meets the budget this much lower: a
-        # line drawn to the full budget overshot the edge by ~10% (issue 14: 168 predicted, B* = 153).
-        status = read_status()
-        return max(0, (status["VmData"] - self._base_data) - (status["RssAnon"] - self._base_anon))
-
     def release(self) -> None:
         gc.collect()
 

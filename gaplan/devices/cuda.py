@@ -44,9 +44,6 @@ class CudaBackend:
     def current_bytes(self) -> int:
         return torch.cuda.memory_allocated(self.device)
 
-    def budget_gap_bytes(self) -> int:
-        return 0  # the memory fraction limits what the allocator reserves, and the peak is what it reserved
-
     def release(self) -> None:
         gc.collect()
         torch.cuda.empty_cache()
