@@ -85,9 +85,9 @@ QUICK = Settings("tiny-gpt2", 32, "256MiB", 4, 2, 1, 2, 1, 0)
 
 
 def child(task: dict) -> dict:
-    import torch
+    if task["threads"]:  # torch is imported only when asked: gaplan's probe needs none in the caller's process
+        import torch
 
-    if task["threads"]:
         torch.set_num_threads(task["threads"])
     part = task["part"]
     if part == "finder":
@@ -110,13 +110,15 @@ def run_steps(workload, micro_batch: int, optimizer_steps: int) -> None:
 
 
 def run_finder(task: dict) -> dict:
-    from gaplan import WorkloadSpec, build_workload, probe
-    from gaplan.devices.cpu import CpuBackend
+    from gaplan import WorkloadSpec, probe
 
     spec = WorkloadSpec(**task["workload"])
     if task["tool"] == "gaplan":
         result = probe(spec, device="cpu", memory_limit=task["limit_bytes"], threads=task["threads"])
         return {"found": result.max_micro_batch, "trials": [[t.micro_batch, t.fits] for t in result.trials]}
+    from gaplan import build_workload
+    from gaplan.devices.cpu import CpuBackend
+
     if task["tool"] == "accelerate":
         from accelerate.utils import find_executable_batch_size
     else:
