@@ -4,7 +4,19 @@
 ``gaplan.probing``, ``gaplan.training`` and ``gaplan.benchmark``.
 """
 
-from gaplan.errors import DoesNotFit, GaplanError
+import os as _os
+import sys as _sys
+
+from gaplan.devices.cpu import MKL_ALLOCATOR_ENV as _MKL_ALLOCATOR_ENV
+
+if "torch" not in _sys.modules:
+    # Before torch loads MKL: its pooled GEMM workspace makes a CPU edge differ from process to process (see
+    # gaplan.devices.cpu). The probe's worker and `gaplan` commands run this way; a process that imported torch
+    # first keeps the pool, bounded by gaplan.gemm_workspace's release each micro-step.
+    for _name, _value in _MKL_ALLOCATOR_ENV.items():
+        _os.environ.setdefault(_name, _value)
+
+from gaplan.errors import DoesNotFit, GaplanError  # noqa: E402
 from gaplan.plan import Plan, make_plan, split_evenly
 from gaplan.search import SearchResult, find_edge, trial_bound
 from gaplan.trial import Trial

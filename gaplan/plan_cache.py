@@ -19,7 +19,7 @@ from gaplan.trial import Trial
 from gaplan.workload_spec import WorkloadSpec, model_source_kind
 
 # Part of the key: a change in how trials measure must not reuse older answers.
-PROBE_METHOD = "fork-per-trial, 2 optimizer steps, anonymous peak, MKL workspace released per micro-step"
+PROBE_METHOD = "fork-per-trial, 2 optimizer steps, anonymous peak, MKL fast memory manager off"
 _SAME_WORKLOAD_FIELDS = ("model", "task", "seq_len", "dtype", "weights_dtype", "optimizer", "grad_checkpointing",
                          "parallel", "cpu_offload", "grad_sync")
 

@@ -49,7 +49,9 @@ def test_probe_by_tokens_writes_t_star_and_the_profile(tmp_path, monkeypatch, sm
     assert over // budget["longest"] > budget["long_edge"] or over // budget["shortest"] > budget["short_edge"]
     # plan.json is the probe at the longest length; its B* is T*'s long edge.
     plan = json.loads((out / "plan.json").read_text())
-    assert plan["max_micro_batch"] == budget["long_edge"] == small_probe.max_micro_batch
+    assert plan["max_micro_batch"] == budget["long_edge"]
+    # Another probe in another process: the CPU edge moves by one sample with the address layout.
+    assert abs(budget["long_edge"] - small_probe.max_micro_batch) <= 1
     assert plan["workload"]["seq_len"] == 16
     assert tokens["probes"]["shortest"]["max_micro_batch"] == budget["short_edge"]
     assert (out / "lengths.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
