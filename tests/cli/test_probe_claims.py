@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections import Counter
 
 import pytest
 from click.testing import CliRunner
@@ -136,13 +137,14 @@ def test_trial_table_prints_once_in_a_terminal_and_once_on_a_pipe(tmp_path):
     plan = json.loads((tmp_path / "tty" / "plan.json").read_text())
     tried = [t["micro_batch"] for t in plan["trials"]]
     assert len(tried) >= 2
-    assert _trial_counts(terminal) == {size: 1 for size in tried}, terminal
+    assert _trial_counts(terminal) == Counter(tried), terminal  # every trial once (a sketched size, measured
+    # again in full at the cap, twice)
 
     piped = subprocess.run([sys.executable, "-m", "gaplan", "probe", *CAPPED, "--out", str(tmp_path / "pipe")],
                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
     assert piped.returncode == 0, piped.stderr
     tried = [t["micro_batch"] for t in json.loads((tmp_path / "pipe" / "plan.json").read_text())["trials"]]
-    assert _trial_counts(piped.stdout) == {size: 1 for size in tried}, piped.stdout
+    assert _trial_counts(piped.stdout) == Counter(tried), piped.stdout
 
 
 def _saved_activation_bytes(grad_checkpointing: bool) -> tuple[int, object]:
