@@ -101,9 +101,9 @@ def _cpu_process(spec, device: DeviceModel, observed, temporaries: int) -> list[
     notes = [Assumption(
         "cpu-process",
         f"CPU process: traced tensors plus {format_bytes(CPU_HEAP_BYTES)} of heap (Python objects, autograd) and "
-        f"{device.threads} thread(s) x {format_bytes(panel)} of MKL GEMM packing buffer (4 bytes x min(K, {MKL_PANEL_K}) "
-        f"x min(N, {MKL_PANEL_N}) of the largest matrix product), both measured against gaplan probe's resident-memory "
-        "peak; no CUDA adjustment.",
+        f"{format_bytes(panel)} of MKL GEMM packing buffer (4 bytes x min(K, {MKL_PANEL_K}) x min(N, {MKL_PANEL_N}) of "
+        "the largest matrix product: one call's, MKL's pool being off), both measured against gaplan probe's "
+        "resident-memory peak; no CUDA adjustment.",
         {"heap_bytes": CPU_HEAP_BYTES, "threads": device.threads, "mkl_panel_bytes": panel})]
     if spec.optimizer == "adamw":
         notes.append(Assumption("optimizer", f"AdamW as PyTorch runs it on CPU (single-tensor): its step's temporaries, "

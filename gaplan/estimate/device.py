@@ -167,7 +167,9 @@ class DeviceModel:
         """Bytes a CPU process holds besides its tensors (none on CUDA: the target's reserve covers it)."""
         if self.kind != "cpu":
             return 0
-        return CPU_HEAP_BYTES + self.threads * gemm_panel_bytes
+        # One GEMM's packing buffer: with MKL's fast memory manager off (gaplan.devices.cpu) MKL mallocs its
+        # buffers per call and frees them, instead of pooling one per thread (threads x panel before).
+        return CPU_HEAP_BYTES + gemm_panel_bytes
 
     def extra(self, gemm_panel_bytes: int) -> dict[str, Any]:
         """The model's own figures, for :attr:`EstimateResult.extra`."""
