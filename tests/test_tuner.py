@@ -49,7 +49,7 @@ def test_grad_checkpointing_auto_probes_a_checkpointed_model(monkeypatch):
 
     monkeypatch.setattr(gaplan.tuner, "probe", recording_probe)
     tuned = tune(WorkloadSpec(**SMALL_SPEC, optimizer="sgd"), grad_checkpointing="auto", device="cpu",
-                 memory_limit=SMALL_BUDGET, effective_batch=128, repeats=1)
+                 memory_limit=SMALL_BUDGET, effective_batch=256, repeats=1)
     assert [spec.grad_checkpointing for spec, _ in probes] == [False, True]
     (_, off), (_, on) = probes
     assert off.workload.grad_checkpointing is False and on.workload.grad_checkpointing is True
@@ -63,4 +63,4 @@ def test_grad_checkpointing_auto_probes_a_checkpointed_model(monkeypatch):
         assert decision.micro_batch > off.max_micro_batch and "with gradient checkpointing" in decision.reason
     else:
         assert "gradient checkpointing off: its larger micro-batch ran slower" in decision.reason
-    assert tuned.result.plan.effective_batch == 128
+    assert tuned.result.plan.effective_batch == 256
