@@ -23,10 +23,10 @@ class Trial:
     tokens_per_step: int = 0  # attention-mask tokens in one step's batches (0 when batches have no mask)
     before_bytes: int = 0  # memory held before the trial, and after its clean-up: equal when nothing leaked
     after_bytes: int = 0
-    rank_peak_bytes: list[int] | None = None
+    rank_peak_bytes: list[int] | None = None  # each rank's peak, in a trial of several ranks (peak_bytes: the largest)
     # Where the trial's time went (fork, budget, model build, optimizer states, each step, in the worker): the
     # probe's profile. Not in plan.json's trial table.
-    phase_seconds: dict[str, float] | None = None  # each rank's peak, in a trial of several ranks (peak_bytes: the largest)
+    phase_seconds: dict[str, float] | None = None
 
     @property
     def line_peak_bytes(self) -> int | None:

@@ -25,8 +25,9 @@ MMAP_THRESHOLD = 65536
 # depends on where the address space puts them: with it on, the same trial's VmData differed by a sample from
 # one process to the next (tiny-gpt2, seq 16, 256 MiB: 45 fitted in 2 of 5 fresh processes, with address
 # randomization off in 5 of 5), and the pool held ~25 MiB of budget the resident peak did not show (B* 21
-# with it, 25 without, at seq 32). Off, MKL uses malloc: the edge is the same in every process. MKL reads this
-# when it loads, so it must be in the environment before torch is imported (see gaplan/__init__.py).
+# with it, 25 without, at seq 32). Off, MKL uses malloc; one sample of address-layout noise remains, cause not
+# found (README, "The CPU budget"). MKL reads this when it loads, so it must be in the environment before torch
+# is imported (see gaplan/__init__.py).
 MKL_ALLOCATOR_ENV = {"MKL_DISABLE_FAST_MM": "1"}
 MMAP_THRESHOLD_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), **MKL_ALLOCATOR_ENV}
 _M_MMAP_THRESHOLD = -3
