@@ -89,6 +89,7 @@ def test_compare_with_peers_example(tmp_path):
     assert losses["hand-written loop"] > 1e-2  # dividing each micro-batch's mean by the steps is wrong on padded data
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_profile_probe_example():
     """The probe's profile: every trial's parts are measured inside the time the worker and the caller saw."""
