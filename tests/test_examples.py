@@ -79,7 +79,11 @@ def test_compare_with_peers_example(tmp_path):
     assert set(data["versions"]) >= {"torch", "transformers", "accelerate", "pytorch-lightning"}
     finders = {row["tool"]: row for row in data["batch_size"]}
     assert len(finders) == 4 and not any(row["error"] for row in finders.values()), finders
-    assert finders["gaplan"]["found"] == data["true_edge"] and finders["gaplan"]["survives_step_2"] is True
+    # The CPU edge moves by one sample with the address layout (README, "The CPU budget"): gaplan's worker and
+    # the fresh processes that check it may sit on either side of that sample.
+    gaplan_row = finders["gaplan"]
+    assert abs(gaplan_row["found"] - data["true_edge"]) <= 1, (gaplan_row, data["true_edge"])
+    assert gaplan_row["survives_step_2"] is (gaplan_row["found"] <= data["true_edge"])
     for row in finders.values():
         assert row["found"] >= 1 and row["trials"] >= 1 and row["wall_s"] > 0 and row["survives_step_2"] is not None
     loops = {row["loop"]: row for row in data["loop"]}
