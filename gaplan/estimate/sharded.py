@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from gaplan.errors import GaplanError
 from gaplan.estimate.assumptions import Assumption, sharded_assumptions, trace_assumptions
+from gaplan.estimate.depth import extrapolate, truncated_copy, uniform_stack
 from gaplan.estimate.device import DeviceModel
 from gaplan.estimate.fake import fake_batch_maker, fake_tensor_errors, fake_tensor_mode
 from gaplan.estimate.result import TracedRow
@@ -352,50 +353,6 @@ def by_category(snapshot: dict, names: dict[str, str]) -> dict[str, int]:
         if name is not None:
             out[name] = out.get(name, 0) + int(value)
     return out
-
-
-def extrapolate(traced: dict[int, dict[str, int]], depth: int) -> dict[str, int]:
-    """Each category at ``depth`` blocks, on the line through the two traced depths (the one trace when whole)."""
-    if depth in traced:
-        return dict(traced[depth])
-    (d1, low), (d2, high) = sorted(traced.items())[:2]
-    names = set(low) | set(high)
-    return {name: max(0, round(low.get(name, 0) + (high.get(name, 0) - low.get(name, 0)) * (depth - d1) / (d2 - d1)))
-            for name in names}
-
-
-def uniform_stack(model: nn.Module, blocks: list[nn.Module]) -> tuple[nn.Module, str] | None:
-    """``(parent, name)`` of the ``nn.ModuleList`` that holds exactly ``blocks`` when they are identical in shape
-    (same class, same parameters and buffers); None otherwise (the model is then traced at full depth)."""
-    from torch import nn
-
-    def signature(block: nn.Module) -> tuple:
-        return (type(block), tuple((n, tuple(t.shape), t.dtype, t.requires_grad) for n, t in block.named_parameters()),
-                tuple((n, tuple(t.shape), t.dtype) for n, t in block.named_buffers()))
-
-    if len(blocks) < 2 or len({signature(b) for b in blocks}) != 1:
-        return None
-    for parent in model.modules():
-        for name, child in parent.named_children():
-            if isinstance(child, nn.ModuleList) and len(child) == len(blocks) and all(
-                    a is b for a, b in zip(child, blocks, strict=True)):
-                return parent, name
-    return None
-
-
-def truncated_copy(model: nn.Module, stack: tuple[nn.Module, str] | None, depth: int) -> nn.Module:
-    """A deep copy of ``model`` (on meta) that keeps the first ``depth`` blocks of its stack."""
-    from torch import nn
-
-    if stack is None:
-        raise GaplanError("internal: a truncated copy needs a uniform stack of blocks")
-    parent, name = stack
-    full = getattr(parent, name)
-    parent._modules[name] = nn.ModuleList(list(full)[:depth])
-    try:
-        return copy.deepcopy(model)
-    finally:
-        parent._modules[name] = full
 
 
 def fill_optimizer_state(optimizer, name: str) -> None:
