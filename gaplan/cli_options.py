@@ -117,7 +117,7 @@ def spec_from_options(options: dict[str, Any]):
                         grad_checkpointing=options["grad_checkpointing"] == "on", init=options["init"],
                         weights_dtype=options["weights_dtype"], trust_remote_code=options["trust_remote_code"],
                         parallel=options["parallel"], cpu_offload=options["cpu_offload"],
-                        grad_sync=options["grad_sync"]).validate()
+                        grad_sync=options["grad_sync"]).validate().check_device(options.get("device") or "auto")
 
 
 def memory_limit_from_options(options: dict[str, Any]) -> int | None:

@@ -12,14 +12,12 @@ root alone they silently leave the blocks averaging (measured; see DESIGN.md "Sh
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
 
 from gaplan.errors import GaplanError
-from gaplan.workload import Workload, make_optimizer
 
 DTYPES_LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -67,16 +65,6 @@ def shard_model(model: nn.Module, *, dtype: str = "fp32", cpu_offload: bool = Fa
         unit.set_gradient_divide_factor(1.0)
         unit.set_force_sum_reduction_for_comms(True)
     return model
-
-
-def sharded(workload: Workload, *, cpu_offload: bool = False, mesh=None) -> Workload:
-    """The workload with its model sharded and a new optimizer over the sharded parameters.
-
-    The optimizer must be made after ``fully_shard``: it replaces every parameter by a DTensor shard.
-    """
-    shard_model(workload.model, dtype=workload.spec.dtype, cpu_offload=cpu_offload, mesh=mesh)
-    optimizer = make_optimizer(workload.model, workload.spec.optimizer, workload.spec.learning_rate)
-    return dataclasses.replace(workload, optimizer=optimizer)
 
 
 def is_sharded(model: nn.Module) -> bool:

@@ -180,6 +180,9 @@ def merge_ready(results: list[dict]) -> dict:
         if result.get("error") == "killed":
             return {"error": "does-not-fit", "limit_bytes": None, "static_bytes": None,
                     "message": f"rank {rank}: {result['message']}"}
+    for result in results:  # a rank's own error before the "stopped" of the ranks ended for it
+        if result.get("error") in ("user", "crash"):
+            return result
     for result in results:
         if "error" in result:
             return result

@@ -128,7 +128,7 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
     from gaplan.data import SyntheticCorpus, TextCorpus
     from gaplan.devices import make_backend, resolve_device
     from gaplan.distributed import init_distributed, local_device
-    from gaplan.parallel import find_blocks, sharded
+    from gaplan.sharded_build import build_sharded_workload
     from gaplan.sharded_state import full_model_state
     from gaplan.training import TrainConfig, train
     from gaplan.workload import build_workload
@@ -165,15 +165,18 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
     if options.enforce_memory_limit:
         main_say(f"training under an enforced budget of {meter.limit_bytes / 2**20:.0f} MiB (as the probe's trials)")
     # A resumed run's weights come from its checkpoint: no need to read the folder's.
-    workload = build_workload(spec, local_device(device), seed=options.seed, load_weights=not options.resume)
+    if spec.parallel == "fsdp":  # no rank's device holds the whole model: built on meta, sharded, filled by rank 0
+        build = build_sharded_workload(spec, local_device(device), seed=options.seed, load_weights=not options.resume,
+                                       cpu_offload=spec.cpu_offload)
+        workload = build.workload
+    else:
+        workload = build_workload(spec, local_device(device), seed=options.seed, load_weights=not options.resume)
     if not options.resume:
         weights = workload.info.get("weights")
         main_say(f"weights: {workload.info['weights_path']} (pretrained)" if weights == "pretrained"
                  else "weights: random init" if weights == "random" else "weights: built by the model's function")
     if spec.parallel == "fsdp":
-        blocks = len(find_blocks(workload.model))
-        workload = sharded(workload, cpu_offload=spec.cpu_offload)
-        main_say(f"FSDP2: {blocks} blocks and the root sharded over {dist.world_size} ranks"
+        main_say(f"FSDP2: {build.block_count} blocks and the root sharded over {dist.world_size} ranks"
                  + (", parameters and optimizer states offloaded to the CPU" if spec.cpu_offload else "")
                  + f", gradients reduced on {'every micro-step' if spec.grad_sync == 'every' else 'the last micro-step'}")
     if corpus is None and model_source_kind(spec.model) != "function":

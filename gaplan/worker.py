@@ -128,12 +128,15 @@ def _build_under_budget(setup: WorkerSetup, enforce: bool = True, rank: int | No
     backend.activate(setup.limit_bytes, enforce=enforce)
     started = _lap(phases, "budget", started)
     # Weights don't change memory: trials build from the config, directly on the device, and read no checkpoint.
-    workload = build_workload(WorkloadSpec(**setup.workload), device, seed=setup.seed, load_weights=False)
-    if rank is not None:
-        from gaplan.parallel import sharded
+    spec = WorkloadSpec(**setup.workload)
+    if rank is not None:  # as gaplan train --parallel fsdp builds it: on meta, sharded, then each rank's shards
+        from gaplan.sharded_build import build_sharded_workload
 
-        workload = sharded(workload, cpu_offload=workload.spec.cpu_offload)
-    elif setup.ddp:
+        workload = build_sharded_workload(spec, device, seed=setup.seed, load_weights=False,
+                                          cpu_offload=spec.cpu_offload).workload
+    else:
+        workload = build_workload(spec, device, seed=setup.seed, load_weights=False)
+    if rank is None and setup.ddp:
         workload = _wrapped_in_ddp(workload, device)
     started = _lap(phases, "model build", started)
     if setup.warm_optimizer:

@@ -167,7 +167,7 @@ def _max_positions(config: Any) -> int | None:
 
 
 def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed: int = 0,
-                   load_weights: bool = True) -> Workload:
+                   load_weights: bool = True, model_on_meta: bool = False) -> Workload:
     """Build the model, optimizer and batch maker of ``spec`` on ``device``.
 
     A model folder with weights starts from them (``spec.init`` auto or pretrained), loaded straight
@@ -175,9 +175,12 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
     don't change memory), the model is built from its config directly on ``device`` and no weights
     file is read; ``spec.init="pretrained"`` still checks that the folder has weights.
     ``workload.info["weights"]`` says which: ``"pretrained"`` (with ``info["weights_path"]``) or ``"random"``.
+    ``model_on_meta``: only the model goes on the meta device (batches still on ``device``), for a caller that
+    shards it and fills it in place (:func:`gaplan.sharded_build.build_sharded_workload`).
     """
     spec.validate()
     device = torch.device(device)
+    model_device = torch.device("meta") if model_on_meta else device
     torch.manual_seed(seed)
     if model_source_kind(spec.model) == "function":
         return _build_custom(spec, device)
@@ -192,15 +195,15 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
     if spec.init == "pretrained" and folder is None:
         raise GaplanError(f"--init pretrained: {spec.model} has no weights (no model.safetensors, pytorch_model.bin "
                           "or sharded index); use --init random to train it from a random init")
-    pretrained = folder is not None and spec.init != "random" and load_weights and device.type != "meta"
+    pretrained = folder is not None and spec.init != "random" and load_weights and model_device.type != "meta"
     if pretrained:
         model = load_pretrained(folder, _AUTO_CLASS[task], config, DTYPES[spec.weights_dtype], device,
                                 spec.trust_remote_code)
     else:
-        model = _from_config(spec, config, task, device)
+        model = _from_config(spec, config, task, model_device)
     if spec.grad_checkpointing:
         enable_checkpointing(model)
-    model.to(device).train()
+    model.to(model_device).train()
     vocab_size = int(config.vocab_size)
     num_labels = int(getattr(config, "num_labels", 2))
     make_batch = _lm_batch_maker(task, seq_len, vocab_size, num_labels, device)

@@ -93,6 +93,13 @@ class WorkloadSpec:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def check_device(self, device: str) -> WorkloadSpec:
+        """``self``, or a one-line error for what ``device`` cannot run (``device`` resolved: ``cpu``, ``cuda:0``)."""
+        if self.cpu_offload and str(device).startswith("cpu"):
+            raise GaplanError("--cpu-offload moves FSDP's shards and optimizer states off a GPU to the CPU; on "
+                              "--device cpu they are on the CPU already: leave it out")
+        return self
+
     def validate(self) -> WorkloadSpec:
         """Check what can be checked without building anything."""
         if self.task is not None and self.task not in TASKS:

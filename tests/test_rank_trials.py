@@ -86,6 +86,9 @@ def test_the_ready_message_takes_the_largest_ranks_static_bytes_and_any_rank_tha
     assert merge_ready([ready, dict(ready, static_bytes=12, setup_bytes=4)])["static_bytes"] == 12
     tight = {"error": "does-not-fit", "limit_bytes": 100, "static_bytes": None}
     assert merge_ready([ready, tight])["error"] == "does-not-fit"
+    stopped = {"error": "stopped", "message": "rank 0 stopped: another rank failed first"}
+    refused = {"error": "user", "message": "--cpu-offload ... leave it out"}
+    assert merge_ready([stopped, refused]) == refused, "the failing rank's own error, not its peer's stop"
 
 
 @pytest.mark.slow

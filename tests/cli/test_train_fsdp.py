@@ -140,6 +140,20 @@ def test_cpu_offload_and_grad_sync_need_fsdp(tmp_path):
     assert not (tmp_path / "never").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [["train", "--device", "cpu"], ["probe", "--world-size", "2"]],
+                         ids=["train-cpu", "probe-auto"])
+def test_cpu_offload_on_a_cpu_run_is_one_line(tmp_path, command):
+    """Offloading moves shards off a GPU: on the CPU there is nothing to move (torch's CPUOffloadPolicy would fail
+    with "Cannot access accelerator device"). The probe resolves --device auto in its worker and says the same."""
+    result = CliRunner().invoke(main, [*command, "--parallel", "fsdp", "--cpu-offload", "--quiet",
+                                       "--out", str(tmp_path / "never")])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "on --device cpu they are on the CPU already" in lines[0], result.stderr
+    assert not (tmp_path / "never").exists()
+
+
 @pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.distributed
