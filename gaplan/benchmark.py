@@ -102,18 +102,22 @@ def bench(
     on_row: Callable[[SplitMeasurement], None] | None = None,
     available_bytes: Callable[[], int | None] | None = None,
     splits: list[tuple[str, tuple[int, ...]]] | None = None,
+    over_ranks: bool = False,
 ) -> BenchResult:
     """Time the splits of ``effective_batch`` (default: the probe's plan) on the probe's device and budget.
 
     Args:
         splits: ``(kind, sizes)`` to time instead of :func:`candidate_splits`.
         large_batch: also time the true large batch (the reference of the ratios).
+        over_ranks: time a replicated (DDP) plan over its W ranks too, each rank a process with E/W samples
+            and DDP's all-reduce, as a sharded plan always is (``gaplan plan --measure`` compares them).
     """
     if repeats < 1 or warmup < 0:
         raise GaplanError(f"--repeats must be at least 1 and --warmup at least 0 (got {repeats}, {warmup})")
     effective = effective_batch or probed.plan.effective_batch
     # A sharded workload is timed over its ranks (each trial runs all of them); anything else in one process.
-    world = probed.plan.world_size if probed.workload.parallel == "fsdp" else 1
+    sharded = probed.workload.parallel == "fsdp"
+    world = probed.plan.world_size if sharded or over_ranks else 1
     make_plan(effective, effective, world)  # a bad effective batch fails here, before any work
     share = effective // world  # one rank's samples per step
     edge = probed.max_micro_batch

@@ -42,6 +42,11 @@ from gaplan.layouts import MACHINERY, resolve_world
 @click.option("--effective-batch", type=int, default=DEFAULT_EFFECTIVE_BATCH, show_default=True,
               help="Samples per optimizer step, the same for every layout.")
 @click.option("--threads", type=int, default=None, help="CPU threads of the modelled process (--device cpu).")
+@click.option("--measure", is_flag=True,
+              help="Then probe and time every layout that fits on this machine's device (W local GPUs, or W CPU "
+                   "processes with --device cpu): the table gets the measured B*, peak and samples/s, and the pick "
+                   "is the fastest. Minutes per layout.")
+@click.option("--repeats", type=int, default=3, show_default=True, help="Timed optimizer steps per layout (--measure).")
 @click.option("--out", default=None, metavar="DIR",
               help="Folder for layouts.csv/json, layouts.png, report.md/html (default reports/plan-<model>-<time>).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of the table.")
@@ -54,13 +59,16 @@ def plan_command(**options: Any) -> None:
     estimated with gaplan estimate (one rank traced on fake tensors; nothing is
     allocated), giving its peak per rank, the largest micro-batch B* and the split of
     the effective batch. The pick has the fewest accumulation steps; on a tie, the finer
-    precision, then the least memory-saving machinery (each costs time).
+    precision, then the least memory-saving machinery (each costs time). With --measure,
+    each layout that fits is then probed and timed on this machine, and the fastest wins.
 
     \b
     Examples:
       gaplan plan --model llama-2-7b --seq-len 4096 --target h100-80gb --world-size 8 --effective-batch 512
       gaplan plan --model llama-2-70b --target h100-80gb --nodes 8 --effective-batch 512 --layouts fsdp,fsdp+ckpt
       gaplan plan --model tiny-gpt2 --seq-len 16 --device cpu --memory-limit 200MiB --world-size 2 --json
+      gaplan plan --model tiny-gpt2 --seq-len 16 --device cpu --memory-limit 256MiB --world-size 2 --threads 1 \
+          --effective-batch 64 --layouts ddp,fsdp --measure
     """
     from gaplan.layout_search import compare_layouts
     from gaplan.report.layouts import (
@@ -74,7 +82,7 @@ def plan_command(**options: Any) -> None:
     from gaplan.run_folder import default_run_dir
     from gaplan.workload_spec import WorkloadSpec
 
-    positive(options, "effective_batch", "threads")
+    positive(options, "effective_batch", "threads", "repeats")
     world_size, nodes = resolve_world(options["world_size"], options["nodes"], options["gpus_per_node"])
     machinery = [part.strip() for part in options["machinery"].split(",") if part.strip()]
     unknown = [m for m in machinery if m not in MACHINERY]
@@ -85,6 +93,11 @@ def plan_command(**options: Any) -> None:
     spec = WorkloadSpec(model=options["model"], task=options["task"], seq_len=options["seq_len"],
                         dtype=options["dtype"], optimizer=options["optimizer"], lr=options["lr"],
                         trust_remote_code=options["trust_remote_code"]).validate()
+    if options["measure"] and options["target"]:
+        raise GaplanError("--measure probes this machine's device: give --memory-limit per rank (or nothing: the "
+                          "whole card), not --target")
+    if options["measure"] and nodes > 1:
+        raise GaplanError("--measure runs every rank on this machine: it does not go with --nodes")
     out = options["out"] or default_run_dir("plan", spec.model)
     check_writable(out)
     say = stderr_printer(options["quiet"])
@@ -105,6 +118,25 @@ def plan_command(**options: Any) -> None:
         memory_limit=memory_limit_from_options(options), target=options["target"], device_kind=options["device"],
         dtype=options["dtype"], machinery=machinery, grad_sync=options["grad_sync"], threads=options["threads"],
         on_result=progress)
+    if options["measure"]:
+        from gaplan.layout_measure import measure_layouts
+
+        fitting = sum(1 for r in comparison.results if r.fits)
+        say(f"measuring the {fitting} layout(s) that fit on this machine ({options['device']}, {world_size} "
+            "rank(s)): an exact probe and a timed plan each ...")
+
+        def measured(result) -> None:
+            what = f"{result.layout.label}, {result.precision_label}"
+            if result.samples_per_s:
+                say(f"  {what}: B* {result.max_micro_batch} (estimated {result.extra.get('estimated_max_micro_batch')})"
+                    f", {result.micro_batch} x {result.grad_accum_steps} x {result.world_size}: "
+                    f"{result.samples_per_s:.1f} samples/s")
+            else:
+                say(f"  {what}: {result.note}")
+
+        comparison = measure_layouts(comparison, spec, device=options["device"],
+                                     memory_limit=memory_limit_from_options(options), threads=options["threads"],
+                                     repeats=options["repeats"], on_result=measured)
     files = write_layout_report(out, comparison)
     if options["as_json"]:
         click.echo(json.dumps({**comparison.to_dict(), "out": out, "files": files}))

@@ -74,12 +74,8 @@ def compare_layouts(
 
     def run(layout: Layout) -> LayoutResult:
         nonlocal param_count
-        settings = dict(parallel=layout.parallel, grad_checkpointing=layout.grad_checkpointing,
-                        cpu_offload=layout.cpu_offload, weights_dtype=layout.weights_dtype, dtype=layout.dtype,
-                        grad_sync=layout.grad_sync)
-        layout_spec = dataclasses.replace(spec, **settings)
         try:
-            layout_spec.validate()
+            layout_spec = spec_of(spec, layout)
             result = estimate(layout_spec, memory_limit=memory_limit, target=target, effective_batch=effective_batch,
                               device_kind=device_kind, search_cap=cap, threads=threads, world_size=world_size,
                               nodes=nodes)
@@ -112,6 +108,14 @@ def compare_layouts(
         target=the_budget.target.name if the_budget.target else None, memory_limit_bytes=int(the_budget.limit_bytes),
         usable_bytes=int(the_budget.usable_bytes), world_size=world_size, nodes=nodes, effective_batch=effective_batch,
         dtype=dtype, results=results, seconds=time.perf_counter() - started)
+
+
+def spec_of(spec: WorkloadSpec, layout: Layout) -> WorkloadSpec:
+    """``spec`` trained the ``layout``'s way (its parallel, precision, checkpointing, offload and gradient sync)."""
+    settings = dict(parallel=layout.parallel, grad_checkpointing=layout.grad_checkpointing,
+                    cpu_offload=layout.cpu_offload, weights_dtype=layout.weights_dtype, dtype=layout.dtype,
+                    grad_sync=layout.grad_sync)
+    return dataclasses.replace(spec, **settings).validate()
 
 
 def _best_grad_sync(layout: Layout, run: Callable[[Layout], LayoutResult], grad_sync: str, share: int) -> LayoutResult:

@@ -262,6 +262,7 @@ class LayoutComparison:
     dtype: str
     results: list[LayoutResult]
     seconds: float = 0.0
+    measured_on: str | None = None  # the device the fitting layouts were probed and timed on (plan --measure)
 
     @property
     def ranked(self) -> list[LayoutResult]:

@@ -129,14 +129,15 @@ def _build_under_budget(setup: WorkerSetup, enforce: bool = True, rank: int | No
     started = _lap(phases, "budget", started)
     # Weights don't change memory: trials build from the config, directly on the device, and read no checkpoint.
     spec = WorkloadSpec(**setup.workload)
-    if rank is not None:  # as gaplan train --parallel fsdp builds it: on meta, sharded, then each rank's shards
+    sharding = rank is not None and spec.parallel == "fsdp"
+    if sharding:  # as gaplan train --parallel fsdp builds it: on meta, sharded, then each rank's shards
         from gaplan.sharded_build import build_sharded_workload
 
         workload = build_sharded_workload(spec, device, seed=setup.seed, load_weights=False,
                                           cpu_offload=spec.cpu_offload).workload
     else:
         workload = build_workload(spec, device, seed=setup.seed, load_weights=False)
-    if rank is None and setup.ddp:
+    if not sharding and (setup.ddp or rank is not None):  # a rank of a DDP trial: replicated over the rank group
         workload = _wrapped_in_ddp(workload, device)
     started = _lap(phases, "model build", started)
     if setup.warm_optimizer:
@@ -293,7 +294,7 @@ def _serve(requests, reply) -> None:
     # this each trial's collections took ~0.6 s on a small model, more than its steps (issue 14's profile).
     gc.collect()
     gc.freeze()
-    if static is not None and setup.ranks > 1:
+    if static is not None and setup.ranks > 1 and setup.workload.get("parallel") == "fsdp":
         static = -(-static // setup.ranks)  # each rank holds its shards (the ranks measure theirs exactly)
     if static is not None and setup.limit_bytes and static > setup.limit_bytes:
         reply({"error": "does-not-fit", "limit_bytes": setup.limit_bytes, "static_bytes": static})

@@ -51,6 +51,33 @@ def test_a_sharded_bench_times_every_rank_and_counts_the_whole_step(tmp_path):
         assert row.tokens_per_s == pytest.approx(row.samples_per_s * 16)
     assert result.rows[-1].bounded is False and "measured unbounded for reference" in result.rows[-1].note
 
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_replicated_plan_timed_over_its_ranks_runs_ddp_in_every_rank():
+    """``over_ranks`` (gaplan plan --measure): a DDP plan over 2 ranks is timed as 2 processes, each with its share
+    (4 of E = 8) and DDP's all-reduce; the tokens of both ranks' batches are counted (seq 16 each)."""
+    from gaplan.plan import make_plan
+    from gaplan.probe_result import ProbeResult
+    from gaplan.trial import Trial
+
+    from .conftest import SMALL_BUDGET, SMALL_THREADS
+
+    spec = WorkloadSpec(model="tiny-gpt2", seq_len=16)
+    probed = ProbeResult(workload=spec, device="cpu", memory_limit_bytes=SMALL_BUDGET, margin=0.0,
+                         probe_limit_bytes=SMALL_BUDGET, budget_is_default=False, max_micro_batch=2, capped=False,
+                         trials=[Trial(2, True, 90 * 2**20), Trial(3, False)], plan=make_plan(8, 2, 2),
+                         param_count=5_500_000, static_bytes=84 * 2**20, task="causal-lm", seq_len=16,
+                         wall_seconds=1.0, world_size=2, trial_ranks=1)
+    result = bench(probed, effective_batch=8, repeats=1, warmup=0, threads=SMALL_THREADS, large_batch=False,
+                   splits=[(PLAN, (2, 2))], over_ranks=True)
+    [row] = result.rows
+    assert row.split == "2 x 2 x 2 ranks" and row.effective_batch == 8 and row.samples_per_s
+    assert row.tokens_per_s == pytest.approx(row.samples_per_s * 16), "both ranks ran their share"
+    alone = bench(probed, effective_batch=8, repeats=1, warmup=0, threads=SMALL_THREADS, large_batch=False,
+                  splits=[(PLAN, (2, 2, 2, 2))])
+    assert alone.rows[0].split == "2 x 4" and alone.rows[0].tokens_per_s == pytest.approx(alone.rows[0].samples_per_s * 16)
+
+
 
 @pytest.mark.heavy
 @pytest.mark.slow

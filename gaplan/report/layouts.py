@@ -27,6 +27,7 @@ LAYOUTS_JSON = "layouts.json"
 LAYOUTS_PNG = "layouts.png"
 LAYOUTS_STEM = "report"
 COLUMNS = ("layout", "precision", "fits", "peak per rank", "B*", "split", "note")
+MEASURED_COLUMNS = ("layout", "precision", "fits", "peak per rank", "B*", "split", "samples/s", "estimated B*", "note")
 
 
 def fits_text(result: LayoutResult) -> str:
@@ -56,18 +57,23 @@ def layouts_frame(comparison: LayoutComparison, note_width: int = 90) -> pd.Data
         if result.fits is None and not result.extra.get("error"):
             continue
         capped = " (cap)" if result.extra.get("capped") else ""
+        estimated = result.extra.get("estimated_max_micro_batch")
         rows.append({
             "layout": result.layout.label, "precision": result.precision_label, "fits": fits_text(result),
             "peak per rank": peak_text(result),
             "B*": "-" if result.max_micro_batch is None else f"{result.max_micro_batch}{capped}",
-            "split": split_text(result), "note": shorten(result.note, note_width) if result.note else "",
+            "split": split_text(result),
+            "samples/s": "-" if result.samples_per_s is None else f"{result.samples_per_s:.1f}",
+            "estimated B*": "-" if estimated is None else str(estimated),
+            "note": shorten(result.note, note_width) if result.note else "",
         })
-    return pd.DataFrame(rows, columns=list(COLUMNS))
+    # Measured on the device (plan --measure): B*, peak and split are the probe's, samples/s the timed plan's.
+    return pd.DataFrame(rows, columns=list(MEASURED_COLUMNS if comparison.measured_on else COLUMNS))
 
 
 def table_text(frame: pd.DataFrame) -> str:
     """The frame as aligned text, words left-aligned and numbers right-aligned."""
-    right = {"peak per rank", "B*", "split"}
+    right = {"peak per rank", "B*", "split", "samples/s", "estimated B*"}
     widths = {c: max([len(c), *(len(str(v)) for v in frame[c])]) for c in frame.columns}
 
     def cell(column: str, value: object) -> str:
@@ -130,9 +136,10 @@ def pick_line(comparison: LayoutComparison) -> str:
     layout = chosen.layout
     sync = (f", gradients reduce-scattered on {'every' if layout.grad_sync == 'every' else 'the last'} micro-step"
             if layout.parallel == "fsdp" else "")
+    speed = f", {chosen.samples_per_s:.1f} samples/s measured: the fastest" if chosen.samples_per_s else ""
     return (f"pick: {MACHINERY_LABELS[layout.machinery]} with {chosen.precision_label}{sync}: micro-batch "
             f"{chosen.micro_batch} x {chosen.grad_accum_steps} accumulation steps x world size {chosen.world_size} "
-            f"(B* {chosen.max_micro_batch}, peak {format_bytes(chosen.peak_bytes or 0)} per rank)")
+            f"(B* {chosen.max_micro_batch}, peak {format_bytes(chosen.peak_bytes or 0)} per rank{speed})")
 
 
 _SHORT = {"ddp": "DDP", "fsdp": "FSDP", "fsdp+ckpt": "FSDP+ckpt", "fsdp+offload": "FSDP+offload"}

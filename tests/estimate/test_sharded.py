@@ -211,21 +211,25 @@ def test_llama_2_70b_over_64_ranks_traces_in_a_minute_and_2_gib():
 @pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_the_cpu_fsdp_estimate_is_within_3_percent_of_the_fsdp_probes_peaks(tmp_path):
-    """The largest rank's measured peak of real 2-rank FSDP trials at 4, 8 and 16 against the one-rank trace.
-
-    (At 32 the estimate runs 4.8% low, as the one-process CPU estimate runs 3% low there; its B* is 57 where the
-    probe finds 51 at 256 MiB: the budget counts reserved address space the trace does not see. README.)"""
+def test_the_cpu_fsdp_estimate_is_within_3_percent_of_the_fsdp_probes_peaks_and_its_b_star_within_1(tmp_path):
+    """The largest rank's measured peak of real 2-rank FSDP trials at 4, 8, 16 and 32 against the one-rank trace,
+    and the estimate's B* against the probe's (measured: +0.7, +1.1, +2.2, +1.6%; B* 57 against 58). Before MKL's
+    pool was turned off the estimate ran 4.8% low at 32 and its B* was 6 off: the pool held budget no trace sees."""
     done = subprocess.run([sys.executable, "-m", "gaplan", "probe", "--parallel", "fsdp", "--world-size", "2",
                            "--seq-len", "16", "--memory-limit", "256MiB", "--device", "cpu", "--threads", "1",
-                           "--effective-batch", "32", "--search-cap", "16", "--quiet", "--json",
-                           "--out", str(tmp_path / "probe")], capture_output=True, text=True, timeout=600)
+                           "--effective-batch", "256", "--quiet", "--json", "--out", str(tmp_path / "probe")],
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    measured = {t["micro_batch"]: t["peak_bytes"] for t in json.loads(done.stdout)["trials"] if t["fits"]}
+    probed = json.loads(done.stdout)
+    measured = {t["micro_batch"]: t["peak_bytes"] for t in probed["trials"] if t["fits"]}
     spec = WorkloadSpec(seq_len=16, parallel="fsdp")
     errors = {}
-    for size in (4, 8, 16):
+    for size in (4, 8, 16, 32):
         predicted = predicted_peak(spec, size, device_kind="cpu", world_size=2, threads=1)
         errors[size] = predicted / measured[size] - 1
-    print("FSDP estimate vs probe:", {k: f"{v:+.1%}" for k, v in errors.items()})
+    predicted_edge = estimate(spec, memory_limit=256 * 2**20, device_kind="cpu", world_size=2, threads=1,
+                              effective_batch=256).max_micro_batch
+    print("FSDP estimate vs probe:", {k: f"{v:+.1%}" for k, v in errors.items()},
+          f"B* {predicted_edge} vs {probed['max_micro_batch']}")
     assert all(abs(error) <= 0.03 for error in errors.values()), errors
+    assert abs(predicted_edge - probed["max_micro_batch"]) <= 1, (predicted_edge, probed["max_micro_batch"])
