@@ -13,9 +13,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from gaplan.benchmark import bench, candidate_splits
 from gaplan.errors import DoesNotFit, GaplanError, one_line
 from gaplan.layout_search import spec_of
 from gaplan.layouts import LayoutComparison, LayoutResult, launch_command
+from gaplan.probing import probe
 from gaplan.workload_spec import WorkloadSpec
 
 
@@ -27,15 +29,12 @@ def measure_layouts(comparison: LayoutComparison, spec: WorkloadSpec, *, device:
     ``memory_limit``: per rank (default: the CPU default budget, or the whole card). A layout the device cannot
     run (CPU offload on the CPU) or that does not fit once measured keeps its estimate with a note that says so.
     """
-    from gaplan.benchmark import bench, candidate_splits
-    from gaplan.probing import probe
-
     world = comparison.world_size
     measured: list[LayoutResult] = []
     for result in comparison.results:
         if result.fits:
             result = _measure_one(result, spec, device, memory_limit, threads, repeats, warmup, world,
-                                  comparison.nodes, comparison.effective_batch, probe, bench, candidate_splits)
+                                  comparison.nodes, comparison.effective_batch)
             if on_result is not None:
                 on_result(result)
         measured.append(result)
@@ -43,8 +42,9 @@ def measure_layouts(comparison: LayoutComparison, spec: WorkloadSpec, *, device:
 
 
 def _measure_one(result: LayoutResult, spec: WorkloadSpec, device: str, memory_limit: int | None,
-                 threads: int | None, repeats: int, warmup: int, world: int, nodes: int, effective: int,
-                 probe, bench, candidate_splits) -> LayoutResult:
+                 threads: int | None, repeats: int, warmup: int, world: int, nodes: int,
+                 effective: int) -> LayoutResult:
+    """One layout probed, then its plan timed; a layout that fails either way keeps its estimate with a note."""
     layout_spec = spec_of(spec, result.layout)
     estimated = {"estimated_max_micro_batch": result.max_micro_batch, "estimated_peak_bytes": result.peak_bytes}
     try:

@@ -21,6 +21,16 @@ SMALL_THREADS = 1
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def free_port() -> int:
+    """A TCP port nothing listens on now, for a torchrun rendezvous: fixed ports clash when two test runs (a CI
+    clone and a checkout) share a machine, and a clash aborts a rank."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @pytest.fixture(scope="session")
 def small_probe():
     from gaplan.probing import probe

@@ -117,11 +117,11 @@ def test_ranks_switch_together_after_one_rank_runs_out_of_memory(tmp_path, where
 
     from safetensors.torch import load_file
 
-    from .conftest import REPO_ROOT
+    from .conftest import REPO_ROOT, free_port
 
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
     out = str(tmp_path / "ddp.safetensors")
-    subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", "29541",
+    subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()),
                     os.path.join(REPO_ROOT, "tests", "scripts", "ddp_oom.py"), out, where],
                    check=True, cwd=REPO_ROOT, capture_output=True, timeout=300,
                    env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO_ROOT))

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from gaplan.cli import main
 
-from ..conftest import REPO_ROOT
+from ..conftest import REPO_ROOT, free_port
 
 SMALL = ["--model", "tiny-gpt2", "--seq-len", "16", "--memory-limit", "256MiB", "--device", "cpu", "--threads", "1"]
 
@@ -66,12 +66,12 @@ def test_the_fsdp_edge_is_exact_under_torchrun(tmp_path):
     assert record["plan"]["world_size"] == 2
     print(f"FSDP W=2 probe: B* = {edge} in {len(data['trials'])} trials, {data['wall_seconds']:.0f} s")
 
-    fits = _torchrun_train(edge, tmp_path / "fits", 29561)
+    fits = _torchrun_train(edge, tmp_path / "fits", free_port())
     assert fits.returncode == 0, fits.stderr[-3000:]
     summary = json.loads(fits.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 2 and summary["plan"]["micro_batch"] == edge and summary["plan"]["world_size"] == 2
 
-    over = _torchrun_train(edge + 1, tmp_path / "over", 29563)
+    over = _torchrun_train(edge + 1, tmp_path / "over", free_port())
     assert over.returncode != 0, "B*+1 must run out of memory on some rank"
     assert "ran out of memory at step" in over.stderr and f"at micro-batch {edge + 1} under FSDP" in over.stderr, \
         over.stderr[-3000:]

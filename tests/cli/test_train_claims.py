@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from gaplan.cli import main
 from gaplan.data import TextCorpus, step_indices
 
-from ..conftest import REPO_ROOT, SMALL_BUDGET
+from ..conftest import REPO_ROOT, SMALL_BUDGET, free_port
 from ..tolerances import assert_close_at_scale
 
 TINY = ["--seq-len", "16", "--quiet"]
@@ -224,7 +224,7 @@ def test_torchrun_without_micro_batch_probes_and_trains(tmp_path):
     """One probe per node: the node's first process probes (no micro-batch above E/W = 4 is of use), the other
     waits; both train the plan; the probe is cached once."""
     out = tmp_path / "ddp"
-    done = _torchrun(["-m", "gaplan", *TORCHRUN_TRAIN, "--out", str(out)], tmp_path / "cache", 29541)
+    done = _torchrun(["-m", "gaplan", *TORCHRUN_TRAIN, "--out", str(out)], tmp_path / "cache", free_port())
     assert done.returncode == 0, done.stderr[-4000:]
     summary = _summary(done.stdout)
     plan = summary["plan"]
@@ -261,12 +261,12 @@ def test_torchrun_nodes_plan_with_the_smallest_b_star(tmp_path, monkeypatch):
                       param_count=5_500_000, static_bytes=84 * 2**20, task="causal-lm", seq_len=16, wall_seconds=1.0)
     save_probe(two, path)
     out = tmp_path / "ddp"
-    nodes = []
+    nodes, port = [], str(free_port())  # one rendezvous for both nodes
     for node, cache in ((0, tmp_path / "cache0"), (1, node1)):
         env = dict(os.environ, GAPLAN_CACHE_DIR=str(cache))
         nodes.append(subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
-             str(node), "--master-addr", "127.0.0.1", "--master-port", "29543", "-m", "gaplan", *TORCHRUN_TRAIN,
+             str(node), "--master-addr", "127.0.0.1", "--master-port", port, "-m", "gaplan", *TORCHRUN_TRAIN,
              "--out", str(out)], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = [(node.wait(timeout=500), *node.communicate()) for node in nodes]
     for code, _, err in results:
@@ -288,7 +288,8 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     out = tmp_path / "ddp"
     env = dict(os.environ, GAPLAN_CACHE_DIR=str(tmp_path / "cache"))
     run = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                            "29545", "-m", "gaplan", "train", "--seq-len", "16", "--device", "cpu", "--micro-batch", "2",
+                            str(free_port()), "-m", "gaplan", "train", "--seq-len", "16", "--device", "cpu",
+                            "--micro-batch", "2",
                             "--effective-batch", "8", "--steps", "500", "--optimizer", "sgd", "--threads", "1",
                             "--quiet", "--out", str(out)], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from gaplan.cli import main
 
-from ..conftest import REPO_ROOT
+from ..conftest import REPO_ROOT, free_port
 from ..tolerances import assert_close_at_scale
 
 ONE_SGD_STEP = ["train", "--seq-len", "32", "--effective-batch", "32", "--optimizer", "sgd", "--lr", "0.1",
@@ -47,7 +47,7 @@ def test_two_ranks_equal_one_process(tmp_path):
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
     assert torchrun, "torchrun comes with torch"
     common = [*ONE_SGD_STEP, "--steps", "2", "--threads", "1"]
-    subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", "29533", "-m", "gaplan", *common,
+    subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "gaplan", *common,
                     "--micro-batch", "4", "--out", str(tmp_path / "ddp"), "--save-weights", str(tmp_path / "ddp.st")],
                    check=True, cwd=REPO_ROOT, capture_output=True, timeout=300)
     single = CliRunner().invoke(main, [*common, "--micro-batch", "32", "--out", str(tmp_path / "one"),

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from gaplan.cli import main
 
-from ..conftest import REPO_ROOT
+from ..conftest import REPO_ROOT, free_port
 from ..tolerances import assert_close_at_scale, relative_difference
 
 # 30 samples over 2 ranks: 15 each, in micro-batches of 4, 4, 4 and 3 (uneven); SyntheticCorpus pads varied lengths.
@@ -53,7 +53,7 @@ def fsdp_against_one_process(tmp_path, extra: list[str], port: int, sharded_only
 def test_two_fsdp_ranks_equal_one_process_with_sgd(tmp_path):
     sharded = torchrun(*FSDP_STEPS, "--optimizer", "sgd", "--lr", "0.1", "--parallel", "fsdp", "--micro-batch", "4",
                        "--out", str(tmp_path / "fsdp"), "--save-weights", str(tmp_path / "fsdp.st"), "--json",
-                       port=29541)
+                       port=free_port())
     assert sharded.returncode == 0, sharded.stderr[-3000:]
     summary = json.loads(sharded.stdout.strip().splitlines()[-1])
     assert summary["plan"]["world_size"] == 2 and summary["plan"]["micro_batch_sizes"] == [4, 4, 4, 3], summary
@@ -80,7 +80,7 @@ def test_two_fsdp_ranks_equal_one_process_with_sgd(tmp_path):
     (["--optimizer", "sgd", "--lr", "0.1", "--dtype", "bf16"], (), 2e-2),
 ], ids=["adamw", "checkpointing", "sync-every", "bf16"])
 def test_two_fsdp_ranks_equal_one_process(tmp_path, extra, sharded_only, rtol):
-    differences = fsdp_against_one_process(tmp_path, extra, port=29542, sharded_only=sharded_only)
+    differences = fsdp_against_one_process(tmp_path, extra, port=free_port(), sharded_only=sharded_only)
     worst = max(differences, key=differences.get)
     assert differences[worst] < rtol, (worst, differences[worst])
 
@@ -94,11 +94,11 @@ def test_sigterm_under_fsdp_checkpoints_shards_and_resume_is_bitwise(tmp_path):
     common = ["train", "--seq-len", "32", "--effective-batch", "30", "--steps", "6", "--seed", "0", "--threads", "1",
               "--quiet", "--optimizer", "adamw", "--parallel", "fsdp", "--micro-batch", "4", "--checkpoint-every", "1"]
     whole = torchrun(*common, "--out", str(tmp_path / "whole"), "--save-weights", str(tmp_path / "whole.st"),
-                     port=29543)
+                     port=free_port())
     assert whole.returncode == 0, whole.stderr[-3000:]
     runner = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
     cut_dir = tmp_path / "cut"
-    cut = subprocess.Popen([runner, "--nproc-per-node", "2", "--master-port", "29544", "-m", "gaplan", *common,
+    cut = subprocess.Popen([runner, "--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "gaplan", *common,
                             "--out", str(cut_dir)], cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            text=True)
     log = cut_dir / "train_log.csv"
@@ -114,7 +114,7 @@ def test_sigterm_under_fsdp_checkpoints_shards_and_resume_is_bitwise(tmp_path):
     shards = [p.name for p in cut_dir.iterdir() if "checkpoint-shards" in p.name]
     assert shards == [f"checkpoint-shards-step{done:08d}"], (shards, stderr[-3000:])
     resumed = torchrun("train", "--resume", str(cut_dir), "--quiet", "--save-weights", str(tmp_path / "resumed.st"),
-                       port=29545)
+                       port=free_port())
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a, b = load_file(tmp_path / "whole.st"), load_file(tmp_path / "resumed.st")
     assert all(torch.equal(a[k], b[k]) for k in a), "the resumed sharded run differs from the uninterrupted one"
@@ -162,6 +162,6 @@ def test_an_oom_under_fsdp_stops_every_rank_with_one_line_instead_of_hanging(tmp
     other, which would otherwise wait in the all-gather forever."""
     result = torchrun("train", "--seq-len", "64", "--effective-batch", "512", "--micro-batch", "256", "--steps", "1",
                       "--optimizer", "sgd", "--threads", "1", "--parallel", "fsdp", "--memory-limit", "200MiB",
-                      "--enforce-memory-limit", "--quiet", "--out", str(tmp_path / "oom"), port=29546, timeout=240)
+                      "--enforce-memory-limit", "--quiet", "--out", str(tmp_path / "oom"), port=free_port(), timeout=240)
     assert result.returncode != 0
     assert "ran out of memory at step 1" in result.stderr and "under FSDP" in result.stderr, result.stderr[-3000:]

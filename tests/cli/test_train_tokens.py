@@ -9,6 +9,7 @@ from gaplan.cli import main
 from gaplan.data import Sample, step_indices
 from gaplan.step_batches import TokenSteps
 
+from ..conftest import free_port
 from ..token_corpus import long_tailed_lines
 from .test_train_cli import assert_same_weights
 from .test_train_fsdp import torchrun
@@ -41,7 +42,7 @@ def test_packed_by_tokens_trains_the_weights_of_one_full_batch(tmp_path):
 def test_packed_by_tokens_over_two_ddp_ranks_trains_the_weights_of_one_full_batch(tmp_path):
     """Uneven tokens per rank, equal micro-step counts (an empty micro-step is a stand-in with no targets)."""
     result = torchrun(*TWO_SGD_STEPS, "--batch-by", "tokens", "--token-budget", "40", "--out", str(tmp_path / "ddp"),
-                      "--save-weights", str(tmp_path / "ddp.st"), port=29551)
+                      "--save-weights", str(tmp_path / "ddp.st"), port=free_port())
     assert result.returncode == 0, result.stderr[-3000:]
     run(*TWO_SGD_STEPS, "--micro-batch", "32", "--out", str(tmp_path / "full"), "--save-weights", str(tmp_path / "full.st"))
     assert_same_weights(tmp_path / "ddp.st", tmp_path / "full.st")
