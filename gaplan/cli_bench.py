@@ -122,7 +122,7 @@ def bench_command(**options: Any) -> None:
 def _bench_by_tokens(spec: Any, memory_limit: int | None, options: dict[str, Any]) -> None:
     """``gaplan bench --batch-by tokens``: T*, then the token plan against the samples plan on the same data."""
     from gaplan.constants import TOKEN_PLAN_KIND
-    from gaplan.token_workflow import run_token_bench
+    from gaplan.token_bench import run_token_bench
 
     check_by_tokens(spec, options, "bench")
     if options["plan_file"]:

@@ -20,9 +20,10 @@ from gaplan.errors import GaplanError
 from gaplan.lines import trial_line
 from gaplan.plan import Plan, default_search_cap
 from gaplan.probe_result import ProbeResult, save_probe
+from gaplan.progress import Say, quiet
 from gaplan.run_folder import PLAN_JSON, TRAIN_JSON, path_in
 from gaplan.token_budget import DEFAULT_GRANULE
-from gaplan.workflows import Say, _quiet, plan_without_probe, run_bench
+from gaplan.workflows import plan_without_probe, run_bench
 from gaplan.workload_spec import WorkloadSpec
 
 
@@ -115,7 +116,7 @@ def _save_settings(run_dir: str, spec: WorkloadSpec, options: TrainOptions, devi
 
 
 def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device: str = "auto",
-              memory_limit: int | None = None, say: Say = _quiet, on_step: Callable[[Any], None] | None = None,
+              memory_limit: int | None = None, say: Say = quiet, on_step: Callable[[Any], None] | None = None,
               on_event: Say | None = None, on_row: Callable[[Any], None] | None = None) -> TrainRun:
     """Plan (from ``--plan``, ``--micro-batch``, the cache or a new probe), train, and with ``compare`` bench and report.
 
@@ -142,7 +143,7 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
         raise GaplanError("--parallel fsdp shards the model over ranks: launch it with "
                           "torchrun --nproc-per-node N -m gaplan train ... (N at least 2)")
     is_main = dist.rank == 0
-    main_say = say if is_main else _quiet
+    main_say = say if is_main else quiet
     if dist.active and device == "cpu" and memory_limit is not None:
         main_say(f"each of the {dist.world_size} ranks has its own {memory_limit / 2**30:.2f} GiB budget "
                  f"({dist.local_world_size} on this machine)")
@@ -253,7 +254,7 @@ def _plan(spec: WorkloadSpec, options: TrainOptions, device: str, memory_limit: 
     if options.plan_file or options.micro_batch is None:
         if options.plan_file or dist.local_rank == 0:
             node = f"[rank {dist.rank}] " if dist.active else ""
-            node_say = (lambda text: say(node + text)) if dist.local_rank == 0 else _quiet
+            node_say = (lambda text: say(node + text)) if dist.local_rank == 0 else quiet
             spec, probed = probe_for(spec, device, memory_limit, default_search_cap(effective, dist.world_size),
                                      plan_file=options.plan_file, grad_checkpointing=options.grad_checkpointing,
                                      threads=options.threads, ddp=dist.world_size > 1,
@@ -289,7 +290,7 @@ def _probe_token_budget(spec: WorkloadSpec, corpus: Any, options: TrainOptions, 
     budget = 1 << 62
     if dist.local_rank == 0:
         node = f"[rank {dist.rank}] " if dist.active else ""
-        node_say = (lambda text: say(node + text)) if dist.local_rank == 0 else _quiet
+        node_say = (lambda text: say(node + text)) if dist.local_rank == 0 else quiet
         found, _, _ = probe_token_budget(spec, profile, device, memory_limit, options.granule, threads=options.threads,
                                       ddp=dist.world_size > 1, say=node_say,
                                       on_trial=lambda trial: node_say(trial_line(trial)))

@@ -15,15 +15,10 @@ from typing import Any
 from gaplan.constants import DEFAULT_CPU_BUDGET, DEFAULT_EFFECTIVE_BATCH, SEARCH_CAP
 from gaplan.plan import Plan
 from gaplan.probe_result import ProbeResult, save_probe
+from gaplan.progress import Say, quiet
 from gaplan.run_folder import PLAN_JSON, path_in
 from gaplan.trial import Trial
 from gaplan.workload_spec import WorkloadSpec
-
-Say = Callable[[str], None]
-
-
-def _quiet(text: str) -> None:  # the default progress callback: say nothing (gaplan.train_workflow too)
-    pass
 
 
 @dataclass
@@ -56,7 +51,7 @@ def run_probe(
     command: str | None = None,
     on_trial: Callable[[Trial], None] | None = None,
     on_row: Callable[[Any], None] | None = None,
-    say: Say = _quiet,
+    say: Say = quiet,
 ) -> ProbeRun:
     """Probe (tuned as asked), save ``plan.json`` in ``out``, and with ``report`` bench, break down and report."""
     from gaplan.tuner import tune
@@ -77,7 +72,7 @@ def run_probe(
 
 
 def estimate_start(spec: WorkloadSpec, device: str, memory_limit: int | None, margin: float, search_cap: int | None,
-                   threads: int | None, say: Say = _quiet) -> int:
+                   threads: int | None, say: Say = quiet) -> int:
     """The estimate's B* for this device and budget: where a seeded probe starts its search."""
     from gaplan.devices import resolve_device
     from gaplan.estimate import estimate
@@ -98,7 +93,7 @@ def estimate_start(spec: WorkloadSpec, device: str, memory_limit: int | None, ma
 
 
 def write_measurements(out: str, result: ProbeResult, benches: list, on_row: Callable[[Any], None] | None = None,
-                       say: Say = _quiet) -> list[str]:
+                       say: Say = quiet) -> list[str]:
     """throughput.csv and breakdown.csv from measurements, then the report built from the folder's files."""
     from gaplan.benchmark import bench
     from gaplan.report import write_report
