@@ -49,6 +49,11 @@ _LAZY = {
     "TrainOptions": "gaplan.train_workflow",
     "write_report": "gaplan.report",
     "load_run": "gaplan.report",
+    "run_token_probe": "gaplan.token_workflow",
+    "run_token_bench": "gaplan.token_bench",
+    "compare_layouts": "gaplan.layout_search",
+    "measure_layouts": "gaplan.layout_measure",
+    "build_sharded_workload": "gaplan.sharded_build",
 }
 
 
