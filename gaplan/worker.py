@@ -15,6 +15,7 @@ exactly what a fresh training process sees.
 A sharded workload (``WorkerSetup.ranks`` above 1, ``--parallel fsdp``) forks one child per rank for
 every trial: they join a process group of their own, each sets its budget, builds and shards the model
 and trains; the first rank to fail ends the trial and the others are killed (:mod:`gaplan.rank_trials`).
+A replicated workload timed over its ranks (``gaplan plan --measure``) runs the same way, each rank in DDP.
 
 It speaks JSON lines: the first request names the workload, device and budget;
 each later one asks for a trial. Run by :class:`gaplan.worker_process.WorkerProcess`;
@@ -197,7 +198,8 @@ def _static_bytes(workload) -> int:
 
 
 def _wrapped_in_ddp(workload, device: str):
-    """The workload with its model in DistributedDataParallel, in a one-process group of this trial child.
+    """The workload with its model in DistributedDataParallel: over a rank trial's group, or in a one-process
+    group of this trial child.
 
     DDP adds its gradient buckets (a flat copy of the gradients, reduced in 25 MiB buckets) and its
     reducer's state: a trial for a plan of several ranks must count them, or B* is the edge of a run
