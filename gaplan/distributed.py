@@ -7,6 +7,8 @@ import os
 
 import torch
 
+from gaplan.errors import GaplanError
+
 
 class Distributed:
     """This process's place under torchrun (rank 0 of 1 without it)."""
@@ -46,6 +48,11 @@ class Distributed:
             self.dist.barrier()
 
 
+# How to launch torchrun so that a restart forms a new process group (measured with gloo on torch 2.13).
+RESTARTABLE_LAUNCH = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --rdzv-backend c10d --rdzv-endpoint HOST:PORT "
+                      "--max-restarts 1")
+
+
 def process_group_backend(device: str) -> str:
     """gloo on CPU; on CUDA NCCL for CUDA tensors and gloo for the CPU tensors of the votes, sums and RNG states."""
     return "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
@@ -66,5 +73,14 @@ def init_distributed(device: str) -> Distributed:
         if device.startswith("cuda"):
             torch.cuda.set_device(torch.device(local_device(device)))
         # A node's first process probes while the others wait in a barrier: allow for a long probe.
-        dist.init_process_group(process_group_backend(device), timeout=datetime.timedelta(hours=2))
+        try:
+            dist.init_process_group(process_group_backend(device), timeout=datetime.timedelta(hours=2))
+        except RuntimeError as exc:
+            if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
+                raise
+            # The rendezvous store torchrun shares with its ranks can hand restarted ranks the dead ranks'
+            # addresses (pytorch/pytorch#135712; the static rendezvous, --master-port, always does).
+            raise GaplanError(f"the ranks torchrun restarted could not form their process group "
+                              f"({str(exc).splitlines()[0][:100]}): restarts need "
+                              f"{RESTARTABLE_LAUNCH} ... (a store of the ranks' own and the c10d rendezvous)") from None
     return Distributed()

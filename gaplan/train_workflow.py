@@ -18,10 +18,10 @@ from gaplan.atomic_write import atomic_write_text
 from gaplan.constants import DEFAULT_CPU_BUDGET, DEFAULT_EFFECTIVE_BATCH, DEFAULT_TRAIN_STEPS
 from gaplan.errors import GaplanError
 from gaplan.lines import trial_line
-from gaplan.plan import Plan, default_search_cap
+from gaplan.plan import Plan, default_search_cap, make_plan
 from gaplan.probe_result import ProbeResult, save_probe
 from gaplan.progress import Say, quiet
-from gaplan.run_folder import PLAN_JSON, TRAIN_JSON, path_in
+from gaplan.run_folder import CHECKPOINT, PLAN_JSON, TRAIN_JSON, TRAIN_LOG_CSV, path_in
 from gaplan.token_budget import DEFAULT_GRANULE
 from gaplan.workflows import plan_without_probe, run_bench
 from gaplan.workload_spec import WorkloadSpec
@@ -144,6 +144,16 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
                           "torchrun --nproc-per-node N -m gaplan train ... (N at least 2)")
     is_main = dist.rank == 0
     main_say = say if is_main else quiet
+    restart = _after_oom_restart(run_dir, spec, dist) if spec.parallel == "fsdp" else None
+    if restart is not None:
+        resumable = os.path.exists(path_in(run_dir, CHECKPOINT))
+        if is_main and not resumable and os.path.exists(path_in(run_dir, TRAIN_LOG_CSV)):
+            os.remove(path_in(run_dir, TRAIN_LOG_CSV))  # the steps before the failure are trained again
+        options = dataclasses.replace(options, resume=options.resume or resumable,
+                                      token_budget=restart.token_budget or options.token_budget)
+        what = "; ".join(restart.messages) or "a rank on another node ran out of memory under FSDP"
+        main_say(f"restarted by torchrun ({what}): going on from "
+                 f"{'the last checkpoint' if resumable else 'the start'}")
     if dist.active and device == "cpu" and memory_limit is not None:
         main_say(f"each of the {dist.world_size} ranks has its own {memory_limit / 2**30:.2f} GiB budget "
                  f"({dist.local_world_size} on this machine)")
@@ -152,6 +162,8 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
         options = dataclasses.replace(options, token_budget=_probe_token_budget(spec, corpus, options, device,
                                                                                 memory_limit, dist, say, main_say))
     spec, probed, plan = _plan(spec, options, device, memory_limit, dist, say)
+    if restart is not None and restart.micro_batch and plan.micro_batch > restart.micro_batch:
+        plan = make_plan(plan.effective_batch, restart.micro_batch, plan.world_size)
     meter = make_backend("cpu" if device == "cpu" else local_device(device))
     if options.enforce_memory_limit and device != "cpu":
         raise GaplanError("--enforce-memory-limit binds a CPU run (on CUDA the card is the limit)")
@@ -198,7 +210,8 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
         save_probe(dataclasses.replace(record, plan=plan, command=options.command), path_in(run_dir, PLAN_JSON))
     config = TrainConfig(steps=options.steps, seed=options.seed, max_grad_norm=options.max_grad_norm,
                          checkpoint_every=options.checkpoint_every, warmup_steps=options.warmup_steps, run_dir=run_dir,
-                         token_budget=options.token_budget, effective_tokens=options.effective_tokens)
+                         token_budget=options.token_budget, effective_tokens=options.effective_tokens,
+                         micro_batch_limit=restart.micro_batch if restart is not None else None)
     if options.token_budget:
         step = (f"samples until their real tokens reach {options.effective_tokens}" if options.effective_tokens
                 else f"{plan.effective_batch} samples")
@@ -206,6 +219,8 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
                  f"{options.token_budget} padded tokens per rank")
     result = train(workload, plan, corpus, config, resume=options.resume, on_step=on_step,
                    on_event=on_event or main_say, peak_bytes=meter.process_peak_bytes, reset_peak=meter.reset_peak)
+    if restart is not None:
+        result.oom_fallbacks[:0] = restart.messages  # the failures before torchrun's restart, then this run's
     saving_model = options.save_model and not result.interrupted
     # A sharded model is gathered by every rank together (a collective); rank 0 writes it.
     full_state = full_model_state(workload.model) if options.save_weights or saving_model else None
@@ -244,7 +259,6 @@ def _plan(spec: WorkloadSpec, options: TrainOptions, device: str, memory_limit: 
     One probe per node: the node's first process probes (its trials run on its device), the others wait;
     the smallest B* of all nodes is taken, and each node says its own.
     """
-    from gaplan.plan import make_plan
     from gaplan.plan_cache import probe_for
 
     effective = options.effective_batch or DEFAULT_EFFECTIVE_BATCH
@@ -363,6 +377,13 @@ def _lengths_cache(spec: WorkloadSpec, options: TrainOptions, task: str, seq_len
     return lengths_cache_path(options.data, seq_len=seq_len, task=task, tokenizer_dir=_tokenizer_dir(spec),
                               tokenizer_choice=options.tokenizer, text_field=options.text_field,
                               label_field=options.label_field, long_samples=options.long_samples)
+
+
+def _after_oom_restart(run_dir: str, spec: WorkloadSpec, dist: Any):
+    """The sizes every rank agreed on when torchrun restarted them after an OOM under FSDP, or None."""
+    from gaplan.oom_restart import agree_on_restart
+
+    return agree_on_restart(run_dir, dist) if dist.active else None
 
 
 def _summary(run_dir: str, result: Any) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from gaplan.atomic_write import atomic_write
 from gaplan.constants import DEFAULT_TRAIN_STEPS
 from gaplan.data import Sample
 from gaplan.devices import is_out_of_memory, release_after_oom
-from gaplan.distributed import Distributed
+from gaplan.distributed import RESTARTABLE_LAUNCH, Distributed
 from gaplan.errors import GaplanError, one_line
 from gaplan.loss import batch_size, count_step_targets
 from gaplan.parallel import is_sharded, no_sync_for
@@ -53,6 +53,7 @@ class TrainConfig:
     run_dir: str | None = None
     token_budget: int | None = None  # batch by tokens: micro-batches of at most this many padded tokens
     effective_tokens: int | None = None  # with a token budget: steps of this many real tokens, not E samples
+    micro_batch_limit: int | None = None  # no micro-batch above this (the size ranks agreed on after an OOM restart)
 
 
 @dataclass
@@ -194,6 +195,8 @@ def train(
         start_step = int(state["step"])
         plan = Plan.from_dict(state["plan"]) if state["plan"]["world_size"] == dist.world_size else plan
         _truncate_log(run_dir, start_step)
+    if config.micro_batch_limit and plan.micro_batch > config.micro_batch_limit:
+        plan = make_plan(plan.effective_batch, config.micro_batch_limit, plan.world_size)
     else:
         torch.manual_seed(config.seed)
         random.seed(config.seed)
@@ -247,23 +250,16 @@ def train(
                     if not (is_out_of_memory(exc) or isinstance(exc, PeerOutOfMemory)) or smallest:
                         raise
                     if shards:
-                        raise _sharded_out_of_memory(exc, step, plan, dist) from None
+                        raise _sharded_out_of_memory(exc, step, plan, token_budget, micro_batches, dist,
+                                                     run_dir) from None
                     agreement.report_own_failure()
                     where = "another rank" if isinstance(exc, PeerOutOfMemory) else getattr(exc, "gaplan_phase", "")
                 optimizer.zero_grad(set_to_none=True)  # after the except block: the traceback is gone
                 release_after_oom(workload.device)
-                if token_budget:
-                    # Halved, but never below the step's longest sample (a micro-batch holds at least one).
-                    smaller_budget = max(token_budget // 2, longest_sample(micro_batches))
-                    message = (f"step {step + 1}: out of memory at {token_budget} tokens per micro-batch"
-                               f"{f' (in {where})' if where else ''}; redoing the step at {smaller_budget} tokens")
-                    token_budget = smaller_budget
-                else:
-                    smaller = make_plan(plan.effective_batch, max(1, plan.micro_batch // 2), plan.world_size)
-                    message = (f"step {step + 1}: out of memory at micro-batch {plan.micro_batch}"
-                               f"{f' (in {where})' if where else ''}; redoing the step with micro-batch "
-                               f"{smaller.micro_batch} x {smaller.grad_accum_steps} accumulation steps")
-                    plan = smaller
+                halved = _halved(plan, token_budget, micro_batches)
+                message = (f"step {step + 1}: out of memory at {halved.was}{f' (in {where})' if where else ''}; "
+                           f"redoing the step with {halved.now}")
+                plan, token_budget = halved.plan, halved.token_budget
                 fallbacks.append(message)
                 if on_event:
                     on_event(message)
@@ -392,15 +388,48 @@ def _optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[di
     return loss, int(dist.sum(tokens))
 
 
-def _sharded_out_of_memory(exc: BaseException, step: int, plan: Plan, dist: Distributed) -> GaplanError:
+@dataclass(frozen=True)
+class _Halved:
+    """The sizes to redo a step with after running out of memory, and both said in words."""
+
+    plan: Plan
+    token_budget: int | None
+    was: str
+    now: str
+
+
+def _halved(plan: Plan, token_budget: int | None, micro_batches: list) -> _Halved:
+    """Half the micro-batch, or by tokens half the budget but never below the step's longest sample (a
+    micro-batch holds at least one)."""
+    if token_budget:
+        smaller = max(token_budget // 2, longest_sample(micro_batches))
+        return _Halved(plan, smaller, f"{token_budget} tokens per micro-batch", f"{smaller} tokens per micro-batch")
+    smaller_plan = make_plan(plan.effective_batch, max(1, plan.micro_batch // 2), plan.world_size)
+    return _Halved(smaller_plan, None, f"micro-batch {plan.micro_batch}",
+                   f"micro-batch {smaller_plan.micro_batch} x {smaller_plan.grad_accum_steps} accumulation steps")
+
+
+def _sharded_out_of_memory(exc: BaseException, step: int, plan: Plan, token_budget: int | None,
+                           micro_batches: list, dist: Distributed, run_dir: str | None) -> GaplanError:
     """Under FSDP every forward and backward all-gathers: the other ranks wait inside a collective that this
-    rank will never join, so no vote can reach them and the step cannot be redone smaller. Stop this rank
-    (torchrun then stops the others) and say what to do."""
+    rank will never join, so no vote can reach them and the step cannot be redone smaller in this process.
+    Stop this rank (torchrun then stops the others). With a torchrun restart to come, leave the smaller size
+    for the restarted ranks (:mod:`gaplan.oom_restart`); else say how to get one."""
+    from gaplan.oom_restart import restarts_left, write_marker
+
     where = getattr(exc, "gaplan_phase", "the optimizer step")
-    return GaplanError(f"rank {dist.rank} ran out of memory at step {step + 1}, in {where}, at micro-batch "
-                       f"{plan.micro_batch} under FSDP, where the other ranks wait inside a collective: no smaller "
-                       "retry is possible mid-step. Train with a smaller --micro-batch (gaplan probe --parallel fsdp "
-                       "finds the largest that fits)")
+    halved = _halved(plan, token_budget, micro_batches)
+    failure = f"rank {dist.rank} ran out of memory at step {step + 1}, in {where}, at {halved.was} under FSDP"
+    if run_dir and restarts_left():
+        write_marker(run_dir, dist.rank, micro_batch=None if token_budget else halved.plan.micro_batch,
+                     token_budget=halved.token_budget,
+                     message=f"step {step + 1}: {failure}; redone with {halved.now} after torchrun's restart")
+        return GaplanError(f"{failure}, where the other ranks wait inside a collective: torchrun restarts every rank "
+                           f"(--max-restarts) and they go on from the last checkpoint with {halved.now}")
+    return GaplanError(f"{failure}, where the other ranks wait inside a collective: no smaller retry is possible "
+                       f"mid-step. Launch with {RESTARTABLE_LAUNCH} to redo it from the last checkpoint at half "
+                       "the size, or train with a smaller --micro-batch (gaplan probe --parallel fsdp finds the "
+                       "largest that fits)")
 
 
 def _grad_scaler(workload: Workload, shards: bool) -> torch.amp.GradScaler | None:

@@ -23,11 +23,16 @@ FSDP_STEPS = ["train", "--seq-len", "32", "--effective-batch", "30", "--steps", 
               "--quiet"]
 
 
-def torchrun(*args: str, port: int, timeout: int = 300) -> subprocess.CompletedProcess:
+def torchrun(*args: str, port: int, timeout: int = 300, restarts: int = 0) -> subprocess.CompletedProcess:
     runner = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
     assert runner, "torchrun comes with torch"
-    return subprocess.run([runner, "--nproc-per-node", "2", "--master-port", str(port), "-m", "gaplan", *args],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+    # A restart re-forms the process group only with the c10d rendezvous and a store of the ranks' own: the
+    # shared or static store hands restarted ranks the dead ranks' addresses (gloo: "connectFullMesh failed").
+    rendezvous = (["--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--max-restarts", str(restarts)]
+                  if restarts else ["--master-port", str(port)])
+    env = dict(os.environ, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1") if restarts else None
+    return subprocess.run([runner, "--nproc-per-node", "2", *rendezvous, "-m", "gaplan", *args],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def one_process(*args: str):
@@ -165,3 +170,39 @@ def test_an_oom_under_fsdp_stops_every_rank_with_one_line_instead_of_hanging(tmp
                       "--enforce-memory-limit", "--quiet", "--out", str(tmp_path / "oom"), port=free_port(), timeout=240)
     assert result.returncode != 0
     assert "ran out of memory at step 1" in result.stderr and "under FSDP" in result.stderr, result.stderr[-3000:]
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_an_oom_under_fsdp_with_a_torchrun_restart_is_redone_at_half_the_micro_batch(tmp_path):
+    """--max-restarts 1: the rank that runs out of memory at micro-batch 96 (B* is about 57 at 256 MiB) leaves 48
+    for the restarted ranks, which train the same steps at 48; the weights equal a run at 48 from the start."""
+    common = ["train", "--seq-len", "16", "--effective-batch", "192", "--steps", "2", "--optimizer", "sgd",
+              "--threads", "1", "--parallel", "fsdp", "--memory-limit", "256MiB", "--enforce-memory-limit", "--json"]
+    restarted = torchrun(*common, "--micro-batch", "96", "--out", str(tmp_path / "restarted"),
+                         "--save-weights", str(tmp_path / "restarted.st"), port=free_port(), timeout=400, restarts=1)
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    assert "ran out of memory at step 1" in restarted.stderr and "restarted by torchrun" in restarted.stderr
+    summary = json.loads(restarted.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 2 and summary["plan"]["micro_batch"] == 48, summary["plan"]
+    fallbacks = summary["oom_fallbacks"]  # one per rank that ran out of memory (both may, in the same forward)
+    assert 1 <= len(fallbacks) <= 2 and all("redone with micro-batch 48 x 2" in line for line in fallbacks), fallbacks
+    assert not list((tmp_path / "restarted").glob("oom-restart.rank*.json")), "the markers are removed"
+    direct = torchrun(*common, "--micro-batch", "48", "--out", str(tmp_path / "direct"),
+                      "--save-weights", str(tmp_path / "direct.st"), port=free_port())
+    assert direct.returncode == 0, direct.stderr[-3000:]
+    a, b = load_file(tmp_path / "restarted.st"), load_file(tmp_path / "direct.st")
+    assert all(torch.equal(a[k], b[k]) for k in a), "the restarted run trained other weights"
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_without_a_restart_the_oom_under_fsdp_says_how_to_get_one(tmp_path):
+    result = torchrun("train", "--seq-len", "16", "--effective-batch", "192", "--micro-batch", "96", "--steps", "1",
+                      "--optimizer", "sgd", "--threads", "1", "--parallel", "fsdp", "--memory-limit", "256MiB",
+                      "--enforce-memory-limit", "--quiet", "--out", str(tmp_path / "oom"), port=free_port())
+    assert result.returncode != 0
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --rdzv-backend c10d" in result.stderr, result.stderr[-3000:]
+    assert not list((tmp_path / "oom").glob("oom-restart.rank*.json")), "no marker without a restart to read it"
