@@ -67,8 +67,7 @@ def plan_command(**options: Any) -> None:
       gaplan plan --model llama-2-7b --seq-len 4096 --target h100-80gb --world-size 8 --effective-batch 512
       gaplan plan --model llama-2-70b --target h100-80gb --nodes 8 --effective-batch 512 --layouts fsdp,fsdp+ckpt
       gaplan plan --model tiny-gpt2 --seq-len 16 --device cpu --memory-limit 200MiB --world-size 2 --json
-      gaplan plan --model tiny-gpt2 --seq-len 16 --device cpu --memory-limit 256MiB --world-size 2 --threads 1 \
-          --effective-batch 64 --layouts ddp,fsdp --measure
+      gaplan plan --model tiny-gpt2 --seq-len 16 --device cpu --world-size 2 --effective-batch 64 --measure
     """
     from gaplan.layout_search import compare_layouts
     from gaplan.report.layouts import (
