@@ -78,6 +78,9 @@ def train_command(**options: Any) -> None:
       gaplan train --plan reports/<run>/plan.json --data corpus.txt
       gaplan train --effective-batch 32 --micro-batch 8 --optimizer sgd --lr 0.1 --steps 1 --save-weights w.safetensors
       torchrun --nproc-per-node 2 -m gaplan train --effective-batch 64 --micro-batch 8
+      # FSDP; an OOM is redone from the last checkpoint at half the micro-batch through torchrun's restart:
+      TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node 2 --rdzv-backend c10d
+          --rdzv-endpoint localhost:29500 --max-restarts 1 -m gaplan train --parallel fsdp --checkpoint-every 10
       gaplan train --effective-batch 256 --resume reports/<run>
       gaplan train --effective-batch 64 --compare           # then: the run folder's report.html
     """
