@@ -195,11 +195,11 @@ def train(
         start_step = int(state["step"])
         plan = Plan.from_dict(state["plan"]) if state["plan"]["world_size"] == dist.world_size else plan
         _truncate_log(run_dir, start_step)
-    if config.micro_batch_limit and plan.micro_batch > config.micro_batch_limit:
-        plan = make_plan(plan.effective_batch, config.micro_batch_limit, plan.world_size)
     else:
         torch.manual_seed(config.seed)
         random.seed(config.seed)
+    if config.micro_batch_limit and plan.micro_batch > config.micro_batch_limit:
+        plan = make_plan(plan.effective_batch, config.micro_batch_limit, plan.world_size)
 
     def checkpoint(step: int) -> None:
         if not run_dir:

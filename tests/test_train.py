@@ -44,6 +44,22 @@ def test_resume_is_bitwise_equal(tmp_path):
     assert len(rows) == 1 + 4, "the log has each step once after a resume"
 
 
+def test_resume_is_bitwise_equal_with_dropout(tmp_path):
+    """Dropout draws from the RNG every step: a resume must go on with the checkpoint's RNG state, not a reseed."""
+    from .model_folders import _make_folder, gpt2_config
+
+    folder = _make_folder(str(tmp_path / "model"), lambda vocab: gpt2_config(vocab, resid_pdrop=0.1, embd_pdrop=0.1,
+                                                                             attn_pdrop=0.1),
+                          with_weights=False, with_tokenizer=False, sharded=False, seed=0, vocab_size=300)
+    spec = WorkloadSpec(model=folder, seq_len=16, optimizer="adamw", lr=1e-3)
+    reference, _ = run(tmp_path, "straight", spec=spec)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, "cut", stop_after=2, spec=spec)
+    resumed, _ = run(tmp_path, "cut", resume=True, spec=spec)
+    for a, b in zip(reference.state_dict().values(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_loss_falls_on_the_synthetic_corpus(tmp_path):
     _, result = run(tmp_path, "learn", steps=6)
     assert result.logs[-1].loss < result.logs[0].loss - 0.5
