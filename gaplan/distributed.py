@@ -84,3 +84,14 @@ def init_distributed(device: str) -> Distributed:
                               f"({str(exc).splitlines()[0][:100]}): restarts need "
                               f"{RESTARTABLE_LAUNCH} ... (a store of the ranks' own and the c10d rendezvous)") from None
     return Distributed()
+
+
+def end_distributed() -> None:
+    """Destroy the process group before the interpreter exits. A gloo group left to interpreter teardown can abort
+    a rank that finished ("terminate called without an active exception", SIGABRT), failing a run that trained:
+    seen once in CI on a 2-rank FSDP run."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+

@@ -128,7 +128,7 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
 
     from gaplan.data import SyntheticCorpus, TextCorpus
     from gaplan.devices import make_backend, resolve_device
-    from gaplan.distributed import init_distributed, local_device
+    from gaplan.distributed import end_distributed, init_distributed, local_device
     from gaplan.sharded_build import build_sharded_workload
     from gaplan.sharded_state import full_model_state
     from gaplan.training import TrainConfig, train
@@ -136,6 +136,7 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
     from gaplan.workload_spec import model_source_kind
 
     device = resolve_device(device)
+    formed_here = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     dist = init_distributed(device)
     if options.threads:
         torch.set_num_threads(options.threads)
@@ -224,6 +225,8 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
     saving_model = options.save_model and not result.interrupted
     # A sharded model is gathered by every rank together (a collective); rank 0 writes it.
     full_state = full_model_state(workload.model) if options.save_weights or saving_model else None
+    if formed_here and dist.active:
+        end_distributed()  # the last collective is done; what follows is rank 0's own (saving, --compare)
     if options.save_weights and is_main:
         from safetensors.torch import save_file
 
