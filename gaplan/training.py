@@ -24,9 +24,10 @@ from gaplan.atomic_write import atomic_write
 from gaplan.constants import DEFAULT_TRAIN_STEPS
 from gaplan.data import Sample
 from gaplan.devices import is_out_of_memory, release_after_oom
-from gaplan.distributed import RESTARTABLE_LAUNCH, Distributed
+from gaplan.distributed import Distributed
 from gaplan.errors import GaplanError, one_line
 from gaplan.loss import batch_size, count_step_targets
+from gaplan.oom_fallback import OomAgreement, PeerOutOfMemory, halved_sizes, sharded_out_of_memory
 from gaplan.parallel import is_sharded, no_sync_for
 from gaplan.plan import Plan, make_plan
 from gaplan.run_folder import CHECKPOINT, TRAIN_LOG_CSV
@@ -239,7 +240,7 @@ def train(
                                                      indices)
                                  if token_budget else
                                  sample_micro_batches(workload, plan, corpus, step, dist.rank, config.seed))
-                agreement = _OomAgreement(dist)
+                agreement = OomAgreement(dist)
                 try:
                     loss, tokens = _optimizer_step(workload, model, micro_batches, dist, scaler, config, agreement)
                     padded = int(dist.sum(sum(int(mb["attention_mask"].numel()) for mb in micro_batches
@@ -250,13 +251,13 @@ def train(
                     if not (is_out_of_memory(exc) or isinstance(exc, PeerOutOfMemory)) or smallest:
                         raise
                     if shards:
-                        raise _sharded_out_of_memory(exc, step, plan, token_budget, micro_batches, dist,
+                        raise sharded_out_of_memory(exc, step, plan, token_budget, micro_batches, dist,
                                                      run_dir) from None
                     agreement.report_own_failure()
                     where = "another rank" if isinstance(exc, PeerOutOfMemory) else getattr(exc, "gaplan_phase", "")
                 optimizer.zero_grad(set_to_none=True)  # after the except block: the traceback is gone
                 release_after_oom(workload.device)
-                halved = _halved(plan, token_budget, micro_batches)
+                halved = halved_sizes(plan, token_budget, micro_batches)
                 message = (f"step {step + 1}: out of memory at {halved.was}{f' (in {where})' if where else ''}; "
                            f"redoing the step with {halved.now}")
                 plan, token_budget = halved.plan, halved.token_budget
@@ -305,49 +306,9 @@ class OptimizerStepDoesNotFit(GaplanError):
     """The optimizer step ran out of memory: not cured by a smaller micro-batch, so not retried."""
 
 
-class PeerOutOfMemory(RuntimeError):
-    """Another rank ran out of memory in this step: every rank redoes it with the smaller micro-batch."""
-
-
-class _OomAgreement:
-    """Votes per rank and attempt on whether any rank ran out of memory, at the points where DDP does not wait.
-
-    The ranks vote before the last micro-batch (whose backward DDP synchronizes) and again between its
-    forward and its backward. A rank that fails votes ``True`` from its ``except`` block at the next
-    vote the others will cast; they raise :class:`PeerOutOfMemory` there. So an OOM in any micro-step's
-    forward or backward, or in the last one's forward, switches every rank to the smaller split
-    together. (An OOM inside the last backward happens while the peers wait in DDP's all-reduce: that
-    one cannot be coordinated.)
-    """
-
-    VOTES = 2  # before the last micro-batch, and before its backward
-
-    def __init__(self, dist: Distributed) -> None:
-        self.dist = dist
-        self.cast = 0  # votes this rank took part in, this attempt
-        self.settled = False  # a vote found a failure: every rank knows
-
-    def _vote(self, failed: bool) -> None:
-        self.cast += 1
-        if self.dist.any(failed):
-            self.settled = True
-            if not failed:
-                raise PeerOutOfMemory("another rank ran out of memory in this step")
-
-    def before_last(self) -> None:
-        self._vote(False)
-
-    def before_last_backward(self) -> None:
-        self._vote(False)
-
-    def report_own_failure(self) -> None:
-        if not self.settled and self.cast < self.VOTES:
-            self._vote(True)
-
-
 def _optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[dict], dist: Distributed,
                     scaler: torch.amp.GradScaler | None, config: TrainConfig,
-                    agreement: _OomAgreement | None = None) -> tuple[float, int]:
+                    agreement: OomAgreement | None = None) -> tuple[float, int]:
     """Accumulate, then step. Returns the large-batch loss and the tokens seen (all ranks)."""
     num_items = int(dist.sum(count_step_targets(micro_batches, workload.task)))
     # DDP averages gradients over ranks; a token-normalized loss must be summed, so undo the average.
@@ -386,50 +347,6 @@ def _optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[di
     elif dist.active:
         loss = dist.sum(loss) / dist.world_size
     return loss, int(dist.sum(tokens))
-
-
-@dataclass(frozen=True)
-class _Halved:
-    """The sizes to redo a step with after running out of memory, and both said in words."""
-
-    plan: Plan
-    token_budget: int | None
-    was: str
-    now: str
-
-
-def _halved(plan: Plan, token_budget: int | None, micro_batches: list) -> _Halved:
-    """Half the micro-batch, or by tokens half the budget but never below the step's longest sample (a
-    micro-batch holds at least one)."""
-    if token_budget:
-        smaller = max(token_budget // 2, longest_sample(micro_batches))
-        return _Halved(plan, smaller, f"{token_budget} tokens per micro-batch", f"{smaller} tokens per micro-batch")
-    smaller_plan = make_plan(plan.effective_batch, max(1, plan.micro_batch // 2), plan.world_size)
-    return _Halved(smaller_plan, None, f"micro-batch {plan.micro_batch}",
-                   f"micro-batch {smaller_plan.micro_batch} x {smaller_plan.grad_accum_steps} accumulation steps")
-
-
-def _sharded_out_of_memory(exc: BaseException, step: int, plan: Plan, token_budget: int | None,
-                           micro_batches: list, dist: Distributed, run_dir: str | None) -> GaplanError:
-    """Under FSDP every forward and backward all-gathers: the other ranks wait inside a collective that this
-    rank will never join, so no vote can reach them and the step cannot be redone smaller in this process.
-    Stop this rank (torchrun then stops the others). With a torchrun restart to come, leave the smaller size
-    for the restarted ranks (:mod:`gaplan.oom_restart`); else say how to get one."""
-    from gaplan.oom_restart import restarts_left, write_marker
-
-    where = getattr(exc, "gaplan_phase", "the optimizer step")
-    halved = _halved(plan, token_budget, micro_batches)
-    failure = f"rank {dist.rank} ran out of memory at step {step + 1}, in {where}, at {halved.was} under FSDP"
-    if run_dir and restarts_left():
-        write_marker(run_dir, dist.rank, micro_batch=None if token_budget else halved.plan.micro_batch,
-                     token_budget=halved.token_budget,
-                     message=f"step {step + 1}: {failure}; redone with {halved.now} after torchrun's restart")
-        return GaplanError(f"{failure}, where the other ranks wait inside a collective: torchrun restarts every rank "
-                           f"(--max-restarts) and they go on from the last checkpoint with {halved.now}")
-    return GaplanError(f"{failure}, where the other ranks wait inside a collective: no smaller retry is possible "
-                       f"mid-step. Launch with {RESTARTABLE_LAUNCH} to redo it from the last checkpoint at half "
-                       "the size, or train with a smaller --micro-batch (gaplan probe --parallel fsdp finds the "
-                       "largest that fits)")
 
 
 def _grad_scaler(workload: Workload, shards: bool) -> torch.amp.GradScaler | None:
