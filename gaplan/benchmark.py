@@ -116,8 +116,7 @@ def bench(
         raise GaplanError(f"--repeats must be at least 1 and --warmup at least 0 (got {repeats}, {warmup})")
     effective = effective_batch or probed.plan.effective_batch
     # A sharded workload is timed over its ranks (each trial runs all of them); anything else in one process.
-    sharded = probed.workload.parallel == "fsdp"
-    world = probed.plan.world_size if sharded or over_ranks else 1
+    world = probed.plan.world_size if probed.workload.parallel == "fsdp" or over_ranks else 1
     make_plan(effective, effective, world)  # a bad effective batch fails here, before any work
     share = effective // world  # one rank's samples per step
     edge = probed.max_micro_batch

@@ -129,6 +129,7 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
     from gaplan.data import SyntheticCorpus, TextCorpus
     from gaplan.devices import make_backend, resolve_device
     from gaplan.distributed import end_distributed, init_distributed, local_device
+    from gaplan.oom_restart import agree_on_restart
     from gaplan.sharded_build import build_sharded_workload
     from gaplan.sharded_state import full_model_state
     from gaplan.training import TrainConfig, train
@@ -145,7 +146,8 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
                           "torchrun --nproc-per-node N -m gaplan train ... (N at least 2)")
     is_main = dist.rank == 0
     main_say = say if is_main else quiet
-    restart = _after_oom_restart(run_dir, spec, dist) if spec.parallel == "fsdp" else None
+    # torchrun restarted the ranks after an OOM under FSDP: the sizes every rank agreed on, or None.
+    restart = agree_on_restart(run_dir, dist) if spec.parallel == "fsdp" and dist.active else None
     if restart is not None:
         resumable = os.path.exists(path_in(run_dir, CHECKPOINT))
         if is_main and not resumable and os.path.exists(path_in(run_dir, TRAIN_LOG_CSV)):
@@ -380,13 +382,6 @@ def _lengths_cache(spec: WorkloadSpec, options: TrainOptions, task: str, seq_len
     return lengths_cache_path(options.data, seq_len=seq_len, task=task, tokenizer_dir=_tokenizer_dir(spec),
                               tokenizer_choice=options.tokenizer, text_field=options.text_field,
                               label_field=options.label_field, long_samples=options.long_samples)
-
-
-def _after_oom_restart(run_dir: str, spec: WorkloadSpec, dist: Any):
-    """The sizes every rank agreed on when torchrun restarted them after an OOM under FSDP, or None."""
-    from gaplan.oom_restart import agree_on_restart
-
-    return agree_on_restart(run_dir, dist) if dist.active else None
 
 
 def _summary(run_dir: str, result: Any) -> dict[str, Any]:

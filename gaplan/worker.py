@@ -130,16 +130,15 @@ def _build_under_budget(setup: WorkerSetup, enforce: bool = True, rank: int | No
     started = _lap(phases, "budget", started)
     # Weights don't change memory: trials build from the config, directly on the device, and read no checkpoint.
     spec = WorkloadSpec(**setup.workload)
-    sharding = rank is not None and spec.parallel == "fsdp"
-    if sharding:  # as gaplan train --parallel fsdp builds it: on meta, sharded, then each rank's shards
+    if rank is not None and spec.parallel == "fsdp":  # as gaplan train --parallel fsdp builds it: meta, shard, fill
         from gaplan.sharded_build import build_sharded_workload
 
         workload = build_sharded_workload(spec, device, seed=setup.seed, load_weights=False,
                                           cpu_offload=spec.cpu_offload).workload
     else:
         workload = build_workload(spec, device, seed=setup.seed, load_weights=False)
-    if not sharding and (setup.ddp or rank is not None):  # a rank of a DDP trial: replicated over the rank group
-        workload = _wrapped_in_ddp(workload, device)
+        if setup.ddp or rank is not None:  # a rank of a DDP trial: replicated over the rank group
+            workload = _wrapped_in_ddp(workload, device)
     started = _lap(phases, "model build", started)
     if setup.warm_optimizer:
         materialize_optimizer_state(workload)
