@@ -147,7 +147,7 @@ def lightning_scale(workload, mode: str, trials: list[list]) -> int:
     import torch
     from pytorch_lightning.tuner import Tuner
 
-    from gaplan.loss import count_targets
+    from gaplan.workload.loss import count_targets
 
     class FullLengthSamples(torch.utils.data.Dataset):
         """Samples of the workload's worst case (full length), the same as gaplan's trials use."""
@@ -212,7 +212,7 @@ def run_loop(task: dict) -> dict:
     samples = [corpus[i] for step in range(total) for i in step_indices(step, plan.effective_batch, len(corpus))]
     step_ends: list[float] = [time.perf_counter()]
     if task["tool"] == "gaplan":
-        from gaplan.training import TrainConfig, train
+        from gaplan.training.loop import TrainConfig, train
 
         train(workload, plan, corpus, TrainConfig(steps=total, max_grad_norm=1.0),
               on_step=lambda log: step_ends.append(time.perf_counter()))
@@ -300,7 +300,7 @@ def run_loss(task: dict) -> dict:
     optimizer = RecordingSGD(model.parameters())
     if tool == "gaplan":
         from gaplan import accumulate_gradients
-        from gaplan.loss import summed_token_loss
+        from gaplan.workload.loss import summed_token_loss
 
         accumulate_gradients(model, micro_batches, lambda m, b: summed_token_loss(m(
             input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits, b, "causal-lm"), "causal-lm")
@@ -601,8 +601,8 @@ def main() -> None:
             parser.exit(2, f"compare_with_peers.py: error: {package} is not installed (pip install -e '.[compare]')\n")
     import torch
 
+    from gaplan.core.units import parse_bytes
     from gaplan.report import render_markdown, write_charts, write_csv, write_pages, write_text
-    from gaplan.units import parse_bytes
 
     settings = QUICK if options.quick else FULL
     # Without --threads no process sets a thread count (torch's default, as `gaplan probe` runs).

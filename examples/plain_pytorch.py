@@ -98,7 +98,7 @@ def make_workload() -> gaplan.CustomWorkload:
 
 
 def probe_max_micro_batch(effective_batch: int, memory_limit: str) -> int:
-    from gaplan.units import parse_bytes
+    from gaplan.core.units import parse_bytes
 
     here = os.path.dirname(os.path.abspath(__file__))  # the probe's worker imports this file as plain_pytorch
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)

@@ -24,7 +24,7 @@ PHASES = ("fork", "budget", "model build", "optimizer states", "step 1", "step 2
 def child(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     from gaplan import WorkloadSpec, probe
-    from gaplan.units import parse_bytes
+    from gaplan.core.units import parse_bytes
 
     imported = time.perf_counter()
     arrivals: list[float] = []

@@ -5,7 +5,7 @@ import os
 import pytest
 from hypothesis import settings
 
-from gaplan.constants import SEARCH_CAP
+from gaplan.core.constants import SEARCH_CAP
 
 # Property tests draw the same cases on every run, so a CI run cannot fail on a case no earlier run drew (one did:
 # the sketch bound in test_search.py). HYPOTHESIS_PROFILE=explore draws new cases, to hunt for counterexamples.
@@ -33,8 +33,8 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def small_probe():
-    from gaplan.probing import probe
-    from gaplan.workload_spec import WorkloadSpec
+    from gaplan.probing.edge import probe
+    from gaplan.workload.spec import WorkloadSpec
 
     # One thread: a second intra-op thread that mallocs gets its own glibc arena, whose reserved address space
     # counts against RLIMIT_DATA; whether it does depends on scheduling, which moves the edge by one under load.

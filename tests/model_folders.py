@@ -64,7 +64,7 @@ def _make_folder(path: str, make_config, with_weights: bool, with_tokenizer: boo
     import torch
     import transformers
 
-    from gaplan.model_io import quiet_transformers
+    from gaplan.workload.model_io import quiet_transformers
 
     os.makedirs(path, exist_ok=True)
     if with_tokenizer:

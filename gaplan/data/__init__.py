@@ -10,11 +10,29 @@ Samples are addressed by index, and optimizer step ``s`` always takes the same s
 run sees exactly the data an uninterrupted one would.
 """
 
-from gaplan.data.batches import PAD_ID, collate, permuted_index, permuted_indices, step_indices
-from gaplan.data.corpus import LONG_SAMPLES, CorpusStats, Sample, SyntheticCorpus, TextCorpus, load_corpus
-from gaplan.data.readers import Record, data_format, read_records
-from gaplan.data.tokenizer import BYTES, TOKENIZER_FILES, Tokenizer, byte_tokenizer, has_tokenizer, load_tokenizer
+from gaplan.core.lazy import lazy_exports
 
-__all__ = ["BYTES", "LONG_SAMPLES", "PAD_ID", "TOKENIZER_FILES", "CorpusStats", "Record", "Sample",
-           "SyntheticCorpus", "TextCorpus", "Tokenizer", "byte_tokenizer", "collate", "data_format",
-           "has_tokenizer", "load_corpus", "load_tokenizer", "permuted_index", "permuted_indices", "read_records", "step_indices"]
+_EXPORTS = {
+    "BYTES": ".tokenizer",
+    "CorpusStats": ".corpus",
+    "LONG_SAMPLES": ".corpus",
+    "PAD_ID": ".batches",
+    "Record": ".readers",
+    "Sample": ".corpus",
+    "SyntheticCorpus": ".corpus",
+    "TOKENIZER_FILES": ".tokenizer",
+    "TextCorpus": ".corpus",
+    "Tokenizer": ".tokenizer",
+    "byte_tokenizer": ".tokenizer",
+    "collate": ".batches",
+    "data_format": ".readers",
+    "has_tokenizer": ".tokenizer",
+    "load_corpus": ".corpus",
+    "load_tokenizer": ".tokenizer",
+    "permuted_index": ".batches",
+    "permuted_indices": ".batches",
+    "read_records": ".readers",
+    "step_indices": ".batches",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, IGNORE_INDEX, MASKED_LM
 from gaplan.data.corpus import SYNTHETIC_MASK_ID, Sample
-from gaplan.loss import CAUSAL_LM, CLASSIFICATION, IGNORE_INDEX, MASKED_LM
 
 PAD_ID = 0
 MASK_FRACTION = 0.15

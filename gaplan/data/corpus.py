@@ -12,10 +12,10 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gaplan.core.errors import GaplanError
+from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION
 from gaplan.data.readers import Record, read_records
 from gaplan.data.tokenizer import Tokenizer, byte_tokenizer, has_tokenizer, load_tokenizer
-from gaplan.errors import GaplanError
-from gaplan.loss import CAUSAL_LM, CLASSIFICATION
 
 LONG_SAMPLES = ("split", "truncate")
 MIN_TOKENS = 2  # a causal-LM sample needs one target: two tokens

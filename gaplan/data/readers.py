@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from gaplan.errors import GaplanError, one_line
+from gaplan.core.errors import GaplanError, one_line
 
 DATA_EXTRA = 'pip install "gaplan[data]"'
 

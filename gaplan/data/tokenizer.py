@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gaplan.errors import GaplanError, one_line
-from gaplan.loss import MASKED_LM
+from gaplan.core.errors import GaplanError, one_line
+from gaplan.core.tasks import MASKED_LM
 
 BYTES = "bytes"
 BYTE_VOCAB = 257  # id = byte + 1; 0 is padding

@@ -1,103 +1,14 @@
-"""Device backends behind one interface: where memory is limited, measured, and what an OOM is.
+"""Devices: the CPU budget and peak (:mod:`~gaplan.devices.cpu`), CUDA (:mod:`~gaplan.devices.cuda`),
+MKL's GEMM workspace (:mod:`~gaplan.devices.mkl`), and choosing a backend (:mod:`~gaplan.devices.backend`)."""
 
-* ``cpu``  -- a real budget (RLIMIT_DATA with glibc's mmap threshold pinned), peak from VmHWM;
-* ``cuda`` -- the caching allocator's peak stats, ``set_per_process_memory_fraction`` as budget.
-"""
+from gaplan.core.lazy import lazy_exports
 
-from __future__ import annotations
-
-from typing import Protocol
-
-from gaplan.constants import DEFAULT_CPU_BUDGET
-from gaplan.errors import GaplanError
-
-__all__ = ["DEFAULT_CPU_BUDGET", "Backend", "is_out_of_memory", "make_backend", "resolve_device"]
-
-# Only the allocators' own out-of-memory errors can be cured by a smaller batch. A CUDA error raised by a
-# kernel launch or cuBLAS init ("CUDA error: out of memory", CUBLAS_STATUS_ALLOC_FAILED) leaves the CUDA
-# context broken ("sticky"): it is fatal and must not be retried, so no bare "out of memory" here.
-_OOM_MESSAGES = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory. Tried to allocate")
-
-
-class Backend(Protocol):
-    """What a trial needs from a device."""
-
-    name: str
-    limit_bytes: int
-
-    def activate(self, limit_bytes: int | None, enforce: bool = True) -> None:
-        """Take the baseline peaks are measured from and impose the budget (``enforce``) on this process."""
-
-
-    def reset_peak(self) -> None: ...
-
-    def peak_bytes(self) -> int:
-        """Peak memory used above the baseline since :meth:`reset_peak`."""
-
-    def process_peak_bytes(self) -> int:
-        """Peak memory of the whole process since :meth:`reset_peak`, with no baseline taken off."""
-
-    def current_bytes(self) -> int: ...
-
-    def release(self) -> None:
-        """Return freed memory (allocator caches) after a trial."""
-
-    def synchronize(self) -> None: ...
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """The one place that decides whether an exception is an out-of-memory error."""
-    import torch
-
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MESSAGES)
-
-
-def release_after_oom(device) -> None:
-    """Give the failed attempt's cached blocks back before a retry (CUDA's caching allocator keeps them)."""
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.device(device).type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def resolve_device(name: str = "auto") -> str:
-    """``auto`` -> ``cuda:0`` when a GPU is usable, else ``cpu``; checks that ``cuda[:N]`` exists."""
-    name = (name or "auto").strip().lower()
-    if name == "cpu":
-        return "cpu"  # without importing torch: a probe's caller need not (its worker does, at the same time)
-    import torch
-
-    if name == "auto":
-        return "cuda:0" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" or name.startswith("cuda:"):
-        if not torch.cuda.is_available():
-            build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
-            raise GaplanError(f"--device {name}: no CUDA device is available (torch {torch.__version__}, {build})")
-        index = 0 if name == "cuda" else _device_index(name)
-        if index >= torch.cuda.device_count():
-            raise GaplanError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here")
-        return f"cuda:{index}"
-    raise GaplanError(f"--device must be auto, cpu, cuda or cuda:N (got {name!r})")
-
-
-def _device_index(name: str) -> int:
-    try:
-        return int(name.split(":", 1)[1])
-    except ValueError:
-        raise GaplanError(f"--device must be auto, cpu, cuda or cuda:N (got {name!r})") from None
-
-
-def make_backend(device: str) -> Backend:
-    """The backend for a resolved device name."""
-    if device == "cpu":
-        from gaplan.devices.cpu import CpuBackend
-
-        return CpuBackend()
-    from gaplan.devices.cuda import CudaBackend
-
-    return CudaBackend(device)
+_EXPORTS = {
+    "Backend": ".backend",
+    "is_out_of_memory": ".backend",
+    "make_backend": ".backend",
+    "release_after_oom": ".backend",
+    "resolve_device": ".backend",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

@@ -18,7 +18,7 @@ import ctypes.util
 import gc
 import resource
 
-from gaplan.constants import DEFAULT_CPU_BUDGET
+from gaplan.core.constants import DEFAULT_CPU_BUDGET
 
 MMAP_THRESHOLD = 65536
 # MKL's fast memory manager keeps GEMM workspace in a pool whose buffers are mapped with an alignment that

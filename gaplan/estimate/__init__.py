@@ -24,10 +24,18 @@ How it works, one module per idea:
 :mod:`~gaplan.estimate.torch_private` guards the torch internals the trace reads or patches.
 """
 
-from gaplan.estimate.assumptions import Assumption
-from gaplan.estimate.estimator import estimate, predicted_peak, trace_steps
-from gaplan.estimate.result import EstimateResult, TracedRow
-from gaplan.estimate.targets import Target, list_targets, lookup_target
+from gaplan.core.lazy import lazy_exports
 
-__all__ = ["Assumption", "EstimateResult", "Target", "TracedRow", "estimate", "list_targets", "lookup_target",
-           "predicted_peak", "trace_steps"]
+_EXPORTS = {
+    "Assumption": ".assumptions",
+    "EstimateResult": ".result",
+    "Target": ".targets",
+    "TracedRow": ".result",
+    "estimate": ".estimator",
+    "list_targets": ".targets",
+    "lookup_target": ".targets",
+    "predicted_peak": ".estimator",
+    "trace_steps": ".estimator",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

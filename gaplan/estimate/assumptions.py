@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gaplan.core.units import format_bytes
 from gaplan.estimate.device import (
     CPU_HEAP_BYTES,
     CUDA_BLOCK,
@@ -20,7 +21,6 @@ from gaplan.estimate.device import (
     WORKSPACE_BYTES_HOPPER,
     DeviceModel,
 )
-from gaplan.units import format_bytes
 
 TOPICS = ("budget", "steady-state", "cpu-process", "allocator", "optimizer", "attention", "mixed-precision",
           "convolutions", "outside-pytorch", "sharding", "data-parallel")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gaplan.constants import DEFAULT_CPU_BUDGET
-from gaplan.errors import GaplanError
+from gaplan.core.constants import DEFAULT_CPU_BUDGET
+from gaplan.core.errors import GaplanError
+from gaplan.core.units import format_bytes
 from gaplan.estimate import assumptions
 from gaplan.estimate.assumptions import Assumption
 from gaplan.estimate.device import WORKSPACE_BYTES_HOPPER
 from gaplan.estimate.targets import Target, lookup_target
-from gaplan.units import format_bytes
 
 DEVICE_KINDS = ("cuda", "cpu")
 DEFAULT_TARGET = "h100-80gb"  # when neither a target nor a memory limit is given (device_kind="cuda")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING
 
-from gaplan.errors import GaplanError
+from gaplan.core.errors import GaplanError
 
 if TYPE_CHECKING:
     from torch import nn

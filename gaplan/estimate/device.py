@@ -18,7 +18,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from gaplan.constants import MiB
+from gaplan.core.constants import MiB
 from gaplan.estimate.torch_private import missing, private, private_attr
 
 # --- CUDA: memory outside PyTorch's tensors ---------------------------------------------------------------------
@@ -147,7 +147,7 @@ class DeviceModel:
         """The optimizer as this device runs it: on CUDA, what torch.optim picks for CUDA parameters (foreach)."""
         import torch
 
-        from gaplan.workload import make_optimizer
+        from gaplan.workload.build import make_optimizer
 
         if self.kind != "cuda":
             return make_optimizer(model, spec.optimizer, spec.learning_rate)

@@ -11,13 +11,13 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from gaplan.errors import DoesNotFit, GaplanError
-from gaplan.search import least_squares_line
-from gaplan.units import format_bytes
+from gaplan.core.errors import DoesNotFit, GaplanError
+from gaplan.core.units import format_bytes
+from gaplan.plan.search import least_squares_line
 
 if TYPE_CHECKING:
     from gaplan.estimate.trace import Tracer
-    from gaplan.workload import WorkloadSpec
+    from gaplan.workload.build import WorkloadSpec
 
 DEFAULT_SIZES = (1, 2)  # micro-batches whose micro-steps draw the line
 MAX_CHECK_TRACES = 12  # full-step traces spent finding the exact edge after the prediction

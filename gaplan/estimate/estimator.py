@@ -7,19 +7,19 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from gaplan.constants import SEARCH_CAP
-from gaplan.errors import DoesNotFit, GaplanError
+from gaplan.core.constants import SEARCH_CAP
+from gaplan.core.errors import DoesNotFit, GaplanError
+from gaplan.core.units import format_bytes
 from gaplan.estimate.budget import budget, check_device_kind
 from gaplan.estimate.edge import check_sizes, find_edge
 from gaplan.estimate.result import EstimateResult, TracedRow
 from gaplan.estimate.sharded import ShardedTracer, check_world_size
 from gaplan.estimate.trace import Tracer
-from gaplan.layouts import check_nodes, launch_command
-from gaplan.plan import make_plan
-from gaplan.units import format_bytes
+from gaplan.plan.layouts import check_nodes, launch_command
+from gaplan.plan.split import make_plan
 
 if TYPE_CHECKING:
-    from gaplan.workload import WorkloadSpec
+    from gaplan.workload.build import WorkloadSpec
 
 
 def estimate(

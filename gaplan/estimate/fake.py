@@ -13,12 +13,12 @@ import dataclasses
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from gaplan.errors import GaplanError
+from gaplan.core.errors import GaplanError
 from gaplan.estimate.torch_private import private
 
 if TYPE_CHECKING:
     from gaplan.estimate.device import DeviceModel
-    from gaplan.workload import Workload, WorkloadSpec
+    from gaplan.workload.build import Workload, WorkloadSpec
 
 _FAKE_TENSOR = "torch._subclasses.fake_tensor"
 
@@ -46,7 +46,7 @@ def fake_workload(spec: WorkloadSpec, device: DeviceModel, mode) -> Workload:
     import torch
     from torch import nn
 
-    from gaplan.workload import build_workload, model_source_kind
+    from gaplan.workload.build import build_workload, model_source_kind
 
     # A module:function model builds itself; the default device keeps its tensors on meta too.
     scope = torch.device("meta") if model_source_kind(spec.model) == "function" else contextlib.nullcontext()

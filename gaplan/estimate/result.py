@@ -12,7 +12,8 @@ PHASES = ("micro-steps", "optimizer-step", "step")
 
 @dataclass(frozen=True)
 class TracedRow:
-    """One traced peak, by category (:data:`gaplan.constants.BREAKDOWN_CATEGORIES`, as :class:`gaplan.breakdown.MemoryBreakdown`).
+    """One traced peak, by category (:data:`gaplan.core.constants.BREAKDOWN_CATEGORIES`, as
+    :class:`gaplan.training.breakdown.MemoryBreakdown`).
 
     ``phase`` is ``micro-steps`` (forward and backward with gradients and optimizer states held),
     ``optimizer-step`` (the optimizer step alone) or ``step`` (both: the whole steady-state step).

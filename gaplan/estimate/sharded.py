@@ -6,7 +6,7 @@
    return at once, shapes right) and a ``cpu`` device mesh over it (a ``cuda`` mesh fails on a CPU-only
    build; CUDA differences are modelled by :mod:`gaplan.estimate.device`, as for one process);
 2. the model built on the meta device and sharded as training shards it
-   (:func:`gaplan.parallel.shard_model`: ``fully_shard`` per block, then the root, the dtype's
+   (:func:`gaplan.parallel.fsdp.shard_model`: ``fully_shard`` per block, then the root, the dtype's
    ``MixedPrecisionPolicy``, ``CPUOffloadPolicy`` with ``--cpu-offload``), then ``to_empty`` under
    ``FakeTensorMode``: rank 0's shards become fake tensors (rank 0 holds the largest shards);
 3. the optimizer made after sharding, its states filled (the steady state: AdamW's two moments exist);
@@ -36,7 +36,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from gaplan.errors import GaplanError
+from gaplan.core.errors import GaplanError
 from gaplan.estimate.assumptions import Assumption, sharded_assumptions, trace_assumptions
 from gaplan.estimate.depth import extrapolate, truncated_copy, uniform_stack
 from gaplan.estimate.device import DeviceModel
@@ -48,7 +48,7 @@ from gaplan.estimate.trace import TraceHelper, fast_peak_tracking
 if TYPE_CHECKING:
     from torch import nn
 
-    from gaplan.workload import Workload, WorkloadSpec
+    from gaplan.workload.build import Workload, WorkloadSpec
 
 MICRO_STEPS = 2  # traced per step: the second sees what the first left (held gradients), as every later one does
 FULL_DEPTH_MAX = 8  # a stack of at most this many blocks is traced whole
@@ -179,8 +179,8 @@ class ShardedTracer:
     def _enter(self) -> None:
         import torch
 
-        from gaplan.parallel import find_blocks, shard_model
-        from gaplan.workload import build_workload, model_source_kind
+        from gaplan.parallel.fsdp import find_blocks, shard_model
+        from gaplan.workload.build import build_workload, model_source_kind
 
         private_module("torch.distributed._tools.fsdp2_mem_tracker")  # fail early, in one line, when torch lacks it
         mesh = self._stack.enter_context(fake_process_group(self.world_size))
@@ -228,8 +228,8 @@ class ShardedTracer:
 
     def _trace_copy(self, copy_: _Copy, micro_batch: int) -> dict[str, int]:
         """FSDPMemTracker's peak of the accumulated micro-steps on one sharded copy, by FSDP category."""
-        from gaplan.parallel import no_sync_for
-        from gaplan.step import accumulate_gradients
+        from gaplan.parallel.fsdp import no_sync_for
+        from gaplan.training.step import accumulate_gradients
 
         tracker_class = private("torch.distributed._tools.fsdp2_mem_tracker", "FSDPMemTracker")
         workload = copy_.workload
@@ -264,7 +264,7 @@ class ShardedTracer:
     def _trace_optimizer_step(self) -> dict[str, int]:
         """The optimizer step on tensors shaped like rank 0's local shards (and the replicated buffers), at the
         traced depths, extrapolated (every block adds the same shards, gradients, states and step temporaries)."""
-        from gaplan.breakdown import measure_breakdown
+        from gaplan.training.breakdown import measure_breakdown
 
         traced = {}
         for depth, shapes in self._shard_shapes.items():

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from gaplan.constants import MiB
-from gaplan.errors import GaplanError
+from gaplan.core.constants import MiB
+from gaplan.core.errors import GaplanError
 from gaplan.estimate.device import CONTEXT_BYTES, WORKSPACE_BYTES_HOPPER, WORKSPACE_BYTES_OTHER
 
 

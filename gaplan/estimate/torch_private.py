@@ -12,7 +12,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-from gaplan.errors import GaplanError
+from gaplan.core.errors import GaplanError
 
 TESTED_TORCH = "2.13"  # the torch release these internals were read from
 

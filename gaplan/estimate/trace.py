@@ -1,6 +1,6 @@
 """Tracing one steady-state step on fake tensors with torch's ``MemTracker``.
 
-A trace is :func:`gaplan.breakdown.measure_breakdown` on the fake workload (:mod:`gaplan.estimate.fake`):
+A trace is :func:`gaplan.training.breakdown.measure_breakdown` on the fake workload (:mod:`gaplan.estimate.fake`):
 the optimizer states exist and the gradients are already allocated, as at the second micro-step of
 an accumulated step, so one traced micro-step shows what every later one costs. The micro-steps
 (forward and backward) and the optimizer step are traced apart: the optimizer step does not grow
@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from gaplan.constants import BREAKDOWN_CATEGORIES
+from gaplan.core.constants import BREAKDOWN_CATEGORIES
 from gaplan.estimate.assumptions import Assumption, data_parallel_buckets, trace_assumptions
 from gaplan.estimate.device import DeviceModel, mkl_panel_bytes
 from gaplan.estimate.fake import fake_tensor_errors, fake_tensor_mode, fake_workload, no_step_optimizer
@@ -26,7 +26,7 @@ from gaplan.estimate.result import TracedRow
 from gaplan.estimate.torch_private import private, private_attr, private_module
 
 if TYPE_CHECKING:
-    from gaplan.workload import Workload, WorkloadSpec
+    from gaplan.workload.build import Workload, WorkloadSpec
 
 
 class Tracer:
@@ -57,7 +57,7 @@ class Tracer:
             self._stack.enter_context(self.helper)
             self._stack.enter_context(self.device.autocast(self.spec.dtype))
             with fake_tensor_errors(self.spec):
-                from gaplan.trial_runner import materialize_optimizer_state
+                from gaplan.worker.trial import materialize_optimizer_state
 
                 materialize_optimizer_state(self.workload)
         except BaseException:
@@ -73,7 +73,7 @@ class Tracer:
     def _trace(self, workload: Workload, micro_batch: int, micro_steps: int, phase: str) -> TracedRow:
         import torch
 
-        from gaplan.breakdown import measure_breakdown
+        from gaplan.training.breakdown import measure_breakdown
 
         for param in workload.model.parameters():  # gradients held, as from the step's earlier micro-steps
             if param.requires_grad:

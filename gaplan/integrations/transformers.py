@@ -8,14 +8,14 @@
 
 Three parts, in increasing import cost:
 
-* :func:`even_plan` and :func:`hf_snippet`: arithmetic on a :class:`~gaplan.plan.Plan`, no torch and no
+* :func:`even_plan` and :func:`hf_snippet`: arithmetic on a :class:`~gaplan.plan.split.Plan`, no torch and no
   transformers (``gaplan probe --emit hf`` stays fast);
 * :func:`plan_training_arguments`: probes (or loads a plan) and returns a copy of ``TrainingArguments``
   with ``per_device_train_batch_size`` and ``gradient_accumulation_steps`` set (:func:`resolve_plan`
   gives gaplan's plan behind it, to probe once and both print and use it);
 * ``GaplanTrainer``: a ``transformers.Trainer`` whose loss is the *sum* of token losses divided by
   ``num_items_in_batch``, the targets of the whole optimizer step on all ranks, counted by gaplan's rule
-  (:mod:`gaplan.loss`). Built on first access, since it subclasses ``Trainer``.
+  (:mod:`gaplan.workload.loss`). Built on first access, since it subclasses ``Trainer``.
 
 The Trainer feeds equal micro-batches only. When gaplan's plan is uneven (E=256 at B*=48 is
 43,43,43,43,42,42), :func:`plan_training_arguments` takes the largest micro-batch no larger than
@@ -35,15 +35,15 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from gaplan.errors import GaplanError
-from gaplan.plan import Plan, make_plan
+from gaplan.core.errors import GaplanError
+from gaplan.plan.split import Plan, make_plan
 
 if TYPE_CHECKING:
     from torch import nn
     from transformers import TrainingArguments
 
-    from gaplan.probe_result import ProbeResult
-    from gaplan.workload import WorkloadSpec
+    from gaplan.runs.probe_result import ProbeResult
+    from gaplan.workload.build import WorkloadSpec
 
 __all__ = [
     "GaplanTrainer",  # noqa: F822 - defined on first access by the module's __getattr__
@@ -117,7 +117,7 @@ def hf_snippet(plan: Plan, output_dir: str = "out") -> str:
 
 def infer_task(model: Any) -> str:
     """gaplan's task for a transformers model, from its class name (PEFT wrappers are looked through)."""
-    from gaplan.loss import CAUSAL_LM, CLASSIFICATION, MASKED_LM, TASKS
+    from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, MASKED_LM, TASKS
 
     base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     names = [type(base).__name__, *(getattr(getattr(base, "config", None), "architectures", None) or [])]
@@ -154,7 +154,7 @@ def plan_training_arguments(
             * a transformers model (``PreTrainedModel``): its config is saved to a temporary directory and
               probed as that directory (the model is rebuilt from the config, so weights do not matter,
               and the task comes from its class: causal LM, masked LM or sequence classification);
-            * a :class:`~gaplan.workload.WorkloadSpec`, used as it is (except ``seq_len``, when given);
+            * a :class:`~gaplan.workload.build.WorkloadSpec`, used as it is (except ``seq_len``, when given);
             * a string: a preset (``tiny-gpt2``), a model directory, a cached hub id or ``module:function``.
 
             For a model or a string, precision, optimizer, learning rate and gradient checkpointing come
@@ -163,8 +163,8 @@ def plan_training_arguments(
         args: the ``TrainingArguments`` to copy (``dataclasses.replace``; ``args`` is not changed).
         effective_batch: samples per optimizer step over all devices.
         plan: use this instead of probing: the path of a ``plan.json`` (``gaplan probe --out``), a
-            :class:`~gaplan.probe_result.ProbeResult` (its tuner's micro-batch when it has one, else B*) or a
-            :class:`~gaplan.plan.Plan` (its ``micro_batch_cap``). Re-planned for ``effective_batch`` and
+            :class:`~gaplan.runs.probe_result.ProbeResult` (its tuner's micro-batch when it has one, else B*) or a
+            :class:`~gaplan.plan.split.Plan` (its ``micro_batch_cap``). Re-planned for ``effective_batch`` and
             ``world_size``.
         memory_limit: the probe's budget in bytes or as text (``"2GiB"``); default: the device's own.
         device: the probe's device; ``auto`` means ``cpu`` when ``args.use_cpu`` is set, else CUDA if any.
@@ -213,9 +213,9 @@ def _resolve_plan(model_or_spec: Any, args: TrainingArguments, effective_batch: 
     """gaplan's plan (possibly uneven) for ``effective_batch`` on ``world_size`` devices."""
     import importlib
 
-    from gaplan.probe_result import ProbeResult, load_probe
+    from gaplan.runs.probe_result import ProbeResult, load_probe
 
-    probing = importlib.import_module("gaplan.probing")  # looked up at call time: tests stand in for its probe
+    probing = importlib.import_module("gaplan.probing.edge")  # looked up at call time: tests stand in for its probe
 
     if plan is not None:
         if isinstance(plan, (str, os.PathLike)):
@@ -231,7 +231,7 @@ def _resolve_plan(model_or_spec: Any, args: TrainingArguments, effective_batch: 
         raise GaplanError("give a model, a WorkloadSpec or a preset to probe, or plan= to use an existing plan")
     make_plan(effective_batch, max(1, effective_batch // max(world_size, 1)), world_size)  # a bad batch fails here
     if isinstance(memory_limit, str):
-        from gaplan.units import parse_bytes
+        from gaplan.core.units import parse_bytes
 
         memory_limit = parse_bytes(memory_limit)
     with _workload_spec(model_or_spec, args, seq_len) as spec:
@@ -244,7 +244,7 @@ def _resolve_plan(model_or_spec: Any, args: TrainingArguments, effective_batch: 
 @contextlib.contextmanager
 def _workload_spec(model_or_spec: Any, args: TrainingArguments, seq_len: int | None) -> Iterator[WorkloadSpec]:
     """The spec to probe; a model's config lives in a temporary directory while the spec is in use."""
-    from gaplan.workload import WorkloadSpec
+    from gaplan.workload.build import WorkloadSpec
 
     if isinstance(model_or_spec, WorkloadSpec):
         yield model_or_spec if seq_len is None else dataclasses.replace(model_or_spec, seq_len=seq_len)
@@ -278,7 +278,8 @@ def _trainer_class() -> type:
     import torch
     from transformers import Trainer
 
-    from gaplan.loss import TASKS, count_step_targets, count_targets, summed_token_loss
+    from gaplan.core.tasks import TASKS
+    from gaplan.workload.loss import count_step_targets, count_targets, summed_token_loss
 
     class GaplanTrainer(Trainer):
         """A ``Trainer`` with gaplan's token-exact loss under gradient accumulation.

@@ -1,4 +1,4 @@
-"""A readable report of a saved run folder, from its CSV and JSON files alone.
+"""Reports: a readable report of a saved run folder, from its CSV and JSON files alone.
 
 ``write_report(DIR)`` reads ``plan.json`` (and ``throughput.csv``, ``breakdown.csv``,
 ``train_log.csv`` when present) and writes ``probe.csv``, PNG charts, ``report.md``
@@ -11,99 +11,36 @@ a report can be made on any machine from a copied folder.
 * :mod:`~gaplan.report.sections` -- the report's sections as blocks.
 """
 
-from __future__ import annotations
+from gaplan.core.lazy import lazy_exports
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
-
-import pandas as pd
-from matplotlib.figure import Figure
-
-from gaplan.atomic_write import atomic_write
-from gaplan.report.charts import (
-    breakdown_figure,
-    lengths_figure,
-    memory_figure,
-    throughput_figure,
-    training_figure,
-    write_charts,
-)
-from gaplan.report.document import (
-    Block,
-    Bullets,
-    Heading,
-    Image,
-    Paragraph,
-    Table,
-    markdown_table,
-    render_html,
-    render_markdown,
-    write_pages,
-    write_text,
-)
-from gaplan.report.load import MemoryFit, RunData, has_rows, load_run, memory_fit, reference_row
-from gaplan.report.sections import report_blocks
-from gaplan.run_folder import (
-    BREAKDOWN_PNG,
-    LENGTHS_PNG,
-    MEMORY_PNG,
-    PROBE_CSV,
-    REPORT_STEM,
-    THROUGHPUT_PNG,
-    TRAINING_PNG,
-    path_in,
-)
-from gaplan.schema import write_trials_csv
-
-__all__ = [
-    "Block", "Bullets", "Heading", "Image", "MemoryFit", "Paragraph", "ReportFiles", "RunData", "Table", "load_run",
-    "markdown_table", "memory_fit", "reference_row", "render_html", "render_markdown", "report_blocks", "write_charts",
-    "write_csv", "write_pages", "write_report", "write_text",
-]
-
-
-@dataclass(frozen=True)
-class ReportFiles:
-    """What :func:`write_report` wrote: the folder and the file names in it, sorted."""
-
-    directory: str
-    files: list[str]
-
-
-def write_report(run_dir: str) -> ReportFiles:
-    """Read ``run_dir`` and write probe.csv, the charts, report.md and report.html into it.
-
-    A folder of ``--batch-by tokens`` (with ``tokens.json``) also gets the lengths histogram and its section.
-
-    The memory chart needs probe trials: a plan made with ``--micro-batch`` gets none.
-    """
-    run = load_run(run_dir)
-    written: list[str] = []
-
-    write_trials_csv(run_dir, run.plan.get("trials") or [])
-    written.append(PROBE_CSV)
-
-    charts: list[tuple[str, Figure]] = []
-    if run.probed:
-        charts.append((MEMORY_PNG, memory_figure(run)))
-    if has_rows(run.breakdown):
-        charts.append((BREAKDOWN_PNG, breakdown_figure(run)))
-    if run.tokens is not None:
-        charts.append((LENGTHS_PNG, lengths_figure(run.tokens, run.model)))
-    if has_rows(run.throughput):
-        charts.append((THROUGHPUT_PNG, throughput_figure(run)))
-    if has_rows(run.train_log):
-        charts.append((TRAINING_PNG, training_figure(run)))
-    images = write_charts(run_dir, charts)
-    written += list(images)
-    blocks = report_blocks(run, images=list(images))
-    written += write_pages(run_dir, blocks, f"gaplan report: {run.model}", images, REPORT_STEM)
-    return ReportFiles(directory=run_dir, files=sorted(written))
-
-
-def write_csv(run_dir: str, name: str, rows: Sequence[dict[str, Any]]) -> None:
-    """Any table of rows as ``run_dir/name``, written atomically (the run folder's own tables go through
-    :func:`gaplan.schema.write_table`, which checks their columns)."""
-    frame = pd.DataFrame(list(rows))
-    atomic_write(path_in(run_dir, name), lambda path: frame.to_csv(path, index=False))
+_EXPORTS = {
+    "Block": ".document",
+    "Bullets": ".document",
+    "Heading": ".document",
+    "Image": ".document",
+    "MemoryFit": ".load",
+    "Paragraph": ".document",
+    "ReportFiles": ".write",
+    "RunData": ".load",
+    "Table": ".document",
+    "breakdown_figure": ".charts",
+    "has_rows": ".load",
+    "lengths_figure": ".charts",
+    "load_run": ".load",
+    "markdown_table": ".document",
+    "memory_figure": ".charts",
+    "memory_fit": ".load",
+    "reference_row": ".load",
+    "render_html": ".document",
+    "render_markdown": ".document",
+    "report_blocks": ".sections",
+    "throughput_figure": ".charts",
+    "training_figure": ".charts",
+    "write_charts": ".charts",
+    "write_csv": ".write",
+    "write_pages": ".document",
+    "write_report": ".write",
+    "write_text": ".document",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

@@ -16,12 +16,12 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from gaplan.atomic_write import atomic_write
-from gaplan.constants import BREAKDOWN_CATEGORIES, LARGE_BATCH_KIND, TOKEN_PLAN_KIND
+from gaplan.core.atomic_write import atomic_write
+from gaplan.core.constants import BREAKDOWN_CATEGORIES, LARGE_BATCH_KIND, TOKEN_PLAN_KIND
+from gaplan.core.units import format_bytes
 from gaplan.report.formatting import CATEGORY_LABELS, axis_unit, integer, is_false, missing, rate
 from gaplan.report.load import RunData, measured, memory_fit, ratio, reference_label, reference_row
-from gaplan.run_folder import path_in
-from gaplan.units import format_bytes
+from gaplan.runs.folder import path_in
 
 FIG_SIZE = (10, 6)  # inches; at 100 dpi a 1000 x 600 px image
 DPI = 100

@@ -12,8 +12,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gaplan.atomic_write import atomic_write_text
-from gaplan.run_folder import path_in
+from gaplan.core.atomic_write import atomic_write_text
+from gaplan.runs.folder import path_in
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from typing import Any
 
 import pandas as pd
 
-from gaplan.constants import GiB, MiB
-from gaplan.units import format_bytes
+from gaplan.core.constants import GiB, MiB
+from gaplan.core.units import format_bytes
 
 
 def missing(value: Any) -> bool:

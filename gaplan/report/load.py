@@ -1,6 +1,6 @@
 """A run folder read into :class:`RunData`, and the facts the report derives from it (budget, memory line, reference).
 
-Reading and checking the files is :mod:`gaplan.schema`'s job; this module only gathers them
+Reading and checking the files is :mod:`gaplan.runs.schema`'s job; this module only gathers them
 and answers questions every section and chart asks the same way.
 """
 
@@ -12,11 +12,12 @@ from typing import Any
 
 import pandas as pd
 
-from gaplan.constants import LARGE_BATCH_KIND, LARGEST_FIT_KIND
-from gaplan.errors import GaplanError
+from gaplan.core.constants import LARGE_BATCH_KIND, LARGEST_FIT_KIND
+from gaplan.core.errors import GaplanError
+from gaplan.plan.search import fit_memory_line
 from gaplan.report.formatting import is_false, missing
-from gaplan.run_folder import PLAN_JSON, TOKENS_JSON, path_in
-from gaplan.schema import (
+from gaplan.runs.folder import PLAN_JSON, TOKENS_JSON, path_in
+from gaplan.runs.schema import (
     BREAKDOWN,
     THROUGHPUT,
     TRAIN_LOG,
@@ -26,7 +27,6 @@ from gaplan.schema import (
     trials_frame,
     was_probed,
 )
-from gaplan.search import fit_memory_line
 
 
 @dataclass(frozen=True, eq=False)

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gaplan.constants import BREAKDOWN_CATEGORIES, SAMPLES_PLAN_KIND, TOKEN_PLAN_KIND
-from gaplan.plan import Plan
+from gaplan.core.constants import BREAKDOWN_CATEGORIES, SAMPLES_PLAN_KIND, TOKEN_PLAN_KIND
+from gaplan.core.units import format_bytes
+from gaplan.plan.split import Plan
 from gaplan.report.document import Block, Bullets, Heading, Image, Paragraph, Table
 from gaplan.report.formatting import (
     CATEGORY_LABELS,
@@ -26,9 +27,8 @@ from gaplan.report.formatting import (
     yes_no,
 )
 from gaplan.report.load import RunData, has_rows, measured, memory_fit, ratio, reference_label, reference_row
-from gaplan.run_folder import BREAKDOWN_PNG, LENGTHS_PNG, MEMORY_PNG, PROBE_CSV, THROUGHPUT_PNG, TRAINING_PNG
-from gaplan.units import format_bytes
-from gaplan.workload_spec import DEFAULT_LR
+from gaplan.runs.folder import BREAKDOWN_PNG, LENGTHS_PNG, MEMORY_PNG, PROBE_CSV, THROUGHPUT_PNG, TRAINING_PNG
+from gaplan.workload.spec import DEFAULT_LR
 
 _UNKNOWN_TASKS = ("", "?")  # "?" is what plans made without a probe recorded before the task was kept
 
@@ -134,7 +134,7 @@ def plan_section(run: RunData) -> list[Block]:
 def token_section(run: RunData, images: Sequence[str]) -> list[Block]:
     """``--batch-by tokens``: the data's lengths, T* and the two probes it rests on, and the token plan against
     the samples plan when a bench measured them."""
-    from gaplan.token_budget import LengthProfile, TokenBudget
+    from gaplan.plan.tokens import LengthProfile, TokenBudget
 
     tokens = run.tokens
     assert tokens is not None

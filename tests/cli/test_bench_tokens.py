@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from gaplan.cli import main
+from gaplan.cli.main import main
 
 from ..conftest import REPO_ROOT
 from ..token_corpus import write_long_tailed
@@ -54,7 +54,7 @@ def test_a_whole_epoch_with_the_probed_t_star_never_runs_out_of_memory(tmp_path)
     """Every micro-batch the packer builds from this data, over a whole epoch, fits the enforced budget at T*.
 
     It did not while MKL kept the GEMM workspace of earlier shapes (issue 13): a run of changing shapes held 13 MiB
-    more of it than the probe's one-shape trials, and ran out of memory once at step 4 or 5 (gaplan.gemm_workspace).
+    more of it than the probe's one-shape trials, and ran out of memory once at step 4 or 5 (gaplan.devices.mkl).
     """
     env = dict(os.environ, GAPLAN_CACHE_DIR=str(tmp_path / "cache"), MALLOC_MMAP_THRESHOLD_="65536")
     samples, effective = 300, 32

@@ -5,7 +5,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from gaplan.cli import main
+from gaplan.cli.main import main
 
 
 def test_list_targets():

@@ -8,7 +8,7 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from gaplan.cli import main
+from gaplan.cli.main import main
 
 
 def one_error_line(result) -> str:

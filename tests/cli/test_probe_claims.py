@@ -18,7 +18,7 @@ from collections import Counter
 import pytest
 from click.testing import CliRunner
 
-from gaplan.cli import main
+from gaplan.cli.main import main
 
 from ..conftest import REPO_ROOT, SMALL_BUDGET
 
@@ -151,8 +151,8 @@ def _saved_activation_bytes(grad_checkpointing: bool) -> tuple[int, object]:
     """Bytes autograd saves for backward in one forward of micro-batch 4 (then backward), and the model."""
     import torch
 
-    from gaplan.workload import build_workload
-    from gaplan.workload_spec import WorkloadSpec
+    from gaplan.workload.build import build_workload
+    from gaplan.workload.spec import WorkloadSpec
 
     workload = build_workload(WorkloadSpec(model="tiny-gpt2", seq_len=16, grad_checkpointing=grad_checkpointing),
                               "cpu")

@@ -14,7 +14,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from gaplan.cli import main
+from gaplan.cli.main import main
 
 from ..conftest import REPO_ROOT, free_port
 

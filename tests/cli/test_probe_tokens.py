@@ -5,7 +5,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from gaplan.cli import main
+from gaplan.cli.main import main
 
 from ..conftest import SMALL_BUDGET, SMALL_SPEC, SMALL_THREADS
 from ..token_corpus import write_long_tailed
@@ -22,9 +22,9 @@ def invoke(args):
 @pytest.mark.heavy
 @pytest.mark.slow
 def test_probe_by_tokens_writes_t_star_and_the_profile(tmp_path, monkeypatch, small_probe):
-    from gaplan.plan_cache import plan_cache_path
-    from gaplan.probe_result import save_probe
-    from gaplan.workload_spec import WorkloadSpec
+    from gaplan.probing.cache import plan_cache_path
+    from gaplan.runs.probe_result import save_probe
+    from gaplan.workload.spec import WorkloadSpec
 
     monkeypatch.setenv("GAPLAN_CACHE_DIR", str(tmp_path / "cache"))
     # The probe at the longest length (16) is the session's, cached as gaplan would cache it: one probe runs here.
@@ -67,7 +67,7 @@ def test_probe_by_tokens_writes_t_star_and_the_profile(tmp_path, monkeypatch, sm
 
 def _token_plan(tmp_path, **changes):
     """A hand-made tokens.json (what probe --batch-by tokens writes, less what train does not read)."""
-    from gaplan.workload_spec import WorkloadSpec
+    from gaplan.workload.spec import WorkloadSpec
 
     record = {"workload": WorkloadSpec(model="tiny-gpt2", seq_len=16).to_dict(), "device": "cpu",
               "memory_limit_bytes": 160 * 2**20,

@@ -8,11 +8,11 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from gaplan.benchmark import PLAN, BenchResult, SplitMeasurement
-from gaplan.breakdown import CATEGORIES
-from gaplan.cli import main
-from gaplan.probe_result import save_probe
-from gaplan.workflows import write_measurements
+from gaplan.benchmark.splits import PLAN, BenchResult, SplitMeasurement
+from gaplan.cli.main import main
+from gaplan.runs.probe_result import save_probe
+from gaplan.training.breakdown import CATEGORIES
+from gaplan.workflows.probe import write_measurements
 
 pytestmark = pytest.mark.slow
 

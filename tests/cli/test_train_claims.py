@@ -20,7 +20,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from gaplan.cli import main
+from gaplan.cli.main import main
 from gaplan.data import TextCorpus, step_indices
 
 from ..conftest import REPO_ROOT, SMALL_BUDGET, free_port
@@ -98,8 +98,8 @@ def _one_sgd_step_by_hand(model_dir: str, lines: list[str], lr: float) -> dict[s
 
     Built independently of gaplan's data path; only the initial weights come from gaplan's builder.
     """
-    from gaplan.workload import build_workload
-    from gaplan.workload_spec import WorkloadSpec
+    from gaplan.workload.build import build_workload
+    from gaplan.workload.spec import WorkloadSpec
 
     model = build_workload(WorkloadSpec(model=model_dir, seq_len=32, optimizer="sgd", lr=lr), "cpu", seed=0).model
     ids = [[1 + b for b in line.encode("utf-8")] for line in lines]
@@ -244,11 +244,11 @@ def test_torchrun_without_micro_batch_probes_and_trains(tmp_path):
 def test_torchrun_nodes_plan_with_the_smallest_b_star(tmp_path, monkeypatch):
     """Two nodes (two torchrun launches of one process each, on this machine): node 0 probes for real (B* 4 under
     the cap), node 1 finds its own cached B* of 2; every rank trains with the smaller, 2."""
-    from gaplan.plan import make_plan
-    from gaplan.plan_cache import plan_cache_path
-    from gaplan.probe_result import ProbeResult, save_probe
-    from gaplan.trial import Trial
-    from gaplan.workload_spec import WorkloadSpec
+    from gaplan.core.trial import Trial
+    from gaplan.plan.split import make_plan
+    from gaplan.probing.cache import plan_cache_path
+    from gaplan.runs.probe_result import ProbeResult, save_probe
+    from gaplan.workload.spec import WorkloadSpec
 
     spec = WorkloadSpec(model="tiny-gpt2", seq_len=16, optimizer="sgd")
     node1 = tmp_path / "cache1"

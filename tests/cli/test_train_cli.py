@@ -13,7 +13,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from gaplan.cli import main
+from gaplan.cli.main import main
 
 from ..conftest import REPO_ROOT, free_port
 from ..tolerances import assert_close_at_scale

@@ -5,9 +5,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from gaplan.cli import main
+from gaplan.cli.main import main
 from gaplan.data import Sample, step_indices
-from gaplan.step_batches import TokenSteps
+from gaplan.training.micro_batches import TokenSteps
 
 from ..conftest import free_port
 from ..token_corpus import long_tailed_lines

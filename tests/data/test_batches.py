@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, IGNORE_INDEX, MASKED_LM
 from gaplan.data import PAD_ID, Sample, SyntheticCorpus, collate, permuted_index, step_indices
-from gaplan.loss import CAUSAL_LM, CLASSIFICATION, IGNORE_INDEX, MASKED_LM
 
 
 def epoch_order(size: int, seed: int, epoch: int) -> np.ndarray:

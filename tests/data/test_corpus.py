@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from gaplan.core.errors import GaplanError
+from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, IGNORE_INDEX, MASKED_LM
 from gaplan.data import BYTES, CorpusStats, TextCorpus, collate, load_corpus, load_tokenizer, step_indices
-from gaplan.errors import GaplanError
-from gaplan.loss import CAUSAL_LM, CLASSIFICATION, IGNORE_INDEX, MASKED_LM
 
 from .conftest import LABELS, TEXTS, make_model_dir
 from .test_readers import FORMATS, one_line_error

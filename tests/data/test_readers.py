@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
+from gaplan.core.errors import GaplanError
 from gaplan.data import data_format, read_records
-from gaplan.errors import GaplanError
 
 from .conftest import LABELS, TEXTS
 

@@ -2,9 +2,9 @@
 
 import pytest
 
+from gaplan.core.errors import GaplanError
+from gaplan.core.tasks import CAUSAL_LM, MASKED_LM
 from gaplan.data import BYTES, load_corpus, load_tokenizer
-from gaplan.errors import GaplanError
-from gaplan.loss import CAUSAL_LM, MASKED_LM
 
 from .conftest import make_model_dir, make_tokenizer_dir
 from .test_readers import one_line_error

@@ -7,9 +7,9 @@ cache is freed, what counts as out of memory), not a GPU: the GPU itself is chec
 
 import torch
 
-from gaplan.devices import is_out_of_memory, release_after_oom
+from gaplan.devices.backend import is_out_of_memory, release_after_oom
 from gaplan.devices.cuda import CudaBackend
-from gaplan.distributed import local_device, process_group_backend
+from gaplan.parallel.process_group import local_device, process_group_backend
 
 GiB = 2**30
 
@@ -82,8 +82,8 @@ def test_the_margin_applies_to_the_whole_card_when_no_limit_is_given(monkeypatch
     """The probe's budget on CUDA without --memory-limit is the card; --margin keeps its share of it free."""
     import pytest
 
-    import gaplan.probing as probing
-    from gaplan.workload_spec import WorkloadSpec
+    import gaplan.probing.edge as probing
+    from gaplan.workload.spec import WorkloadSpec
 
     seen = {}
 
@@ -101,8 +101,8 @@ def test_the_margin_applies_to_the_whole_card_when_no_limit_is_given(monkeypatch
 
 
 def test_a_checkpoint_is_loaded_onto_this_ranks_device(tmp_path):
-    from gaplan.run_folder import CHECKPOINT
-    from gaplan.training import load_checkpoint, save_checkpoint
+    from gaplan.runs.folder import CHECKPOINT
+    from gaplan.training.loop import load_checkpoint, save_checkpoint
 
     save_checkpoint(str(tmp_path / CHECKPOINT), {"weight": torch.ones(3), "step": 2})
     loaded = load_checkpoint(str(tmp_path), map_location="meta")  # wherever it was saved from

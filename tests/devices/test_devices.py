@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from gaplan.devices import is_out_of_memory, resolve_device
-from gaplan.errors import GaplanError
+from gaplan.core.errors import GaplanError
+from gaplan.devices.backend import is_out_of_memory, resolve_device
 
 
 def test_oom_classifier():
@@ -28,8 +28,8 @@ def test_resolve_device():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_probe_is_exact_under_an_emulated_small_card():
-    from gaplan.probing import check_in_fresh_process, probe
-    from gaplan.workload import WorkloadSpec
+    from gaplan.probing.edge import check_in_fresh_process, probe
+    from gaplan.workload.build import WorkloadSpec
 
     spec = WorkloadSpec(model="tiny-gpt2", seq_len=256)
     result = probe(spec, device="cuda", memory_limit=2 * 2**30, search_cap=4096)

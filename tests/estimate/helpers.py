@@ -14,6 +14,6 @@ def one_line(exc: pytest.ExceptionInfo) -> str:
 
 def model_parameters(preset: str):
     """The trainable parameters of a preset, built on the meta device."""
-    from gaplan.workload import WorkloadSpec, build_workload
+    from gaplan.workload.build import WorkloadSpec, build_workload
 
     return [p for p in build_workload(WorkloadSpec(model=preset), "meta").model.parameters() if p.requires_grad]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gaplan.constants import DEFAULT_CPU_BUDGET, MiB
-from gaplan.errors import GaplanError
+from gaplan.core.constants import DEFAULT_CPU_BUDGET, MiB
+from gaplan.core.errors import GaplanError
 from gaplan.estimate import lookup_target
 from gaplan.estimate.budget import DEFAULT_TARGET, budget
 from gaplan.estimate.device import WORKSPACE_BYTES_HOPPER

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gaplan.constants import MiB
+from gaplan.core.constants import MiB
 from gaplan.estimate.device import CPU_HEAP_BYTES, DeviceModel, cuda_block_bytes, mkl_panel_bytes
 
 

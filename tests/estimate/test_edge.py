@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gaplan.errors import GaplanError
+from gaplan.core.errors import GaplanError
 from gaplan.estimate.edge import DEFAULT_SIZES, check_sizes, predict, secant
 
 

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from gaplan.errors import DoesNotFit, GaplanError
+from gaplan.core.errors import DoesNotFit, GaplanError
 from gaplan.estimate import Assumption, estimate, lookup_target
-from gaplan.workload import WorkloadSpec
+from gaplan.workload.build import WorkloadSpec
 
 from .helpers import model_parameters, one_line
 
@@ -102,9 +102,9 @@ def test_a_7b_model_is_estimated_without_allocating_it(tmp_path):
     script = f"""
 import json, time
 from gaplan.devices.cpu import read_status
-from gaplan.errors import DoesNotFit
+from gaplan.core.errors import DoesNotFit
 from gaplan.estimate import estimate
-from gaplan.workload import WorkloadSpec
+from gaplan.workload.build import WorkloadSpec
 def peak_rss_bytes():
     # VmHWM is this program's own: ru_maxrss would carry the pytest parent's RSS over fork and exec.
     return read_status()["VmHWM"]

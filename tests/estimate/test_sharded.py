@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from gaplan.errors import GaplanError
+from gaplan.core.errors import GaplanError
 from gaplan.estimate import estimate, predicted_peak, trace_steps
 from gaplan.estimate import sharded as sharded_module
 from gaplan.estimate.sharded import local_rows, sharded_static_bytes
-from gaplan.workload import WorkloadSpec, build_workload
+from gaplan.workload.build import WorkloadSpec, build_workload
 
 from .helpers import one_line
 
@@ -191,7 +191,7 @@ def test_llama_2_70b_over_64_ranks_traces_in_a_minute_and_2_gib():
             "--effective-batch", "512", "--json", "--quiet"]
     # The CLI in a new interpreter that reports its own VmHWM at exit (ru_maxrss would carry pytest's RSS over
     # fork and exec, and RUSAGE_CHILDREN every earlier child's).
-    script = ("import atexit, sys\nfrom gaplan.devices.cpu import read_status\nfrom gaplan.cli import main\n"
+    script = ("import atexit, sys\nfrom gaplan.devices.cpu import read_status\nfrom gaplan.cli.main import main\n"
               "atexit.register(lambda: sys.stderr.write(f'VmHWM {read_status()[\"VmHWM\"]}\\n'))\n"
               f"sys.argv = ['gaplan', *{args!r}]\nmain()\n")
     started = time.perf_counter()

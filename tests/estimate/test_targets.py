@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gaplan.errors import GaplanError
+from gaplan.core.errors import GaplanError
 from gaplan.estimate import list_targets, lookup_target
 
 from .helpers import one_line

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gaplan.errors import GaplanError
+from gaplan.core.errors import GaplanError
 from gaplan.estimate.torch_private import private, private_attr, private_module
 
 from .helpers import one_line
@@ -32,7 +32,7 @@ def test_a_trace_without_a_patched_memtracker_internal_stops_with_one_line(monke
     from torch.distributed._tools import mem_tracker
 
     from gaplan.estimate import trace_steps
-    from gaplan.workload import WorkloadSpec
+    from gaplan.workload.build import WorkloadSpec
 
     monkeypatch.delattr(mem_tracker if owner == "module" else getattr(mem_tracker, owner), name)
     with pytest.raises(GaplanError) as exc:

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from gaplan.constants import BREAKDOWN_CATEGORIES
+from gaplan.core.constants import BREAKDOWN_CATEGORIES
 from gaplan.estimate import TracedRow, trace_steps
-from gaplan.workload import WorkloadSpec
+from gaplan.workload.build import WorkloadSpec
 
 from .helpers import model_parameters
 
@@ -33,7 +33,7 @@ def test_cpu_trace_counts_the_optimizer_states_of_the_steady_state():
 @pytest.mark.parametrize(("preset", "micro_batch"), [("tiny-gpt2", 8), ("tiny-llama", 4), ("tiny-bert-mlm", 8),
                                                      ("tiny-bert-cls", 2)])
 def test_cpu_estimate_is_within_6_percent_of_a_real_trial(preset, micro_batch):
-    from gaplan.worker_process import WorkerProcess
+    from gaplan.worker.client import WorkerProcess
 
     spec = WorkloadSpec(model=preset, seq_len=32)
     (row,) = trace_steps(spec, [micro_batch], device_kind="cpu", threads=2)

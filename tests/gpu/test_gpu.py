@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from gaplan.constants import SEARCH_CAP
+from gaplan.core.constants import SEARCH_CAP
 
 from ..conftest import REPO_ROOT
 
@@ -31,8 +31,8 @@ def report(check: str, result: str) -> None:
 @pytest.mark.parametrize("model, seq_len", [("tiny-gpt2", 256), ("tiny-llama", 256)])
 def test_the_edge_is_exact_on_cuda(model, seq_len):
     """B* trains two steps in a fresh process under the same limit; B*+1 runs out of memory."""
-    from gaplan.probing import check_in_fresh_process, probe
-    from gaplan.workload_spec import WorkloadSpec
+    from gaplan.probing.edge import check_in_fresh_process, probe
+    from gaplan.workload.spec import WorkloadSpec
 
     spec = WorkloadSpec(model=model, seq_len=seq_len)
     result = probe(spec, device="cuda", memory_limit=2 * GiB, search_cap=SEARCH_CAP)
@@ -47,8 +47,8 @@ def test_the_edge_is_exact_on_cuda(model, seq_len):
 
 def test_a_smaller_card_is_emulated_with_target():
     from gaplan.estimate import lookup_target
-    from gaplan.probing import probe
-    from gaplan.workload_spec import WorkloadSpec
+    from gaplan.probing.edge import probe
+    from gaplan.workload.spec import WorkloadSpec
 
     usable = lookup_target("t4").usable_bytes
     result = probe(WorkloadSpec(model="small-gpt2", seq_len=512), device="cuda", memory_limit=usable,
@@ -62,8 +62,8 @@ def test_a_smaller_card_is_emulated_with_target():
 def test_the_estimate_against_the_probes_reserved_peak():
     """The estimate's predicted peak vs max_memory_reserved measured at three micro-batches (goal: within 5%)."""
     from gaplan.estimate import trace_steps
-    from gaplan.worker_process import WorkerProcess
-    from gaplan.workload_spec import WorkloadSpec
+    from gaplan.worker.client import WorkerProcess
+    from gaplan.workload.spec import WorkloadSpec
 
     spec = WorkloadSpec(model="tiny-llama", seq_len=512, dtype="bf16")
     sizes = [4, 16, 32]

@@ -8,12 +8,12 @@ import warnings
 import pytest
 import torch
 
+from gaplan.core.errors import GaplanError
 from gaplan.data import SyntheticCorpus, collate, step_indices
-from gaplan.errors import GaplanError
 from gaplan.integrations.transformers import UnevenPlanWarning, even_plan, hf_snippet, plan_training_arguments
-from gaplan.plan import make_plan
-from gaplan.training import TrainConfig, _schedule, train
-from gaplan.workload import WorkloadSpec, build_workload
+from gaplan.plan.split import make_plan
+from gaplan.training.loop import TrainConfig, _schedule, train
+from gaplan.workload.build import WorkloadSpec, build_workload
 
 from ..tolerances import assert_close_at_scale
 
@@ -108,7 +108,7 @@ def test_batch_not_divisible_by_world_size_is_an_error(base_args):
 
 
 def test_plan_file_and_probe_result_use_the_tuners_choice(base_args, tmp_path):
-    from gaplan.probe_result import ProbeResult, load_probe, save_probe
+    from gaplan.runs.probe_result import ProbeResult, load_probe, save_probe
 
     result = ProbeResult(
         workload=WorkloadSpec(model="tiny-gpt2", seq_len=SEQ), device="cpu", memory_limit_bytes=2**28, margin=0.0,
@@ -132,7 +132,7 @@ def test_a_model_is_probed_through_its_config(base_args, monkeypatch):
     """The model's config goes to a directory the probe can build from; the arguments shape the workload."""
     import importlib
 
-    probing = importlib.import_module("gaplan.probing")
+    probing = importlib.import_module("gaplan.probing.edge")
 
     model = transformers.AutoModelForCausalLM.from_config(
         transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=300, n_positions=64))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gaplan.plan import run_lengths
+from gaplan.plan.split import run_lengths
 from gaplan.report.formatting import count, failure_reason
 
 

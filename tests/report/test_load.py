@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gaplan.errors import GaplanError
+from gaplan.core.errors import GaplanError
 from gaplan.report import load_run, memory_fit, reference_row, write_report
 from tests.report.runs import (
     BUDGET,

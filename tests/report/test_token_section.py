@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gaplan.errors import GaplanError
-from gaplan.lines import histogram_lines, token_bench_lines
+from gaplan.core.errors import GaplanError
+from gaplan.core.lines import histogram_lines, token_bench_lines
 from gaplan.report import write_report
-from gaplan.schema import THROUGHPUT, check_tokens, read_table, write_table
+from gaplan.runs.schema import THROUGHPUT, check_tokens, read_table, write_table
 
 from .runs import PNG_SIGNATURE, TRIALS, plan_json
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gaplan.errors import GaplanError
+from gaplan.core.errors import GaplanError
 from gaplan.report import ReportFiles, write_report
 from tests.report.runs import TRIALS, make_run, plan_json, png_size, unprobed_plan_json
 

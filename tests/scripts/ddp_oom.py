@@ -11,10 +11,10 @@ import sys
 from safetensors.torch import save_file
 
 from gaplan.data import SyntheticCorpus
-from gaplan.distributed import init_distributed
-from gaplan.plan import make_plan
-from gaplan.training import TrainConfig, train
-from gaplan.workload import WorkloadSpec, build_workload
+from gaplan.parallel.process_group import init_distributed
+from gaplan.plan.split import make_plan
+from gaplan.training.loop import TrainConfig, train
+from gaplan.workload.build import WorkloadSpec, build_workload
 
 SPEC = WorkloadSpec(model="tiny-gpt2", seq_len=16, optimizer="sgd", lr=0.1)
 

@@ -1,0 +1,1 @@
+"""Throughput: every split against a true large batch, and the tuner that picks by measured speed."""

@@ -1,0 +1,1 @@
+"""The command line (click): parse the options, call :mod:`gaplan.workflows`, print. ``gaplan.cli.main:main``."""

@@ -1,0 +1,164 @@
+"""``gaplan bench``: the plan against every other split and a true large batch, or by tokens the token plan against
+the samples plan; options, checks and what is printed (the work is :mod:`gaplan.workflows.bench` and
+:mod:`gaplan.workflows.bench_tokens`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from gaplan.cli.options import (
+    batch_by_options,
+    check_by_tokens,
+    check_granule_option,
+    check_writable,
+    command_line,
+    data_options,
+    data_source_from_options,
+    memory_limit_from_options,
+    positive,
+    spec_from_options,
+    stderr_printer,
+    workload_options,
+)
+from gaplan.cli.output import same_terminal
+from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
+from gaplan.core.errors import GaplanError
+from gaplan.core.lines import histogram_lines, throughput_line, token_bench_lines, trial_line
+from gaplan.runs.folder import default_run_dir
+
+
+@click.command(name="bench")
+@workload_options
+@click.option("--effective-batch", type=int, default=DEFAULT_EFFECTIVE_BATCH, show_default=True,
+              help="Samples per optimizer step.")
+@click.option("--plan", "plan_file", default=None, metavar="PLAN.JSON", help="Use a plan written by gaplan probe.")
+@click.option("--world-size", type=int, default=1, show_default=True,
+              help="With --parallel fsdp: the ranks (2 or more) every timed run trains on, each under the budget.")
+@click.option("--repeats", type=int, default=3, show_default=True, help="Timed optimizer steps per split.")
+@click.option("--warmup", type=int, default=1, show_default=True, help="Untimed optimizer steps first.")
+@click.option("--no-large-batch", is_flag=True, help="Do not run the true large batch (micro-batch = E).")
+@batch_by_options
+@data_options
+@click.option("--rounds", type=int, default=3, show_default=True,
+              help="With --batch-by tokens: fresh training runs per plan, interleaved; rates are their medians.")
+@click.option("--out", default=None, metavar="DIR", help="Run folder (default reports/bench-<model>-<time>).")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object on stdout.")
+@click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+def bench_command(**options: Any) -> None:
+    """Throughput of the plan against other splits and against a true large batch.
+
+    Times whole optimizer steps of the effective batch E (warm-up excluded, median of
+    the repeats) for the plan, for every micro-batch from B* down by powers of two, and
+    for micro-batch E without accumulation. On CPU a large batch that does not fit the
+    budget is run without it, for reference, and labelled so. Probes first (or uses the
+    cached probe, or --plan). Writes throughput.csv, plan.json and the report.
+
+    \b
+    Examples:
+      gaplan bench --effective-batch 256
+      gaplan bench --model tiny-bert-cls --seq-len 64 --effective-batch 64 --repeats 5
+      gaplan bench --plan reports/<run>/plan.json --json
+      gaplan bench --parallel fsdp --world-size 2 --effective-batch 64   # each run: 2 ranks, FSDP2
+      gaplan bench --data corpus.txt --tokenizer bytes --batch-by tokens    # token plan vs samples plan
+
+    With --batch-by tokens: probes T* for --data (as gaplan probe --batch-by tokens), then trains the
+    token plan (micro-batches packed within T* tokens) and the samples plan (B* at the longest length)
+    on the same steps of the data, each run a fresh process under the enforced budget (CPU): --rounds
+    runs per plan, interleaved, each of --warmup untimed and --repeats timed optimizer steps. Prints
+    samples/s, real tokens/s, padding, micro-steps per step, peak, and the ratio of real tokens/s.
+    """
+    from gaplan.devices.backend import resolve_device
+    from gaplan.plan.split import default_search_cap, make_plan
+    from gaplan.probing.cache import probe_for
+    from gaplan.probing.edge import trial_ranks
+    from gaplan.workflows.probe import run_bench
+
+    spec = spec_from_options(options)
+    memory_limit = memory_limit_from_options(options)
+    positive(options, "effective_batch", "repeats", "threads", "world_size", "rounds")
+    if options["warmup"] < 0:
+        raise GaplanError(f"--warmup must be 0 or more (got {options['warmup']})")
+    check_granule_option(options)
+    if options["batch_by"] == "tokens":
+        _bench_by_tokens(spec, memory_limit, options)
+        return
+    if options["data"]:
+        raise GaplanError("--data applies to --batch-by tokens here (bench by samples times full-length batches)")
+    world = options["world_size"]
+    if trial_ranks(spec, world) == 1 and world != 1:
+        raise GaplanError("--world-size applies to --parallel fsdp here (every timed run trains all its ranks); "
+                          "a replicated (DDP) split is timed in one process: use --world-size 1")
+    make_plan(options["effective_batch"], options["effective_batch"], world)  # E must divide over the ranks
+    device = resolve_device(options["device"])
+    out = options["out"] or default_run_dir("bench", spec.model)
+    check_writable(out)
+    say = stderr_printer(options["quiet"])
+    spec, probed = probe_for(spec, device, memory_limit, default_search_cap(options["effective_batch"], world),
+                             plan_file=options["plan_file"], grad_checkpointing=options["grad_checkpointing"],
+                             threads=options["threads"], say=say, on_trial=lambda t: say(trial_line(t)),
+                             world_size=world)
+    say(f"timing splits of effective batch {options['effective_batch']} (B* = {probed.max_micro_batch}, "
+        f"{options['warmup']} warm-up + {options['repeats']} timed steps each) ...")
+    live = not options["quiet"] and same_terminal()
+    measured, files = run_bench(probed, out, options["effective_batch"], repeats=options["repeats"],
+                                warmup=options["warmup"], threads=options["threads"],
+                                large_batch=not options["no_large_batch"], command=command_line(),
+                                on_row=lambda row: say(throughput_line(row)))
+    if options["as_json"]:
+        click.echo(json.dumps({"run_dir": out, "effective_batch": measured.effective_batch,
+                               "rows": measured.to_records(), "report": files}))
+        return
+    if not live:
+        for row in measured.rows:
+            click.echo(throughput_line(row))
+    best = measured.best_fitting()
+    if best is not None:
+        click.echo(f"fastest split that fits: {best.split} at {best.samples_per_s:.1f} samples/s")
+    click.echo(f"throughput.csv and the report written to {out}")
+
+
+def _bench_by_tokens(spec: Any, memory_limit: int | None, options: dict[str, Any]) -> None:
+    """``gaplan bench --batch-by tokens``: T*, then the token plan against the samples plan on the same data."""
+    from gaplan.core.constants import TOKEN_PLAN_KIND
+    from gaplan.workflows.bench_tokens import run_token_bench
+
+    check_by_tokens(spec, options, "bench")
+    if options["plan_file"]:
+        raise GaplanError("--plan is a samples plan: gaplan bench --batch-by tokens probes T* and B* for --data")
+    out = options["out"] or default_run_dir("bench", spec.model)
+    check_writable(out)
+    say = stderr_printer(options["quiet"])
+    live = not options["quiet"] and same_terminal()
+
+    def on_run(kind: str, round_number: int, run: dict[str, Any]) -> None:
+        name = "token plan  " if kind == TOKEN_PLAN_KIND else "samples plan"
+        if "error" in run:
+            say(f"  round {round_number}  {name}  failed: {run['error']}")
+        else:
+            say(f"  round {round_number}  {name}  {run['samples_per_s']:8.1f} samples/s  {run['tokens_per_s']:9,.0f} "
+                f"real tokens/s  {sum(run['micro_steps']) / len(run['micro_steps']):5.1f} micro-steps per step")
+
+    result = run_token_bench(spec, out, data_source_from_options(options), device=options["device"],
+                             memory_limit=memory_limit, granule=options["granule"],
+                             effective_batch=options["effective_batch"], warmup=options["warmup"],
+                             repeats=options["repeats"], rounds=options["rounds"], threads=options["threads"],
+                             command=command_line(), say=say, on_trial=lambda t: say(trial_line(t)),
+                             on_profile=lambda profile: say("\n".join(histogram_lines(profile.histogram))) if live
+                             else None, on_run=on_run)
+    if options["as_json"]:
+        click.echo(json.dumps(result.to_dict()))
+        return
+    probe = result.probe
+    if not live:
+        click.echo(f"lengths    {probe.profile.describe()}")
+        click.echo("\n".join(histogram_lines(probe.profile.histogram)))
+    click.echo(probe.budget.describe())
+    click.echo(f"samples plan: B* = {probe.long_probe.max_micro_batch} at the longest length "
+               f"({probe.profile.longest} tokens)\n")
+    click.echo("\n".join(token_bench_lines(result.rows)))
+    if result.ratio is not None:
+        click.echo(f"\nreal tokens/s, token plan / samples plan: {result.ratio:.2f}x")
+    click.echo(f"throughput.csv, tokens.json and the report written to {out}")

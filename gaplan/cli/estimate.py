@@ -1,0 +1,106 @@
+"""``gaplan estimate``: the largest micro-batch for a GPU you don't have, traced on fake tensors."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from gaplan.cli.options import SEARCH_CAP_OPTION, memory_limit_from_options, positive, spec_from_options, workload_options
+from gaplan.cli.output import print_estimate
+from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
+from gaplan.core.errors import GaplanError
+from gaplan.core.units import format_bytes
+from gaplan.plan.layouts import resolve_world
+from gaplan.plan.split import default_search_cap
+
+
+@click.command(name="estimate")
+@workload_options
+@click.option("--target", default=None, metavar="GPU", help="A GPU from --list-targets (default h100-80gb when no "
+                                                            "--memory-limit is given).")
+@click.option("--list-targets", is_flag=True, help="List the known GPUs and their usable memory, then exit.")
+@click.option("--effective-batch", type=int, default=DEFAULT_EFFECTIVE_BATCH, show_default=True,
+              help="Samples per optimizer step.")
+@click.option("--sizes", default=None, metavar="B1,B2", help="Micro-batches whose micro-steps draw the memory line "
+                                                             "(default 1,2).")
+@click.option("--world-size", type=int, default=None,
+              help="Ranks the effective batch is split over (default 1, or --nodes x --gpus-per-node); every figure is "
+                   "per rank. With --parallel fsdp, one rank of a W-way FSDP2 step is traced.")
+@click.option("--nodes", type=int, default=None, help="Machines the ranks run on (for the torchrun command; default 1).")
+@click.option("--gpus-per-node", type=int, default=None,
+              help="Ranks per machine when --world-size is not given (default 8 with --nodes, an HGX node).")
+@SEARCH_CAP_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.option("--quiet", is_flag=True, help="No progress line on stderr.")
+def estimate_command(**options: Any) -> None:
+    """Plan for a GPU you don't have: trace one training step on fake tensors, allocate nothing.
+
+    The model is built on the meta device and traced under FakeTensorMode with torch's
+    MemTracker: weights, gradients, optimizer states and the activations of the real
+    model code, at two micro-batch sizes; the line through them predicts the largest
+    micro-batch, which is then traced to check it. CUDA's allocator rounding, context
+    and workspace reserve, foreach AdamW and autocast are modelled and stated.
+    --device cpu models a CPU process instead (to compare with gaplan probe).
+
+    With --parallel fsdp --world-size W, one rank of a W-way FSDP2 step is traced with
+    torch's FSDPMemTracker on a fake process group (no GPU, no other process): sharded
+    and gathered parameters and gradients, optimizer states, activations, all-gather and
+    reduce-scatter buffers. The output ends with the command that launches the plan.
+
+    \b
+    Examples:
+      gaplan estimate --target h100-80gb --model ./llama-7b-config-dir --seq-len 2048 --dtype bf16 --effective-batch 512
+      gaplan estimate --model llama-2-7b --seq-len 4096 --dtype bf16 --target h100-80gb --world-size 8 \\
+          --parallel fsdp --effective-batch 512
+      gaplan estimate --model llama-2-70b --dtype bf16 --grad-checkpointing --parallel fsdp --grad-sync every \\
+          --target h100-80gb --nodes 8 --effective-batch 512
+      gaplan estimate --memory-limit 24GiB --model tiny-llama --json
+      gaplan estimate --list-targets
+      gaplan estimate --device cpu --memory-limit 1GiB     # compare with: gaplan probe
+    """
+    from gaplan.estimate import estimate, list_targets
+    from gaplan.estimate.sharded import check_world_size
+
+    if options["list_targets"]:
+        targets = list_targets()
+        if options["as_json"]:
+            click.echo(json.dumps([t.to_dict() for t in targets]))
+            return
+        click.echo(f"{'target':<12} {'memory':>10} {'reserve':>10} {'usable':>10}  description")
+        for t in targets:
+            click.echo(f"{t.name:<12} {format_bytes(t.total_bytes):>10} {format_bytes(t.reserve_bytes):>10} "
+                       f"{format_bytes(t.usable_bytes):>10}  {t.description}")
+        return
+    spec = spec_from_options(options)
+    memory_limit = memory_limit_from_options(options)
+    positive(options, "effective_batch", "search_cap", "threads")
+    world_size, nodes = resolve_world(options["world_size"], options["nodes"], options["gpus_per_node"])
+    check_world_size(spec, world_size)
+    sizes = parse_sizes(options["sizes"])
+    kind = "cpu" if (options["device"] or "auto").strip().lower() == "cpu" else "cuda"
+    if kind == "cpu" and options["target"]:
+        raise GaplanError("--target is a GPU: it does not go with --device cpu")
+    if not options["quiet"]:
+        rank = f"one rank of {world_size} ({spec.parallel}) " if world_size > 1 else ""
+        click.echo(f"tracing {rank}{spec.model} on fake tensors (nothing is allocated) ...", err=True)
+    result = estimate(spec, memory_limit=memory_limit, target=options["target"], effective_batch=options["effective_batch"],
+                      sizes=sizes, device_kind=kind, threads=options["threads"], world_size=world_size, nodes=nodes,
+                      search_cap=options["search_cap"] or default_search_cap(options["effective_batch"], world_size))
+    if options["as_json"]:
+        click.echo(json.dumps(result.to_dict()))
+        return
+    print_estimate(result)
+
+
+def parse_sizes(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise GaplanError(f"--sizes must be comma-separated positive integers (got {text!r})") from None
+    if len(sizes) < 2 or min(sizes) < 1:
+        raise GaplanError(f"--sizes needs at least two positive micro-batch sizes (got {text!r})")
+    return sizes

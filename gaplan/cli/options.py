@@ -1,0 +1,189 @@
+"""Options and input checks shared by the ``gaplan`` commands (click). No torch."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from gaplan.core.errors import GaplanError
+from gaplan.core.units import parse_bytes
+
+WORKLOAD_HELP = "Presets: tiny-gpt2 (default), small-gpt2, tiny-llama, tiny-bert-mlm, tiny-bert-cls."
+
+
+def workload_options(func: Callable) -> Callable:
+    """Options that describe what is trained, shared by every command that builds a model."""
+    options = [
+        click.option("--model", default="tiny-gpt2", show_default=True, metavar="NAME|DIR|MODULE:FUNC",
+                     help="A preset, a Hugging Face model directory or cached id, or module:function. "
+                          + WORKLOAD_HELP),
+        click.option("--task", default=None, metavar="TASK",
+                     help="causal-lm, masked-lm or classification (default: the model's own)."),
+        click.option("--seq-len", type=int, default=None, help="Sequence length of every sample (default: preset's)."),
+        click.option("--dtype", default="fp32", show_default=True, metavar="fp32|bf16|fp16",
+                     help="Compute dtype (autocast; weights keep --weights-dtype)."),
+        click.option("--optimizer", default="adamw", show_default=True, metavar="adamw|sgd"),
+        click.option("--lr", type=float, default=None, help="Learning rate (default: 1e-3 for adamw, 1e-4 for sgd)."),
+        click.option("--grad-checkpointing", type=click.Choice(["off", "on", "auto"]), default=None, is_flag=False,
+                     flag_value="on", help="Recompute activations in backward: on, off (default), or auto "
+                                          "(probe: on only when a larger micro-batch fits and wins on throughput)."),
+        click.option("--init", type=click.Choice(["auto", "pretrained", "random"]), default="auto", show_default=True,
+                     help="A model folder's weights: auto (its weights when it has them, else a random init), "
+                          "pretrained (require them) or random (a fresh init from the config)."),
+        click.option("--weights-dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32",
+                     show_default=True, help="Dtype of the master weights (--dtype is the autocast compute dtype)."),
+        click.option("--trust-remote-code", is_flag=True, help="Let transformers run the model folder's own code."),
+        click.option("--parallel", type=click.Choice(["ddp", "fsdp"]), default="ddp", show_default=True,
+                     help="Over several ranks: ddp (replicated) or fsdp (FSDP2, each block sharded over the ranks)."),
+        click.option("--cpu-offload", is_flag=True,
+                     help="With --parallel fsdp: keep parameters, gradients and optimizer states on the CPU."),
+        click.option("--grad-sync", type=click.Choice(["last", "every"]), default="last", show_default=True,
+                     help="With --parallel fsdp: reduce-scatter gradients on the last micro-step only, or on "
+                          "every one (gradients stay sharded between micro-steps: less memory, more traffic)."),
+        click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda[:N]"),
+        click.option("--memory-limit", default=None, metavar="SIZE",
+                     help="Memory budget, e.g. 2GiB or 800MB (CPU default 1 GiB; CUDA default: the card)."),
+        click.option("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def data_options(func: Callable) -> Callable:
+    """Options that name the training data and how it is read (train, and probe/bench ``--batch-by tokens``)."""
+    options = [
+        click.option("--data", default=None, metavar="PATH",
+                     help="Text file (a sample a line), JSONL, a datasets folder (save_to_disk) or a .parquet file."),
+        click.option("--text-field", default="text", show_default=True,
+                     help="The text field of JSONL, datasets or parquet data."),
+        click.option("--label-field", default="label", show_default=True, help="The label field (classification)."),
+        click.option("--long-samples", type=click.Choice(["split", "truncate"]), default="split", show_default=True,
+                     help="Samples longer than --seq-len: split into seq-len chunks, or truncate them."),
+        click.option("--tokenizer", default=None, metavar="bytes|DIR",
+                     help="Tokenizer for --data: the model folder's own by default; 'bytes' for byte tokens; "
+                          "or a folder."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def batch_by_options(func: Callable) -> Callable:
+    """``--batch-by`` and ``--granule``: micro-batches of a number of samples, or packed within a token budget."""
+    options = [
+        click.option("--batch-by", type=click.Choice(["samples", "tokens"]), default="samples", show_default=True,
+                     help="samples: micro-batches of a fixed number of samples; tokens: each step's samples packed "
+                          "into micro-batches of at most T padded tokens (long-tailed data wastes less on padding; "
+                          "T* is probed from --data's lengths)."),
+        click.option("--granule", type=int, default=64, show_default=True,
+                     help="With --batch-by tokens: a probed token budget is a multiple of this many tokens."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def check_granule_option(options: dict[str, Any]) -> None:
+    if options["granule"] < 1:
+        raise GaplanError(f"--granule must be a positive number of tokens (got {options['granule']})")
+
+
+def data_source_from_options(options: dict[str, Any]):
+    """The ``--data`` options as a :class:`gaplan.workflows.probe_tokens.DataSource` (None without ``--data``)."""
+    from gaplan.workflows.probe_tokens import DataSource
+
+    if not options["data"]:
+        return None
+    return DataSource(options["data"], text_field=options["text_field"], label_field=options["label_field"],
+                      long_samples=options["long_samples"], tokenizer=options["tokenizer"])
+
+
+SEARCH_CAP_OPTION = click.option("--search-cap", "--max-micro-batch", "search_cap", type=int, default=None,
+                                 help="Do not try micro-batches above this (default: the effective batch per "
+                                      "device, ceil(E/W): a larger one is never used by the plan).")
+
+
+def spec_from_options(options: dict[str, Any]):
+    from gaplan.workload.spec import WorkloadSpec
+
+    return WorkloadSpec(model=options["model"], task=options["task"], seq_len=options["seq_len"],
+                        dtype=options["dtype"], optimizer=options["optimizer"], lr=options["lr"],
+                        grad_checkpointing=options["grad_checkpointing"] == "on", init=options["init"],
+                        weights_dtype=options["weights_dtype"], trust_remote_code=options["trust_remote_code"],
+                        parallel=options["parallel"], cpu_offload=options["cpu_offload"],
+                        grad_sync=options["grad_sync"]).validate().check_device(options.get("device") or "auto")
+
+
+def memory_limit_from_options(options: dict[str, Any]) -> int | None:
+    text = options["memory_limit"]
+    return None if text is None else parse_bytes(text)
+
+
+def check_writable(directory: str, what: str = "--out") -> None:
+    """Fail before any work when the output cannot be written (nothing half-written after)."""
+    target = os.path.abspath(directory)
+    if os.path.exists(target) and not os.path.isdir(target):
+        raise GaplanError(f"{what} {directory} exists and is not a directory")
+    parent = target
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    try:  # really try: permission bits say nothing for root or on /proc-like file systems
+        os.rmdir(tempfile.mkdtemp(prefix=".gaplan-check-", dir=parent))
+    except OSError:
+        raise GaplanError(f"{what} {directory} is not writable") from None
+
+
+def positive(options: dict[str, Any], *names: str) -> None:
+    for name in names:
+        value = options[name]
+        if value is not None and value < 1:
+            raise GaplanError(f"--{name.replace('_', '-')} must be a positive integer (got {value})")
+
+
+def command_line() -> str:
+    """This invocation as a shell command, recorded in plan.json so a report says how to reproduce it.
+
+    Rebuilt from the options given (not from ``sys.argv``, which is the host program's when gaplan is
+    called in-process, as by click's test runner); defaults are left out, as the user left them out.
+    """
+    ctx = click.get_current_context()
+    words = ["gaplan", ctx.info_name or ""]
+    given = given_on_command_line(ctx)
+    for param in ctx.command.params:
+        if param.name not in given or not isinstance(param, click.Option):
+            continue
+        flag, value = max(param.opts, key=len), ctx.params[param.name]
+        if param.is_flag:
+            words += [flag] if value else param.secondary_opts[-1:]
+        else:
+            for item in value if param.multiple else [value]:
+                words += [flag, str(item)]
+    return " ".join(map(shlex.quote, words))
+
+
+def stderr_printer(quiet: bool) -> Callable[[str], None]:
+    return (lambda text: None) if quiet else (lambda text: click.echo(text, err=True))
+
+
+def given_on_command_line(ctx: click.Context) -> set[str]:
+    """The options the user gave (not defaults): what ``--resume`` checks against the saved run."""
+    from click.core import ParameterSource
+
+    return {name for name in ctx.params
+            if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
+
+
+def check_by_tokens(spec: Any, options: dict[str, Any], command: str) -> None:
+    """What every ``--batch-by tokens`` probe needs: the data's lengths, one device."""
+    if not options["data"]:
+        raise GaplanError(f"--batch-by tokens probes the token budget from the data's lengths: give --data "
+                          f"(gaplan {command} --data FILE --batch-by tokens)")
+    if spec.parallel == "fsdp" or options.get("world_size", 1) != 1:
+        raise GaplanError(f"gaplan {command} --batch-by tokens probes one device: use --world-size 1 and "
+                          "--parallel ddp (gaplan train under torchrun probes T* per node)")

@@ -1,0 +1,162 @@
+"""``gaplan plan``: which layout (DDP, FSDP, checkpointing, CPU offload; weight precision) to train a model with."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from gaplan.cli.options import WORKLOAD_HELP, check_writable, memory_limit_from_options, positive, stderr_printer
+from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
+from gaplan.core.errors import GaplanError
+from gaplan.plan.layouts import MACHINERY, resolve_world
+
+
+@click.command(name="plan")
+@click.option("--model", default="tiny-gpt2", show_default=True, metavar="NAME|DIR|MODULE:FUNC",
+              help="A preset, a Hugging Face model directory or cached id, or module:function. " + WORKLOAD_HELP
+              + " Shapes to plan for: llama-2-7b, llama-2-13b, llama-2-70b.")
+@click.option("--task", default=None, metavar="TASK", help="causal-lm, masked-lm or classification (default: the model's).")
+@click.option("--seq-len", type=int, default=None, help="Sequence length of every sample (default: the model's).")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True,
+              help="Compute dtype; the layouts try fp32 weights with it (autocast) and pure low-precision weights.")
+@click.option("--optimizer", type=click.Choice(["adamw", "sgd"]), default="adamw", show_default=True)
+@click.option("--lr", type=float, default=None, help="Learning rate for the launch command (default: the optimizer's).")
+@click.option("--trust-remote-code", is_flag=True, help="Let transformers run the model folder's own code.")
+@click.option("--layouts", "machinery", default=",".join(MACHINERY), show_default=True, metavar="L1,L2",
+              help="The layouts to compare: " + ", ".join(MACHINERY) + ".")
+@click.option("--grad-sync", type=click.Choice(["auto", "last", "every"]), default="auto", show_default=True,
+              help="FSDP gradient reduce-scatter: on the last micro-step, on every one, or auto (the last unless "
+                   "every lets a larger micro-batch fit).")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
+              help="cuda: plan for GPUs (--target or --memory-limit); cpu: CPU processes (compare with gaplan probe).")
+@click.option("--target", default=None, metavar="GPU", help="A GPU from gaplan estimate --list-targets (default "
+                                                            "h100-80gb when no --memory-limit is given).")
+@click.option("--memory-limit", default=None, metavar="SIZE", help="Memory per rank, e.g. 40GiB (instead of a target).")
+@click.option("--world-size", type=int, default=None,
+              help="Ranks (default 1, or --nodes x --gpus-per-node).")
+@click.option("--nodes", type=int, default=None, help="Machines the ranks run on (default 1).")
+@click.option("--gpus-per-node", type=int, default=None,
+              help="Ranks per machine when --world-size is not given (default 8 with --nodes).")
+@click.option("--effective-batch", type=int, default=DEFAULT_EFFECTIVE_BATCH, show_default=True,
+              help="Samples per optimizer step, the same for every layout.")
+@click.option("--threads", type=int, default=None, help="CPU threads of the modelled process (--device cpu).")
+@click.option("--measure", is_flag=True,
+              help="Then probe and time every layout that fits on this machine's device (W local GPUs, or W CPU "
+                   "processes with --device cpu): the table gets the measured B*, peak and samples/s, and the pick "
+                   "is the fastest. Minutes per layout.")
+@click.option("--repeats", type=int, default=3, show_default=True, help="Timed optimizer steps per layout (--measure).")
+@click.option("--out", default=None, metavar="DIR",
+              help="Folder for layouts.csv/json, layouts.png, report.md/html (default reports/plan-<model>-<time>).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of the table.")
+@click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+def plan_command(**options: Any) -> None:
+    """Compare the ways to train a model over W ranks and pick one: layout, precision, micro-batch, launch command.
+
+    Every layout -- DDP, FSDP, FSDP + activation checkpointing, FSDP + CPU offload, each
+    with fp32 weights and low-precision compute or pure low-precision weights -- is
+    estimated with gaplan estimate (one rank traced on fake tensors; nothing is
+    allocated), giving its peak per rank, the largest micro-batch B* and the split of
+    the effective batch. The pick has the fewest accumulation steps; on a tie, the finer
+    precision, then the least memory-saving machinery (each costs time). With --measure,
+    each layout that fits is then probed and timed on this machine, and the fastest wins.
+
+    \b
+    Examples:
+      gaplan plan --model llama-2-7b --seq-len 4096 --target h100-80gb --world-size 8 --effective-batch 512
+      gaplan plan --model llama-2-70b --target h100-80gb --nodes 8 --effective-batch 512 --layouts fsdp,fsdp+ckpt
+      gaplan plan --model tiny-gpt2 --seq-len 16 --device cpu --memory-limit 200MiB --world-size 2 --json
+      gaplan plan --model tiny-gpt2 --seq-len 16 --device cpu --world-size 2 --effective-batch 64 --measure
+    """
+    from gaplan.report.layout_report import (
+        header_line,
+        layouts_frame,
+        not_estimated_lines,
+        pick_line,
+        table_text,
+        write_layout_report,
+    )
+    from gaplan.runs.folder import default_run_dir
+    from gaplan.workflows.plan import compare_layouts
+    from gaplan.workload.spec import WorkloadSpec
+
+    positive(options, "effective_batch", "threads", "repeats")
+    world_size, nodes = resolve_world(options["world_size"], options["nodes"], options["gpus_per_node"])
+    machinery = [part.strip() for part in options["machinery"].split(",") if part.strip()]
+    unknown = [m for m in machinery if m not in MACHINERY]
+    if unknown or not machinery:
+        raise GaplanError(f"--layouts: unknown layout {(unknown or [''])[0]!r}; choose from {', '.join(MACHINERY)}")
+    if options["device"] == "cpu" and options["target"]:
+        raise GaplanError("--target is a GPU: it does not go with --device cpu")
+    spec = WorkloadSpec(model=options["model"], task=options["task"], seq_len=options["seq_len"],
+                        dtype=options["dtype"], optimizer=options["optimizer"], lr=options["lr"],
+                        trust_remote_code=options["trust_remote_code"]).validate()
+    if options["measure"] and options["target"]:
+        raise GaplanError("--measure probes this machine's device: give --memory-limit per rank (or nothing: the "
+                          "whole card), not --target")
+    if options["measure"] and nodes > 1:
+        raise GaplanError("--measure runs every rank on this machine: it does not go with --nodes")
+    out = options["out"] or default_run_dir("plan", spec.model)
+    check_writable(out)
+    say = stderr_printer(options["quiet"])
+    say(f"estimating {len(machinery)} layout(s) x 3 precisions of {spec.model} for {world_size} rank(s) on fake "
+        "tensors (nothing is allocated) ...")
+
+    def progress(result) -> None:
+        what = f"{result.layout.label}, {result.precision_label}"
+        if result.fits is None:
+            say(f"  {what}: not estimated")
+        elif result.fits:
+            say(f"  {what}: B* {result.max_micro_batch}, peak {_bytes(result.peak_bytes)} per rank")
+        else:
+            say(f"  {what}: does not fit")
+
+    comparison = compare_layouts(
+        spec, world_size=world_size, nodes=nodes, effective_batch=options["effective_batch"],
+        memory_limit=memory_limit_from_options(options), target=options["target"], device_kind=options["device"],
+        dtype=options["dtype"], machinery=machinery, grad_sync=options["grad_sync"], threads=options["threads"],
+        on_result=progress)
+    if options["measure"]:
+        from gaplan.workflows.plan_measure import measure_layouts
+
+        fitting = sum(1 for r in comparison.results if r.fits)
+        say(f"measuring the {fitting} layout(s) that fit on this machine ({options['device']}, {world_size} "
+            "rank(s)): an exact probe and a timed plan each ...")
+
+        def measured(result) -> None:
+            what = f"{result.layout.label}, {result.precision_label}"
+            if result.samples_per_s:
+                say(f"  {what}: B* {result.max_micro_batch} (estimated {result.extra.get('estimated_max_micro_batch')})"
+                    f", {result.micro_batch} x {result.grad_accum_steps} x {result.world_size}: "
+                    f"{result.samples_per_s:.1f} samples/s")
+            else:
+                say(f"  {what}: {result.note}")
+
+        comparison = measure_layouts(comparison, spec, device=options["device"],
+                                     memory_limit=memory_limit_from_options(options), threads=options["threads"],
+                                     repeats=options["repeats"], on_result=measured)
+    files = write_layout_report(out, comparison)
+    if options["as_json"]:
+        click.echo(json.dumps({**comparison.to_dict(), "out": out, "files": files}))
+        return
+    click.echo(header_line(comparison))
+    click.echo("")
+    click.echo(table_text(layouts_frame(comparison)))
+    for line in not_estimated_lines(comparison):
+        click.echo(line)
+    if any(r.extra.get("capped") for r in comparison.results):
+        click.echo("(cap): B* reached one rank's share of the effective batch; a larger micro-batch may fit but is "
+                   "never used")
+    click.echo("")
+    click.echo(pick_line(comparison))
+    chosen = comparison.pick
+    if chosen is not None and chosen.command:
+        click.echo(f"launch: {chosen.command}")
+    click.echo(f"report: {out}/report.md (and report.html, layouts.png, layouts.csv, layouts.json)")
+
+
+def _bytes(value: int | None) -> str:
+    from gaplan.core.units import format_bytes
+
+    return format_bytes(value or 0)

@@ -1,0 +1,185 @@
+"""``gaplan train``: options, the checks of what was given, and what is printed; the work is :func:`gaplan.run_train`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from gaplan.cli.options import (
+    batch_by_options,
+    check_granule_option,
+    check_writable,
+    command_line,
+    data_options,
+    given_on_command_line,
+    memory_limit_from_options,
+    positive,
+    spec_from_options,
+    stderr_printer,
+    workload_options,
+)
+from gaplan.cli.output import ProgressBar
+from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, DEFAULT_TRAIN_STEPS
+from gaplan.core.errors import GaplanError
+from gaplan.core.lines import throughput_line
+from gaplan.runs.folder import CHECKPOINT, REPORT_HTML, REPORT_MD, default_run_dir, path_in
+
+
+@click.command(name="train")
+@workload_options
+@click.option("--effective-batch", type=int, default=None,
+              help=f"Samples per optimizer step (default {DEFAULT_EFFECTIVE_BATCH}, or the plan's).")
+@click.option("--effective-tokens", type=int, default=None, metavar="TOKENS",
+              help="With --batch-by tokens, instead of --effective-batch: each optimizer step takes the next samples "
+                   "(in the seeded data order) until their real tokens reach TOKENS, the last sample crossing it "
+                   "(so a step holds TOKENS or a little more), packed into micro-batches as usual; the loss is "
+                   "normalized over the step's real target tokens.")
+@click.option("--micro-batch", type=int, default=None, help="Skip the probe and use this micro-batch.")
+@batch_by_options
+@click.option("--token-budget", type=int, default=None, metavar="TOKENS",
+              help="With --batch-by tokens: the most padded tokens (samples x longest) in one micro-batch "
+                   "(default: probed from --data's lengths, T*).")
+@click.option("--token-plan", default=None, metavar="TOKENS.JSON",
+              help="With --batch-by tokens: take T* from a tokens.json written by gaplan probe --batch-by tokens.")
+@click.option("--plan", "plan_file", default=None, metavar="PLAN.JSON", help="Use a plan written by gaplan probe.")
+@data_options
+@click.option("--steps", type=int, default=DEFAULT_TRAIN_STEPS, show_default=True, help="Optimizer steps.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--max-grad-norm", type=float, default=None, help="Clip the gradient norm (after fp16 unscaling).")
+@click.option("--warmup-steps", type=int, default=0, show_default=True, help="Linear learning-rate warm-up steps.")
+@click.option("--checkpoint-every", type=int, default=0, show_default=True,
+              help="Checkpoint every N steps (always at the end and on SIGINT/SIGTERM).")
+@click.option("--resume", default=None, metavar="RUN_DIR", help="Continue the run in RUN_DIR from its checkpoint.")
+@click.option("--save-weights", default=None, metavar="FILE", help="Write the final weights (safetensors).")
+@click.option("--save-model", default=None, metavar="DIR", help="Write the trained model as a save_pretrained folder "
+                                                                "(config, weights, tokenizer) that transformers loads.")
+@click.option("--out", default=None, metavar="DIR", help="Run folder (default reports/train-<model>-<time>).")
+@click.option("--enforce-memory-limit", is_flag=True, help="CPU: train under --memory-limit (default 1 GiB) as the "
+                                                           "probe's trials do, so a plan that is too big hits real OOMs.")
+@click.option("--compare", is_flag=True, help="After training, time the plan against other splits and a true "
+                                              "large batch, and write the report (with loss and samples/s plots).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def train_command(**options: Any) -> None:
+    """Train with gradient accumulation and a loss equal to the large-batch loss, token for token.
+
+    Without --plan or --micro-batch, probes first (reusing a cached probe of the same
+    workload, device, budget and threads). Each micro-batch's summed token loss is divided
+    by the number of targets in the whole optimizer step (all micro-batches, all ranks).
+
+    \b
+    Examples:
+      gaplan train --effective-batch 256
+      gaplan train --model tiny-bert-mlm --effective-batch 64 --steps 50 --memory-limit 1GiB
+      gaplan train --plan reports/<run>/plan.json --data corpus.txt
+      gaplan train --effective-batch 32 --micro-batch 8 --optimizer sgd --lr 0.1 --steps 1 --save-weights w.safetensors
+      torchrun --nproc-per-node 2 -m gaplan train --effective-batch 64 --micro-batch 8
+      # FSDP; an OOM is redone from the last checkpoint at half the micro-batch through torchrun's restart:
+      TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node 2 --rdzv-backend c10d
+          --rdzv-endpoint localhost:29500 --max-restarts 1 -m gaplan train --parallel fsdp --checkpoint-every 10
+      gaplan train --effective-batch 256 --resume reports/<run>
+      gaplan train --effective-batch 64 --compare           # then: the run folder's report.html
+    """
+    from gaplan.workflows.train import TrainOptions, resume_settings, run_train
+
+    spec = spec_from_options(options)
+    memory_limit = memory_limit_from_options(options)
+    positive(options, "effective_batch", "effective_tokens", "micro_batch", "steps", "threads")
+    for name in ("warmup_steps", "checkpoint_every"):
+        if options[name] < 0:
+            raise GaplanError(f"--{name.replace('_', '-')} must be 0 or more (got {options[name]})")
+    run_dir = options["resume"] or options["out"] or default_run_dir("train", spec.model)
+    if options["resume"] and not os.path.isfile(path_in(run_dir, CHECKPOINT)):
+        raise GaplanError(f"--resume {run_dir}: no {CHECKPOINT} in it")
+    check_writable(run_dir)
+    if options["save_weights"]:
+        check_writable(os.path.dirname(os.path.abspath(options["save_weights"])), "--save-weights")
+    if options["save_model"]:
+        from gaplan.workload.model_io import check_save_path
+
+        check_save_path(options["save_model"])
+    train_options = TrainOptions(
+        effective_batch=options["effective_batch"], effective_tokens=_effective_tokens(options),
+        micro_batch=options["micro_batch"],
+        batch_by=options["batch_by"], token_budget=_token_budget(options, spec, memory_limit),
+        granule=options["granule"],
+        plan_file=options["plan_file"],
+        grad_checkpointing=options["grad_checkpointing"], data=options["data"], text_field=options["text_field"],
+        label_field=options["label_field"], long_samples=options["long_samples"], tokenizer=options["tokenizer"],
+        steps=options["steps"],
+        seed=options["seed"], max_grad_norm=options["max_grad_norm"], warmup_steps=options["warmup_steps"],
+        checkpoint_every=options["checkpoint_every"], save_weights=options["save_weights"],
+        save_model=options["save_model"], enforce_memory_limit=options["enforce_memory_limit"],
+        compare=options["compare"], threads=options["threads"], command=command_line())
+    device = options["device"]
+    if options["resume"]:  # the run as it was started; what was given again must agree with it
+        given = given_on_command_line(click.get_current_context())
+        spec_fields = {"model", "task", "seq_len", "dtype", "weights_dtype", "optimizer", "lr", "init",
+                       "trust_remote_code", "parallel", "cpu_offload", "grad_sync"}
+        given_spec = {k: getattr(spec, k) for k in spec_fields if k in given}
+        if "grad_checkpointing" in given and options["grad_checkpointing"] in ("on", "off"):
+            given_spec["grad_checkpointing"] = options["grad_checkpointing"] == "on"
+        given_options = {k: getattr(train_options, k) for k in given if hasattr(train_options, k)}
+        given_options.update(command=train_options.command)
+        spec, train_options, environment = resume_settings(run_dir, given_spec, given_options)
+        device = device if "device" in given else environment.get("device", device)
+        memory_limit = memory_limit if "memory_limit" in given else environment.get("memory_limit")
+    say = stderr_printer(options["quiet"])
+    # Under torchrun every rank runs this; one bar (rank 0's) is enough.
+    bar = ProgressBar(train_options.steps, enabled=not options["quiet"] and os.environ.get("RANK", "0") == "0")
+    run = run_train(spec, run_dir, train_options, device=device, memory_limit=memory_limit, say=say,
+                    on_step=bar.step, on_event=bar.write, on_row=lambda row: say(throughput_line(row)))
+    bar.close()
+    if not run.is_main:
+        return
+    summary = run.summary
+    if options["as_json"]:
+        click.echo(json.dumps(summary))
+    elif summary["steps"]:
+        click.echo(f"trained {summary['steps']} steps in {summary['seconds']:.1f} s: loss {summary['loss_first']:.4f} -> "
+                   f"{summary['loss_last']:.4f}, {summary['samples_per_s']:.1f} samples/s, "
+                   f"{summary['tokens_per_s']:.0f} tokens/s; log and checkpoint in {run_dir}")
+        if summary.get("report"):
+            click.echo(f"report written to {path_in(run_dir, REPORT_MD)} and {REPORT_HTML}")
+    if run.interrupted:
+        sys.exit(130)
+
+
+def _effective_tokens(options: dict) -> int | None:
+    """``--effective-tokens``, checked: it sizes a step packed by tokens, in place of ``--effective-batch``."""
+    if options["effective_tokens"] is None:
+        return None
+    if options["batch_by"] != "tokens":
+        raise GaplanError("--effective-tokens needs --batch-by tokens (steps of a number of tokens are packed by tokens)")
+    if options["effective_batch"] is not None:
+        raise GaplanError("--effective-tokens and --effective-batch both set the size of a step: give one")
+    return options["effective_tokens"]
+
+
+def _token_budget(options: dict, spec: Any = None, memory_limit: int | None = None) -> int | None:
+    """The token budget given with ``--batch-by tokens`` (``--token-budget``, or T* of ``--token-plan``; None: probe
+    it), checked; None by samples."""
+    check_granule_option(options)
+    if options["batch_by"] == "samples":
+        for name in ("token_budget", "token_plan"):
+            if options[name] is not None:
+                raise GaplanError(f"--{name.replace('_', '-')} needs --batch-by tokens")
+        return None
+    if options["token_budget"] is not None and options["token_budget"] < 2:
+        raise GaplanError(f"--token-budget must be at least 2 tokens (got {options['token_budget']})")
+    if options["micro_batch"] is not None or options["plan_file"] is not None:
+        raise GaplanError("--batch-by tokens packs by --token-budget: leave out --micro-batch and --plan")
+    if options["token_plan"] is None:
+        return options["token_budget"]
+    if options["token_budget"] is not None:
+        raise GaplanError("--token-budget and --token-plan both give the token budget: give one")
+    from gaplan.devices.backend import resolve_device
+    from gaplan.workflows.probe_tokens import token_budget_from_plan
+
+    budget = token_budget_from_plan(options["token_plan"], spec, resolve_device(options["device"]), memory_limit)
+    stderr_printer(options["quiet"])(f"token plan {options['token_plan']}: {budget.describe()}")
+    return budget.token_budget

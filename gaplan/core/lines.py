@@ -1,0 +1,52 @@
+"""One-line renderings of a trial and of a throughput row, shared by the CLI's output and progress. No torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gaplan.core.trial import Trial
+from gaplan.core.units import format_bytes
+
+
+def trial_line(trial: Trial) -> str:
+    """``micro-batch 35  fits  peak 1014.30 MiB  13.25 s`` (an OOM says at which optimizer step)."""
+    verdict = "fits" if trial.fits else "OOM "
+    where = f"  (out of memory at optimizer step {trial.completed_steps + 1})" if not trial.fits else ""
+    if trial.fits and trial.completed_steps == 1:
+        where = "  (1 optimizer step)"  # in a probe of two-step trials: a sketch that only draws the memory line
+    return (f"  micro-batch {trial.micro_batch:>6}  {verdict}  peak {format_bytes(trial.peak_bytes):>10}  "
+            f"{trial.seconds:7.2f} s{where}")
+
+
+def throughput_line(row: Any) -> str:
+    """A bench row (:class:`gaplan.benchmark.splits.SplitMeasurement`): split, samples/s, peak, ratio, note."""
+    speed = f"{row.samples_per_s:8.1f} samples/s" if row.samples_per_s else "       - samples/s"
+    ratio = f"  x{row.ratio_to_large_batch:.2f} of the large batch" if row.ratio_to_large_batch else ""
+    peak = format_bytes(row.peak_bytes)
+    return f"  {row.split:>18}  {speed}  peak {peak:>10}{ratio}{'  ' + row.note if row.note else ''}"
+
+
+def histogram_lines(histogram: Any, width: int = 40) -> list[str]:
+    """A text histogram of ``(from, to, samples)`` rows: ``    4-29   ########  1719``."""
+    rows = [tuple(int(v) for v in row) for row in histogram]
+    most = max((n for _, _, n in rows), default=0) or 1
+    label = max(len(f"{low}-{high}") for low, high, _ in rows) if rows else 0
+    return [f"  {f'{low}-{high}':>{label}}  {'#' * (max(1, round(n / most * width)) if n else 0):<{width}}  {n}"
+            for low, high, n in rows]
+
+
+def token_bench_lines(rows: Any) -> list[str]:
+    """bench --batch-by tokens: a plan a line (samples/s, real tokens/s, padding, micro-steps, peak, ratio)."""
+    header = (f"  {'plan':<20}  {'samples/s':>10}  {'real tokens/s':>13}  {'padding':>8}  {'micro-steps':>11}  "
+              f"{'process peak':>12}  {'tokens/s ratio':>14}")
+    lines = [header]
+    for row in rows:
+        lines.append(f"  {row['split']:<20}  {_number(row, 'samples_per_s', '{:.1f}'):>10}  "
+                     f"{_number(row, 'tokens_per_s', '{:,.0f}'):>13}  {_number(row, 'padding_fraction', '{:.1%}'):>8}  "
+                     f"{_number(row, 'micro_steps_mean', '{:.1f}'):>11}  {format_bytes(row.get('peak_bytes')):>12}  "
+                     f"{_number(row, 'tokens_ratio', '{:.2f}x'):>14}")
+    return lines
+
+
+def _number(row: dict, key: str, text: str) -> str:
+    return "-" if row.get(key) is None else text.format(row[key])

@@ -1,0 +1,97 @@
+"""This process's place under torchrun: the process group, rank and world size, and the few collectives training needs."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+
+from gaplan.core.errors import GaplanError
+
+
+class Distributed:
+    """This process's place under torchrun (rank 0 of 1 without it)."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.active = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.active else 0
+        self.world_size = dist.get_world_size() if self.active else 1
+        # torchrun's LOCAL_RANK is this process's GPU on its node; the global rank is not (2 nodes x 8 GPUs).
+        self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank)) if self.active else 0
+        self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)) if self.active else 1
+
+    def sum(self, value: float) -> float:
+        if not self.active:
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64)
+        self.dist.all_reduce(tensor)
+        return float(tensor.item())
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is True on any rank."""
+        return bool(self.sum(1.0 if flag else 0.0)) if self.active else flag
+
+    def min(self, value: int) -> int:
+        if not self.active:
+            return value
+        tensor = torch.tensor([value], dtype=torch.int64)
+        self.dist.all_reduce(tensor, op=self.dist.ReduceOp.MIN)
+        return int(tensor.item())
+
+
+    def barrier(self) -> None:
+        if self.active:
+            self.dist.barrier()
+
+
+# How to launch torchrun so that a restart forms a new process group (measured with gloo on torch 2.13).
+RESTARTABLE_LAUNCH = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --rdzv-backend c10d --rdzv-endpoint HOST:PORT "
+                      "--max-restarts 1")
+
+
+def process_group_backend(device: str) -> str:
+    """gloo on CPU; on CUDA NCCL for CUDA tensors and gloo for the CPU tensors of the votes, sums and RNG states."""
+    return "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
+
+
+def local_device(device: str) -> str:
+    """The device this process trains on: ``cuda:LOCAL_RANK`` under torchrun on CUDA, else ``device`` as given."""
+    if device.startswith("cuda") and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    return device
+
+
+def init_distributed(device: str) -> Distributed:
+    """Join the torchrun process group when its environment says so, on this process's local device."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        if device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(local_device(device)))
+        # A node's first process probes while the others wait in a barrier: allow for a long probe.
+        try:
+            dist.init_process_group(process_group_backend(device), timeout=datetime.timedelta(hours=2))
+        except RuntimeError as exc:
+            if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
+                raise
+            # The rendezvous store torchrun shares with its ranks can hand restarted ranks the dead ranks'
+            # addresses (pytorch/pytorch#135712; the static rendezvous, --master-port, always does).
+            raise GaplanError(f"the ranks torchrun restarted could not form their process group "
+                              f"({str(exc).splitlines()[0][:100]}): restarts need "
+                              f"{RESTARTABLE_LAUNCH} ... (a store of the ranks' own and the c10d rendezvous)") from None
+    return Distributed()
+
+
+def end_distributed() -> None:
+    """Destroy the process group before the interpreter exits. A gloo group left to interpreter teardown can abort
+    a rank that finished ("terminate called without an active exception", SIGABRT), failing a run that trained:
+    seen once in CI on a 2-rank FSDP run."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+

@@ -1,0 +1,72 @@
+"""A sharded model's weights and optimizer states: saved and loaded by torch's distributed checkpoint.
+
+Each rank writes its own shards (no rank ever holds the whole model). A checkpoint's shards go to a
+folder named by its step, written under a temp name and renamed once every rank has finished; the
+run's ``checkpoint.pt`` (written after, atomically) names the folder it goes with, so a crash at any
+point leaves a ``checkpoint.pt`` whose folder is complete. Folders no checkpoint names are removed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from torch import nn
+from torch.optim import Optimizer
+
+from gaplan.core.errors import GaplanError
+from gaplan.parallel.process_group import Distributed
+from gaplan.runs.folder import SHARDED_STATE_PREFIX
+
+
+def save_sharded_state(run_dir: str, step: int, model: nn.Module, optimizer: Optimizer, dist: Distributed) -> str:
+    """Write this rank's shards of model and optimizer (a collective); returns the folder's name."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    name = f"{SHARDED_STATE_PREFIX}{step:08d}"
+    final, temp = os.path.join(run_dir, name), os.path.join(run_dir, f".{name}.tmp")
+    if dist.rank == 0:
+        shutil.rmtree(temp, ignore_errors=True)
+    dist.barrier()
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=temp)
+    dist.barrier()  # every rank's files are in the temp folder
+    if dist.rank == 0:
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(temp, final)
+    dist.barrier()
+    return name
+
+
+def load_sharded_state(run_dir: str, name: str, model: nn.Module, optimizer: Optimizer) -> None:
+    """Read this rank's shards back into the sharded model and its optimizer (a collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    folder = os.path.join(run_dir, name)
+    if not os.path.isdir(folder):
+        raise GaplanError(f"--resume {run_dir}: the sharded state {name} that checkpoint.pt names is missing")
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=folder)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def remove_stale_sharded_states(run_dir: str, keep: str | None) -> None:
+    """Remove the shard folders no checkpoint names any more (called once ``checkpoint.pt`` names ``keep``)."""
+    for entry in os.listdir(run_dir):
+        bare = entry.lstrip(".")
+        if bare.startswith(SHARDED_STATE_PREFIX) and entry != keep:
+            shutil.rmtree(os.path.join(run_dir, entry), ignore_errors=True)
+
+
+def full_model_state(model: nn.Module) -> dict:
+    """The whole model's state dict on CPU: gathered from every rank for a sharded model (a collective)."""
+    from gaplan.parallel.fsdp import is_sharded
+
+    if not is_sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

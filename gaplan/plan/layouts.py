@@ -1,0 +1,282 @@
+"""Choosing how to spread a model over ranks: the layouts, their ranking, the pick, and the launch command. No torch.
+
+``gaplan plan`` estimates every :class:`Layout` (DDP, FSDP, FSDP + checkpointing, FSDP + CPU offload, each
+with the precision choices of :data:`PRECISIONS`) for one model, budget, world size and effective batch,
+and this module decides which to use. The rule (:func:`pick`):
+
+* a layout that was timed (``samples_per_s``) beats every untimed one; among timed ones, the fastest fits;
+* otherwise the largest usable micro-batch wins -- the plan's micro-batch, that is ``min(B*, E / W)``
+  split evenly, so the fewest accumulation steps -- since a larger micro-batch than one rank's share is
+  never used;
+* ties go to the more precise weights (fp32 master weights before pure bf16, whose AdamW updates
+  lose small steps), then to the least memory-saving machinery (DDP, then FSDP, then FSDP +
+  checkpointing, then FSDP + CPU offload: each costs time: gathers, recomputation, host
+  transfers), then to gradients reduce-scattered once per step rather than every micro-step.
+
+The effective batch is the same for every layout; only its split changes.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from gaplan.core.errors import GaplanError
+
+# Machinery, from the least to the most memory-saving (and the most costly in time).
+MACHINERY = ("ddp", "fsdp", "fsdp+ckpt", "fsdp+offload")
+MACHINERY_LABELS = {"ddp": "DDP", "fsdp": "FSDP", "fsdp+ckpt": "FSDP + checkpointing",
+                    "fsdp+offload": "FSDP + CPU offload"}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How weights, optimizer states and compute are typed; ``unsupported`` says why gaplan cannot train it."""
+
+    name: str
+    label: str
+    weights_dtype: str | None  # None: the compute dtype (``--dtype``)
+    unsupported: str | None = None
+
+
+# In preference order: the more precise weights first.
+PRECISIONS = (
+    Precision("fp32-master", "fp32 weights and optimizer states, {dtype} compute (autocast)", "fp32"),
+    Precision("low-weights-fp32-optimizer", "{dtype} weights, fp32 optimizer states", None,
+              unsupported="not supported: gaplan's optimizers keep their states in the weights' dtype (under FSDP, "
+                          "fp32 weights with {dtype} compute already keep fp32 only in the shards)"),
+    Precision("pure-low", "{dtype} weights, optimizer states and compute", None),
+)
+PRECISION_ORDER = {p.name: i for i, p in enumerate(PRECISIONS)}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way to train: the machinery and the precision, as workload settings."""
+
+    machinery: str  # one of MACHINERY
+    precision: str  # a Precision name
+    parallel: str
+    grad_checkpointing: bool
+    cpu_offload: bool
+    weights_dtype: str
+    dtype: str
+    grad_sync: str = "last"
+
+    @property
+    def label(self) -> str:
+        sync = ", grad-sync every" if self.parallel == "fsdp" and self.grad_sync == "every" else ""
+        return f"{MACHINERY_LABELS[self.machinery]}{sync}"
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"label": self.label}
+
+
+@dataclass
+class LayoutResult:
+    """What the estimate said of one layout.
+
+    ``fits`` is None for a layout that was not estimated (``note`` says why: unsupported, needs two ranks).
+    ``micro_batch``/``grad_accum_steps`` are the plan's split at ``max_micro_batch`` (B*) when it fits.
+    """
+
+    layout: Layout
+    precision_label: str
+    fits: bool | None
+    peak_bytes: int | None = None  # per rank at the plan's micro-batch (the traced step at B* when that is it)
+    max_micro_batch: int | None = None
+    micro_batch: int | None = None
+    grad_accum_steps: int | None = None
+    world_size: int = 1
+    needed_bytes: int | None = None  # when it does not fit: the peak at micro-batch 1 (or before any activation)
+    samples_per_s: float | None = None  # measured, when the layout was timed
+    note: str = ""
+    command: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["layout"] = self.layout.to_dict()
+        return data
+
+
+def layouts_for(world_size: int, dtype: str = "bf16",
+                machinery: Sequence[str] = MACHINERY) -> list[tuple[Layout, Precision, str]]:
+    """Every (layout, precision, note) to consider, in :data:`MACHINERY` then :data:`PRECISIONS` order.
+
+    A non-empty note says why the layout is not estimated: FSDP needs two ranks or more, and the
+    precision choices gaplan does not train are listed with the reason, so the table says what was
+    left out and why.
+    """
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise GaplanError(f"--world-size must be a positive integer (got {world_size})")
+    if dtype not in ("fp32", "bf16", "fp16"):
+        raise GaplanError(f"unknown dtype {dtype!r}; choose one of fp32, bf16, fp16")
+    unknown = [m for m in machinery if m not in MACHINERY]
+    if unknown or not machinery:
+        raise GaplanError(f"unknown layout {unknown[0] if unknown else ''!r}; choose from {', '.join(MACHINERY)}")
+    out: list[tuple[Layout, Precision, str]] = []
+    for name in dict.fromkeys(machinery):
+        for precision in PRECISIONS:
+            weights = precision.weights_dtype or dtype
+            note = ""
+            if precision.unsupported:
+                note = precision.unsupported.format(dtype=dtype)
+            elif name != "ddp" and world_size < 2:
+                note = "needs --world-size 2 or more (FSDP shards over ranks)"
+            elif dtype == "fp32" and precision.name != "fp32-master":
+                note = "the same as fp32 weights with --dtype fp32"
+            elif weights == "fp16" and dtype == "fp16":
+                note = ("not supported: fp16 weights cannot train with fp16 compute (the loss scaler needs fp32 or "
+                        "bf16 weights)")
+            layout = Layout(machinery=name, precision=precision.name, parallel="ddp" if name == "ddp" else "fsdp",
+                            grad_checkpointing=name == "fsdp+ckpt", cpu_offload=name == "fsdp+offload",
+                            weights_dtype=weights, dtype=dtype)
+            out.append((layout, precision, note))
+    return out
+
+
+def sort_key(result: LayoutResult) -> tuple:
+    """Better first: timed and fastest; else the fewest accumulation steps (the largest usable micro-batch); then
+    the finer precision, the least machinery, the least gradient traffic."""
+    timed = result.samples_per_s is not None
+    return (
+        0 if result.fits else 1,
+        0 if timed else 1,
+        -(result.samples_per_s or 0.0),
+        result.grad_accum_steps if result.grad_accum_steps is not None else float("inf"),
+        -(result.micro_batch or 0),
+        PRECISION_ORDER.get(result.layout.precision, len(PRECISION_ORDER)),
+        MACHINERY.index(result.layout.machinery),
+        0 if result.layout.grad_sync == "last" else 1,
+    )
+
+
+def rank(results: Iterable[LayoutResult]) -> list[LayoutResult]:
+    """The results, best first (:func:`sort_key`); layouts that do not fit or were not estimated last."""
+    return sorted(results, key=sort_key)
+
+
+def pick(results: Iterable[LayoutResult]) -> LayoutResult | None:
+    """The layout to train with, or None when none fits."""
+    ranked = rank(results)
+    return ranked[0] if ranked and ranked[0].fits else None
+
+
+def plan_split(effective_batch: int, world_size: int, micro_batch_cap: int) -> tuple[int, int]:
+    """``(micro_batch, grad_accum_steps)`` of :func:`gaplan.plan.split.make_plan` for a cap (no torch, no plan object)."""
+    from gaplan.plan.split import make_plan
+
+    plan = make_plan(effective_batch, micro_batch_cap, world_size)
+    return plan.micro_batch, plan.grad_accum_steps
+
+
+# --- the launch command -------------------------------------------------------------------------------------------
+
+_DEFAULTS = {"task": None, "seq_len": None, "dtype": "fp32", "optimizer": "adamw", "lr": None,
+             "weights_dtype": "fp32", "parallel": "ddp", "grad_sync": "last", "init": "auto"}
+_FLAGS = (("task", "--task"), ("seq_len", "--seq-len"), ("dtype", "--dtype"), ("weights_dtype", "--weights-dtype"),
+          ("optimizer", "--optimizer"), ("lr", "--lr"), ("init", "--init"), ("parallel", "--parallel"),
+          ("grad_sync", "--grad-sync"))
+
+
+def workload_flags(workload: dict) -> list[str]:
+    """``gaplan train`` options that rebuild a workload (a :meth:`WorkloadSpec.to_dict`), defaults left out."""
+    words = ["--model", str(workload["model"])]
+    for key, flag in _FLAGS:
+        value = workload.get(key)
+        if value is not None and value != _DEFAULTS.get(key):
+            words += [flag, str(value)]
+    if workload.get("grad_checkpointing"):
+        words += ["--grad-checkpointing", "on"]
+    if workload.get("cpu_offload"):
+        words.append("--cpu-offload")
+    if workload.get("trust_remote_code"):
+        words.append("--trust-remote-code")
+    return words
+
+
+def check_nodes(world_size: int, nodes: int) -> int:
+    """Processes per node: the world size split evenly over ``nodes``."""
+    for name, value in (("--world-size", world_size), ("--nodes", nodes)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise GaplanError(f"{name} must be a positive integer (got {value})")
+    if world_size % nodes:
+        raise GaplanError(f"--world-size {world_size} does not split evenly over --nodes {nodes}")
+    return world_size // nodes
+
+
+def launch_command(workload: dict, micro_batch: int, effective_batch: int, world_size: int = 1, nodes: int = 1,
+                   device: str | None = None) -> str:
+    """The command that trains ``workload`` with this split: ``torchrun ... -m gaplan train ...`` on several
+    ranks (run on every node, with ``$NODE_RANK`` and ``$MASTER_ADDR`` set, when ``nodes`` > 1), else ``gaplan train``.
+    """
+    per_node = check_nodes(world_size, nodes)
+    train = [*workload_flags(workload)]
+    if device:
+        train += ["--device", device]
+    train += ["--micro-batch", str(micro_batch), "--effective-batch", str(effective_batch)]
+    quoted = " ".join(shlex.quote(word) for word in train)
+    if world_size == 1:
+        return f"gaplan train {quoted}"
+    head = "torchrun"
+    if nodes > 1:
+        head += (f" --nnodes {nodes} --node-rank $NODE_RANK --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500")
+    return f"{head} --nproc-per-node {per_node} -m gaplan train {quoted}"
+
+
+DEFAULT_GPUS_PER_NODE = 8  # an HGX / DGX node
+
+
+def resolve_world(world_size: int | None, nodes: int | None, gpus_per_node: int | None) -> tuple[int, int]:
+    """``(world_size, nodes)`` from what was given: ``--world-size`` alone, or ``--nodes`` x ``--gpus-per-node``
+    (8 per node when only ``--nodes`` is given), or all three when they agree."""
+    for name, value in (("--world-size", world_size), ("--nodes", nodes), ("--gpus-per-node", gpus_per_node)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise GaplanError(f"{name} must be a positive integer (got {value})")
+    nodes = nodes or 1
+    if world_size is None:
+        per_node = gpus_per_node or (DEFAULT_GPUS_PER_NODE if nodes > 1 else 1)
+        return nodes * per_node, nodes
+    if gpus_per_node is not None and world_size != nodes * gpus_per_node:
+        raise GaplanError(f"--world-size {world_size} is not --nodes {nodes} x --gpus-per-node {gpus_per_node}")
+    check_nodes(world_size, nodes)
+    return world_size, nodes
+
+
+@dataclass
+class LayoutComparison:
+    """Every layout estimated for one model, budget, world size and effective batch, and the one picked."""
+
+    model: str
+    param_count: int | None
+    seq_len: int | None
+    device_kind: str
+    target: str | None
+    memory_limit_bytes: int
+    usable_bytes: int  # per rank
+    world_size: int
+    nodes: int
+    effective_batch: int
+    dtype: str
+    results: list[LayoutResult]
+    seconds: float = 0.0
+    measured_on: str | None = None  # the device the fitting layouts were probed and timed on (plan --measure)
+
+    @property
+    def ranked(self) -> list[LayoutResult]:
+        return rank(self.results)
+
+    @property
+    def pick(self) -> LayoutResult | None:
+        return pick(self.results)
+
+    def to_dict(self) -> dict:
+        chosen = self.pick
+        data = {k: v for k, v in asdict(self).items() if k != "results"}
+        data["results"] = [r.to_dict() for r in self.ranked]
+        data["pick"] = chosen.to_dict() if chosen is not None else None
+        data["command"] = chosen.command if chosen is not None else None
+        data["seconds"] = round(self.seconds, 3)
+        return data

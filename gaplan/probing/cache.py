@@ -1,0 +1,119 @@
+"""Where ``gaplan train`` and ``bench`` get their probe: ``--plan``'s file, the cache, or a new probe.
+
+A probe is cached per workload, device, budget and thread count (and, for a model folder, the
+content of its config files) under ``~/.cache/gaplan/plans/`` or ``$GAPLAN_CACHE_DIR/plans/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+from collections.abc import Callable
+
+from gaplan.core.cache import cache_root
+from gaplan.core.errors import GaplanError
+from gaplan.core.trial import Trial
+from gaplan.runs.probe_result import ProbeResult, load_probe, save_probe
+from gaplan.workload.spec import WorkloadSpec, model_source_kind
+
+# Part of the key: a change in how trials measure must not reuse older answers.
+PROBE_METHOD = "fork-per-trial, 2 optimizer steps, anonymous peak, MKL fast memory manager off"
+_SAME_WORKLOAD_FIELDS = ("model", "task", "seq_len", "dtype", "weights_dtype", "optimizer", "grad_checkpointing",
+                         "parallel", "cpu_offload", "grad_sync")
+
+
+def plan_cache_path(spec: WorkloadSpec, device: str, memory_limit: int | None, threads: int | None = None,
+                    ddp: bool = False, world_size: int = 1) -> str:
+    """The cache file of a probe of this workload, device, budget and thread count (and DDP wrapper or not).
+
+    The workload includes its layout (``parallel``, ``cpu_offload``, ``grad_sync``); a sharded one's key also
+    holds the world size, since each rank holds 1/W of the model.
+    """
+    # The learning rate, where the weights come from and remote code change no memory.
+    workload = {k: v for k, v in spec.to_dict().items() if k not in ("lr", "init", "trust_remote_code")}
+    sharded = spec.parallel == "fsdp"
+    key = json.dumps({"workload": workload, "model_files": _model_files_digest(spec.model), "device": device,
+                      "memory_limit": memory_limit, "threads": threads, "probe": PROBE_METHOD,
+                      **({"ddp": True} if ddp and not sharded else {}),
+                      **({"world_size": world_size} if sharded else {})}, sort_keys=True)
+    return os.path.join(cache_root(), "plans", hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+
+
+def same_workload(a: WorkloadSpec, b: WorkloadSpec) -> bool:
+    """True when a probe of ``a`` holds for ``b`` (everything but the learning rate matches)."""
+    return all(getattr(a, k) == getattr(b, k) for k in _SAME_WORKLOAD_FIELDS)
+
+
+def probe_for(
+    spec: WorkloadSpec,
+    device: str,
+    memory_limit: int | None,
+    needed_micro_batch: int,
+    plan_file: str | None = None,
+    grad_checkpointing: str | None = None,
+    threads: int | None = None,
+    ddp: bool = False,
+    write_cache: bool = True,
+    say: Callable[[str], None] = lambda text: None,
+    on_trial: Callable[[Trial], None] | None = None,
+    world_size: int | None = None,
+) -> tuple[WorkloadSpec, ProbeResult]:
+    """The probe to plan from: ``plan_file``, else the cached probe of this workload, else a new probe.
+
+    ``ddp``: the run trains under DistributedDataParallel, so the trials do too (its buckets count).
+    ``world_size``: the ranks of a sharded run (``spec.parallel == "fsdp"``), whose every trial runs them all;
+    default: torchrun's ``WORLD_SIZE``. A plan file made for another world size is refused.
+    ``needed_micro_batch`` is one rank's share of the step: the search goes no higher, and a
+    cached probe that stopped at a smaller cap is not reused. Returns the workload spec too: a
+    plan's tuner may have chosen gradient checkpointing (``grad_checkpointing`` None or "auto").
+    """
+    from gaplan.probing.edge import probe
+
+    sharded = spec.parallel == "fsdp"
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if plan_file:
+        probed = load_probe(plan_file)
+        if grad_checkpointing in (None, "auto"):
+            spec = dataclasses.replace(spec, grad_checkpointing=probed.workload.grad_checkpointing)
+        if not same_workload(probed.workload, spec):
+            layout = f", --parallel {probed.workload.parallel}" if probed.workload.parallel != spec.parallel else ""
+            raise GaplanError(f"--plan {plan_file} was made for {probed.workload.model} "
+                              f"(seq len {probed.workload.seq_len}, {probed.workload.dtype}{layout}), not this workload")
+        if sharded and probed.world_size != world_size:
+            raise GaplanError(f"--plan {plan_file} was probed for FSDP over {probed.world_size} ranks, not "
+                              f"{world_size}: each rank's shard, so B*, depends on the world size")
+        return spec, probed
+    if grad_checkpointing == "auto":
+        raise GaplanError("--grad-checkpointing auto is decided by gaplan probe; give its --plan, or on/off")
+    cache = plan_cache_path(spec, device, memory_limit, threads, ddp, world_size)
+    if os.path.isfile(cache):
+        probed = load_probe(cache)
+        if not probed.capped or probed.max_micro_batch >= needed_micro_batch:
+            say(f"using the cached probe {cache}: largest micro-batch {probed.max_micro_batch}")
+            return spec, probed
+    say("probing the largest micro-batch that fits first ...")
+    if sharded:  # every trial runs the world's ranks; needed_micro_batch is one rank's share already
+        probed = probe(spec, device=device, memory_limit=memory_limit, effective_batch=needed_micro_batch * world_size,
+                       world_size=world_size, search_cap=needed_micro_batch, threads=threads, on_trial=on_trial)
+    else:
+        probed = probe(spec, device=device, memory_limit=memory_limit, effective_batch=needed_micro_batch,
+                       threads=threads, ddp=ddp, on_trial=on_trial)
+    if write_cache:
+        save_probe(probed, cache)
+    return spec, probed
+
+
+def _model_files_digest(model: str) -> str | None:
+    """A digest of a model folder's JSON files (config and friends): a changed config is a new workload."""
+    if model_source_kind(model) != "directory":
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(glob.glob(os.path.join(model, "*.json"))):
+        digest.update(os.path.basename(path).encode())
+        with open(path, "rb") as handle:
+            digest.update(handle.read())
+    return digest.hexdigest()[:16]

@@ -1,0 +1,151 @@
+"""The commands' work as library functions: probe -> bench -> breakdown -> report (training: :mod:`gaplan.workflows.train`).
+
+The CLI parses options, calls one of these and prints what they return; Python users call them
+the same way. Progress goes out through callbacks, never to a terminal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gaplan.core.constants import DEFAULT_CPU_BUDGET, DEFAULT_EFFECTIVE_BATCH, SEARCH_CAP
+from gaplan.core.progress import Say, quiet
+from gaplan.core.trial import Trial
+from gaplan.plan.split import Plan
+from gaplan.runs.folder import PLAN_JSON, path_in
+from gaplan.runs.probe_result import ProbeResult, save_probe
+from gaplan.workload.spec import WorkloadSpec
+
+
+@dataclass
+class ProbeRun:
+    """What :func:`run_probe` did: the probe (its plan chosen), where it is saved, the report, the tuner's reason."""
+
+    result: ProbeResult
+    plan_path: str
+    report_files: list[str] | None
+    tuner_reason: str | None
+    estimate_seed: int | None = None
+
+
+def run_probe(
+    spec: WorkloadSpec,
+    out: str,
+    *,
+    device: str = "auto",
+    memory_limit: int | None = None,
+    effective_batch: int = DEFAULT_EFFECTIVE_BATCH,
+    world_size: int = 1,
+    margin: float = 0.0,
+    search_cap: int | None = None,
+    objective: str = "max-micro-batch",
+    grad_checkpointing: str = "off",
+    report: bool = False,
+    repeats: int = 2,
+    seed_from_estimate: bool = False,
+    threads: int | None = None,
+    command: str | None = None,
+    on_trial: Callable[[Trial], None] | None = None,
+    on_row: Callable[[Any], None] | None = None,
+    say: Say = quiet,
+) -> ProbeRun:
+    """Probe (tuned as asked), save ``plan.json`` in ``out``, and with ``report`` bench, break down and report."""
+    from gaplan.benchmark.tuner import tune
+
+    start = 1
+    if seed_from_estimate:
+        start = estimate_start(spec, device, memory_limit, margin, search_cap, threads, say)
+    tuned = tune(spec, objective=objective, grad_checkpointing=grad_checkpointing, device=device,
+                 memory_limit=memory_limit, effective_batch=effective_batch, bench_large_batch=report, repeats=repeats,
+                 on_trial=on_trial, on_row=on_row, on_stage=lambda text: say(text + " ..."), margin=margin,
+                 world_size=world_size, search_cap=search_cap, threads=threads, start=start)
+    result = dataclasses.replace(tuned.result, command=command)
+    plan_path = path_in(out, PLAN_JSON)
+    save_probe(result, plan_path)
+    written = write_measurements(out, result, tuned.benches, on_row, say) if report else None
+    return ProbeRun(result, plan_path, written, tuned.decision.reason if result.tuner else None,
+                    start if seed_from_estimate else None)
+
+
+def estimate_start(spec: WorkloadSpec, device: str, memory_limit: int | None, margin: float, search_cap: int | None,
+                   threads: int | None, say: Say = quiet) -> int:
+    """The estimate's B* for this device and budget: where a seeded probe starts its search."""
+    from gaplan.devices.backend import resolve_device
+    from gaplan.estimate import estimate
+
+    device = resolve_device(device)
+    kind = "cpu" if device == "cpu" else "cuda"
+    limit = memory_limit or (DEFAULT_CPU_BUDGET if kind == "cpu" else None)
+    if limit is None:
+        import torch
+
+        limit = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    limit = int(limit * (1 - margin))
+    predicted = estimate(spec, memory_limit=limit, device_kind=kind, effective_batch=1, threads=threads,
+                         search_cap=search_cap or SEARCH_CAP)
+    say(f"estimate: B* = {predicted.max_micro_batch} ({predicted.trace_count} traces on fake tensors, "
+        f"{predicted.trace_seconds:.1f} s); starting the search there")
+    return predicted.max_micro_batch
+
+
+def write_measurements(out: str, result: ProbeResult, benches: list, on_row: Callable[[Any], None] | None = None,
+                       say: Say = quiet) -> list[str]:
+    """throughput.csv and breakdown.csv from measurements, then the report built from the folder's files."""
+    from gaplan.benchmark.splits import bench
+    from gaplan.report.write import write_report
+    from gaplan.runs.schema import BREAKDOWN, THROUGHPUT, write_table
+    from gaplan.worker.client import WorkerProcess
+
+    rows = []
+    if not benches:
+        benches = [bench(result, on_row=on_row)]
+    for index, measured in enumerate(benches):
+        for row in measured.to_records():
+            if index:  # the splits that only fit with gradient checkpointing
+                row.update(split=row["split"] + " +ckpt", kind="split")
+            rows.append(row)
+    write_table(out, THROUGHPUT, rows)
+    sizes = breakdown_sizes(result)
+    say(f"memory breakdown by category at micro-batch {', '.join(map(str, sizes))} ...")
+    peaks = {t.micro_batch: t.peak_bytes for t in result.trials if t.fits}
+    with WorkerProcess(result.workload, result.device, result.probe_limit_bytes) as worker:
+        breakdown = [dict(worker.breakdown(size), device_peak_bytes=peaks.get(size)) for size in sizes]
+    write_table(out, BREAKDOWN, breakdown)
+    return write_report(out).files
+
+
+def breakdown_sizes(result: ProbeResult) -> list[int]:
+    """Up to four measured sizes that fit, spread from the smallest to B*."""
+    fitted = sorted({t.micro_batch for t in result.trials if t.fits})
+    if len(fitted) <= 4:
+        return fitted
+    return sorted({fitted[round(i * (len(fitted) - 1) / 3)] for i in range(4)})
+
+
+def run_bench(probed: ProbeResult, out: str, effective_batch: int, *, repeats: int = 3, warmup: int = 1,
+              threads: int | None = None, large_batch: bool = True, command: str | None = None,
+              on_row: Callable[[Any], None] | None = None) -> tuple[Any, list[str]]:
+    """Time the splits, then write plan.json, throughput.csv and the report into ``out``; the rows and the files."""
+    from gaplan.benchmark.splits import bench
+    from gaplan.report.write import write_report
+    from gaplan.runs.schema import THROUGHPUT, write_table
+
+    measured = bench(probed, effective_batch, repeats=repeats, warmup=warmup, threads=threads, large_batch=large_batch,
+                     on_row=on_row)
+    os.makedirs(out, exist_ok=True)
+    save_probe(dataclasses.replace(probed, command=command), path_in(out, PLAN_JSON))
+    write_table(out, THROUGHPUT, measured.to_records())
+    return measured, write_report(out).files
+
+
+def plan_without_probe(spec: WorkloadSpec, device: str, memory_limit: int | None, plan: Plan, param_count: int,
+                       task: str, seq_len: int | None, command: str | None = None) -> ProbeResult:
+    """The plan.json of a run planned with ``--micro-batch``: what is known, and that no probe ran."""
+    return ProbeResult(workload=spec, device=device, memory_limit_bytes=memory_limit, margin=0.0,
+                       probe_limit_bytes=memory_limit, budget_is_default=False, max_micro_batch=plan.micro_batch_cap,
+                       capped=False, trials=[], plan=plan, param_count=param_count, static_bytes=None, task=task,
+                       seq_len=seq_len, wall_seconds=0.0, command=command, probed=False)

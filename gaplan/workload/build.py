@@ -1,0 +1,345 @@
+"""What is trained: a model, its task, a batch maker and an optimizer.
+
+A model comes from one of three sources:
+
+* a built-in preset, made from a transformers config (no download);
+* a Hugging Face model directory, or a model id already in the local HF cache: its own weights
+  (``from_pretrained``, straight onto the training device) when it has them and ``spec.init`` allows,
+  else a random init from its config (built directly on the device). The meta device and the probe's
+  trials (``load_weights=False``) never read weights: weights don't change memory;
+* ``module:function`` returning a :class:`CustomWorkload` (or a tuple
+  ``(model, make_batch[, loss])``), for any model, LM or not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from gaplan.core.errors import GaplanError
+from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, CUSTOM, IGNORE_INDEX, MASKED_LM
+from gaplan.workload.loss import summed_token_loss
+from gaplan.workload.model_io import load_pretrained, quiet_transformers, weights_files
+from gaplan.workload.spec import DEFAULT_MODEL, PRESETS, WorkloadSpec, model_source_kind
+
+__all__ = ["DEFAULT_MODEL", "PRESETS", "WorkloadSpec", "model_source_kind"]  # re-exported: the spec is data
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # the names of DTYPE_NAMES
+_AUTO_CLASS = {CAUSAL_LM: "AutoModelForCausalLM", MASKED_LM: "AutoModelForMaskedLM",
+               CLASSIFICATION: "AutoModelForSequenceClassification"}
+_MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+@dataclass
+class CustomWorkload:
+    """What a ``module:function`` model returns.
+
+    Args:
+        model: any ``nn.Module``.
+        make_batch: ``make_batch(b)`` returns a dict of tensors for ``b`` samples.
+        loss: ``loss(model, batch)`` returns a scalar; default ``model(**batch)``'s ``loss``.
+        loss_is_scaled_for_ga: True if ``loss`` already divides by ``num_items_in_batch``
+            (passed as ``batch["num_items_in_batch"]``); False for a per-batch mean.
+    """
+
+    model: nn.Module
+    make_batch: Callable[[int], Mapping[str, torch.Tensor]]
+    loss: Callable[[nn.Module, Mapping[str, Any]], torch.Tensor] | None = None
+    loss_is_scaled_for_ga: bool = False
+
+
+@dataclass
+class Workload:
+    """A built workload: model and optimizer on a device, a batch maker and a loss."""
+
+    spec: WorkloadSpec
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    task: str
+    seq_len: int | None
+    make_batch: Callable[[int], dict[str, torch.Tensor]]
+    raw_loss: Callable[[nn.Module, Mapping[str, Any]], torch.Tensor]  # (model or its DDP wrapper, batch)
+    loss_is_scaled_for_ga: bool | None  # None: raw_loss is a sum over targets
+    device: torch.device
+    vocab_size: int | None = None
+    num_labels: int | None = None
+    info: dict = field(default_factory=dict)
+
+    @property
+    def param_count(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def static_bytes(self) -> int:
+        """Weights + gradients + optimizer states: what must fit before any activation."""
+        return static_bytes(self.model, self.spec.optimizer)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The mixed-precision context of the compute dtype (the weights keep ``spec.weights_dtype``)."""
+        if self.spec.dtype == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=DTYPES[self.spec.dtype])
+
+
+def static_bytes(model: nn.Module, optimizer: str) -> int:
+    """Bytes of weights, gradients and optimizer states (AdamW keeps two tensors per parameter, of its dtype)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    grads = sum(p.numel() * p.element_size() for p in params)
+    states = 2 * sum(p.numel() * p.element_size() for p in params) if optimizer == "adamw" else 0
+    return weights + grads + states
+
+
+def enable_checkpointing(model: nn.Module) -> None:
+    """Recompute each layer's activations in backward (non-reentrant, the variant that works with accumulation).
+
+    transformers 5 renamed ``gradient_checkpointing_enable`` (deprecated, warns) to
+    ``activation_checkpointing_enable``; older versions only have the first.
+    """
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def make_optimizer(model: nn.Module, name: str, lr: float) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    return torch.optim.SGD(params, lr=lr)
+
+
+def load_model_config(spec: WorkloadSpec) -> tuple[Any, str, int]:
+    """The transformers config, task and default sequence length of a preset, directory or cached id."""
+    import transformers
+
+    kind = model_source_kind(spec.model)
+    if kind == "preset":
+        config_class, kwargs, task, seq_len, _ = PRESETS[spec.model]
+        config = getattr(transformers, config_class)(**kwargs)
+        return config, spec.task or task, seq_len
+    if kind == "directory" and not os.path.isfile(os.path.join(spec.model, "config.json")):
+        raise GaplanError(f"{spec.model} is a directory without a config.json: not a Hugging Face model")
+    try:
+        with quiet_transformers():
+            config = transformers.AutoConfig.from_pretrained(spec.model, local_files_only=True,
+                                                             trust_remote_code=spec.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        if kind == "directory":
+            raise GaplanError(f"cannot read the model config in {spec.model}: {str(exc).splitlines()[0]}") from None
+        known = ", ".join(PRESETS)
+        raise GaplanError(f"unknown model {spec.model!r}: not a preset ({known}), not a directory, "
+                          "not in the local Hugging Face cache, and not module:function") from None
+    task = spec.task or _task_from_architectures(getattr(config, "architectures", None) or [])
+    return config, task, 512
+
+
+def model_shape(spec: WorkloadSpec) -> tuple[str, int, int, int]:
+    """``(task, seq_len, vocab_size, num_labels)`` from the config alone, as :func:`build_workload` decides them."""
+    config, task, default_seq_len = load_model_config(spec)
+    seq_len = spec.seq_len or min(default_seq_len, _max_positions(config) or default_seq_len)
+    return task, seq_len, int(config.vocab_size), int(getattr(config, "num_labels", 2))
+
+
+def _task_from_architectures(architectures: list[str]) -> str:
+    for name in architectures:
+        if name.endswith("ForMaskedLM"):
+            return MASKED_LM
+        if name.endswith("ForSequenceClassification"):
+            return CLASSIFICATION
+    return CAUSAL_LM
+
+
+def _max_positions(config: Any) -> int | None:
+    for attr in ("n_positions", "max_position_embeddings"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed: int = 0,
+                   load_weights: bool = True, model_on_meta: bool = False) -> Workload:
+    """Build the model, optimizer and batch maker of ``spec`` on ``device``.
+
+    A model folder with weights starts from them (``spec.init`` auto or pretrained), loaded straight
+    onto ``device``. On the meta device, or with ``load_weights=False`` (the probe's trials: weights
+    don't change memory), the model is built from its config directly on ``device`` and no weights
+    file is read; ``spec.init="pretrained"`` still checks that the folder has weights.
+    ``workload.info["weights"]`` says which: ``"pretrained"`` (with ``info["weights_path"]``) or ``"random"``.
+    ``model_on_meta``: only the model goes on the meta device (batches still on ``device``), for a caller that
+    shards it and fills it in place (:func:`gaplan.parallel.build.build_sharded_workload`).
+    """
+    spec.validate()
+    device = torch.device(device)
+    model_device = torch.device("meta") if model_on_meta else device
+    torch.manual_seed(seed)
+    if model_source_kind(spec.model) == "function":
+        return _build_custom(spec, device)
+    config, task, default_seq_len = load_model_config(spec)
+    seq_len = spec.seq_len or min(default_seq_len, _max_positions(config) or default_seq_len)
+    max_positions = _max_positions(config)
+    if max_positions is not None and seq_len > max_positions:
+        raise GaplanError(f"--seq-len {seq_len} is longer than the model's {max_positions} positions")
+    use_cache = getattr(config, "use_cache", True)
+    config.use_cache = False  # HF models return a KV cache in training otherwise (save_model restores it)
+    folder = _weights_folder(spec)
+    if spec.init == "pretrained" and folder is None:
+        raise GaplanError(f"--init pretrained: {spec.model} has no weights (no model.safetensors, pytorch_model.bin "
+                          "or sharded index); use --init random to train it from a random init")
+    pretrained = folder is not None and spec.init != "random" and load_weights and model_device.type != "meta"
+    if pretrained:
+        model = load_pretrained(folder, _AUTO_CLASS[task], config, DTYPES[spec.weights_dtype], device,
+                                spec.trust_remote_code)
+    else:
+        model = _from_config(spec, config, task, model_device)
+    if spec.grad_checkpointing:
+        enable_checkpointing(model)
+    model.to(model_device).train()
+    vocab_size = int(config.vocab_size)
+    num_labels = int(getattr(config, "num_labels", 2))
+    make_batch = _lm_batch_maker(task, seq_len, vocab_size, num_labels, device)
+
+    def raw_loss(module: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
+        inputs = {k: v for k, v in batch.items() if k in _MODEL_INPUTS}
+        logits = module(**inputs).logits
+        return summed_token_loss(logits, batch, task)
+
+    info = {"model_type": getattr(config, "model_type", "?"), "weights": "pretrained" if pretrained else "random",
+            "weights_path": folder if pretrained else None, "use_cache": use_cache}
+    return Workload(spec, model, make_optimizer(model, spec.optimizer, spec.learning_rate), task, seq_len, make_batch,
+                    raw_loss, None, device, vocab_size, num_labels, info=info)
+
+
+def load_model_code(spec: WorkloadSpec) -> Workload | None:
+    """Build ``spec`` on the meta device (nothing allocated): imports the model's code, once, and lets the libraries
+    make their one-time allocations.
+
+    A CPU budget (RLIMIT_DATA over the process's data size when it is set) taken after this counts what training
+    holds, not the libraries: the probe's worker does it before its trials fork, and a training run under
+    ``--enforce-memory-limit`` must do it before its budget too, or it has less room than the trials had (about
+    90 MiB less for tiny-gpt2: transformers' GPT-2 modules). A sharded workload imports FSDP2 here too. None for a
+    ``module:function`` model, which may not build on meta (its code is imported by then).
+    """
+    if spec.parallel == "fsdp":
+        import torch.distributed.fsdp  # noqa: F401 - FSDP2 and DTensor: ~40 MiB of library, not of training
+    if model_source_kind(spec.model) == "function":
+        return None
+    return build_workload(spec, "meta")
+
+
+def _from_config(spec: WorkloadSpec, config: Any, task: str, device: torch.device) -> nn.Module:
+    """A random init from the config, built in place on ``device`` (on meta nothing is allocated).
+
+    Built under ``torch.device(device)``, so a 7B model probed on a GPU never exists on the CPU first.
+    The weights get ``spec.weights_dtype`` whatever the config's dtype says (Llama-2's says float16):
+    ``spec.dtype`` is autocast.
+    """
+    import transformers
+
+    auto = getattr(transformers, _AUTO_CLASS[task])
+    try:
+        with torch.device(device), quiet_transformers():
+            return auto.from_config(config, dtype=DTYPES[spec.weights_dtype], trust_remote_code=spec.trust_remote_code)
+    except ValueError as exc:
+        raise GaplanError(f"{spec.model} cannot be built for task {task}: {str(exc).splitlines()[0]}") from None
+
+
+def _weights_folder(spec: WorkloadSpec) -> str | None:
+    """The folder holding ``spec.model``'s weights: the model directory, or a cached id's snapshot; None if none."""
+    kind = model_source_kind(spec.model)
+    folder = spec.model if kind == "directory" else _cached_snapshot(spec.model) if kind == "hub-cache" else None
+    return folder if folder is not None and weights_files(folder) else None
+
+
+def _cached_snapshot(model_id: str) -> str | None:
+    """The local snapshot folder of a model id in the Hugging Face cache (no network), or None."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(model_id, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not cached, not a valid id, hub library missing: no weights to load
+        return None
+
+
+def _lm_batch_maker(task: str, seq_len: int, vocab_size: int, num_labels: int,
+                    device: torch.device) -> Callable[[int], dict[str, torch.Tensor]]:
+    """Full-length random batches: the longest a batch can be, so the probe sees the worst case."""
+    generator = torch.Generator().manual_seed(1234)
+
+    def make_batch(size: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, vocab_size, (size, seq_len), generator=generator)
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if task == CAUSAL_LM:
+            batch["labels"] = ids.clone()
+        elif task == MASKED_LM:
+            labels = torch.full_like(ids, IGNORE_INDEX)
+            masked = torch.rand(ids.shape, generator=generator) < 0.15
+            labels[masked] = ids[masked]
+            batch["labels"] = labels
+        else:
+            batch["labels"] = torch.randint(0, num_labels, (size,), generator=generator)
+        return {k: v.to(device) for k, v in batch.items()}
+
+    return make_batch
+
+
+def load_function(target: str) -> Callable[[], Any]:
+    """Import ``module:function`` (the current directory is importable, as with ``python -m``)."""
+    module_name, _, func_name = target.partition(":")
+    if not module_name or not func_name:
+        raise GaplanError(f"--model {target!r}: expected module:function, e.g. mypkg.models:make_resnet")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise GaplanError(f"--model {target!r}: cannot import {module_name} ({exc})") from None
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise GaplanError(f"--model {target!r}: {module_name} has no function {func_name}")
+    return func
+
+
+def _build_custom(spec: WorkloadSpec, device: torch.device) -> Workload:
+    made = load_function(spec.model)()
+    if isinstance(made, tuple) and 2 <= len(made) <= 3:
+        made = CustomWorkload(*made)
+    if not isinstance(made, CustomWorkload) or not isinstance(made.model, nn.Module):
+        raise GaplanError(f"--model {spec.model!r} must return gaplan.CustomWorkload or (model, make_batch[, loss])")
+    if spec.grad_checkpointing:
+        if not hasattr(made.model, "gradient_checkpointing_enable"):
+            raise GaplanError("--grad-checkpointing needs a transformers model (one with gradient_checkpointing_enable)")
+        enable_checkpointing(made.model)
+    model = made.model.to(device).train()
+    user_loss = made.loss
+    workload_batch = made.make_batch
+
+    def make_batch(size: int) -> dict[str, torch.Tensor]:
+        return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in workload_batch(size).items()}
+
+    def raw_loss(module: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
+        if user_loss is not None:
+            return user_loss(module, batch)
+        inputs = {k: v for k, v in batch.items() if k != "num_items_in_batch"}
+        out = module(**inputs)
+        loss = getattr(out, "loss", None)
+        if loss is None and isinstance(out, Mapping):
+            loss = out.get("loss")
+        if loss is None and isinstance(out, torch.Tensor) and out.dim() == 0:
+            loss = out
+        if loss is None:
+            raise GaplanError(f"{spec.model}: the model returned no loss; give CustomWorkload a loss function")
+        return loss
+
+    return Workload(spec, model, make_optimizer(model, spec.optimizer, spec.learning_rate), CUSTOM, spec.seq_len,
+                    make_batch, raw_loss, made.loss_is_scaled_for_ga, device,
+                    info={"model_type": type(model).__name__})

@@ -1,0 +1,152 @@
+"""What is trained, as data: a serializable workload description, the presets, and where a model comes from. No torch.
+
+Building it (model, optimizer, batches) is :mod:`gaplan.workload.build`'s job; this part is what plan files,
+caches, the worker protocol and reports read and write.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+from gaplan.core.errors import GaplanError
+from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, MASKED_LM, TASKS
+
+DTYPE_NAMES = ("fp32", "bf16", "fp16")
+INITS = ("auto", "pretrained", "random")  # auto: the folder's weights when it has them, else a random init
+OPTIMIZERS = ("adamw", "sgd")
+DEFAULT_MODEL = "tiny-gpt2"
+
+# Presets train without dropout (as most LLM pre-training does): accumulation over any split
+# then gives the same gradient as one large batch, which the tests check bit for bit.
+_NO_DROPOUT_GPT2 = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+_NO_DROPOUT_BERT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+# Llama-2's published config (meta-llama/Llama-2-*-hf config.json), less its shape.
+_LLAMA_2 = dict(vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
+                pad_token_id=0, tie_word_embeddings=False)
+
+# name -> (config class name, config kwargs, task, default seq len, description)
+PRESETS: dict[str, tuple[str, dict, str, int, str]] = {
+    "tiny-gpt2": ("GPT2Config", dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192, n_positions=1024,
+                                     bos_token_id=0, eos_token_id=0, **_NO_DROPOUT_GPT2),
+                  CAUSAL_LM, 128, "GPT-2 style causal LM, 4 layers x 256, 6M parameters (default)"),
+    "small-gpt2": ("GPT2Config", dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024,
+                                      **_NO_DROPOUT_GPT2),
+                   CAUSAL_LM, 512, "GPT-2 small shape, 124M parameters"),
+    "tiny-llama": ("LlamaConfig", dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                                       num_attention_heads=4, num_key_value_heads=4, vocab_size=8192,
+                                       max_position_embeddings=2048, bos_token_id=0, eos_token_id=0,
+                                       pad_token_id=0),
+                   CAUSAL_LM, 256, "Llama style causal LM (RMSNorm, RoPE, SwiGLU), 4 layers x 256, 7M parameters"),
+    "tiny-bert-mlm": ("BertConfig", dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                                         intermediate_size=1024, vocab_size=8192, max_position_embeddings=512,
+                                         **_NO_DROPOUT_BERT),
+                      MASKED_LM, 128, "BERT style masked LM, 4 layers x 256, 5M parameters"),
+    "tiny-bert-cls": ("BertConfig", dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                                         intermediate_size=1024, vocab_size=8192, max_position_embeddings=512,
+                                         num_labels=4, **_NO_DROPOUT_BERT),
+                      CLASSIFICATION, 128, "BERT style sequence classifier (4 classes), 4 layers x 256"),
+    # Published shapes, for planning (gaplan estimate / gaplan plan): a random init from the config, no download.
+    "llama-2-7b": ("LlamaConfig", dict(_LLAMA_2, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                                       num_attention_heads=32, num_key_value_heads=32),
+                   CAUSAL_LM, 4096, "Llama-2-7B shape (32 layers x 4096, 6.7B parameters; random init, no weights)"),
+    "llama-2-13b": ("LlamaConfig", dict(_LLAMA_2, hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
+                                        num_attention_heads=40, num_key_value_heads=40),
+                    CAUSAL_LM, 4096, "Llama-2-13B shape (40 layers x 5120, 13B parameters; random init, no weights)"),
+    "llama-2-70b": ("LlamaConfig", dict(_LLAMA_2, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                                        num_attention_heads=64, num_key_value_heads=8),
+                    CAUSAL_LM, 4096, "Llama-2-70B shape (80 layers x 8192, grouped-query attention, 69B parameters; "
+                                     "random init, no weights)"),
+}
+
+
+# The learning rate when none is given: AdamW's usual 1e-3 learns in a few steps; SGD takes a cautious 1e-4.
+DEFAULT_LR = {"adamw": 1e-3, "sgd": 1e-4}
+PARALLEL_LAYOUTS = ("ddp", "fsdp")
+GRAD_SYNCS = ("last", "every")
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A serializable description of a workload; built into a :class:`Workload` by :func:`build_workload`."""
+
+    model: str = DEFAULT_MODEL
+    task: str | None = None
+    seq_len: int | None = None
+    dtype: str = "fp32"
+    optimizer: str = "adamw"
+    lr: float | None = None  # None: DEFAULT_LR of the optimizer (see ``learning_rate``)
+    grad_checkpointing: bool = False
+    # Added later: a plan file or worker message without these keys gets the defaults (WorkloadSpec(**d)).
+    init: str = "auto"  # auto | pretrained | random: where the starting weights come from
+    weights_dtype: str = "fp32"  # the master weights' dtype (``dtype`` is the autocast compute dtype)
+    trust_remote_code: bool = False  # let transformers run the model folder's own code
+    parallel: str = "ddp"  # ddp (replicated) | fsdp (FSDP2 fully_shard per block and root)
+    cpu_offload: bool = False  # fsdp only: parameters, gradients and optimizer states live on the CPU
+    grad_sync: str = "last"  # fsdp only: reduce-scatter gradients on the last micro-step, or on every one
+
+    @property
+    def learning_rate(self) -> float:
+        """The learning rate to train with: the one given, else the optimizer's default."""
+        return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def check_device(self, device: str) -> WorkloadSpec:
+        """``self``, or a one-line error for what ``device`` cannot run (``device`` resolved: ``cpu``, ``cuda:0``)."""
+        if self.cpu_offload and str(device).startswith("cpu"):
+            raise GaplanError("--cpu-offload moves FSDP's shards and optimizer states off a GPU to the CPU; on "
+                              "--device cpu they are on the CPU already: leave it out")
+        return self
+
+    def validate(self) -> WorkloadSpec:
+        """Check what can be checked without building anything."""
+        if self.task is not None and self.task not in TASKS:
+            raise GaplanError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
+        if self.dtype not in DTYPE_NAMES:
+            raise GaplanError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPE_NAMES)}")
+        if self.init not in INITS:
+            raise GaplanError(f"unknown --init {self.init!r}; choose one of {', '.join(INITS)}")
+        if self.weights_dtype not in DTYPE_NAMES:
+            raise GaplanError(f"unknown weights dtype {self.weights_dtype!r}; choose one of {', '.join(DTYPE_NAMES)}")
+        if self.weights_dtype == "fp16" and self.dtype == "fp16":
+            raise GaplanError("--weights-dtype fp16 cannot train with --dtype fp16: the loss scaler needs fp32 or "
+                              "bf16 master weights (fp16 gradients cannot be unscaled)")
+        if self.parallel not in PARALLEL_LAYOUTS:
+            raise GaplanError(f"unknown --parallel {self.parallel!r}; choose one of {', '.join(PARALLEL_LAYOUTS)}")
+        if self.grad_sync not in GRAD_SYNCS:
+            raise GaplanError(f"unknown --grad-sync {self.grad_sync!r}; choose one of {', '.join(GRAD_SYNCS)}")
+        if self.parallel != "fsdp" and self.cpu_offload:
+            raise GaplanError("--cpu-offload needs --parallel fsdp (it offloads FSDP's sharded parameters and "
+                              "optimizer states)")
+        if self.parallel != "fsdp" and self.grad_sync != "last":
+            raise GaplanError("--grad-sync every needs --parallel fsdp (DDP syncs on the last micro-step)")
+        if not isinstance(self.trust_remote_code, bool):
+            raise GaplanError(f"trust_remote_code must be true or false (got {self.trust_remote_code!r})")
+        if self.optimizer not in OPTIMIZERS:
+            raise GaplanError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if self.seq_len is not None and self.seq_len < 2:
+            raise GaplanError(f"--seq-len must be at least 2 (got {self.seq_len})")
+        if self.lr is not None and not self.lr > 0:
+            raise GaplanError(f"--lr must be positive (got {self.lr})")
+        kind = model_source_kind(self.model)
+        if kind == "function" and self.task is not None:
+            raise GaplanError("--task does not apply to a module:function model (its function defines the loss)")
+        if kind in ("function", "preset") and self.init == "pretrained":
+            raise GaplanError(f"--init pretrained needs a model folder with weights; {self.model} is a "
+                              f"{'built-in preset' if kind == 'preset' else 'module:function model'} without any")
+        if kind == "function" and self.weights_dtype != "fp32":
+            raise GaplanError("--weights-dtype does not apply to a module:function model (its function builds it)")
+        return self
+
+
+def model_source_kind(model: str) -> str:
+    """``preset``, ``directory``, ``function`` or ``hub-cache``, decided from the string alone."""
+    if model in PRESETS:
+        return "preset"
+    if os.path.isdir(model):
+        return "directory"
+    if ":" in model and not model.startswith((".", "/")):
+        return "function"
+    return "hub-cache"

@@ -1,0 +1,152 @@
+"""The training loop: resume equals an uninterrupted run, checkpoints are atomic, OOM fallback is exact."""
+
+import os
+
+import pytest
+import torch
+
+from gaplan.core.errors import GaplanError
+from gaplan.data import SyntheticCorpus
+from gaplan.plan.split import make_plan
+from gaplan.training.loop import CHECKPOINT, TrainConfig, load_checkpoint, save_checkpoint, train
+from gaplan.workload.build import WorkloadSpec, build_workload
+
+from tests.tolerances import assert_close_at_scale
+
+SPEC = WorkloadSpec(model="tiny-gpt2", seq_len=16, optimizer="adamw", lr=1e-3)
+
+
+def run(tmp_path, name, steps=4, micro=4, resume=False, stop_after=None, wrap_loss=None, spec=SPEC):
+    workload = build_workload(spec, "cpu", seed=0)
+    if wrap_loss:
+        workload.raw_loss = wrap_loss(workload.raw_loss)
+    corpus = SyntheticCorpus(16, seed=0)
+
+    def on_step(log):
+        if stop_after is not None and log.step == stop_after + 1:
+            raise KeyboardInterrupt  # the process dies mid-run, after the checkpoint of step `stop_after`
+
+    config = TrainConfig(steps=steps, seed=0, checkpoint_every=1, run_dir=str(tmp_path / name))
+    result = train(workload, make_plan(16, micro), corpus, config, resume=resume, on_step=on_step)
+    return workload.model, result
+
+
+def test_resume_is_bitwise_equal(tmp_path):
+    reference, _ = run(tmp_path, "straight")
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, "cut", stop_after=2)
+    assert load_checkpoint(str(tmp_path / "cut"))["step"] == 2
+    resumed, result = run(tmp_path, "cut", resume=True)
+    assert [log.step for log in result.logs] == [3, 4]
+    for a, b in zip(reference.state_dict().values(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    rows = (tmp_path / "cut" / "train_log.csv").read_text().splitlines()
+    assert len(rows) == 1 + 4, "the log has each step once after a resume"
+
+
+def test_resume_is_bitwise_equal_with_dropout(tmp_path):
+    """Dropout draws from the RNG every step: a resume must go on with the checkpoint's RNG state, not a reseed."""
+    from tests.model_folders import _make_folder, gpt2_config
+
+    folder = _make_folder(str(tmp_path / "model"), lambda vocab: gpt2_config(vocab, resid_pdrop=0.1, embd_pdrop=0.1,
+                                                                             attn_pdrop=0.1),
+                          with_weights=False, with_tokenizer=False, sharded=False, seed=0, vocab_size=300)
+    spec = WorkloadSpec(model=folder, seq_len=16, optimizer="adamw", lr=1e-3)
+    reference, _ = run(tmp_path, "straight", spec=spec)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, "cut", stop_after=2, spec=spec)
+    resumed, _ = run(tmp_path, "cut", resume=True, spec=spec)
+    for a, b in zip(reference.state_dict().values(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_loss_falls_on_the_synthetic_corpus(tmp_path):
+    _, result = run(tmp_path, "learn", steps=6)
+    assert result.logs[-1].loss < result.logs[0].loss - 0.5
+
+
+def test_cut_off_checkpoint_is_never_loaded(tmp_path, monkeypatch):
+    path = str(tmp_path / CHECKPOINT)
+    save_checkpoint(path, {"step": 1})
+    real_save = torch.save
+
+    def dies_mid_write(obj, path):
+        with open(path, "wb") as handle:
+            handle.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", dies_mid_write)
+    with pytest.raises(GaplanError, match="No space left on device"):
+        save_checkpoint(path, {"step": 2})
+    assert os.listdir(tmp_path) == [CHECKPOINT], "the partial temp file was left behind"
+    monkeypatch.setattr(torch, "save", real_save)
+    assert load_checkpoint(str(tmp_path))["step"] == 1
+    (tmp_path / CHECKPOINT).write_bytes(b"garbage")
+    with pytest.raises(GaplanError, match="cannot be read"):
+        load_checkpoint(str(tmp_path))
+
+
+def test_injected_oom_is_survived_with_the_same_weights(tmp_path):
+    torch.manual_seed(0)
+    # SGD: the update is the gradient itself, so float rounding between splits stays at rounding level
+    # (Adam divides by sqrt(v), magnifying rounding on near-zero gradient entries).
+    sgd = WorkloadSpec(model="tiny-gpt2", seq_len=16, optimizer="sgd", lr=0.1)
+    never, _ = run(tmp_path, "never", steps=3, micro=8, spec=sgd)
+    state = {"raised": False}
+
+    def flaky(raw_loss):
+        def wrapped(model, batch):
+            if not state["raised"] and batch["input_ids"].shape[0] == 8:
+                state["raised"] = True
+                raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes (injected)")
+            return raw_loss(model, batch)
+        return wrapped
+
+    survived, result = run(tmp_path, "oom", steps=3, micro=8, wrap_loss=flaky, spec=sgd)
+    assert state["raised"] and len(result.oom_fallbacks) == 1
+    assert result.plan.micro_batch == 4 and result.plan.effective_batch == 16
+    for a, b in zip(never.state_dict().values(), survived.state_dict().values(), strict=True):
+        assert_close_at_scale(a, b)
+
+
+def test_other_errors_are_not_retried(tmp_path):
+    def broken(raw_loss):
+        def wrapped(model, batch):
+            raise ValueError("a bug, not an OOM")
+        return wrapped
+
+    with pytest.raises(ValueError):
+        run(tmp_path, "bug", steps=1, wrap_loss=broken)
+    assert not os.path.exists(tmp_path / "bug" / CHECKPOINT)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_ranks_switch_together_after_one_rank_runs_out_of_memory(tmp_path, where):
+    """Rank 1 alone hits an OOM, in the first micro-step or in the last one's forward (after the first vote);
+    both ranks halve the micro-batch and the weights equal a run without it."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from tests.conftest import REPO_ROOT, free_port
+
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
+    out = str(tmp_path / "ddp.safetensors")
+    subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()),
+                    os.path.join(REPO_ROOT, "tests", "scripts", "ddp_oom.py"), out, where],
+                   check=True, cwd=REPO_ROOT, capture_output=True, timeout=300,
+                   env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO_ROOT))
+    ranks = [json.loads(open(f"{out}.rank{r}.json").read()) for r in (0, 1)]
+    assert ranks[1]["raised"] and not ranks[0]["raised"]
+    assert [len(r["fallbacks"]) for r in ranks] == [1, 1] and [r["micro_batch"] for r in ranks] == [2, 2]
+    sgd = WorkloadSpec(model="tiny-gpt2", seq_len=16, optimizer="sgd", lr=0.1)
+    workload = build_workload(sgd, "cpu", seed=0)
+    train(workload, make_plan(16, 16), SyntheticCorpus(16, seed=0), TrainConfig(steps=2, seed=0))
+    ddp = load_file(out)
+    for name, value in workload.model.state_dict().items():
+        assert_close_at_scale(ddp[name], value, msg=name)
