@@ -53,7 +53,7 @@ _EXPORTS = {
     "MemoryBreakdown": "gaplan.training.breakdown",
     "run_probe": "gaplan.workflows.probe",
     "run_train": "gaplan.workflows.train",
-    "run_bench": "gaplan.workflows.probe",
+    "run_bench": "gaplan.workflows.bench",
     "TrainOptions": "gaplan.workflows.train",
     "write_report": "gaplan.report.write",
     "load_run": "gaplan.report.write",

@@ -74,7 +74,7 @@ def bench_command(**options: Any) -> None:
     from gaplan.plan.split import default_search_cap, make_plan
     from gaplan.probing.cache import probe_for
     from gaplan.probing.edge import trial_ranks
-    from gaplan.workflows.probe import run_bench
+    from gaplan.workflows.bench import run_bench
 
     spec = spec_from_options(options)
     memory_limit = memory_limit_from_options(options)

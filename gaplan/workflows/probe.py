@@ -1,4 +1,5 @@
-"""The commands' work as library functions: probe -> bench -> breakdown -> report (training: :mod:`gaplan.workflows.train`).
+"""``gaplan probe`` as a library function: the probe, the tuner, the estimate's seed, plan.json (and with
+``report`` the measurements of :mod:`gaplan.workflows.bench`).
 
 The CLI parses options, calls one of these and prints what they return; Python users call them
 the same way. Progress goes out through callbacks, never to a terminal.
@@ -7,7 +8,6 @@ the same way. Progress goes out through callbacks, never to a terminal.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +55,7 @@ def run_probe(
 ) -> ProbeRun:
     """Probe (tuned as asked), save ``plan.json`` in ``out``, and with ``report`` bench, break down and report."""
     from gaplan.benchmark.tuner import tune
+    from gaplan.workflows.bench import write_measurements
 
     start = 1
     if seed_from_estimate:
@@ -90,56 +91,6 @@ def estimate_start(spec: WorkloadSpec, device: str, memory_limit: int | None, ma
     say(f"estimate: B* = {predicted.max_micro_batch} ({predicted.trace_count} traces on fake tensors, "
         f"{predicted.trace_seconds:.1f} s); starting the search there")
     return predicted.max_micro_batch
-
-
-def write_measurements(out: str, result: ProbeResult, benches: list, on_row: Callable[[Any], None] | None = None,
-                       say: Say = quiet) -> list[str]:
-    """throughput.csv and breakdown.csv from measurements, then the report built from the folder's files."""
-    from gaplan.benchmark.splits import bench
-    from gaplan.report.write import write_report
-    from gaplan.runs.schema import BREAKDOWN, THROUGHPUT, write_table
-    from gaplan.worker.client import WorkerProcess
-
-    rows = []
-    if not benches:
-        benches = [bench(result, on_row=on_row)]
-    for index, measured in enumerate(benches):
-        for row in measured.to_records():
-            if index:  # the splits that only fit with gradient checkpointing
-                row.update(split=row["split"] + " +ckpt", kind="split")
-            rows.append(row)
-    write_table(out, THROUGHPUT, rows)
-    sizes = breakdown_sizes(result)
-    say(f"memory breakdown by category at micro-batch {', '.join(map(str, sizes))} ...")
-    peaks = {t.micro_batch: t.peak_bytes for t in result.trials if t.fits}
-    with WorkerProcess(result.workload, result.device, result.probe_limit_bytes) as worker:
-        breakdown = [dict(worker.breakdown(size), device_peak_bytes=peaks.get(size)) for size in sizes]
-    write_table(out, BREAKDOWN, breakdown)
-    return write_report(out).files
-
-
-def breakdown_sizes(result: ProbeResult) -> list[int]:
-    """Up to four measured sizes that fit, spread from the smallest to B*."""
-    fitted = sorted({t.micro_batch for t in result.trials if t.fits})
-    if len(fitted) <= 4:
-        return fitted
-    return sorted({fitted[round(i * (len(fitted) - 1) / 3)] for i in range(4)})
-
-
-def run_bench(probed: ProbeResult, out: str, effective_batch: int, *, repeats: int = 3, warmup: int = 1,
-              threads: int | None = None, large_batch: bool = True, command: str | None = None,
-              on_row: Callable[[Any], None] | None = None) -> tuple[Any, list[str]]:
-    """Time the splits, then write plan.json, throughput.csv and the report into ``out``; the rows and the files."""
-    from gaplan.benchmark.splits import bench
-    from gaplan.report.write import write_report
-    from gaplan.runs.schema import THROUGHPUT, write_table
-
-    measured = bench(probed, effective_batch, repeats=repeats, warmup=warmup, threads=threads, large_batch=large_batch,
-                     on_row=on_row)
-    os.makedirs(out, exist_ok=True)
-    save_probe(dataclasses.replace(probed, command=command), path_in(out, PLAN_JSON))
-    write_table(out, THROUGHPUT, measured.to_records())
-    return measured, write_report(out).files
 
 
 def plan_without_probe(spec: WorkloadSpec, device: str, memory_limit: int | None, plan: Plan, param_count: int,

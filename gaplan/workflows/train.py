@@ -23,7 +23,8 @@ from gaplan.plan.split import Plan, default_search_cap, make_plan
 from gaplan.plan.tokens import DEFAULT_GRANULE
 from gaplan.runs.folder import CHECKPOINT, PLAN_JSON, TRAIN_JSON, TRAIN_LOG_CSV, path_in
 from gaplan.runs.probe_result import ProbeResult, save_probe
-from gaplan.workflows.probe import plan_without_probe, run_bench
+from gaplan.workflows.bench import run_bench
+from gaplan.workflows.probe import plan_without_probe
 from gaplan.workload.spec import WorkloadSpec
 
 

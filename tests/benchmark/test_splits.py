@@ -34,7 +34,6 @@ def test_a_sharded_bench_times_every_rank_and_counts_the_whole_step(tmp_path):
     from gaplan.core.trial import Trial
     from gaplan.plan.split import make_plan
     from gaplan.runs.probe_result import ProbeResult
-
     from tests.conftest import SMALL_BUDGET, SMALL_THREADS
 
     spec = WorkloadSpec(model="tiny-gpt2", seq_len=16, parallel="fsdp")
@@ -59,7 +58,6 @@ def test_a_replicated_plan_timed_over_its_ranks_runs_ddp_in_every_rank():
     from gaplan.core.trial import Trial
     from gaplan.plan.split import make_plan
     from gaplan.runs.probe_result import ProbeResult
-
     from tests.conftest import SMALL_BUDGET, SMALL_THREADS
 
     spec = WorkloadSpec(model="tiny-gpt2", seq_len=16)

@@ -6,7 +6,6 @@ import gaplan.benchmark.tuner
 from gaplan.benchmark.splits import PLAN, SPLIT
 from gaplan.benchmark.tuner import tune
 from gaplan.workload.spec import WorkloadSpec
-
 from tests.conftest import SMALL_BUDGET, SMALL_SPEC
 
 

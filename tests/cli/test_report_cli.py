@@ -12,7 +12,7 @@ from gaplan.benchmark.splits import PLAN, BenchResult, SplitMeasurement
 from gaplan.cli.main import main
 from gaplan.runs.probe_result import save_probe
 from gaplan.training.breakdown import CATEGORIES
-from gaplan.workflows.probe import write_measurements
+from gaplan.workflows.bench import write_measurements
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,6 @@ from gaplan.data import Tokenizer
 from gaplan.data.lengths import LENGTHS_DIR
 from gaplan.workflows.train import TrainOptions, read_data_lengths
 from gaplan.workload.spec import WorkloadSpec
-
 from tests.token_corpus import long_tailed_lines
 
 SPEC = WorkloadSpec(model="tiny-gpt2", seq_len=32)

@@ -102,7 +102,7 @@ def test_the_margin_applies_to_the_whole_card_when_no_limit_is_given(monkeypatch
 
 def test_a_checkpoint_is_loaded_onto_this_ranks_device(tmp_path):
     from gaplan.runs.folder import CHECKPOINT
-    from gaplan.training.loop import load_checkpoint, save_checkpoint
+    from gaplan.training.checkpoint import load_checkpoint, save_checkpoint
 
     save_checkpoint(str(tmp_path / CHECKPOINT), {"weight": torch.ones(3), "step": 2})
     loaded = load_checkpoint(str(tmp_path), map_location="meta")  # wherever it was saved from

@@ -12,7 +12,6 @@ from gaplan.plan.split import make_plan
 from gaplan.probing.cache import plan_cache_path, probe_for
 from gaplan.runs.probe_result import ProbeResult, save_probe
 from gaplan.workload.spec import WorkloadSpec
-
 from tests.conftest import SMALL_BUDGET
 
 SPEC = WorkloadSpec(model="tiny-gpt2", seq_len=16)

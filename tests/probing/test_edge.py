@@ -8,7 +8,6 @@ from gaplan.probing.edge import check_in_fresh_process
 from gaplan.runs.probe_result import load_probe, save_probe
 from gaplan.worker.client import WorkerProcess
 from gaplan.workload.build import WorkloadSpec
-
 from tests.conftest import SMALL_BUDGET, SMALL_SPEC, SMALL_THREADS
 
 pytestmark = pytest.mark.slow

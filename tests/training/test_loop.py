@@ -8,9 +8,10 @@ import torch
 from gaplan.core.errors import GaplanError
 from gaplan.data import SyntheticCorpus
 from gaplan.plan.split import make_plan
-from gaplan.training.loop import CHECKPOINT, TrainConfig, load_checkpoint, save_checkpoint, train
+from gaplan.runs.folder import CHECKPOINT
+from gaplan.training.checkpoint import load_checkpoint, save_checkpoint
+from gaplan.training.loop import TrainConfig, train
 from gaplan.workload.build import WorkloadSpec, build_workload
-
 from tests.tolerances import assert_close_at_scale
 
 SPEC = WorkloadSpec(model="tiny-gpt2", seq_len=16, optimizer="adamw", lr=1e-3)

@@ -52,7 +52,8 @@ def test_an_optimizer_step_that_runs_out_of_memory_is_reported_not_retried(tmp_p
     from gaplan.core.errors import GaplanError
     from gaplan.data import SyntheticCorpus
     from gaplan.plan.split import make_plan
-    from gaplan.training.loop import OptimizerStepDoesNotFit, TrainConfig, train
+    from gaplan.training.loop import TrainConfig, train
+    from gaplan.training.optimizer_step import OptimizerStepDoesNotFit
     from gaplan.workload.build import build_workload
     from gaplan.workload.spec import WorkloadSpec
 

@@ -12,9 +12,9 @@ from gaplan.plan.split import make_plan
 from gaplan.training.loop import TrainConfig, train
 from gaplan.training.restart import agree_on_restart, restarts_left, write_marker
 from gaplan.workload.build import build_workload
+from tests.tolerances import assert_close_at_scale
 
 from .test_loop import SPEC
-from tests.tolerances import assert_close_at_scale
 
 
 def test_no_marker_is_no_restart(tmp_path):

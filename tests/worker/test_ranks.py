@@ -12,7 +12,6 @@ import pytest
 
 from gaplan.core.trial import Trial
 from gaplan.worker.ranks import merge_ready, merge_trials, run_ranks
-
 from tests.conftest import SMALL_BUDGET, SMALL_THREADS
 
 

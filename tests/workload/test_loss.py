@@ -8,7 +8,6 @@ from gaplan.data import SyntheticCorpus, collate
 from gaplan.training.step import accumulate_gradients
 from gaplan.workload.build import WorkloadSpec, build_workload
 from gaplan.workload.loss import count_targets
-
 from tests.tolerances import assert_close_at_scale, relative_difference
 
 MAX_DIFF: dict[str, float] = {}  # filled as the tests run; printed by `pytest -s -k report` users

@@ -1,0 +1,111 @@
+"""Options as typed dataclasses: built from parsed options by their fields, checked once, errors in field names.
+
+A field's metadata says what the command line calls it (``option``, default: the field's name) and, for a run's
+options, whether ``--resume`` may change it (``resume``: ``"fixed"`` or ``"free"``). A nested dataclass field
+(``nested=True``) is built from the same flat mapping, so one parsed-options dict fills a whole tree.
+
+A check that fails raises :class:`OptionError`, whose text names fields: ``str()`` says them as field names (for
+Python callers), :meth:`OptionError.for_cli` as flags (``micro_batch`` -> ``--micro-batch``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any, TypeVar
+
+from gaplan.core.errors import GaplanError
+
+T = TypeVar("T")
+
+
+class OptionError(GaplanError):
+    """A value that cannot be used, said in field names: ``OptionError("micro_batch must be positive", "micro_batch")``.
+
+    ``fields`` are the field names the message mentions; the command line shows each as its flag.
+    """
+
+    def __init__(self, message: str, *fields: str) -> None:
+        super().__init__(message)
+        self.fields = fields
+
+    def for_cli(self) -> str:
+        """The message with each named field as its command-line flag."""
+        text = str(self)
+        for name in sorted(self.fields, key=len, reverse=True):
+            text = re.sub(rf"(?<![\w-]){re.escape(name)}(?!\w)", flag(name), text)
+        return text
+
+
+def flag(name: str) -> str:
+    """The command-line flag of an option name: ``micro_batch`` -> ``--micro-batch``."""
+    return "--" + name.replace("_", "-")
+
+
+def option(default: Any = None, *, resume: str | None = None, name: str | None = None, **kwargs: Any) -> Any:
+    """A dataclass field with gaplan's metadata (``resume``: fixed/free; ``name``: the option it comes from)."""
+    metadata = {k: v for k, v in (("resume", resume), ("option", name)) if v is not None}
+    if "default_factory" in kwargs:
+        return dataclasses.field(metadata=metadata, **kwargs)
+    return dataclasses.field(default=default, metadata=metadata, **kwargs)
+
+
+def nested(factory: Any) -> Any:
+    """A dataclass field holding another options dataclass, built from the same flat options."""
+    return dataclasses.field(default_factory=factory, metadata={"nested": True})
+
+
+def option_name(field: dataclasses.Field) -> str:
+    return field.metadata.get("option", field.name)
+
+
+def leaf_fields(cls: type, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], dataclasses.Field]]:
+    """Every non-nested field of ``cls`` and its nested dataclasses, with its path of field names."""
+    hints = _nested_types(cls)
+    for field in dataclasses.fields(cls):
+        if field.metadata.get("nested"):
+            yield from leaf_fields(hints[field.name], (*prefix, field.name))
+        else:
+            yield (*prefix, field.name), field
+
+
+def from_options(cls: type[T], options: Mapping[str, Any], **overrides: Any) -> T:
+    """``cls`` built from a flat mapping of option names (a click command's parameters), by its fields.
+
+    A field whose option is absent keeps its default; ``overrides`` (by field name) win over ``options``.
+    """
+    hints = _nested_types(cls)
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):
+        if field.name in overrides:
+            values[field.name] = overrides[field.name]
+        elif field.metadata.get("nested"):
+            values[field.name] = from_options(hints[field.name], options)
+        elif option_name(field) in options:
+            values[field.name] = options[option_name(field)]
+    return cls(**values)
+
+
+def get_path(obj: Any, path: tuple[str, ...]) -> Any:
+    for name in path:
+        obj = getattr(obj, name)
+    return obj
+
+
+def replace_path(obj: T, path: tuple[str, ...], value: Any) -> T:
+    """``obj`` with the field at ``path`` (through nested dataclasses) set to ``value``."""
+    if len(path) == 1:
+        return dataclasses.replace(obj, **{path[0]: value})
+    return dataclasses.replace(obj, **{path[0]: replace_path(getattr(obj, path[0]), path[1:], value)})
+
+
+def to_flat(obj: Any) -> dict[str, Any]:
+    """The leaf values of an options tree by option name (the inverse of :func:`from_options`)."""
+    return {option_name(field): get_path(obj, path) for path, field in leaf_fields(type(obj))}
+
+
+def _nested_types(cls: type) -> dict[str, type]:
+    import typing
+
+    return {name: hint for name, hint in typing.get_type_hints(cls).items() if dataclasses.is_dataclass(hint)}

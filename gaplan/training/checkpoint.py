@@ -1,0 +1,109 @@
+"""A run's checkpoint: model, optimizer, scheduler, scaler, every rank's RNG, the step and the plan.
+
+Written atomically and flushed (a cut-off write never replaces a good checkpoint); a sharded model's weights go
+through torch's distributed checkpoint, one folder of shards that ``checkpoint.pt`` names. Restoring it puts a run
+back exactly where it was, so ``--resume`` reaches the uninterrupted run's weights (bitwise on CPU).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gaplan.core.atomic_write import atomic_write
+from gaplan.core.errors import GaplanError, one_line
+from gaplan.parallel.process_group import Distributed
+from gaplan.parallel.state import load_sharded_state, remove_stale_sharded_states, save_sharded_state
+from gaplan.plan.split import Plan
+from gaplan.runs.folder import CHECKPOINT
+from gaplan.training.train_log import truncate_log
+from gaplan.workload.build import Workload
+
+
+def save_checkpoint(path: str, state: dict[str, Any]) -> None:
+    """Write atomically and flushed to disk: a cut-off write never replaces a good checkpoint."""
+    atomic_write(path, lambda temp: torch.save(state, temp), fsync=True)
+
+
+def load_checkpoint(run_dir: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """The run folder's checkpoint, its tensors on ``map_location`` (this rank's device, not the saver's)."""
+    path = os.path.join(run_dir, CHECKPOINT)
+    if not os.path.isfile(path):
+        raise GaplanError(f"--resume {run_dir}: no {CHECKPOINT} in it")
+    try:
+        return torch.load(path, weights_only=False, map_location=map_location)
+    except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint is the user's to know about
+        raise GaplanError(f"--resume {run_dir}: the checkpoint cannot be read "
+                          f"({exc.__class__.__name__}: {one_line(exc)})") from None
+
+
+@dataclass
+class RunState:
+    """What a checkpoint holds of a running loop (the plan changes when an OOM halves it)."""
+
+    workload: Workload
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler | None
+    shards: bool  # FSDP2: each rank writes its own shards
+    dist: Distributed
+    run_dir: str | None
+
+    def save(self, step: int, plan: Plan) -> None:
+        if not self.run_dir:
+            return
+        workload, optimizer, dist = self.workload, self.workload.optimizer, self.dist
+        rng = _gather_rng(dist)
+        shard_folder = save_sharded_state(self.run_dir, step, workload.model, optimizer, dist) if self.shards else None
+        if dist.rank == 0:
+            weights = ({"sharded_state": shard_folder} if self.shards else
+                       {"model": workload.model.state_dict(), "optimizer": optimizer.state_dict()})
+            save_checkpoint(os.path.join(self.run_dir, CHECKPOINT), {
+                **weights, "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler else None,
+                "rng": rng, "step": step, "plan": plan.to_dict(), "workload": workload.spec.to_dict(),
+            })
+            if self.shards:
+                remove_stale_sharded_states(self.run_dir, keep=shard_folder)
+
+    def restore(self, plan: Plan) -> tuple[int, Plan]:
+        """Load the run folder's checkpoint into the loop; the step to go on from and the plan to go on with.
+
+        The saved plan wins unless the world size changed (then the caller's plan, made for this one)."""
+        run_dir = self.run_dir or "."
+        workload, optimizer, dist = self.workload, self.workload.optimizer, self.dist
+        state = load_checkpoint(run_dir, map_location=workload.device)
+        if state.get("sharded_state"):
+            load_sharded_state(run_dir, state["sharded_state"], workload.model, optimizer)
+        else:
+            workload.model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        _set_rng_state(state["rng"][dist.rank] if isinstance(state["rng"], list) else state["rng"])
+        start_step = int(state["step"])
+        plan = Plan.from_dict(state["plan"]) if state["plan"]["world_size"] == dist.world_size else plan
+        truncate_log(self.run_dir, start_step)
+        return start_step, plan
+
+
+def _rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+
+
+def _gather_rng(dist: Distributed) -> Any:
+    state = _rng_state()
+    if not dist.active:
+        return state
+    gathered: list[Any] = [None] * dist.world_size
+    dist.dist.all_gather_object(gathered, state)
+    return gathered

@@ -1,0 +1,55 @@
+"""``train_log.csv``: one row per optimizer step, appended as the run goes and cut back on resume."""
+
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass
+
+from gaplan.core.atomic_write import atomic_write
+from gaplan.runs.folder import TRAIN_LOG_CSV
+from gaplan.runs.schema import TRAIN_LOG
+
+LOG_FIELDS = ["step", "loss", "lr", "samples_per_s", "tokens_per_s", "peak_bytes", "micro_batch",
+              "grad_accum_steps", "seconds"]
+assert set(LOG_FIELDS) == set(TRAIN_LOG.columns), "train_log.csv's writer and its schema must agree"
+
+
+@dataclass
+class StepLog:
+    step: int
+    loss: float
+    lr: float
+    samples_per_s: float
+    tokens_per_s: float
+    peak_bytes: int | None
+    micro_batch: int
+    grad_accum_steps: int
+    seconds: float
+
+
+def append_log(run_dir: str, log: StepLog) -> None:
+    path = os.path.join(run_dir, TRAIN_LOG_CSV)
+    new = not os.path.exists(path)
+    with open(path, "a", newline="") as handle:
+        writer = csv.DictWriter(handle, LOG_FIELDS)
+        if new:
+            writer.writeheader()
+        writer.writerow({k: getattr(log, k) for k in LOG_FIELDS})
+
+
+def truncate_log(run_dir: str | None, step: int) -> None:
+    """Drop log rows past the checkpoint (steps that will be redone after a resume)."""
+    path = os.path.join(run_dir or ".", TRAIN_LOG_CSV)
+    if not os.path.exists(path):
+        return
+    with open(path, newline="") as handle:
+        rows = [row for row in csv.DictReader(handle) if int(row["step"]) <= step]
+
+    def write(temp: str) -> None:
+        with open(temp, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, LOG_FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+
+    atomic_write(path, write)  # a crash mid-rewrite must not lose the steps before the checkpoint
