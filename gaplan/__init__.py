@@ -54,7 +54,7 @@ _EXPORTS = {
     "run_probe": "gaplan.workflows.probe",
     "run_train": "gaplan.workflows.train",
     "run_bench": "gaplan.workflows.bench",
-    "TrainOptions": "gaplan.workflows.train",
+    "TrainOptions": "gaplan.workflows.train_options",
     "write_report": "gaplan.report.write",
     "load_run": "gaplan.report.write",
     "run_token_probe": "gaplan.workflows.probe_tokens",

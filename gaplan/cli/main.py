@@ -35,6 +35,8 @@ from gaplan.cli.train import train_command
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import GaplanError
 from gaplan.core.lines import histogram_lines, throughput_line, trial_line
+from gaplan.core.options import OptionError
+from gaplan.core.options import flag as flag_of_name
 from gaplan.core.version import __version__
 from gaplan.runs.folder import REPORT_HTML, REPORT_MD, TOKENS_JSON, default_run_dir, path_in
 
@@ -46,11 +48,20 @@ class GaplanGroup(click.Group):
         try:
             return super().invoke(ctx)
         except GaplanError as exc:
-            click.echo(f"gaplan: {exc}", err=True)
+            click.echo(f"gaplan: {self._message(exc, ctx)}", err=True)
             ctx.exit(2)
         except KeyboardInterrupt:
             click.echo("gaplan: interrupted", err=True)
             ctx.exit(130)
+
+    def _message(self, exc: GaplanError, ctx: click.Context) -> str:
+        """The error's line; an option the library named by its field is named by the command's flag for it."""
+        if not isinstance(exc, OptionError):
+            return str(exc)
+        command = self.get_command(ctx, ctx.invoked_subcommand) if ctx.invoked_subcommand else None
+        flags = {param.name: param.opts[0] for param in (command.params if command else [])
+                 if isinstance(param, click.Option)}
+        return exc.for_cli(lambda name: flags.get(name) or flag_of_name(name))
 
 
 @click.group(cls=GaplanGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

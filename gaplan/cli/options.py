@@ -95,13 +95,13 @@ def check_granule_option(options: dict[str, Any]) -> None:
 
 
 def data_source_from_options(options: dict[str, Any]):
-    """The ``--data`` options as a :class:`gaplan.workflows.probe_tokens.DataSource` (None without ``--data``)."""
-    from gaplan.workflows.probe_tokens import DataSource
+    """The ``--data`` options as a :class:`gaplan.data.source.DataSource` (None without ``--data``), by its fields."""
+    from gaplan.core.options import from_options
+    from gaplan.data.source import DataSource
 
     if not options["data"]:
         return None
-    return DataSource(options["data"], text_field=options["text_field"], label_field=options["label_field"],
-                      long_samples=options["long_samples"], tokenizer=options["tokenizer"])
+    return from_options(DataSource, options)
 
 
 SEARCH_CAP_OPTION = click.option("--search-cap", "--max-micro-batch", "search_cap", type=int, default=None,
@@ -110,14 +110,13 @@ SEARCH_CAP_OPTION = click.option("--search-cap", "--max-micro-batch", "search_ca
 
 
 def spec_from_options(options: dict[str, Any]):
+    """The workload of the parsed options, by :class:`WorkloadSpec`'s fields, checked."""
+    from gaplan.core.options import from_options
     from gaplan.workload.spec import WorkloadSpec
 
-    return WorkloadSpec(model=options["model"], task=options["task"], seq_len=options["seq_len"],
-                        dtype=options["dtype"], optimizer=options["optimizer"], lr=options["lr"],
-                        grad_checkpointing=options["grad_checkpointing"] == "on", init=options["init"],
-                        weights_dtype=options["weights_dtype"], trust_remote_code=options["trust_remote_code"],
-                        parallel=options["parallel"], cpu_offload=options["cpu_offload"],
-                        grad_sync=options["grad_sync"]).validate().check_device(options.get("device") or "auto")
+    # --grad-checkpointing is on|off|auto: the spec holds on or off (auto is the tuner's to decide, with it off).
+    spec = from_options(WorkloadSpec, options, grad_checkpointing=options["grad_checkpointing"] == "on")
+    return spec.validate().check_device(options.get("device") or "auto")
 
 
 def memory_limit_from_options(options: dict[str, Any]) -> int | None:

@@ -10,6 +10,7 @@ import click
 from gaplan.cli.options import WORKLOAD_HELP, check_writable, memory_limit_from_options, positive, stderr_printer
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import GaplanError
+from gaplan.core.options import from_options
 from gaplan.plan.layouts import MACHINERY, resolve_world
 
 
@@ -89,9 +90,8 @@ def plan_command(**options: Any) -> None:
         raise GaplanError(f"--layouts: unknown layout {(unknown or [''])[0]!r}; choose from {', '.join(MACHINERY)}")
     if options["device"] == "cpu" and options["target"]:
         raise GaplanError("--target is a GPU: it does not go with --device cpu")
-    spec = WorkloadSpec(model=options["model"], task=options["task"], seq_len=options["seq_len"],
-                        dtype=options["dtype"], optimizer=options["optimizer"], lr=options["lr"],
-                        trust_remote_code=options["trust_remote_code"]).validate()
+    # By the spec's fields; plan's --grad-sync (auto|last|every) is a choice per layout, not the spec's.
+    spec = from_options(WorkloadSpec, options, grad_sync="last").validate()
     if options["measure"] and options["target"]:
         raise GaplanError("--measure probes this machine's device: give --memory-limit per rank (or nothing: the "
                           "whole card), not --target")

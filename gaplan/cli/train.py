@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -11,13 +12,11 @@ import click
 
 from gaplan.cli.options import (
     batch_by_options,
-    check_granule_option,
     check_writable,
     command_line,
     data_options,
     given_on_command_line,
     memory_limit_from_options,
-    positive,
     spec_from_options,
     stderr_printer,
     workload_options,
@@ -88,10 +87,9 @@ def train_command(**options: Any) -> None:
 
     spec = spec_from_options(options)
     memory_limit = memory_limit_from_options(options)
-    positive(options, "effective_batch", "effective_tokens", "micro_batch", "steps", "threads")
-    for name in ("warmup_steps", "checkpoint_every"):
-        if options[name] < 0:
-            raise GaplanError(f"--{name.replace('_', '-')} must be 0 or more (got {options[name]})")
+    # Built from the parsed options by its fields and checked there (errors name fields; the CLI says flags).
+    train_options = TrainOptions.from_flat(options, resume=False, command=command_line())
+    _check_token_plan(options)
     run_dir = options["resume"] or options["out"] or default_run_dir("train", spec.model)
     if options["resume"] and not os.path.isfile(path_in(run_dir, CHECKPOINT)):
         raise GaplanError(f"--resume {run_dir}: no {CHECKPOINT} in it")
@@ -102,28 +100,17 @@ def train_command(**options: Any) -> None:
         from gaplan.workload.model_io import check_save_path
 
         check_save_path(options["save_model"])
-    train_options = TrainOptions(
-        effective_batch=options["effective_batch"], effective_tokens=_effective_tokens(options),
-        micro_batch=options["micro_batch"],
-        batch_by=options["batch_by"], token_budget=_token_budget(options, spec, memory_limit),
-        granule=options["granule"],
-        plan_file=options["plan_file"],
-        grad_checkpointing=options["grad_checkpointing"], data=options["data"], text_field=options["text_field"],
-        label_field=options["label_field"], long_samples=options["long_samples"], tokenizer=options["tokenizer"],
-        steps=options["steps"],
-        seed=options["seed"], max_grad_norm=options["max_grad_norm"], warmup_steps=options["warmup_steps"],
-        checkpoint_every=options["checkpoint_every"], save_weights=options["save_weights"],
-        save_model=options["save_model"], enforce_memory_limit=options["enforce_memory_limit"],
-        compare=options["compare"], threads=options["threads"], command=command_line())
+    if options["token_plan"] is not None:
+        train_options = dataclasses.replace(train_options, token_budget=_token_plan_budget(options, spec, memory_limit))
     device = options["device"]
     if options["resume"]:  # the run as it was started; what was given again must agree with it
         given = given_on_command_line(click.get_current_context())
-        spec_fields = {"model", "task", "seq_len", "dtype", "weights_dtype", "optimizer", "lr", "init",
-                       "trust_remote_code", "parallel", "cpu_offload", "grad_sync"}
-        given_spec = {k: getattr(spec, k) for k in spec_fields if k in given}
+        given_spec = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
+                      if f.name in given and f.name != "grad_checkpointing"}  # given as on|off|auto: below
         if "grad_checkpointing" in given and options["grad_checkpointing"] in ("on", "off"):
             given_spec["grad_checkpointing"] = options["grad_checkpointing"] == "on"
-        given_options = {k: getattr(train_options, k) for k in given if hasattr(train_options, k)}
+        flat = train_options.to_flat()
+        given_options = {name: flat[name] for name in given if name in flat}
         given_options.update(command=train_options.command)
         spec, train_options, environment = resume_settings(run_dir, given_spec, given_options)
         device = device if "device" in given else environment.get("device", device)
@@ -149,34 +136,18 @@ def train_command(**options: Any) -> None:
         sys.exit(130)
 
 
-def _effective_tokens(options: dict) -> int | None:
-    """``--effective-tokens``, checked: it sizes a step packed by tokens, in place of ``--effective-batch``."""
-    if options["effective_tokens"] is None:
-        return None
-    if options["batch_by"] != "tokens":
-        raise GaplanError("--effective-tokens needs --batch-by tokens (steps of a number of tokens are packed by tokens)")
-    if options["effective_batch"] is not None:
-        raise GaplanError("--effective-tokens and --effective-batch both set the size of a step: give one")
-    return options["effective_tokens"]
-
-
-def _token_budget(options: dict, spec: Any = None, memory_limit: int | None = None) -> int | None:
-    """The token budget given with ``--batch-by tokens`` (``--token-budget``, or T* of ``--token-plan``; None: probe
-    it), checked; None by samples."""
-    check_granule_option(options)
-    if options["batch_by"] == "samples":
-        for name in ("token_budget", "token_plan"):
-            if options[name] is not None:
-                raise GaplanError(f"--{name.replace('_', '-')} needs --batch-by tokens")
-        return None
-    if options["token_budget"] is not None and options["token_budget"] < 2:
-        raise GaplanError(f"--token-budget must be at least 2 tokens (got {options['token_budget']})")
-    if options["micro_batch"] is not None or options["plan_file"] is not None:
-        raise GaplanError("--batch-by tokens packs by --token-budget: leave out --micro-batch and --plan")
+def _check_token_plan(options: dict) -> None:
+    """``--token-plan`` is the CLI's own (the options hold the budget it gives): it needs tokens, and no budget."""
     if options["token_plan"] is None:
-        return options["token_budget"]
+        return
+    if options["batch_by"] != "tokens":
+        raise GaplanError("--token-plan needs --batch-by tokens")
     if options["token_budget"] is not None:
         raise GaplanError("--token-budget and --token-plan both give the token budget: give one")
+
+
+def _token_plan_budget(options: dict, spec: Any, memory_limit: int | None) -> int:
+    """T* of ``--token-plan``'s tokens.json, for this workload and device."""
     from gaplan.devices.backend import resolve_device
     from gaplan.workflows.probe_tokens import token_budget_from_plan
 

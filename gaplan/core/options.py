@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from gaplan.core.errors import GaplanError
@@ -30,11 +30,11 @@ class OptionError(GaplanError):
         super().__init__(message)
         self.fields = fields
 
-    def for_cli(self) -> str:
-        """The message with each named field as its command-line flag."""
+    def for_cli(self, flag_of: Callable[[str], str] | None = None) -> str:
+        """The message with each named field as its command-line flag (``flag_of``, default :func:`flag`)."""
         text = str(self)
         for name in sorted(self.fields, key=len, reverse=True):
-            text = re.sub(rf"(?<![\w-]){re.escape(name)}(?!\w)", flag(name), text)
+            text = re.sub(rf"(?<![\w-]){re.escape(name)}(?!\w)", (flag_of or flag)(name), text)
         return text
 
 

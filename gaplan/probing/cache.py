@@ -21,8 +21,7 @@ from gaplan.workload.spec import WorkloadSpec, model_source_kind
 
 # Part of the key: a change in how trials measure must not reuse older answers.
 PROBE_METHOD = "fork-per-trial, 2 optimizer steps, anonymous peak, MKL fast memory manager off"
-_SAME_WORKLOAD_FIELDS = ("model", "task", "seq_len", "dtype", "weights_dtype", "optimizer", "grad_checkpointing",
-                         "parallel", "cpu_offload", "grad_sync")
+_SAME_WORKLOAD_FIELDS = WorkloadSpec.probe_key_fields()
 
 
 def plan_cache_path(spec: WorkloadSpec, device: str, memory_limit: int | None, threads: int | None = None,

@@ -21,34 +21,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from gaplan.core.constants import DEFAULT_TRAIN_STEPS
 from gaplan.core.errors import GaplanError
 from gaplan.data import Sample
 from gaplan.parallel.fsdp import is_sharded
 from gaplan.parallel.process_group import Distributed
 from gaplan.plan.split import Plan, make_plan
 from gaplan.training.checkpoint import RunState
+from gaplan.training.config import TrainConfig
 from gaplan.training.micro_batches import TokenSteps
 from gaplan.training.oom_retry import StepInputs, step_until_it_fits
 from gaplan.training.optimizer_step import grad_scaler
 from gaplan.training.train_log import StepLog, append_log
 from gaplan.workload.build import Workload
 from gaplan.workload.loss import batch_size
-
-
-@dataclass
-class TrainConfig:
-    """How long and how to train. ``checkpoint_every=0`` saves only at the end and on SIGINT/SIGTERM."""
-
-    steps: int = DEFAULT_TRAIN_STEPS
-    seed: int = 0
-    max_grad_norm: float | None = None
-    checkpoint_every: int = 0
-    warmup_steps: int = 0
-    run_dir: str | None = None
-    token_budget: int | None = None  # batch by tokens: micro-batches of at most this many padded tokens
-    effective_tokens: int | None = None  # with a token budget: steps of this many real tokens, not E samples
-    micro_batch_limit: int | None = None  # no micro-batch above this (the size ranks agreed on after an OOM restart)
 
 
 @dataclass

@@ -19,10 +19,12 @@ from typing import Any
 
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, SAMPLES_PLAN_KIND, TOKEN_PLAN_KIND
 from gaplan.core.errors import GaplanError, one_line
+from gaplan.core.options import to_flat
 from gaplan.core.progress import Say, quiet
 from gaplan.core.trial import Trial
+from gaplan.data.source import DataSource
 from gaplan.plan.tokens import DEFAULT_GRANULE, LengthProfile
-from gaplan.workflows.probe_tokens import DataSource, TokenProbeRun, run_token_probe
+from gaplan.workflows.probe_tokens import TokenProbeRun, run_token_probe
 from gaplan.workload.spec import WorkloadSpec
 
 
@@ -69,7 +71,7 @@ def run_token_bench(spec: WorkloadSpec, out: str, data: DataSource, *, device: s
     edge, budget = probe.long_probe.max_micro_batch, probe.budget.token_budget
     limit = probe.long_probe.memory_limit_bytes
     common = dict(effective_batch=effective_batch, steps=warmup + repeats, seed=0, threads=threads,
-                  enforce_memory_limit=device == "cpu", **data.train_options())
+                  enforce_memory_limit=device == "cpu", **to_flat(data))
     plans = {TOKEN_PLAN_KIND: dict(common, batch_by="tokens", token_budget=budget, granule=granule),
              SAMPLES_PLAN_KIND: dict(common, micro_batch=edge)}
     say(f"timing the token plan (T* = {budget} tokens) against the samples plan (B* = {edge} samples): {rounds} "
@@ -130,7 +132,7 @@ def bench_child_main() -> None:
     from gaplan.workflows.train import TrainOptions, run_train
 
     request = json.load(sys.stdin)
-    run = run_train(WorkloadSpec(**request["workload"]), request["run_dir"], TrainOptions(**request["options"]),
+    run = run_train(WorkloadSpec(**request["workload"]), request["run_dir"], TrainOptions.from_flat(request["options"]),
                     device=request["device"], memory_limit=request["memory_limit"])
     print(json.dumps(run.summary), flush=True)
 

@@ -20,6 +20,7 @@ from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import GaplanError, one_line
 from gaplan.core.progress import Say, quiet
 from gaplan.core.trial import Trial
+from gaplan.data.source import DataSource
 from gaplan.plan.tokens import DEFAULT_GRANULE, LengthProfile, TokenBudget, check_granule
 from gaplan.runs.folder import LENGTHS_PNG, PLAN_JSON, TOKENS_JSON, path_in
 from gaplan.runs.probe_result import ProbeResult
@@ -27,28 +28,12 @@ from gaplan.runs.schema import TRIAL_COLUMNS
 from gaplan.workload.spec import WorkloadSpec
 
 
-@dataclass(frozen=True)
-class DataSource:
-    """``--data`` and how it is read (the options ``gaplan train`` takes)."""
-
-    path: str
-    text_field: str = "text"
-    label_field: str = "label"
-    long_samples: str = "split"
-    tokenizer: str | None = None
-
-    def train_options(self) -> dict[str, Any]:
-        """As :class:`gaplan.workflows.train.TrainOptions` fields."""
-        return {"data": self.path, "text_field": self.text_field, "label_field": self.label_field,
-                "long_samples": self.long_samples, "tokenizer": self.tokenizer}
-
-
 def read_lengths(spec: WorkloadSpec, data: DataSource, say: Say = quiet):
     """The samples' token lengths as ``gaplan train`` reads the data (tokenizer, labels, long samples), from the
-    length cache when this file and tokenizer were read before (:func:`gaplan.workflows.train.read_data_lengths`)."""
-    from gaplan.workflows.train import TrainOptions, read_data_lengths
+    length cache when this file and tokenizer were read before (:func:`gaplan.workflows.train_data.read_data_lengths`)."""
+    from gaplan.workflows.train_data import read_data_lengths
 
-    return read_data_lengths(spec, TrainOptions(**data.train_options()), say)
+    return read_data_lengths(spec, data, say)
 
 
 def length_counts(lengths: Sequence[int]) -> list[list[int]]:

@@ -7,7 +7,7 @@ caches, the worker protocol and reports read and write.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 
 from gaplan.core.errors import GaplanError
 from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, MASKED_LM, TASKS
@@ -75,12 +75,13 @@ class WorkloadSpec:
     seq_len: int | None = None
     dtype: str = "fp32"
     optimizer: str = "adamw"
-    lr: float | None = None  # None: DEFAULT_LR of the optimizer (see ``learning_rate``)
+    # probe_key=False: no effect on memory, so a cached probe of another value still holds (same_workload).
+    lr: float | None = field(default=None, metadata={"probe_key": False})  # None: DEFAULT_LR (``learning_rate``)
     grad_checkpointing: bool = False
     # Added later: a plan file or worker message without these keys gets the defaults (WorkloadSpec(**d)).
-    init: str = "auto"  # auto | pretrained | random: where the starting weights come from
+    init: str = field(default="auto", metadata={"probe_key": False})  # auto|pretrained|random: the starting weights
     weights_dtype: str = "fp32"  # the master weights' dtype (``dtype`` is the autocast compute dtype)
-    trust_remote_code: bool = False  # let transformers run the model folder's own code
+    trust_remote_code: bool = field(default=False, metadata={"probe_key": False})  # run the folder's own code
     parallel: str = "ddp"  # ddp (replicated) | fsdp (FSDP2 fully_shard per block and root)
     cpu_offload: bool = False  # fsdp only: parameters, gradients and optimizer states live on the CPU
     grad_sync: str = "last"  # fsdp only: reduce-scatter gradients on the last micro-step, or on every one
@@ -92,6 +93,11 @@ class WorkloadSpec:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def probe_key_fields(cls) -> tuple[str, ...]:
+        """The fields a probe depends on: two specs equal in these share B*."""
+        return tuple(f.name for f in fields(cls) if f.metadata.get("probe_key", True))
 
     def check_device(self, device: str) -> WorkloadSpec:
         """``self``, or a one-line error for what ``device`` cannot run (``device`` resolved: ``cpu``, ``cuda:0``)."""

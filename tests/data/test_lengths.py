@@ -7,7 +7,8 @@ import pytest
 from gaplan.core.errors import GaplanError
 from gaplan.data import Tokenizer
 from gaplan.data.lengths import LENGTHS_DIR
-from gaplan.workflows.train import TrainOptions, read_data_lengths
+from gaplan.data.source import DataSource
+from gaplan.workflows.train_data import read_data_lengths
 from gaplan.workload.spec import WorkloadSpec
 from tests.token_corpus import long_tailed_lines
 
@@ -30,7 +31,7 @@ def encoded(monkeypatch, tmp_path):
 
 
 def lengths(data, **options):
-    return read_data_lengths(SPEC, TrainOptions(data=str(data), tokenizer="bytes", **options), lambda text: None)
+    return read_data_lengths(SPEC, DataSource(path=str(data), tokenizer="bytes", **options), lambda text: None)
 
 
 def test_a_second_read_hits_the_cache_and_a_changed_file_misses_it(tmp_path, encoded):

@@ -1,0 +1,38 @@
+"""How the loop trains, as options: the user's (:class:`LoopOptions`) and the loop's whole config. No torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gaplan.core.constants import DEFAULT_TRAIN_STEPS
+from gaplan.core.options import OptionError, option
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    """What a user sets about the loop. ``--resume`` may train further and checkpoint differently, nothing else."""
+
+    steps: int = option(DEFAULT_TRAIN_STEPS, resume="free")
+    seed: int = option(0, resume="fixed")
+    max_grad_norm: float | None = option(None, resume="fixed")
+    warmup_steps: int = option(0, resume="fixed")
+    checkpoint_every: int = option(0, resume="free")  # 0: only at the end and on SIGINT/SIGTERM
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise OptionError(f"steps must be a positive integer (got {self.steps})", "steps")
+        for name in ("warmup_steps", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise OptionError(f"{name} must be 0 or more (got {getattr(self, name)})", name)
+
+
+@dataclass(frozen=True)
+class TrainConfig(LoopOptions):
+    """The loop's config: the user's loop options and what the run decides (folder, token batching, a size cap).
+
+    ``checkpoint_every=0`` saves only at the end and on SIGINT/SIGTERM."""
+
+    run_dir: str | None = None
+    token_budget: int | None = None  # batch by tokens: micro-batches of at most this many padded tokens
+    effective_tokens: int | None = None  # with a token budget: steps of this many real tokens, not E samples
+    micro_batch_limit: int | None = None  # no micro-batch above this (the size ranks agreed on after an OOM restart)

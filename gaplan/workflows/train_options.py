@@ -1,0 +1,98 @@
+"""``gaplan train``'s options as one tree: the plan's source, the data (:class:`DataSource`), the loop
+(:class:`LoopOptions`) and the outputs. Built from parsed options by field (:func:`gaplan.core.options.from_options`),
+checked once here, saved flat in ``train.json`` (the shape older run folders have, so they still resume).
+
+Each field says in its metadata whether ``--resume`` may change it (``free``), must keep it (``fixed``: the samples of
+a step and the weights depend on it), or does not carry it over (no mark: the workload spec holds it, or the run
+sets it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gaplan.core.options import OptionError, from_options, leaf_fields, nested, option, option_name, to_flat
+from gaplan.data.source import DataSource
+from gaplan.plan.tokens import DEFAULT_GRANULE
+from gaplan.training.config import LoopOptions
+
+BATCH_BY = ("samples", "tokens")
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """How ``gaplan train`` runs, beyond the workload: the plan's source, the data, the loop, the outputs."""
+
+    effective_batch: int | None = option(None, resume="fixed")  # default: the plan file's, else DEFAULT_EFFECTIVE_BATCH
+    effective_tokens: int | None = option(None, resume="fixed")  # by tokens: a step's samples reach this many real tokens
+    micro_batch: int | None = option(None, resume="fixed")  # skip the probe
+    batch_by: str = option("samples", resume="fixed")  # or "tokens": micro-batches packed to <= token_budget tokens
+    token_budget: int | None = option(None, resume="fixed")  # by tokens: given, else probed (T*) from the data's lengths
+    granule: int = option(DEFAULT_GRANULE, resume="fixed")  # by tokens: a probed budget is a multiple of it
+    plan_file: str | None = option(None, resume="fixed")
+    grad_checkpointing: str | None = option(None)  # as given: None, "on", "off" or "auto" (auto needs a plan file)
+    source: DataSource = nested(DataSource)
+    loop: LoopOptions = nested(LoopOptions)
+    resume: bool = option(False)
+    save_weights: str | None = option(None, resume="free")
+    save_model: str | None = option(None, resume="free")  # a save_pretrained folder of the trained model (+ tokenizer)
+    enforce_memory_limit: bool = option(False, resume="free")  # CPU: train under the budget, as the probe's trials do
+    compare: bool = option(False, resume="free")
+    threads: int | None = option(None, resume="free")
+    command: str | None = option(None, resume="free")
+
+    def __post_init__(self) -> None:
+        for name in ("effective_batch", "effective_tokens", "micro_batch", "threads"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise OptionError(f"{name} must be a positive integer (got {value})", name)
+        if self.batch_by not in BATCH_BY:
+            raise OptionError(f"batch_by must be one of {', '.join(BATCH_BY)} (got {self.batch_by!r})", "batch_by")
+        if self.effective_tokens is not None:
+            if self.batch_by != "tokens":
+                raise OptionError("effective_tokens needs batch_by tokens (steps of a number of tokens are packed by "
+                                  "tokens)", "effective_tokens", "batch_by")
+            if self.effective_batch is not None:
+                raise OptionError("effective_tokens and effective_batch both set the size of a step: give one",
+                                  "effective_tokens", "effective_batch")
+        if self.granule < 1:
+            raise OptionError(f"granule must be a positive number of tokens (got {self.granule})", "granule")
+        if self.batch_by == "samples":
+            if self.token_budget is not None:
+                raise OptionError("token_budget needs batch_by tokens", "token_budget", "batch_by")
+            return
+        if self.token_budget is not None and self.token_budget < 2:
+            raise OptionError(f"token_budget must be at least 2 tokens (got {self.token_budget})", "token_budget")
+        if self.micro_batch is not None or self.plan_file is not None:
+            raise OptionError("batch_by tokens packs by token_budget: leave out micro_batch and plan_file",
+                              "batch_by", "token_budget", "micro_batch", "plan_file")
+
+    # Convenience views of the nested options, read all over the run.
+    @property
+    def data(self) -> str | None:
+        return self.source.path
+
+    @property
+    def seed(self) -> int:
+        return self.loop.seed
+
+    @property
+    def steps(self) -> int:
+        return self.loop.steps
+
+    def to_flat(self) -> dict[str, Any]:
+        """By option name, as ``train.json`` holds them (and as a fresh process's request carries them)."""
+        return to_flat(self)
+
+    @classmethod
+    def from_flat(cls, options: Mapping[str, Any], **overrides: Any) -> TrainOptions:
+        """From option names (``train.json``, a request, click's parameters); unknown names are left out."""
+        return from_options(cls, options, **overrides)
+
+
+def resume_marks() -> dict[str, str]:
+    """``{option name: "fixed" | "free"}`` of every option a resumed run keeps or may change."""
+    return {option_name(field): field.metadata["resume"] for _, field in leaf_fields(TrainOptions)
+            if "resume" in field.metadata}
