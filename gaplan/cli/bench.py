@@ -70,11 +70,9 @@ def bench_command(**options: Any) -> None:
     runs per plan, interleaved, each of --warmup untimed and --repeats timed optimizer steps. Prints
     samples/s, real tokens/s, padding, micro-steps per step, peak, and the ratio of real tokens/s.
     """
-    from gaplan.devices.backend import resolve_device
-    from gaplan.plan.split import default_search_cap, make_plan
-    from gaplan.probing.cache import probe_for
+    from gaplan.plan.split import make_plan
     from gaplan.probing.edge import trial_ranks
-    from gaplan.workflows.bench import run_bench
+    from gaplan.workflows.bench import probe_and_bench
 
     spec = spec_from_options(options)
     memory_limit = memory_limit_from_options(options)
@@ -92,21 +90,16 @@ def bench_command(**options: Any) -> None:
         raise GaplanError("--world-size applies to --parallel fsdp here (every timed run trains all its ranks); "
                           "a replicated (DDP) split is timed in one process: use --world-size 1")
     make_plan(options["effective_batch"], options["effective_batch"], world)  # E must divide over the ranks
-    device = resolve_device(options["device"])
     out = options["out"] or default_run_dir("bench", spec.model)
     check_writable(out)
     say = stderr_printer(options["quiet"])
-    spec, probed = probe_for(spec, device, memory_limit, default_search_cap(options["effective_batch"], world),
-                             plan_file=options["plan_file"], grad_checkpointing=options["grad_checkpointing"],
-                             threads=options["threads"], say=say, on_trial=lambda t: say(trial_line(t)),
-                             world_size=world)
-    say(f"timing splits of effective batch {options['effective_batch']} (B* = {probed.max_micro_batch}, "
-        f"{options['warmup']} warm-up + {options['repeats']} timed steps each) ...")
     live = not options["quiet"] and same_terminal()
-    measured, files = run_bench(probed, out, options["effective_batch"], repeats=options["repeats"],
-                                warmup=options["warmup"], threads=options["threads"],
-                                large_batch=not options["no_large_batch"], command=command_line(),
-                                on_row=lambda row: say(throughput_line(row)))
+    measured, files = probe_and_bench(spec, out, options["effective_batch"], device=options["device"],
+                                      memory_limit=memory_limit, plan_file=options["plan_file"],
+                                      grad_checkpointing=options["grad_checkpointing"], world_size=world,
+                                      repeats=options["repeats"], warmup=options["warmup"], threads=options["threads"],
+                                      large_batch=not options["no_large_batch"], command=command_line(), say=say,
+                                      on_trial=lambda t: say(trial_line(t)), on_row=lambda row: say(throughput_line(row)))
     if options["as_json"]:
         click.echo(json.dumps({"run_dir": out, "effective_batch": measured.effective_batch,
                                "rows": measured.to_records(), "report": files}))

@@ -24,7 +24,6 @@ from gaplan.cli.options import (
     data_options,
     data_source_from_options,
     memory_limit_from_options,
-    positive,
     spec_from_options,
     stderr_printer,
     workload_options,
@@ -131,11 +130,14 @@ def probe(**options: Any) -> None:
     shortest lengths, T* the most tokens both allow, in granules. Writes plan.json (the probe at the
     longest length), tokens.json (the profile and T*: gaplan train --token-plan) and lengths.png.
     """
-    from gaplan.workflows.probe import run_probe
+    from gaplan.core.options import from_options
+    from gaplan.workflows.probe import ProbeOptions, run_probe
 
     spec = spec_from_options(options)
     memory_limit = target_limit(options) or memory_limit_from_options(options)
-    positive(options, "effective_batch", "world_size", "search_cap", "threads", "repeats")
+    # By its fields, checked there; --grad-checkpointing given as nothing means off.
+    probe_options = from_options(ProbeOptions, options, grad_checkpointing=options["grad_checkpointing"] or "off",
+                                 command=command_line())
     check_granule_option(options)
     if options["batch_by"] == "tokens":
         _probe_by_tokens(spec, memory_limit, options)
@@ -157,13 +159,8 @@ def probe(**options: Any) -> None:
     say = stderr_printer(options["quiet"])
     each = f"{ranks} fresh processes in one process group, each under the budget" if ranks > 1 else "a fresh process"
     say(f"probing {spec.model} (each trial: {each}, 2 optimizer steps of 2 micro-steps) ...")
-    run = run_probe(spec, out, device=options["device"], memory_limit=memory_limit,
-                    effective_batch=options["effective_batch"], world_size=options["world_size"],
-                    margin=options["margin"], search_cap=options["search_cap"], objective=options["objective"],
-                    grad_checkpointing=options["grad_checkpointing"] or "off", report=options["report"],
-                    repeats=options["repeats"], seed_from_estimate=options["seed_from_estimate"],
-                    threads=options["threads"], command=command_line(), on_trial=lambda t: say(trial_line(t)),
-                    on_row=lambda row: say(throughput_line(row)), say=say)
+    run = run_probe(spec, out, probe_options, device=options["device"], memory_limit=memory_limit,
+                    on_trial=lambda t: say(trial_line(t)), on_row=lambda row: say(throughput_line(row)), say=say)
     result = run.result
     snippet = None
     if options["emit"] == "hf":

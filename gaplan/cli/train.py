@@ -25,7 +25,7 @@ from gaplan.cli.output import ProgressBar
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, DEFAULT_TRAIN_STEPS
 from gaplan.core.errors import GaplanError
 from gaplan.core.lines import throughput_line
-from gaplan.runs.folder import CHECKPOINT, REPORT_HTML, REPORT_MD, default_run_dir, path_in
+from gaplan.runs.folder import REPORT_HTML, REPORT_MD, default_run_dir, path_in
 
 
 @click.command(name="train")
@@ -91,17 +91,6 @@ def train_command(**options: Any) -> None:
     train_options = TrainOptions.from_flat(options, resume=False, command=command_line())
     _check_token_plan(options)
     run_dir = options["resume"] or options["out"] or default_run_dir("train", spec.model)
-    if options["resume"] and not os.path.isfile(path_in(run_dir, CHECKPOINT)):
-        raise GaplanError(f"--resume {run_dir}: no {CHECKPOINT} in it")
-    check_writable(run_dir)
-    if options["save_weights"]:
-        check_writable(os.path.dirname(os.path.abspath(options["save_weights"])), "--save-weights")
-    if options["save_model"]:
-        from gaplan.workload.model_io import check_save_path
-
-        check_save_path(options["save_model"])
-    if options["token_plan"] is not None:
-        train_options = dataclasses.replace(train_options, token_budget=_token_plan_budget(options, spec, memory_limit))
     device = options["device"]
     if options["resume"]:  # the run as it was started; what was given again must agree with it
         given = given_on_command_line(click.get_current_context())
@@ -115,6 +104,15 @@ def train_command(**options: Any) -> None:
         spec, train_options, environment = resume_settings(run_dir, given_spec, given_options)
         device = device if "device" in given else environment.get("device", device)
         memory_limit = memory_limit if "memory_limit" in given else environment.get("memory_limit")
+    check_writable(run_dir)
+    if options["save_weights"]:
+        check_writable(os.path.dirname(os.path.abspath(options["save_weights"])), "--save-weights")
+    if options["save_model"]:
+        from gaplan.workload.model_io import check_save_path
+
+        check_save_path(options["save_model"])
+    if options["token_plan"] is not None and not options["resume"]:  # a resumed run keeps its budget
+        train_options = dataclasses.replace(train_options, token_budget=_token_plan_budget(options, spec, memory_limit))
     say = stderr_printer(options["quiet"])
     # Under torchrun every rank runs this; one bar (rank 0's) is enough.
     bar = ProgressBar(train_options.steps, enabled=not options["quiet"] and os.environ.get("RANK", "0") == "0")

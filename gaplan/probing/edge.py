@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from gaplan.core.constants import DEFAULT_CPU_BUDGET, DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import DoesNotFit, GaplanError
+from gaplan.core.options import OptionError
 from gaplan.core.trial import Trial
 from gaplan.core.units import format_bytes
 from gaplan.devices.backend import resolve_device
@@ -98,9 +99,9 @@ def probe(
     spec = (spec or WorkloadSpec()).validate()
     ranks = trial_ranks(spec, world_size)
     if not 0 <= margin < 1:
-        raise GaplanError(f"--margin must be a fraction in [0, 1) (got {margin})")
+        raise OptionError(f"margin must be a fraction in [0, 1) (got {margin})", "margin")
     if memory_limit is not None and memory_limit <= 0:
-        raise GaplanError(f"--memory-limit must be larger than zero (got {memory_limit})")
+        raise OptionError(f"memory_limit must be larger than zero (got {memory_limit})", "memory_limit")
     make_plan(effective_batch, default_search_cap(effective_batch, world_size), world_size)  # a bad batch fails here
     if search_cap is None:
         search_cap = default_search_cap(effective_batch, world_size)

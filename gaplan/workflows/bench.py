@@ -12,8 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 from gaplan.core.progress import Say, quiet
+from gaplan.core.trial import Trial
 from gaplan.runs.folder import PLAN_JSON, path_in
 from gaplan.runs.probe_result import ProbeResult, save_probe
+from gaplan.workload.spec import WorkloadSpec
 
 
 def write_measurements(out: str, result: ProbeResult, benches: list, on_row: Callable[[Any], None] | None = None,
@@ -64,3 +66,24 @@ def run_bench(probed: ProbeResult, out: str, effective_batch: int, *, repeats: i
     save_probe(dataclasses.replace(probed, command=command), path_in(out, PLAN_JSON))
     write_table(out, THROUGHPUT, measured.to_records())
     return measured, write_report(out).files
+
+
+def probe_and_bench(spec: WorkloadSpec, out: str, effective_batch: int, *, device: str = "auto",
+                    memory_limit: int | None = None, plan_file: str | None = None,
+                    grad_checkpointing: str | None = None, world_size: int = 1, repeats: int = 3, warmup: int = 1,
+                    threads: int | None = None, large_batch: bool = True, command: str | None = None,
+                    say: Say = quiet, on_trial: Callable[[Trial], None] | None = None,
+                    on_row: Callable[[Any], None] | None = None) -> tuple[Any, list[str]]:
+    """``gaplan bench``: the probe (``plan_file``'s, the cache's, or a new one), then :func:`run_bench` over it."""
+    from gaplan.devices.backend import resolve_device
+    from gaplan.plan.split import default_search_cap
+    from gaplan.probing.cache import probe_for
+
+    device = resolve_device(device)
+    spec, probed = probe_for(spec, device, memory_limit, default_search_cap(effective_batch, world_size),
+                             plan_file=plan_file, grad_checkpointing=grad_checkpointing, threads=threads, say=say,
+                             on_trial=on_trial, world_size=world_size)
+    say(f"timing splits of effective batch {effective_batch} (B* = {probed.max_micro_batch}, "
+        f"{warmup} warm-up + {repeats} timed steps each) ...")
+    return run_bench(probed, out, effective_batch, repeats=repeats, warmup=warmup, threads=threads,
+                     large_batch=large_batch, command=command, on_row=on_row)

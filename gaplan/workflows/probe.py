@@ -13,12 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from gaplan.core.constants import DEFAULT_CPU_BUDGET, DEFAULT_EFFECTIVE_BATCH, SEARCH_CAP
+from gaplan.core.options import OptionError
 from gaplan.core.progress import Say, quiet
 from gaplan.core.trial import Trial
 from gaplan.plan.split import Plan
 from gaplan.runs.folder import PLAN_JSON, path_in
 from gaplan.runs.probe_result import ProbeResult, save_probe
 from gaplan.workload.spec import WorkloadSpec
+
+OBJECTIVES = ("max-micro-batch", "throughput")
 
 
 @dataclass
@@ -32,44 +35,56 @@ class ProbeRun:
     estimate_seed: int | None = None
 
 
-def run_probe(
-    spec: WorkloadSpec,
-    out: str,
-    *,
-    device: str = "auto",
-    memory_limit: int | None = None,
-    effective_batch: int = DEFAULT_EFFECTIVE_BATCH,
-    world_size: int = 1,
-    margin: float = 0.0,
-    search_cap: int | None = None,
-    objective: str = "max-micro-batch",
-    grad_checkpointing: str = "off",
-    report: bool = False,
-    repeats: int = 2,
-    seed_from_estimate: bool = False,
-    threads: int | None = None,
-    command: str | None = None,
-    on_trial: Callable[[Trial], None] | None = None,
-    on_row: Callable[[Any], None] | None = None,
-    say: Say = quiet,
-) -> ProbeRun:
-    """Probe (tuned as asked), save ``plan.json`` in ``out``, and with ``report`` bench, break down and report."""
+@dataclass(frozen=True)
+class ProbeOptions:
+    """What ``gaplan probe`` is asked, beyond the workload and the device: the plan's batch, the search, the tuner,
+    the report. Built from the parsed options by field (:func:`gaplan.core.options.from_options`)."""
+
+    effective_batch: int = DEFAULT_EFFECTIVE_BATCH
+    world_size: int = 1
+    margin: float = 0.0  # checked where the probe uses it (gaplan.probing.edge.probe), for every caller
+    search_cap: int | None = None
+    objective: str = "max-micro-batch"  # or "throughput"
+    grad_checkpointing: str = "off"  # off | on | auto (the tuner decides)
+    report: bool = False
+    repeats: int = 2
+    seed_from_estimate: bool = False
+    threads: int | None = None
+    command: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("effective_batch", "world_size", "search_cap", "threads", "repeats"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise OptionError(f"{name} must be a positive integer (got {value})", name)
+        if self.objective not in OBJECTIVES:
+            raise OptionError(f"objective must be one of {', '.join(OBJECTIVES)} (got {self.objective!r})",
+                              "objective")
+
+
+def run_probe(spec: WorkloadSpec, out: str, options: ProbeOptions | None = None, *, device: str = "auto",
+              memory_limit: int | None = None, on_trial: Callable[[Trial], None] | None = None,
+              on_row: Callable[[Any], None] | None = None, say: Say = quiet, **fields: Any) -> ProbeRun:
+    """Probe (tuned as asked), save ``plan.json`` in ``out``, and with ``report`` bench, break down and report.
+
+    ``options`` (default :class:`ProbeOptions`'s) with any of its fields given by keyword over it."""
     from gaplan.benchmark.tuner import tune
     from gaplan.workflows.bench import write_measurements
 
+    o = dataclasses.replace(options or ProbeOptions(), **fields)
     start = 1
-    if seed_from_estimate:
-        start = estimate_start(spec, device, memory_limit, margin, search_cap, threads, say)
-    tuned = tune(spec, objective=objective, grad_checkpointing=grad_checkpointing, device=device,
-                 memory_limit=memory_limit, effective_batch=effective_batch, bench_large_batch=report, repeats=repeats,
-                 on_trial=on_trial, on_row=on_row, on_stage=lambda text: say(text + " ..."), margin=margin,
-                 world_size=world_size, search_cap=search_cap, threads=threads, start=start)
-    result = dataclasses.replace(tuned.result, command=command)
+    if o.seed_from_estimate:
+        start = estimate_start(spec, device, memory_limit, o.margin, o.search_cap, o.threads, say)
+    tuned = tune(spec, objective=o.objective, grad_checkpointing=o.grad_checkpointing, device=device,
+                 memory_limit=memory_limit, effective_batch=o.effective_batch, bench_large_batch=o.report,
+                 repeats=o.repeats, on_trial=on_trial, on_row=on_row, on_stage=lambda text: say(text + " ..."),
+                 margin=o.margin, world_size=o.world_size, search_cap=o.search_cap, threads=o.threads, start=start)
+    result = dataclasses.replace(tuned.result, command=o.command)
     plan_path = path_in(out, PLAN_JSON)
     save_probe(result, plan_path)
-    written = write_measurements(out, result, tuned.benches, on_row, say) if report else None
+    written = write_measurements(out, result, tuned.benches, on_row, say) if o.report else None
     return ProbeRun(result, plan_path, written, tuned.decision.reason if result.tuner else None,
-                    start if seed_from_estimate else None)
+                    start if o.seed_from_estimate else None)
 
 
 def estimate_start(spec: WorkloadSpec, device: str, memory_limit: int | None, margin: float, search_cap: int | None,

@@ -54,6 +54,8 @@ def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Map
     (``steps``, to train further; the outputs) is taken. Returns the spec, the options and the saved environment
     (device, memory limit).
     """
+    if not os.path.isfile(path_in(run_dir, CHECKPOINT)):  # before anything else: nothing to resume from
+        raise GaplanError(f"--resume {run_dir}: no {CHECKPOINT} in it")
     path = path_in(run_dir, TRAIN_JSON)
     marks = resume_marks()
     try:

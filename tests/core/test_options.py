@@ -1,0 +1,58 @@
+"""Options dataclasses: built from flat parsed options by their fields, nested, and errors said in field names."""
+
+from dataclasses import dataclass
+
+import pytest
+
+from gaplan.core.options import OptionError, from_options, leaf_fields, nested, option, replace_path, to_flat
+
+
+@dataclass(frozen=True)
+class Inner:
+    path: str | None = option(None, resume="fixed", name="data")
+    depth: int = option(1, resume="free")
+
+
+@dataclass(frozen=True)
+class Outer:
+    size: int = option(2, resume="fixed")
+    inner: Inner = nested(Inner)
+
+
+def test_a_tree_is_built_from_one_flat_mapping_by_option_names_and_unknown_names_are_left_out():
+    built = from_options(Outer, {"size": 5, "data": "corpus.txt", "depth": 3, "model": "ignored"})
+    assert built == Outer(size=5, inner=Inner(path="corpus.txt", depth=3))
+    assert from_options(Outer, {}) == Outer()  # an absent option keeps its default
+    assert from_options(Outer, {"size": 5}, size=7).size == 7  # an override wins
+
+
+def test_flat_and_back_is_the_same_tree():
+    tree = Outer(size=9, inner=Inner(path="x", depth=4))
+    flat = to_flat(tree)
+    assert flat == {"size": 9, "data": "x", "depth": 4}
+    assert from_options(Outer, flat) == tree
+
+
+def test_leaf_fields_carry_their_paths_and_metadata():
+    leaves = {path: field.metadata.get("resume") for path, field in leaf_fields(Outer)}
+    assert leaves == {("size",): "fixed", ("inner", "path"): "fixed", ("inner", "depth"): "free"}
+    assert replace_path(Outer(), ("inner", "depth"), 8).inner.depth == 8
+
+
+def test_an_option_error_names_fields_for_python_and_flags_for_the_command_line():
+    error = OptionError("effective_tokens needs batch_by tokens; plan_file too", "effective_tokens", "batch_by",
+                        "plan_file")
+    assert str(error) == "effective_tokens needs batch_by tokens; plan_file too"
+    assert error.for_cli() == "--effective-tokens needs --batch-by tokens; --plan-file too"
+    flags = {"plan_file": "--plan"}
+    assert error.for_cli(lambda name: flags.get(name) or "--" + name.replace("_", "-")).endswith("--plan too")
+
+
+def test_a_field_inside_a_longer_name_is_not_replaced():
+    assert OptionError("weights_dtype fp16 with dtype fp16", "dtype", "weights_dtype").for_cli() == \
+        "--weights-dtype fp16 with --dtype fp16"
+
+
+@pytest.mark.parametrize("name", ["dtype", "steps"])
+def test_a_name_not_listed_stays_as_it_is(name):
+    assert OptionError(f"{name} is wrong").for_cli() == f"{name} is wrong"

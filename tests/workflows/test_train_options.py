@@ -1,0 +1,100 @@
+"""gaplan train's options as one tree: checked once in field names, saved flat, and older run folders resume."""
+
+import json
+
+import pytest
+
+from gaplan.core.options import OptionError
+from gaplan.data.source import DataSource
+from gaplan.runs.folder import CHECKPOINT, TRAIN_JSON
+from gaplan.training.config import LoopOptions, TrainConfig
+from gaplan.workflows.train import resume_settings
+from gaplan.workflows.train_options import TrainOptions, resume_marks
+
+# train.json's options as gaplan wrote them before the options were nested (one flat dict of every field).
+OLD_FLAT_OPTIONS = {
+    "effective_batch": 16, "effective_tokens": None, "micro_batch": 4, "batch_by": "samples", "token_budget": None,
+    "granule": 64, "plan_file": None, "grad_checkpointing": None, "data": None, "text_field": "text",
+    "label_field": "label", "long_samples": "split", "tokenizer": None, "steps": 3, "seed": 7, "max_grad_norm": None,
+    "warmup_steps": 0, "checkpoint_every": 1, "resume": False, "save_weights": None, "save_model": None,
+    "enforce_memory_limit": False, "compare": False, "threads": None, "command": "gaplan train --steps 3",
+}
+
+
+def test_the_flat_options_fill_the_nested_data_source_and_loop():
+    options = TrainOptions.from_flat({"data": "corpus.txt", "tokenizer": "bytes", "steps": 5, "seed": 3,
+                                      "micro_batch": 2})
+    assert options.source == DataSource(path="corpus.txt", tokenizer="bytes")
+    assert options.loop == LoopOptions(steps=5, seed=3)
+    assert options.micro_batch == 2 and options.data == "corpus.txt" and options.steps == 5
+
+
+def test_saved_flat_is_the_shape_older_run_folders_have():
+    assert set(TrainOptions().to_flat()) == set(OLD_FLAT_OPTIONS)
+    assert TrainOptions.from_flat(OLD_FLAT_OPTIONS).to_flat() == OLD_FLAT_OPTIONS
+
+
+def test_resume_marks_are_the_fields_metadata():
+    marks = resume_marks()
+    assert {name for name, mark in marks.items() if mark == "free"} == {
+        "steps", "checkpoint_every", "save_weights", "save_model", "compare", "threads", "command",
+        "enforce_memory_limit"}
+    assert marks["seed"] == marks["data"] == marks["effective_batch"] == "fixed"
+    assert "grad_checkpointing" not in marks and "resume" not in marks  # the spec holds one; the run sets the other
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(micro_batch=0), "micro_batch must be a positive integer (got 0)"),
+    (dict(effective_tokens=100), "effective_tokens needs batch_by tokens"),
+    (dict(batch_by="tokens", effective_tokens=100, effective_batch=8), "effective_tokens and effective_batch both"),
+    (dict(token_budget=64), "token_budget needs batch_by tokens"),
+    (dict(batch_by="tokens", token_budget=1), "token_budget must be at least 2 tokens (got 1)"),
+    (dict(batch_by="tokens", micro_batch=4), "leave out micro_batch and plan_file"),
+    (dict(granule=0), "granule must be a positive number of tokens (got 0)"),
+    (dict(steps=0), "steps must be a positive integer (got 0)"),
+    (dict(warmup_steps=-1), "warmup_steps must be 0 or more (got -1)"),
+])
+def test_each_check_is_made_once_in_the_options_and_says_field_names(fields, message):
+    with pytest.raises(OptionError) as caught:
+        TrainOptions.from_flat(fields)
+    assert message in str(caught.value)
+    assert "--" not in str(caught.value)
+
+
+def test_the_loop_config_is_the_loop_options_plus_what_the_run_decides():
+    config = TrainConfig(steps=4, seed=1, run_dir="run")
+    assert isinstance(config, LoopOptions) and config.steps == 4 and config.run_dir == "run"
+    with pytest.raises(OptionError, match="checkpoint_every must be 0 or more"):
+        TrainConfig(checkpoint_every=-1)
+
+
+def _old_run_folder(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / CHECKPOINT).write_bytes(b"")  # resume_settings only needs it to exist; the loop reads it
+    (run / TRAIN_JSON).write_text(json.dumps({"workload": {"model": "tiny-gpt2", "seq_len": 16},
+                                              "options": OLD_FLAT_OPTIONS,
+                                              "environment": {"device": "cpu", "memory_limit": None}}))
+    return str(run)
+
+
+def test_an_older_run_folder_resumes_with_its_options_and_takes_the_free_ones_given(tmp_path):
+    spec, options, environment = resume_settings(_old_run_folder(tmp_path), {}, {"steps": 6, "checkpoint_every": 2})
+    assert spec.seq_len == 16 and environment["device"] == "cpu"
+    assert options.resume and options.micro_batch == 4 and options.seed == 7 and options.effective_batch == 16
+    assert options.loop == LoopOptions(steps=6, seed=7, checkpoint_every=2)
+
+
+def test_a_fixed_option_given_again_must_agree(tmp_path):
+    folder = _old_run_folder(tmp_path)
+    with pytest.raises(Exception, match="--seed 8 contradicts the run's 7"):
+        resume_settings(folder, {}, {"seed": 8})
+    with pytest.raises(Exception, match="--data other.txt contradicts"):
+        resume_settings(folder, {}, {"data": "other.txt"})
+    assert resume_settings(folder, {}, {"seed": 7})[1].seed == 7
+
+
+def test_a_folder_without_a_checkpoint_has_nothing_to_resume(tmp_path):
+    (tmp_path / TRAIN_JSON).write_text("{}")
+    with pytest.raises(Exception, match=f"no {CHECKPOINT} in it"):
+        resume_settings(str(tmp_path), {}, {})
