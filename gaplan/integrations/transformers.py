@@ -13,9 +13,9 @@ Three parts, in increasing import cost:
 * :func:`plan_training_arguments`: probes (or loads a plan) and returns a copy of ``TrainingArguments``
   with ``per_device_train_batch_size`` and ``gradient_accumulation_steps`` set (:func:`resolve_plan`
   gives gaplan's plan behind it, to probe once and both print and use it);
-* ``GaplanTrainer``: a ``transformers.Trainer`` whose loss is the *sum* of token losses divided by
-  ``num_items_in_batch``, the targets of the whole optimizer step on all ranks, counted by gaplan's rule
-  (:mod:`gaplan.workload.loss`). Built on first access, since it subclasses ``Trainer``.
+* ``GaplanTrainer`` (:mod:`gaplan.integrations.hf_trainer`): a ``transformers.Trainer`` whose loss is the *sum*
+  of token losses divided by ``num_items_in_batch``, the targets of the whole optimizer step on all ranks, counted
+  by gaplan's rule (:mod:`gaplan.workload.loss`). Built on first access, since it subclasses ``Trainer``.
 
 The Trainer feeds equal micro-batches only. When gaplan's plan is uneven (E=256 at B*=48 is
 43,43,43,43,42,42), :func:`plan_training_arguments` takes the largest micro-batch no larger than
@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from gaplan.core.errors import GaplanError
@@ -49,10 +48,6 @@ __all__ = [
     "GaplanTrainer",  # noqa: F822 - defined on first access by the module's __getattr__
     "UnevenPlanWarning", "even_plan", "hf_snippet", "infer_task", "plan_training_arguments", "resolve_plan",
 ]
-
-# Batch keys that are targets or bookkeeping, never model inputs.
-_NOT_INPUTS = ("labels", "shift_labels", "num_items_in_batch")
-
 
 class UnevenPlanWarning(UserWarning):
     """gaplan's plan has micro-batches of different sizes; the Trainer runs an even split instead."""
@@ -268,87 +263,7 @@ def _workload_spec(model_or_spec: Any, args: TrainingArguments, seq_len: int | N
 
 def __getattr__(name: str) -> Any:
     if name == "GaplanTrainer":
-        return _trainer_class()
+        from gaplan.integrations.hf_trainer import trainer_class
+
+        return trainer_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-@functools.lru_cache(maxsize=1)
-def _trainer_class() -> type:
-    """Define ``GaplanTrainer`` (importing transformers and torch) on first use."""
-    import torch
-    from transformers import Trainer
-
-    from gaplan.core.tasks import TASKS
-    from gaplan.workload.loss import count_step_targets, count_targets, summed_token_loss
-
-    class GaplanTrainer(Trainer):
-        """A ``Trainer`` with gaplan's token-exact loss under gradient accumulation.
-
-        Each micro-batch's loss is the *sum* of its token losses divided by ``num_items_in_batch``, the
-        prediction targets of all micro-batches of the optimizer step on all ranks, counted by gaplan's
-        rule (causal LM: ``labels[..., 1:] != -100``, or ``shift_labels``). So the accumulated gradient is
-        the large-batch gradient whatever the padding, and the loss is already scaled for accumulation
-        (``loss_is_scaled_for_ga = True``). Under DDP the loss is multiplied by the number of processes,
-        undoing DDP's gradient average. Evaluation (no ``num_items_in_batch``) reports each batch's mean.
-
-        The Trainer's own path does the same only when the model's forward takes ``num_items_in_batch``
-        *and* its count matches the model's loss: for ``GPT2LMHeadModel`` (whose ``loss_type`` is unset),
-        transformers 5.24 counts position 0 too.
-
-        The loss is plain cross-entropy from the model's logits: ``label_smoothing_factor`` and
-        ``compute_loss_func`` are not applied. The count is summed over processes whatever
-        ``average_tokens_across_devices`` says (that is gaplan's contract).
-
-        Args:
-            task: ``causal-lm``, ``masked-lm`` or ``classification``; default: from the model's class.
-            Everything else as ``transformers.Trainer``. Batches need ``labels`` (or ``shift_labels``).
-        """
-
-        loss_is_scaled_for_ga = True
-
-        def __init__(self, *args: Any, task: str | None = None, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            if task is not None and task not in TASKS:
-                raise GaplanError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
-            self.gaplan_task = task or infer_task(self.model)
-            # Trainers without the `loss_is_scaled_for_ga` attribute decide from this flag (and a non-None
-            # num_items_in_batch) that the loss needs no further division by the accumulation steps.
-            self.model_accepts_loss_kwargs = True
-
-        def get_batch_samples(self, epoch_iterator: Iterator, num_batches: int, *args: Any,
-                              **kwargs: Any) -> tuple[list, int | None]:
-            """The next ``num_batches`` micro-batches and their targets on all ranks (gaplan's count)."""
-            batches: list = []
-            for _ in range(num_batches):
-                try:
-                    batches.append(next(epoch_iterator))
-                except StopIteration:
-                    break
-            return batches, self.count_items(batches)
-
-        def count_items(self, batches: list) -> int | None:
-            """``num_items_in_batch`` of one optimizer step: this rank's targets summed over all processes."""
-            if not batches:
-                return None
-            if any("labels" not in b and "shift_labels" not in b for b in batches):
-                raise GaplanError("GaplanTrainer needs labels (or shift_labels) in every training batch")
-            count = count_step_targets(batches, self.gaplan_task)
-            if self.accelerator.num_processes > 1:
-                count = int(self.accelerator.gather(torch.tensor([count], device=self.args.device)).sum())
-            return count
-
-        def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
-                         num_items_in_batch: torch.Tensor | int | None = None) -> Any:
-            outputs = model(**{k: v for k, v in inputs.items() if k not in _NOT_INPUTS})
-            logits = outputs["logits"] if isinstance(outputs, Mapping) else outputs[0]
-            summed = summed_token_loss(logits, inputs, self.gaplan_task)
-            if num_items_in_batch is None:  # evaluation, or a loop that did not count: this batch's own mean
-                loss = summed / max(count_targets(inputs, self.gaplan_task), 1)
-            else:
-                loss = summed / num_items_in_batch * self.accelerator.num_processes
-            return (loss, outputs) if return_outputs else loss
-
-    GaplanTrainer.__module__ = __name__
-    GaplanTrainer.__qualname__ = "GaplanTrainer"
-    globals()["GaplanTrainer"] = GaplanTrainer
-    return GaplanTrainer

@@ -1,0 +1,194 @@
+"""GaplanTrainer, honest: transformers' own gradient-accumulation tests, adapted offline, run with both Trainers;
+``compute_loss_func`` and ``model_accepts_loss_kwargs`` followed as the Trainer follows them; exact eval loss.
+
+Adapted from transformers' ``tests/trainer/test_trainer.py`` ("gradient_accumulation_loss_alignment_with_model_loss"
+and "..._with_loss_func"): there a pretrained TinyLlama on wikitext; here a tiny GPT-2 built from its config, first
+taught a pattern so that short easy samples and long hard ones have very different losses (what makes a per-batch
+mean differ from the token-weighted one), and a stream of padded samples in a fixed order.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gaplan.core.errors import GaplanError
+from gaplan.core.tasks import IGNORE_INDEX
+from gaplan.workload.loss import count_step_targets
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+VOCAB, LENGTH, SEED = 64, 16, 42
+
+
+def _model():
+    torch.manual_seed(SEED)
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=LENGTH, n_embd=32, n_layer=2, n_head=2,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config)
+    # Teach it "1 follows 1": easy samples then cost little and hard (random) ones a lot.
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    ones = torch.ones(8, LENGTH, dtype=torch.long)
+    for _ in range(30):
+        model(input_ids=ones, labels=ones).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model
+
+
+def _samples(count: int) -> list[dict]:
+    """Alternating blocks of 4 short easy samples and 4 full-length random ones (different target counts)."""
+    generator = torch.Generator().manual_seed(SEED)
+    samples = []
+    for index in range(count):
+        if (index // 4) % 2 == 0:
+            ids = torch.ones(3, dtype=torch.long)
+        else:
+            ids = torch.randint(2, VOCAB, (LENGTH,), generator=generator)
+        samples.append({"input_ids": ids})
+    return samples
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """The samples in their order (no shuffling), so every run sees the same micro-batches."""
+
+    def __init__(self, samples):
+        self.samples = samples
+
+    def __iter__(self):
+        return iter(self.samples)
+
+
+def _collate(samples):
+    longest = max(len(s["input_ids"]) for s in samples)
+    ids = torch.zeros(len(samples), longest, dtype=torch.long)
+    mask = torch.zeros(len(samples), longest, dtype=torch.long)
+    for row, sample in enumerate(samples):
+        ids[row, : len(sample["input_ids"])] = sample["input_ids"]
+        mask[row, : len(sample["input_ids"])] = 1
+    labels = ids.masked_fill(mask == 0, IGNORE_INDEX)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+class _Losses(transformers.TrainerCallback):
+    def __init__(self):
+        self.losses = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.losses.append(logs["loss"])
+
+
+def _args(tmp_path, **kwargs):
+    settings = dict(output_dir=str(tmp_path), use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True,
+                    logging_steps=1, max_steps=5, learning_rate=3e-4, seed=SEED, remove_unused_columns=False,
+                    dataloader_pin_memory=False)
+    return transformers.TrainingArguments(**{**settings, **kwargs})
+
+
+def _trainer_class(name):
+    if name == "Trainer":
+        return transformers.Trainer
+    from gaplan.integrations.transformers import GaplanTrainer
+
+    return GaplanTrainer
+
+
+def _losses(tmp_path, cls, *, broken=False, **kwargs):
+    losses = _Losses()
+    trainer = cls(_model(), _args(tmp_path, **{k: v for k, v in kwargs.items() if k != "compute_loss_func"}),
+                  train_dataset=_Stream(_samples(80)), data_collator=_collate, callbacks=[losses],
+                  compute_loss_func=kwargs.get("compute_loss_func"))
+    if broken:
+        # as transformers' test: num_items_in_batch is not passed, the loss is each micro-batch's mean
+        trainer.model_accepts_loss_kwargs = False
+    trainer.train()
+    assert len(losses.losses) == 5
+    return losses.losses
+
+
+def _diff(a, b):
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["Trainer", "GaplanTrainer"])
+def test_gradient_accumulation_loss_alignment_with_model_loss(tmp_path, name):
+    cls = _trainer_class(name)
+    base = _losses(tmp_path / "base", cls, per_device_train_batch_size=8, gradient_accumulation_steps=1)
+    accumulated = _losses(tmp_path / "ga", cls, per_device_train_batch_size=4, gradient_accumulation_steps=2)
+    broken = _losses(tmp_path / "broken", cls, broken=True, per_device_train_batch_size=4,
+                     gradient_accumulation_steps=2)
+    assert _diff(base, accumulated) < 0.01
+    assert _diff(base, broken) > 0.5  # the mean of the micro-batches' means is far from the step's loss
+
+
+def _causal_loss_func(disable_num_items=False):
+    """transformers' ForCausalLMLoss, as the test's ``compute_loss``: shifted, summed, over num_items_in_batch."""
+    seen = []
+
+    def loss_func(outputs, labels, num_items_in_batch=None):
+        seen.append(num_items_in_batch)
+        logits = outputs["logits"][..., :-1, :].float()
+        targets = labels[..., 1:]
+        if disable_num_items or num_items_in_batch is None:
+            return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1),
+                                                     ignore_index=IGNORE_INDEX)
+        summed = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1),
+                                                   ignore_index=IGNORE_INDEX, reduction="sum")
+        return summed / num_items_in_batch
+
+    loss_func.seen = seen
+    return loss_func
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["Trainer", "GaplanTrainer"])
+def test_gradient_accumulation_loss_alignment_with_loss_func(tmp_path, name):
+    cls = _trainer_class(name)
+    base = _losses(tmp_path / "base", cls, compute_loss_func=_causal_loss_func(), per_device_train_batch_size=8,
+                   gradient_accumulation_steps=1)
+    accumulated = _losses(tmp_path / "ga", cls, compute_loss_func=_causal_loss_func(), per_device_train_batch_size=4,
+                          gradient_accumulation_steps=2)
+    broken = _losses(tmp_path / "broken", cls, compute_loss_func=_causal_loss_func(disable_num_items=True),
+                     per_device_train_batch_size=4, gradient_accumulation_steps=2)
+    assert _diff(base, accumulated) < 0.01
+    assert _diff(base, broken) > 0.5
+
+
+@pytest.mark.slow
+def test_compute_loss_func_gets_gaplans_count_of_the_whole_step(tmp_path):
+    from gaplan.integrations.transformers import GaplanTrainer
+
+    loss_func = _causal_loss_func()
+    trainer = GaplanTrainer(_model(), _args(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                                            max_steps=1),
+                            train_dataset=_Stream(_samples(8)), data_collator=_collate, compute_loss_func=loss_func)
+    trainer.train()
+    samples = _samples(8)
+    expected = count_step_targets([_collate(samples[:4]), _collate(samples[4:])], "causal-lm")
+    assert loss_func.seen == [expected, expected]  # both micro-steps: the step's shifted targets, not position 0
+
+
+@pytest.mark.slow
+def test_the_evaluation_loss_is_the_exact_mean_over_shifted_targets(tmp_path):
+    from gaplan.integrations.transformers import GaplanTrainer
+
+    samples = _samples(8)
+    model = _model()
+    batch = _collate(samples)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    exact = float(torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB),
+                                                    batch["labels"][:, 1:].reshape(-1), ignore_index=IGNORE_INDEX))
+    args = _args(tmp_path, per_device_eval_batch_size=8)
+    ours = GaplanTrainer(model, args, eval_dataset=samples, data_collator=_collate).evaluate()["eval_loss"]
+    assert ours == pytest.approx(exact, rel=1e-5)
+
+
+def test_label_smoothing_is_refused_in_one_line(tmp_path):
+    from gaplan.integrations.transformers import GaplanTrainer
+
+    with pytest.raises(GaplanError, match="label_smoothing_factor 0.1 is not applied"):
+        GaplanTrainer(_model(), _args(tmp_path, label_smoothing_factor=0.1), data_collator=_collate)
