@@ -67,6 +67,20 @@ def pin_mmap_threshold() -> bool:
         return False
 
 
+def start_intra_op_threads() -> None:
+    """Run one small parallel op, so torch's intra-op threads exist before a budget's baseline is taken.
+
+    Their stacks (8 MiB each) and malloc arenas are process overhead, not training memory. A process that starts
+    them under its budget pays for them there; a trial forked from a worker does not (its new thread reuses the
+    stack glibc cached from a thread of the parent): one sample of difference at a small budget, the "three loops,
+    three edges". Started before the baseline, every process counts the same thing.
+    """
+    import torch
+
+    if torch.get_num_threads() > 1:
+        torch.ones(1 << 20).add_(1)  # above the parallel grain: the threads start (and OpenMP's pool with them)
+
+
 def anonymous_peak(status: dict[str, int]) -> int:
     """The high-water mark of anonymous memory (tensors, heap): VmHWM less the file-backed pages.
 
@@ -87,6 +101,7 @@ class CpuBackend:
 
     def activate(self, limit_bytes: int | None, enforce: bool = True) -> None:
         pin_mmap_threshold()
+        start_intra_op_threads()
         gc.collect()
         status = read_status()
         self._base_data, self._base_anon = status["VmData"], status["RssAnon"]
@@ -120,3 +135,34 @@ class CpuBackend:
 
     def synchronize(self) -> None:
         pass
+
+
+class CpuBudgetWarning(UserWarning):
+    """The process can hold a budget, but not exactly as a probe trial does (MKL's pooled workspace is on)."""
+
+
+def cpu_budget(limit: int | str | None = None) -> CpuBackend:
+    """Bind this process to a CPU memory budget exactly as gaplan's probe trials are bound; returns its meter.
+
+    Call it after the imports and before the model is built: the budget counts what is allocated from then on
+    (weights, gradients, optimizer states, activations), over what the process holds at the call, as a trial's
+    does after its worker's imports. ``limit``: bytes or text (``"1GiB"``); default 1 GiB. An allocation past it
+    fails with torch's ``DefaultCPUAllocator: can't allocate memory``; ``peak_bytes()`` is the peak since the
+    call. Import gaplan before torch, so that MKL's pooled GEMM workspace is off as in the trials (else a
+    :class:`CpuBudgetWarning`).
+    """
+    import os
+    import sys
+    import warnings
+
+    from gaplan.core.units import parse_bytes
+
+    if isinstance(limit, str):
+        limit = parse_bytes(limit)
+    if "torch" in sys.modules and any(os.environ.get(k) != v for k, v in MKL_ALLOCATOR_ENV.items()):
+        warnings.warn("torch was imported before gaplan: MKL's pooled GEMM workspace is on, so this budget's edge "
+                      "may differ from a probe's by a sample (import gaplan first, or set MKL_DISABLE_FAST_MM=1)",
+                      CpuBudgetWarning, stacklevel=2)
+    backend = CpuBackend()
+    backend.activate(limit)
+    return backend

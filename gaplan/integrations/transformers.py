@@ -31,7 +31,7 @@ import dataclasses
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gaplan.core.errors import GaplanError
@@ -136,6 +136,11 @@ def plan_training_arguments(
     device: str = "auto",
     seq_len: int | None = None,
     world_size: int | None = None,
+    probe: str = "workload",
+    train_dataset: Any = None,
+    data_collator: Any = None,
+    trainer_class: type | None = None,
+    trainer_kwargs: Mapping[str, Any] | None = None,
 ) -> TrainingArguments:
     """A copy of ``args`` whose batch arguments run ``effective_batch`` samples per optimizer step.
 
@@ -166,6 +171,13 @@ def plan_training_arguments(
         seq_len: the (padded) sequence length to probe at. Memory grows with it: pass your real length
             (default: the preset's, or 512 for a model or directory).
         world_size: data-parallel processes (default: ``args.world_size``, the launch this runs in).
+        probe: ``"workload"`` (gaplan's own step on the model rebuilt from its config, as above) or ``"trainer"``:
+            each trial runs ``trainer_class(model, args, train_dataset=..., data_collator=...).train()`` itself
+            for two steps (:func:`gaplan.integrations.trainer_probe.probe_trainer`): your arguments (precision,
+            ``optim``, checkpointing), your model as it is (PEFT included), your collator and the dataset's
+            longest samples, so B* is the edge of ``trainer.train()``.
+        train_dataset, data_collator, trainer_class, trainer_kwargs: with ``probe="trainer"``: what the trainer is
+            built with (``trainer_class`` default ``transformers.Trainer``; TRL's ``SFTTrainer`` works the same).
 
     Raises:
         GaplanError: when ``effective_batch`` is not a positive multiple of the world size, the model
@@ -173,7 +185,8 @@ def plan_training_arguments(
         DoesNotFit: when even micro-batch 1 does not fit.
     """
     chosen = resolve_plan(model_or_spec, args, effective_batch, plan=plan, memory_limit=memory_limit, device=device,
-                          seq_len=seq_len, world_size=world_size)
+                          seq_len=seq_len, world_size=world_size, probe=probe, train_dataset=train_dataset,
+                          data_collator=data_collator, trainer_class=trainer_class, trainer_kwargs=trainer_kwargs)
     even = even_plan(chosen)
     if even is not chosen:
         warnings.warn(_uneven_message(chosen, even), UnevenPlanWarning, stacklevel=2)
@@ -191,6 +204,11 @@ def resolve_plan(
     device: str = "auto",
     seq_len: int | None = None,
     world_size: int | None = None,
+    probe: str = "workload",
+    train_dataset: Any = None,
+    data_collator: Any = None,
+    trainer_class: type | None = None,
+    trainer_kwargs: Mapping[str, Any] | None = None,
 ) -> Plan:
     """gaplan's own plan (possibly uneven) behind :func:`plan_training_arguments`, which takes the same arguments.
 
@@ -198,6 +216,21 @@ def resolve_plan(
     (:func:`hf_snippet`).
     """
     world_size = int(args.world_size) if world_size is None else world_size
+    if probe not in ("workload", "trainer"):
+        raise GaplanError(f"probe must be 'workload' or 'trainer' (got {probe!r})")
+    if probe == "trainer" and plan is None:
+        if model_or_spec is None or isinstance(model_or_spec, str) or not (
+                hasattr(model_or_spec, "parameters") or callable(model_or_spec)):
+            raise GaplanError("probe='trainer' runs your Trainer on your model: pass the model, or a function that "
+                              "builds it (model_init)")
+        if train_dataset is None:
+            raise GaplanError("probe='trainer' trains on a sample of your data: pass train_dataset=")
+        from gaplan.integrations.trainer_probe import probe_trainer
+
+        result = probe_trainer(model_or_spec, args, train_dataset, effective_batch=effective_batch,
+                               data_collator=data_collator, trainer_class=trainer_class, memory_limit=memory_limit,
+                               world_size=world_size, **dict(trainer_kwargs or {}))
+        return result.plan
     if device == "auto" and getattr(args, "use_cpu", False):
         device = "cpu"
     return _resolve_plan(model_or_spec, args, effective_batch, world_size, plan, memory_limit, device, seq_len)

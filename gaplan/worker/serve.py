@@ -30,7 +30,6 @@ import gc
 import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -38,56 +37,12 @@ import traceback
 from collections.abc import Callable
 
 from gaplan.core.trial import Trial
+from gaplan.worker.fork import die_with_parent, run_in_child
 from gaplan.worker.protocol import TrialRequest, WorkerSetup
 from gaplan.worker.ranks import merge_ready, merge_trials, run_ranks
 
 # A multi-rank trial that has not ended after this long is killed (a hang, not an answer): see gaplan.worker.ranks.
 DEFAULT_RANK_TIMEOUT_S = 1800.0
-
-
-def run_in_child(work: Callable[[], dict]) -> dict:
-    """Run ``work`` in a forked child and return the dict it produced (or why it produced none)."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never return into the caller's stack
-        os.close(read_end)
-        _die_with_parent()
-        status = 0
-        try:
-            message = work()
-        except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent as data
-            from gaplan.core.errors import GaplanError
-
-            if isinstance(exc, GaplanError):
-                message = {"error": "user", "message": str(exc)}
-            else:
-                message = {"error": "crash", "message": traceback.format_exc(limit=6)}
-            status = 1
-        with os.fdopen(write_end, "w") as out:
-            out.write(json.dumps(message))
-        os._exit(status)
-    os.close(write_end)
-    with os.fdopen(read_end) as incoming:
-        text = incoming.read()
-    _, wait_status = os.waitpid(pid, 0)
-    if text:
-        return json.loads(text)
-    if os.WIFSIGNALED(wait_status):
-        # SIGKILL here is the kernel's OOM killer (or a user): report it as running out of memory.
-        number = os.WTERMSIG(wait_status)
-        return {"error": "killed", "message": f"trial process killed by {signal.Signals(number).name}"}
-    return {"error": "crash", "message": f"trial process exited with status {os.waitstatus_to_exitcode(wait_status)}"}
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to kill this process when its parent dies (else a killed probe leaves trials running)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: a trial child then outlives a killed worker until its trial ends
 
 
 def rank_device(device: str, rank: int | None) -> str:
@@ -172,7 +127,7 @@ def _in_ranks(setup: WorkerSetup, body: Callable[[int | None], dict]) -> list[di
     store_dir = tempfile.mkdtemp(prefix="gaplan-ranks-")
 
     def work(rank: int) -> dict:
-        _die_with_parent()
+        die_with_parent()
         _join_group(setup, rank, os.path.join(store_dir, "store"))
         return body(rank)
 
@@ -346,7 +301,7 @@ def _meta_ready(setup: WorkerSetup, built) -> dict:
 
 
 def main() -> None:
-    _die_with_parent()  # a probe that is killed takes its worker (and so the trial child) with it
+    die_with_parent()  # a probe that is killed takes its worker (and so the trial child) with it
     # Keep the protocol channel private: anything a library prints goes to stderr.
     channel = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())

@@ -8,7 +8,7 @@ two micro-steps accumulate into live gradients, then the optimizer steps.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -64,6 +64,35 @@ def run_trial(workload: Workload, backend: Backend, micro_batch: int, micro_step
     ``sizes`` gives one step's micro-batch sizes instead (an uneven split, as a plan has).
     """
     sizes = list(sizes) if sizes else [micro_batch] * micro_steps
+
+    def accumulate() -> tuple[int, list]:
+        batches = [workload.make_batch(size) for size in sizes]
+        # Under DDP, no gradient sync but on the last micro-step, as training does; sharded (FSDP), as the
+        # workload's grad_sync says. The loss multiplier stays 1: it scales the loss, not the memory.
+        accumulate_gradients(workload.model, batches, workload.raw_loss, workload.task,
+                             workload.loss_is_scaled_for_ga, workload.autocast,
+                             num_items_in_batch=_targets_over_ranks(batches, workload.task),
+                             no_sync=_no_sync(workload))
+        return sum(int(b["attention_mask"].sum()) for b in batches if "attention_mask" in b), batches
+
+    def step() -> None:
+        workload.optimizer.step()
+        workload.optimizer.zero_grad(set_to_none=True)
+
+    return measure_steps(backend, micro_batch, optimizer_steps, accumulate, step,
+                         recover=lambda: workload.optimizer.zero_grad(set_to_none=True), ranks=_world_size())
+
+
+def measure_steps(backend: Backend, micro_batch: int, optimizer_steps: int,
+                  accumulate: Callable[[], tuple[int, object]], step: Callable[[], None], recover: Callable[[], None],
+                  ranks: int = 1) -> Trial:
+    """``optimizer_steps`` times: ``accumulate()`` (the micro-steps; returns the step's tokens and what it keeps
+    alive through the optimizer step, as training keeps its micro-batches), then ``step()``.
+
+    Measures the peak of the micro-steps and of the whole step, each step's time; an out-of-memory error ends the
+    trial as not fitting, ``recover()`` (dropping the gradients) runs after the except block. The one measuring
+    loop of gaplan's own step and of a user's (:mod:`gaplan.worker.loop_trial`).
+    """
     backend.release()
     before = backend.current_bytes()
     started = time.perf_counter()
@@ -75,32 +104,24 @@ def run_trial(workload: Workload, backend: Backend, micro_batch: int, micro_step
         for _ in range(optimizer_steps):
             backend.reset_peak()
             step_started = time.perf_counter()
-            batches = [workload.make_batch(size) for size in sizes]
-            # Under DDP, no gradient sync but on the last micro-step, as training does; sharded (FSDP), as the
-            # workload's grad_sync says. The loss multiplier stays 1: it scales the loss, not the memory.
-            accumulate_gradients(workload.model, batches, workload.raw_loss, workload.task,
-                                 workload.loss_is_scaled_for_ga, workload.autocast,
-                                 num_items_in_batch=_targets_over_ranks(batches, workload.task),
-                                 no_sync=_no_sync(workload))
+            tokens, held = accumulate()
             micro_steps_peak = max(micro_steps_peak, backend.peak_bytes())  # no optimizer step in it yet
-            workload.optimizer.step()
-            workload.optimizer.zero_grad(set_to_none=True)
+            step()
             peak = max(peak, backend.peak_bytes())  # synchronizes on CUDA, so the step time below is real
             step_seconds.append(time.perf_counter() - step_started)
-            tokens = sum(int(b["attention_mask"].sum()) for b in batches if "attention_mask" in b)
-            del batches
+            del held
             completed += 1
     except Exception as exc:  # noqa: BLE001 - classified right below; anything else re-raises
         if not is_out_of_memory(exc):
             raise
         error = str(exc).splitlines()[0][:200]
-    if error is not None and _world_size() > 1:
+    if error is not None and ranks > 1:
         # A rank of a sharded trial reports at once, without cleaning up: its peers wait in a collective it will
         # never join (the parent kills them), and on CUDA a synchronize would wait on their unfinished kernels.
         return Trial(micro_batch, False, None, round(time.perf_counter() - started, 3), error, completed)
     # Recover only here, after the except block: its traceback keeps the failed step's tensors alive.
     if error is not None:
-        workload.optimizer.zero_grad(set_to_none=True)
+        recover()
     backend.synchronize()
     seconds = time.perf_counter() - started
     backend.release()

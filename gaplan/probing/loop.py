@@ -1,0 +1,193 @@
+"""The exact edge of a loop you bring: :func:`probe_loop` runs your own setup, forward/backward and optimizer step in
+each trial, under the same budget and search as ``gaplan probe``.
+
+    result = gaplan.probe_loop(setup, make_batch, micro_step, device="cpu", memory_limit="1GiB", effective_batch=256)
+    result.max_micro_batch, result.trials, result.plan
+
+Each trial is a fresh process forked from this one (closures and lambdas work: the child has them), which takes
+the budget at once (:func:`gaplan.devices.cpu.cpu_budget`'s semantics), calls ``setup()``, makes the optimizer's
+states, then trains two optimizer steps of two or more micro-steps: B* fits there and B*+1 does not, past the
+first step. A process whose CUDA is initialized cannot fork; there each trial is spawned instead and the functions
+must be importable (``module:function``), else one line says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gaplan.core.constants import DEFAULT_CPU_BUDGET, DEFAULT_EFFECTIVE_BATCH
+from gaplan.core.errors import DoesNotFit, GaplanError, one_line
+from gaplan.core.trial import Trial
+from gaplan.core.units import format_bytes, parse_bytes
+from gaplan.plan.search import find_edge
+from gaplan.plan.split import Plan, default_search_cap, make_plan
+from gaplan.worker.fork import run_in_child
+from gaplan.worker.loop_trial import LoopFunctions, loop_trial
+
+
+@dataclass(frozen=True)
+class LoopProbeResult:
+    """The edge of the user's loop: B*, every trial, the plan for the effective batch."""
+
+    max_micro_batch: int
+    capped: bool  # the search cap fitted: more may fit
+    trials: list[Trial]
+    plan: Plan
+    device: str
+    memory_limit_bytes: int | None
+    wall_seconds: float
+    spawned: bool = False  # trials ran as new interpreters (CUDA was initialized here), not forks
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"max_micro_batch": self.max_micro_batch, "capped": self.capped, "plan": self.plan.to_dict(),
+                "trials": [t.to_dict() for t in self.trials], "device": self.device,
+                "memory_limit_bytes": self.memory_limit_bytes, "wall_seconds": round(self.wall_seconds, 2),
+                "spawned": self.spawned, "notes": self.notes}
+
+
+def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[[int], Any] | str,
+               micro_step: Callable[[Any, Any], Any] | str, optimizer_step: Callable[[Any, Any], Any] | str | None = None,
+               *, device: str = "cpu", memory_limit: int | str | None = None,
+               effective_batch: int = DEFAULT_EFFECTIVE_BATCH, world_size: int = 1, search_cap: int | None = None,
+               micro_steps: int = 2, optimizer_steps: int = 2, threads: int | None = None,
+               on_trial: Callable[[Trial], None] | None = None) -> LoopProbeResult:
+    """The largest micro-batch your loop trains at steady state under ``memory_limit``, and the plan.
+
+    Args:
+        setup: ``() -> (model, optimizer)``, built on ``device`` (called in each trial, under the budget).
+        make_batch: ``(b) -> batch``, a micro-batch of ``b`` samples at your longest length (the worst case).
+        micro_step: ``(model, batch) -> None``, your forward and backward (scaled as your loop scales it).
+        optimizer_step: ``(model, optimizer) -> None``; default ``optimizer.step()`` then
+            ``optimizer.zero_grad(set_to_none=True)``.
+        device: ``cpu`` or ``cuda[:N]`` (``auto``: CUDA when there is one).
+        memory_limit: the budget, bytes or text (``"1GiB"``); default 1 GiB on CPU, the whole card on CUDA.
+        effective_batch, world_size: what the plan splits; the search stops at a device's share.
+        micro_steps, optimizer_steps: per trial (at least 2 each: the edge holds past the first step).
+        on_trial: called after each trial, for progress.
+
+    Raises:
+        DoesNotFit: when even micro-batch 1 does not fit. GaplanError: bad input, or a trial of your loop failed
+        for another reason than memory (its last line).
+    """
+    from gaplan.devices.backend import resolve_device
+
+    functions = LoopFunctions(setup, make_batch, micro_step, optimizer_step)
+    if micro_steps < 2 or optimizer_steps < 2:
+        raise GaplanError(f"micro_steps and optimizer_steps must be 2 or more: the edge is measured past the first "
+                          f"step, with gradients held across micro-steps (got {micro_steps}, {optimizer_steps})")
+    make_plan(effective_batch, default_search_cap(effective_batch, world_size), world_size)  # a bad batch fails here
+    cap = search_cap if search_cap is not None else default_search_cap(effective_batch, world_size)
+    if cap < 1:
+        raise GaplanError(f"search_cap must be a positive integer (got {cap})")
+    device = resolve_device(device)
+    limit = _budget(device, memory_limit)
+    spawned = _cuda_initialized()
+    notes = []
+    if not spawned and device == "cpu" and threads != 1 and not forks_start_threads():
+        # OpenMP's pool was started here: a forked child that enters a parallel region waits on threads it does
+        # not have, forever. One thread per trial instead (its stacks and arenas are not counted either way).
+        threads = 1
+        notes.append("this process had run parallel torch ops before the probe, so each forked trial runs one "
+                     "thread (OpenMP cannot start threads after a fork); probe before training for your thread count")
+    run = _spawner(functions, device, limit, micro_steps, threads) if spawned else \
+        _forker(functions.resolved(), device, limit, micro_steps, threads)
+    started = time.perf_counter()
+
+    def measure(micro_batch: int, steps: int = optimizer_steps) -> Trial:
+        trial = run(micro_batch, steps)
+        if on_trial is not None:
+            on_trial(trial)
+        return trial
+
+    result = find_edge(measure, limit, max_batch=cap, sketch=lambda micro_batch: measure(micro_batch, 1))
+    if result.edge == 0:
+        raise DoesNotFit(f"your loop does not fit in {format_bytes(limit or 0)} even at micro-batch 1 "
+                         f"({result.trials[-1].error})")
+    return LoopProbeResult(result.edge, result.capped, result.trials,
+                           make_plan(effective_batch, result.edge, world_size), device, limit,
+                           time.perf_counter() - started, spawned, notes)
+
+
+def _budget(device: str, memory_limit: int | str | None) -> int | None:
+    from gaplan.probing.edge import check_cpu_budget, cuda_total_bytes
+
+    limit = parse_bytes(memory_limit) if isinstance(memory_limit, str) else memory_limit
+    if limit is not None and limit <= 0:
+        raise GaplanError(f"memory_limit must be larger than zero (got {limit})")
+    if device == "cpu":
+        limit = limit or DEFAULT_CPU_BUDGET
+        check_cpu_budget(limit)
+    elif limit is None:
+        limit = cuda_total_bytes(device)
+    return limit
+
+
+def forks_start_threads(seconds: int = 3) -> bool:
+    """Whether a child forked from this process can start torch's intra-op threads (it hangs when this process
+    started OpenMP's pool already: the child is killed by an alarm after ``seconds`` then)."""
+    if "torch" not in sys.modules:
+        return True
+
+    def check() -> dict:
+        import signal
+
+        from gaplan.devices.cpu import start_intra_op_threads
+
+        signal.alarm(seconds)  # SIGALRM's default action ends a child that hangs in OpenMP
+        start_intra_op_threads()
+        signal.alarm(0)
+        return {"ok": True}
+
+    return bool(run_in_child(check).get("ok"))
+
+
+def _cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
+
+
+def trial_from(message: dict, micro_batch: int) -> Trial:
+    if "error" in message and "micro_batch" not in message:
+        lines = str(message.get("message", "")).strip().splitlines()
+        last = one_line(lines[-1] if lines else message["error"])
+        if message["error"] == "killed":  # the kernel's OOM killer: past the machine's memory, not the budget
+            return Trial(micro_batch, False, error=last)
+        raise GaplanError(f"a trial of your loop failed at micro-batch {micro_batch} for another reason than memory: "
+                          f"{last}")
+    return Trial.from_dict(message)
+
+
+def _forker(functions: dict[str, Callable], device: str, limit: int | None, micro_steps: int,
+            threads: int | None) -> Callable[[int, int], Trial]:
+    def run(micro_batch: int, steps: int) -> Trial:
+        message = run_in_child(lambda: loop_trial(functions, device, limit, micro_batch, micro_steps, steps, threads))
+        return trial_from(message, micro_batch)
+
+    return run
+
+
+def _spawner(functions: LoopFunctions, device: str, limit: int | None, micro_steps: int,
+             threads: int | None) -> Callable[[int, int], Trial]:
+    from gaplan.devices.cpu import MMAP_THRESHOLD_ENV
+
+    references = functions.references()  # a one-line error here for a function a new process cannot import
+
+    def run(micro_batch: int, steps: int) -> Trial:
+        request = {"functions": references, "device": device, "limit_bytes": limit, "micro_batch": micro_batch,
+                   "micro_steps": micro_steps, "optimizer_steps": steps, "threads": threads}
+        completed = subprocess.run([sys.executable, "-m", "gaplan.worker.loop_trial"], input=json.dumps(request),
+                                   capture_output=True, text=True, env=dict(os.environ, **MMAP_THRESHOLD_ENV))
+        lines = completed.stdout.strip().splitlines()
+        if completed.returncode != 0 or not lines:
+            return trial_from({"error": "crash", "message": completed.stderr or "no output"}, micro_batch)
+        return trial_from(json.loads(lines[-1]), micro_batch)
+
+    return run

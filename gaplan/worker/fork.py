@@ -1,0 +1,59 @@
+"""A fresh process per trial: ``fork()`` the caller, run one piece of work in the child, get its dict back.
+
+The child sees what a new training process sees (nothing a trial allocated survives it); it dies with its parent,
+and an error in it comes back as data (a :class:`~gaplan.core.errors.GaplanError` as the user's, anything else
+as a crash with its traceback; a SIGKILL, the kernel's OOM killer's, as killed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import traceback
+from collections.abc import Callable
+
+
+def run_in_child(work: Callable[[], dict]) -> dict:
+    """Run ``work`` in a forked child and return the dict it produced (or why it produced none)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into the caller's stack
+        os.close(read_end)
+        die_with_parent()
+        status = 0
+        try:
+            message = work()
+        except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent as data
+            from gaplan.core.errors import GaplanError
+
+            if isinstance(exc, GaplanError):
+                message = {"error": "user", "message": str(exc)}
+            else:
+                message = {"error": "crash", "message": traceback.format_exc(limit=6)}
+            status = 1
+        with os.fdopen(write_end, "w") as out:
+            out.write(json.dumps(message))
+        os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end) as incoming:
+        text = incoming.read()
+    _, wait_status = os.waitpid(pid, 0)
+    if text:
+        return json.loads(text)
+    if os.WIFSIGNALED(wait_status):
+        # SIGKILL here is the kernel's OOM killer (or a user): report it as running out of memory.
+        number = os.WTERMSIG(wait_status)
+        return {"error": "killed", "message": f"trial process killed by {signal.Signals(number).name}"}
+    return {"error": "crash", "message": f"trial process exited with status {os.waitstatus_to_exitcode(wait_status)}"}
+
+
+def die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent dies (else a killed probe leaves trials running)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: a trial child then outlives a killed worker until its trial ends

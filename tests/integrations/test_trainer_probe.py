@@ -1,0 +1,103 @@
+"""Probing trainer.train() itself (the Trainer mode of plan_training_arguments): B* is the edge of the user's Trainer.
+
+As for gaplan.probe_loop, the acceptance runs in fresh processes: the probe (through ``model_init``, so its
+trials are as cold as a new process), then ``trainer.train()`` at B* and B*+1 under ``gaplan.cpu_budget``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gaplan.core.errors import GaplanError
+from gaplan.integrations.trainer_probe import longest_samples
+
+from ..probing.test_loop import probed_edge, run_script
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+LIMIT = "512MiB"
+
+
+@pytest.mark.slow
+def test_the_edge_of_trainer_train_holds_in_fresh_processes_and_lora_fits_more():
+    full = probed_edge("trainer")
+    edge = full["max_micro_batch"]
+    assert edge >= 2 and not full["capped"], full
+    fits = run_script("hf_trainer_loop.py", edge, LIMIT)
+    assert fits.returncode == 0, fits.stderr[-2000:]
+    over = run_script("hf_trainer_loop.py", edge + 1, LIMIT)
+    assert over.returncode == 3, over.stderr[-2000:]
+    pytest.importorskip("peft")
+    lora = probed_edge("trainer-lora")
+    # The frozen base has no gradients and no AdamW states: more room for activations.
+    assert lora["max_micro_batch"] > edge, (lora["max_micro_batch"], edge)
+
+
+def test_the_sample_is_the_longest_rows_cycled():
+    rows = [{"input_ids": list(range(n))} for n in (3, 9, 5)]
+    assert [len(r["input_ids"]) for r in longest_samples(rows, 5)] == [9, 5, 3, 9, 5]
+    assert [len(r["text"]) for r in longest_samples([{"text": "ab"}, {"text": "abcd"}], 1)] == [4]
+    with pytest.raises(GaplanError, match="cannot tell a sample's length"):
+        longest_samples([{"x": 1}], 1)
+    with pytest.raises(GaplanError, match="empty"):
+        longest_samples([], 1)
+
+
+def _tiny():
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=300, n_positions=32, use_cache=False)
+    return transformers.GPT2LMHeadModel(config)
+
+
+@pytest.mark.slow
+def test_plan_training_arguments_in_trainer_mode_plans_from_the_trainers_own_edge(tmp_path):
+    from gaplan.integrations.transformers import plan_training_arguments
+
+    rows = [{"input_ids": torch.randint(0, 300, (32,)), "labels": torch.randint(0, 300, (32,))} for _ in range(8)]
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], save_strategy="no",
+                                          disable_tqdm=True, remove_unused_columns=False, dataloader_pin_memory=False)
+    planned = plan_training_arguments(_tiny, args, 64, probe="trainer", train_dataset=rows, memory_limit="256MiB",
+                                      data_collator=lambda batch: {k: torch.stack([r[k] for r in batch])
+                                                                   for k in ("input_ids", "labels")})
+    assert planned.per_device_train_batch_size * planned.gradient_accumulation_steps == 64
+    assert planned.per_device_train_batch_size >= 1 and not planned.auto_find_batch_size
+
+
+def test_trainer_mode_needs_the_model_and_the_data(tmp_path):
+    from gaplan.integrations.transformers import plan_training_arguments
+
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    with pytest.raises(GaplanError, match="pass train_dataset="):
+        plan_training_arguments(_tiny(), args, 8, probe="trainer")
+    with pytest.raises(GaplanError, match="pass the model, or a function that builds it"):
+        plan_training_arguments("tiny-gpt2", args, 8, probe="trainer", train_dataset=[{"input_ids": [1]}])
+    with pytest.raises(GaplanError, match="probe must be 'workload' or 'trainer'"):
+        plan_training_arguments(_tiny(), args, 8, probe="guess")
+
+
+@pytest.mark.slow
+def test_trl_sft_trainer_is_probed_the_same_way(tmp_path):
+    """TRL's SFTTrainer (an optional extra): its own tokenizing, collator and loss run in each trial."""
+    trl = pytest.importorskip("trl")
+    from gaplan.integrations.trainer_probe import probe_trainer
+    from tests.model_folders import make_tokenizer
+
+    tokenizer = make_tokenizer(str(tmp_path / "tokenizer"))
+    texts = [{"text": " ".join(["lorem ipsum dolor sit amet"] * (1 + i % 4))} for i in range(16)]
+    args = trl.SFTConfig(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], max_length=32,
+                         disable_tqdm=True, dataloader_pin_memory=False)
+
+    def model_init():
+        torch.manual_seed(0)
+        config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=len(tokenizer), n_positions=32,
+                                         use_cache=False, pad_token_id=tokenizer.pad_token_id)
+        return transformers.GPT2LMHeadModel(config)
+
+    import datasets
+
+    result = probe_trainer(model_init, args, datasets.Dataset.from_list(texts), effective_batch=32,
+                           trainer_class=trl.SFTTrainer, memory_limit="256MiB", processing_class=tokenizer)
+    assert result.max_micro_batch >= 1 and result.plan.effective_batch == 32
+    assert all(t.completed_steps == 2 for t in result.trials if t.fits)

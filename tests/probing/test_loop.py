@@ -1,0 +1,137 @@
+"""gaplan.probe_loop: the exact edge of the loop a user brings, and gaplan.cpu_budget, one budget for both.
+
+The acceptance runs everything in fresh processes (the probe too): B* of a plain Hugging Face loop trains two
+optimizer steps under ``gaplan.cpu_budget`` in a new process, and B*+1 runs out of memory there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import gaplan
+from gaplan.core.errors import DoesNotFit, GaplanError
+from gaplan.probing.loop import forks_start_threads
+from gaplan.worker.loop_trial import LoopFunctions
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+LIMIT = "512MiB"
+
+
+def run_script(name, *args):
+    completed = subprocess.run([sys.executable, os.path.join(SCRIPTS, name), *map(str, args)], capture_output=True,
+                               text=True, timeout=600)
+    return completed
+
+
+def probed_edge(what):
+    completed = run_script("probe_edges.py", what, LIMIT)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_the_edge_of_a_plain_hf_loop_holds_in_fresh_processes_under_cpu_budget():
+    result = probed_edge("loop")
+    edge = result["max_micro_batch"]
+    assert edge >= 2 and not result["capped"], result
+    fits = run_script("plain_hf_loop.py", edge, LIMIT)
+    assert fits.returncode == 0, fits.stderr[-2000:]
+    over = run_script("plain_hf_loop.py", edge + 1, LIMIT)
+    assert over.returncode == 3, over.stderr[-2000:]
+    trials = result["trials"]
+    assert any(t["micro_batch"] == edge and t["fits"] and t["completed_steps"] == 2 for t in trials)
+    assert any(t["micro_batch"] == edge + 1 and not t["fits"] for t in trials)
+
+
+def _tiny_setup():
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+@pytest.mark.slow
+def test_closures_and_lambdas_work_in_this_process():
+    width = 256
+    result = gaplan.probe_loop(_tiny_setup, lambda b: torch.randn(b, 64, width),
+                               lambda model, x: model(x).pow(2).mean().backward(), memory_limit="160MiB",
+                               effective_batch=4096, search_cap=4096)
+    assert result.max_micro_batch >= 1 and result.plan.effective_batch == 4096
+    edge = result.max_micro_batch
+    fitted = {t.micro_batch for t in result.trials if t.fits}
+    failed = {t.micro_batch for t in result.trials if not t.fits}
+    assert edge in fitted and (edge + 1 in failed or result.capped)
+    # A process that ran parallel ops (a test run, a notebook) cannot start threads in a forked child: it says so.
+    assert bool(result.notes) == (not forks_start_threads()) or torch.get_num_threads() == 1
+
+
+def test_a_loop_that_fails_for_another_reason_is_one_line():
+    def broken(model, x):
+        raise ValueError("the user's bug")
+
+    with pytest.raises(GaplanError, match="another reason than memory: ValueError: the user's bug"):
+        gaplan.probe_loop(_tiny_setup, lambda b: torch.randn(b, 256), broken, memory_limit="160MiB",
+                          effective_batch=8)
+
+
+def test_a_loop_whose_model_does_not_fit_says_so():
+    def huge():
+        model = torch.nn.Linear(4096, 4096 * 8)  # 128M floats with AdamW's states: far past 64 MiB
+        return model, torch.optim.AdamW(model.parameters())
+
+    with pytest.raises(DoesNotFit, match="does not fit in 64.00 MiB even at micro-batch 1"):
+        gaplan.probe_loop(huge, lambda b: torch.randn(b, 4096), lambda m, x: m(x).sum().backward(),
+                          memory_limit="64MiB", effective_batch=8)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(micro_steps=1), "micro_steps and optimizer_steps must be 2 or more"),
+    (dict(optimizer_steps=1), "micro_steps and optimizer_steps must be 2 or more"),
+    (dict(memory_limit=0), "memory_limit must be larger than zero"),
+    (dict(effective_batch=0), "effective batch must be a positive integer"),
+])
+def test_bad_input_is_one_line(kwargs, message):
+    with pytest.raises(GaplanError, match=message):
+        gaplan.probe_loop(_tiny_setup, lambda b: torch.randn(b, 256), lambda m, x: None, **kwargs)
+
+
+def test_spawned_trials_need_importable_functions():
+    """Where CUDA is initialized the trials are spawned: functions go by name, and a lambda is refused in one line."""
+    assert LoopFunctions("plain_hf_loop:setup", "plain_hf_loop:make_batch", "plain_hf_loop:micro_step").references() \
+        == {"setup": "plain_hf_loop:setup", "make_batch": "plain_hf_loop:make_batch",
+            "micro_step": "plain_hf_loop:micro_step", "optimizer_step": None}
+    assert LoopFunctions(_tiny_setup, "m:f", "m:g").references()["setup"] == \
+        "tests.probing.test_loop:_tiny_setup"
+    with pytest.raises(GaplanError, match="must be importable in a new process"):
+        LoopFunctions(lambda: None, "m:f", "m:g").references()
+
+
+@pytest.mark.slow
+def test_a_spawned_trial_runs_the_functions_by_name(monkeypatch):
+    """The spawn path itself (what a CUDA-initialized process uses), run here on CPU with importable functions."""
+    from gaplan.probing.loop import _spawner
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([SCRIPTS, os.environ.get("PYTHONPATH", "")]))
+    run = _spawner(LoopFunctions("plain_hf_loop:setup", "plain_hf_loop:make_batch", "plain_hf_loop:micro_step"),
+                   "cpu", 512 * 2**20, micro_steps=2, threads=None)
+    fits, too_big = run(1, 2), run(64, 2)
+    assert fits.fits and fits.completed_steps == 2 and fits.peak_bytes > 0
+    assert not too_big.fits and "can't allocate memory" in too_big.error
+
+
+def test_cpu_budget_binds_a_fresh_process_and_meters_it():
+    code = ("import gaplan, torch\n"
+            "meter = gaplan.cpu_budget('64MiB')\n"
+            "x = torch.ones(8 * 2**20)  # 32 MiB: fits\n"
+            "assert meter.limit_bytes == 64 * 2**20 and meter.peak_bytes() >= 32 * 2**20\n"
+            "try:\n"
+            "    y = torch.ones(16 * 2**20)  # 64 MiB more: past the budget\n"
+            "except RuntimeError as exc:\n"
+            "    assert \"can't allocate memory\" in str(exc)\n"
+            "    print('bound')\n")
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert completed.stdout.strip() == "bound", completed.stderr[-2000:]
