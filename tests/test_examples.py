@@ -37,6 +37,19 @@ def test_hf_trainer_example():
     assert "step 5: loss" in out and "final loss:" in out
 
 
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_trainer_mode_next_to_auto_find_batch_size():
+    """The benchmark's table: gaplan keeps the effective batch and its largest batch trains at steady state."""
+    pytest.importorskip("accelerate")
+    out = run_example("trainer_probe_vs_auto_find.py", timeout=600)
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in out.splitlines() if line.startswith("| transformers") or line.startswith("| gaplan")}
+    auto, ours = rows["transformers auto_find_batch_size"], rows["gaplan Trainer mode"]
+    assert ours[2] == "64" and ours[4] == "yes", ours  # the effective batch asked, and B* trains past step 1
+    assert int(auto[2]) < 64 and int(auto[0]) <= int(ours[0]), (auto, ours)  # auto_find shrinks the step
+
+
 def run_script(name, *args):
     env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
     result = subprocess.run(["bash", os.path.join(REPO_ROOT, "examples", name), *args], cwd=REPO_ROOT, env=env,
