@@ -88,7 +88,7 @@ def probe_trainer(model: Any, args: Any, train_dataset: Any, *, effective_batch:
                           "before anything touches the GPU (build the model on the CPU; the Trainer moves it)")
     cap = search_cap or default_search_cap(effective_batch, world_size)
     make_plan(effective_batch, cap, world_size)  # a bad batch fails here
-    single_thread = device == "cpu" and not forks_start_threads()
+    single_thread = not forks_start_threads()
     started = time.perf_counter()
 
     def measure(micro_batch: int) -> Trial:

@@ -107,7 +107,7 @@ def _secant_edge(points: list[tuple[int, int]], limit_bytes: int) -> int | None:
     if not lower:
         return None
     b1, p1 = lower[-1]
-    if p2 - p1 < 0.05 * p2:
+    if p2 <= p1 or p2 - p1 < 0.05 * p2:  # flat (peaks that read 0 too: a small trial in a large forked process)
         return None
     return math.floor(b2 + (limit_bytes - p2) * (b2 - b1) / (p2 - p1))
 

@@ -91,7 +91,7 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
     limit = _budget(device, memory_limit)
     spawned = _cuda_initialized()
     notes = []
-    if not spawned and device == "cpu" and threads != 1 and not forks_start_threads():
+    if not spawned and threads != 1 and not forks_start_threads():
         # OpenMP's pool was started here: a forked child that enters a parallel region waits on threads it does
         # not have, forever. One thread per trial instead (its stacks and arenas are not counted either way).
         threads = 1

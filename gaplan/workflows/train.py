@@ -10,6 +10,7 @@ continues the run as it was started (:func:`resume_settings`). The plan's per-no
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -161,6 +162,12 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
                                     threads=options.threads, command=options.command, on_row=on_row)
         summary["report"] = files
         summary["throughput"] = measured.to_records()
+    if dist.active:
+        # The model's references to its process group (FSDP's param groups, DDP's reducer) sit in reference cycles:
+        # collected now, while the interpreter is whole, not at its teardown, where freeing a gloo group could abort
+        # a rank that had finished ("terminate called without an active exception").
+        del workload
+        gc.collect()
     return TrainRun(summary, result.interrupted, is_main, result.plan)
 
 

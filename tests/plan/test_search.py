@@ -42,6 +42,14 @@ def test_plain_search_without_peaks_is_exact(edge):
     assert result.edge == edge and result.trial_count <= trial_bound(edge)
 
 
+@settings(max_examples=100, deadline=None)
+@given(edge=st.integers(1, 3000), peak=st.sampled_from([0, 1, 2**20]))
+def test_flat_peaks_fall_back_to_plain_search(edge, peak):
+    """Peaks that do not grow (0 where a small trial in a large forked process reuses resident pages) draw no line."""
+    result = find_edge(lambda b: Trial(b, b <= edge, peak if b <= edge else None), limit_bytes=2**30)
+    assert result.edge == edge and result.trial_count <= trial_bound(edge)
+
+
 @pytest.mark.parametrize("edge", [4, 12, 37, 100, 1000])
 def test_linear_memory_needs_few_trials(edge):
     measure, limit, _ = linear_device(edge, 300 * 2**20, 70 * 2**20)

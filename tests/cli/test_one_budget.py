@@ -1,0 +1,36 @@
+"""One budget, one edge: gaplan probe's B* is the edge of gaplan train --enforce-memory-limit on full-length data.
+
+B* trains two optimizer steps with no fallback; B*+1 runs out of memory and falls back (the loss stays exact).
+"""
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+LIMIT = "300MiB"
+COMMON = ["--seq-len", "64", "--memory-limit", LIMIT, "--quiet", "--json"]
+
+
+def gaplan(*args):
+    completed = subprocess.run([sys.executable, "-m", "gaplan", *args], capture_output=True, text=True, timeout=900)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(completed.stdout)
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_the_probes_edge_is_the_edge_of_train_under_the_enforced_budget(tmp_path):
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    generator = random.Random(0)
+    data = tmp_path / "long.txt"  # every line splits into full 64-byte samples: the probe's worst case
+    data.write_text("\n".join(" ".join(generator.choice(words) for _ in range(400)) for _ in range(200)) + "\n")
+    edge = gaplan("probe", *COMMON, "--out", str(tmp_path / "probe"))["max_micro_batch"]
+    for micro_batch, falls_back in ((edge, False), (edge + 1, True)):
+        summary = gaplan("train", *COMMON, "--micro-batch", str(micro_batch), "--effective-batch", str(2 * micro_batch),
+                         "--steps", "2", "--enforce-memory-limit", "--data", str(data), "--tokenizer", "bytes",
+                         "--out", str(tmp_path / f"train-{micro_batch}"))
+        assert summary["steps"] == 2
+        assert bool(summary["oom_fallbacks"]) == falls_back, (micro_batch, edge, summary["oom_fallbacks"])
