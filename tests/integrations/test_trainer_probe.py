@@ -12,23 +12,14 @@ import torch
 from gaplan.core.errors import GaplanError
 from gaplan.integrations.trainer_probe import longest_samples
 
-from ..probing.test_loop import probed_edge, run_script
+from ..probing.test_loop import edge_holds_in_fresh_processes, probed_edge
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-LIMIT = "512MiB"
-
-
 @pytest.mark.slow
 def test_the_edge_of_trainer_train_holds_in_fresh_processes_and_lora_fits_more():
-    full = probed_edge("trainer")
-    edge = full["max_micro_batch"]
-    assert edge >= 2 and not full["capped"], full
-    fits = run_script("hf_trainer_loop.py", edge, LIMIT)
-    assert fits.returncode == 0, fits.stderr[-2000:]
-    over = run_script("hf_trainer_loop.py", edge + 1, LIMIT)
-    assert over.returncode == 3, over.stderr[-2000:]
+    edge = edge_holds_in_fresh_processes("trainer", "hf_trainer_loop.py")["max_micro_batch"]
     pytest.importorskip("peft")
     lora = probed_edge("trainer-lora")
     # The frozen base has no gradients and no AdamW states: more room for activations.

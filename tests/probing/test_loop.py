@@ -35,16 +35,23 @@ def probed_edge(what):
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow
-def test_the_edge_of_a_plain_hf_loop_holds_in_fresh_processes_under_cpu_budget():
-    result = probed_edge("loop")
+def edge_holds_in_fresh_processes(what, script):
+    """Probe ``what`` in a fresh process; then ``script`` trains B* (exit 0) and runs out of memory at B*+1 (exit 3),
+    each in a fresh process under ``gaplan.cpu_budget``. Returns the probe's result."""
+    result = probed_edge(what)
     edge = result["max_micro_batch"]
     assert edge >= 2 and not result["capped"], result
-    fits = run_script("plain_hf_loop.py", edge, LIMIT)
+    fits = run_script(script, edge, LIMIT)
     assert fits.returncode == 0, fits.stderr[-2000:]
-    over = run_script("plain_hf_loop.py", edge + 1, LIMIT)
+    over = run_script(script, edge + 1, LIMIT)
     assert over.returncode == 3, over.stderr[-2000:]
-    trials = result["trials"]
+    return result
+
+
+@pytest.mark.slow
+def test_the_edge_of_a_plain_hf_loop_holds_in_fresh_processes_under_cpu_budget():
+    result = edge_holds_in_fresh_processes("loop", "plain_hf_loop.py")
+    edge, trials = result["max_micro_batch"], result["trials"]
     assert any(t["micro_batch"] == edge and t["fits"] and t["completed_steps"] == 2 for t in trials)
     assert any(t["micro_batch"] == edge + 1 and not t["fits"] for t in trials)
 
