@@ -24,13 +24,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gaplan.core.constants import DEFAULT_CPU_BUDGET
 from gaplan.core.errors import DoesNotFit, GaplanError
 from gaplan.core.trial import Trial
-from gaplan.core.units import format_bytes, parse_bytes
+from gaplan.core.units import format_bytes
 from gaplan.plan.search import find_edge
 from gaplan.plan.split import default_search_cap, make_plan
-from gaplan.probing.loop import LoopProbeResult, forks_start_threads, trial_from
+from gaplan.probing.loop import LoopProbeResult, cuda_initialized, forks_start_threads, resolve_budget, trial_from
 from gaplan.worker.fork import run_in_child
 
 MICRO_STEPS = OPTIMIZER_STEPS = 2
@@ -41,12 +40,19 @@ def longest_samples(dataset: Any, count: int, length: Callable[[Any], int] | Non
 
     ``length(sample)`` defaults to ``len(sample["input_ids"])``, else the length of its ``text`` (or ``messages``,
     for a dataset the trainer tokenizes itself). A ``datasets.Dataset`` stays one (``select``)."""
-    size = len(dataset)
-    if size == 0:
+    return _cycled(dataset, _longest_first(dataset, length), count)
+
+
+def _longest_first(dataset: Any, length: Callable[[Any], int] | None) -> list[int]:
+    """The dataset's indices, longest sample first (read once per probe: every trial takes its first ones)."""
+    if len(dataset) == 0:
         raise GaplanError("the training dataset is empty: nothing to probe with")
     measure = length or _sample_length
-    order = sorted(range(size), key=lambda index: measure(dataset[index]), reverse=True)
-    indices = [order[i % size] for i in range(count)]
+    return sorted(range(len(dataset)), key=lambda index: measure(dataset[index]), reverse=True)
+
+
+def _cycled(dataset: Any, order: list[int], count: int) -> Any:
+    indices = [order[i % len(order)] for i in range(count)]
     if callable(getattr(dataset, "select", None)):
         return dataset.select(indices)
     return [dataset[index] for index in indices]
@@ -70,29 +76,24 @@ def probe_trainer(model: Any, args: Any, train_dataset: Any, *, effective_batch:
     ``effective_batch``. ``model``: the model, or a function that builds it (``model_init``: see the module's
     note). ``trainer_kwargs`` go to the trainer as given (``processing_class``, ``compute_loss_func``,
     ``peft_config`` for TRL, ...)."""
+    import torch
     from transformers import Trainer
-
-    from gaplan.probing.edge import check_cpu_budget, cuda_total_bytes
 
     trainer_class = trainer_class or Trainer
     world_size = int(args.world_size) if world_size is None else world_size
-    device = "cpu" if getattr(args, "use_cpu", False) or not _has_cuda() else "cuda:0"
-    limit = parse_bytes(memory_limit) if isinstance(memory_limit, str) else memory_limit
-    if device == "cpu":
-        limit = limit or DEFAULT_CPU_BUDGET
-        check_cpu_budget(limit)
-    elif limit is None:
-        limit = cuda_total_bytes(device)
-    if _has_cuda() and _cuda_initialized():
+    device = "cpu" if getattr(args, "use_cpu", False) or not torch.cuda.is_available() else "cuda:0"
+    limit = resolve_budget(device, memory_limit)
+    if cuda_initialized():
         raise GaplanError("this process has initialized CUDA, so trials cannot fork from it: probe the Trainer "
                           "before anything touches the GPU (build the model on the CPU; the Trainer moves it)")
     cap = search_cap or default_search_cap(effective_batch, world_size)
     make_plan(effective_batch, cap, world_size)  # a bad batch fails here
     single_thread = not forks_start_threads()
+    order = _longest_first(train_dataset, length)
     started = time.perf_counter()
 
     def measure(micro_batch: int) -> Trial:
-        sample = longest_samples(train_dataset, micro_batch * MICRO_STEPS * OPTIMIZER_STEPS, length)
+        sample = _cycled(train_dataset, order, micro_batch * MICRO_STEPS * OPTIMIZER_STEPS)
         message = run_in_child(lambda: _trial(model, args, sample, data_collator, trainer_class, trainer_kwargs,
                                               device, limit, micro_batch, single_thread))
         trial = trial_from(message, micro_batch)
@@ -116,18 +117,6 @@ def probe_trainer(model: Any, args: Any, train_dataset: Any, *, effective_batch:
 def _is_init(model: Any) -> bool:
     """A function that builds the model (the Trainer's ``model_init``), not a model."""
     return callable(model) and not hasattr(model, "parameters")
-
-
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def _cuda_initialized() -> bool:
-    import torch
-
-    return torch.cuda.is_initialized()
 
 
 def _trial(model: Any, args: Any, sample: Any, collator: Any, trainer_class: type, trainer_kwargs: dict,

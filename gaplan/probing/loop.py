@@ -88,8 +88,8 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
     if cap < 1:
         raise GaplanError(f"search_cap must be a positive integer (got {cap})")
     device = resolve_device(device)
-    limit = _budget(device, memory_limit)
-    spawned = _cuda_initialized()
+    limit = resolve_budget(device, memory_limit)
+    spawned = cuda_initialized()
     notes = []
     if not spawned and threads != 1 and not forks_start_threads():
         # OpenMP's pool was started here: a forked child that enters a parallel region waits on threads it does
@@ -116,7 +116,8 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
                            time.perf_counter() - started, spawned, notes)
 
 
-def _budget(device: str, memory_limit: int | str | None) -> int | None:
+def resolve_budget(device: str, memory_limit: int | str | None) -> int | None:
+    """The trials' budget in bytes: ``memory_limit`` (bytes or text) checked, else 1 GiB on CPU, the card on CUDA."""
     from gaplan.probing.edge import check_cpu_budget, cuda_total_bytes
 
     limit = parse_bytes(memory_limit) if isinstance(memory_limit, str) else memory_limit
@@ -149,7 +150,8 @@ def forks_start_threads(seconds: int = 3) -> bool:
     return bool(run_in_child(check).get("ok"))
 
 
-def _cuda_initialized() -> bool:
+def cuda_initialized() -> bool:
+    """Whether this process has initialized CUDA (then it cannot fork trials that use it)."""
     torch = sys.modules.get("torch")
     return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
 

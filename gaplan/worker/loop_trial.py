@@ -88,7 +88,7 @@ def loop_trial(functions: dict[str, Callable], device: str, limit_bytes: int | N
     import torch
 
     from gaplan.devices.backend import is_out_of_memory, make_backend
-    from gaplan.worker.trial import measure_steps
+    from gaplan.worker.trial import make_optimizer_states, measure_steps
 
     if threads:
         torch.set_num_threads(threads)
@@ -97,12 +97,7 @@ def loop_trial(functions: dict[str, Callable], device: str, limit_bytes: int | N
     setup, make_batch, micro_step, optimizer_step = (functions[name] for name in FUNCTION_NAMES)
     try:
         model, optimizer = setup()
-        # Steady state: the optimizer's states exist before the first measured step (AdamW makes them at its first).
-        for param in model.parameters():
-            if param.requires_grad:
-                param.grad = torch.zeros_like(param)
-        optimizer_step(model, optimizer)
-        optimizer.zero_grad(set_to_none=True)
+        make_optimizer_states(model, optimizer, lambda: optimizer_step(model, optimizer))
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise

@@ -22,11 +22,18 @@ from gaplan.workload.loss import count_step_targets
 
 def materialize_optimizer_state(workload: Workload) -> None:
     """Create the optimizer's state tensors without running the model (zero gradients, one step)."""
-    for param in workload.model.parameters():
+    make_optimizer_states(workload.model, workload.optimizer)
+
+
+def make_optimizer_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                          step: Callable[[], None] | None = None) -> None:
+    """The steady state's optimizer states, made before any measured step (AdamW makes them at its first): zero
+    gradients, one step (``step``, default ``optimizer.step``), gradients dropped."""
+    for param in model.parameters():
         if param.requires_grad:
             param.grad = torch.zeros_like(param)
-    workload.optimizer.step()
-    workload.optimizer.zero_grad(set_to_none=True)
+    (step or optimizer.step)()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def _no_sync(workload: Workload):
