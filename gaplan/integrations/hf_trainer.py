@@ -62,15 +62,13 @@ def trainer_class() -> type:
 
         @property
         def loss_is_scaled_for_ga(self) -> bool:
-            """Whether ``compute_loss`` divided by the step's count (then the Trainer must not divide by the steps)."""
+            """Whether the step's targets are counted and ``compute_loss`` divides by them (then the Trainer must not
+            divide by the steps): with ``model_accepts_loss_kwargs`` (gaplan's default) or a ``compute_loss_func``."""
             return bool(self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
 
         @loss_is_scaled_for_ga.setter
         def loss_is_scaled_for_ga(self, value: Any) -> None:
             pass  # decided by the two switches above; a Trainer that assigns it keeps them in charge
-
-        def _counts(self) -> bool:
-            return bool(self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
 
         def get_batch_samples(self, epoch_iterator: Iterator, num_batches: int, *args: Any,
                               **kwargs: Any) -> tuple[list, int | None]:
@@ -81,11 +79,11 @@ def trainer_class() -> type:
                     batches.append(next(epoch_iterator))
                 except StopIteration:
                     break
-            return batches, self.count_items(batches) if self._counts() else None
+            return batches, self.count_items(batches) if self.loss_is_scaled_for_ga else None
 
         def _get_num_items_in_batch(self, batch_samples: list, device: Any) -> int | None:
             # The Trainer's own count (evaluation asks it too): gaplan's rule instead.
-            return self.count_items(batch_samples) if self._counts() else None
+            return self.count_items(batch_samples) if self.loss_is_scaled_for_ga else None
 
         def count_items(self, batches: list) -> int | None:
             """``num_items_in_batch`` of one optimizer step: this rank's targets summed over all processes."""
@@ -100,7 +98,7 @@ def trainer_class() -> type:
 
         def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
                          num_items_in_batch: torch.Tensor | int | None = None) -> Any:
-            if not self._counts():
+            if not self.loss_is_scaled_for_ga:
                 num_items_in_batch = None  # the Trainer's path without a count: this micro-batch's mean
             outputs = model(**{k: v for k, v in inputs.items() if k not in NOT_INPUTS})
             if self.compute_loss_func is not None:

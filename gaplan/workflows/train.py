@@ -103,8 +103,8 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
     import torch
 
     from gaplan.devices.backend import resolve_device
-    from gaplan.parallel.process_group import end_distributed, init_distributed
-    from gaplan.training.config import LoopOptions, TrainConfig
+    from gaplan.parallel.process_group import init_distributed
+    from gaplan.training.config import TrainConfig
     from gaplan.training.loop import train
 
     device = resolve_device(device)
@@ -140,8 +140,7 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
         record = probed if probed is not None else plan_without_probe(
             spec, device, memory_limit, plan, workload.param_count, workload.task, workload.seq_len)
         save_probe(dataclasses.replace(record, plan=plan, command=options.command), path_in(run_dir, PLAN_JSON))
-    loop = {f.name: getattr(options.loop, f.name) for f in dataclasses.fields(LoopOptions)}
-    config = TrainConfig(**loop, run_dir=run_dir, token_budget=options.token_budget,
+    config = TrainConfig(**dataclasses.asdict(options.loop), run_dir=run_dir, token_budget=options.token_budget,
                          effective_tokens=options.effective_tokens,
                          micro_batch_limit=restart.micro_batch if restart is not None else None)
     if options.token_budget:
@@ -153,7 +152,7 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
                    on_event=on_event or main_say, peak_bytes=meter.process_peak_bytes, reset_peak=meter.reset_peak)
     if restart is not None:
         result.oom_fallbacks[:0] = restart.messages  # the failures before torchrun's restart, then this run's
-    summary = _save_outputs(run_dir, options, workload, corpus, result, dist, formed_here, end_distributed, main_say)
+    summary = _save_outputs(run_dir, options, workload, corpus, result, dist, formed_here, main_say)
     if options.compare and is_main and not result.interrupted:
         from gaplan.runs.probe_result import load_probe
 
@@ -250,11 +249,12 @@ def _check_corpus(corpus: Any, spec: WorkloadSpec, options: TrainOptions, worklo
 
 
 def _save_outputs(run_dir: str, options: TrainOptions, workload: Any, corpus: Any, result: Any, dist: Any,
-                  formed_here: bool, end_distributed: Callable[[], None], say: Say) -> dict[str, Any]:
+                  formed_here: bool, say: Say) -> dict[str, Any]:
     """End the process group this run formed, write ``--save-weights`` / ``--save-model`` (rank 0), and the summary.
 
     A sharded model is gathered by every rank together (a collective) before the group ends; rank 0 writes it."""
     from gaplan.data import TextCorpus
+    from gaplan.parallel.process_group import end_distributed
     from gaplan.parallel.state import full_model_state
 
     is_main = dist.rank == 0
