@@ -6,19 +6,18 @@ of the stack up: ``core``, ``plan``, ``data``, ``workload``, ``runs``, ``devices
 ``worker``, ``estimate``, ``probing``, ``benchmark``, ``report``, ``integrations``, ``workflows``, ``cli``.
 """
 
-import os as _os
 import sys as _sys
 
 from gaplan.core.lazy import lazy_exports as _lazy_exports
 from gaplan.core.version import __version__
-from gaplan.devices.cpu import MKL_ALLOCATOR_ENV as _MKL_ALLOCATOR_ENV
+from gaplan.devices.cpu import default_allocator_environment as _default_allocator_environment
 
 if "torch" not in _sys.modules:
     # Before torch loads MKL: its pooled GEMM workspace makes a CPU edge differ from process to process (see
-    # gaplan.devices.cpu). The probe's worker and `gaplan` commands run this way; a process that imported torch
-    # first keeps the pool, bounded by gaplan.devices.mkl's release each micro-step.
-    for _name, _value in _MKL_ALLOCATOR_ENV.items():
-        _os.environ.setdefault(_name, _value)
+    # gaplan.devices.cpu). The probe's worker and `gaplan` commands run this way (plain training and timing runs
+    # take it back: gaplan.devices.cpu.use_native_allocator); a process that imported torch first keeps the pool,
+    # bounded by gaplan.devices.mkl's release each micro-step.
+    _default_allocator_environment()
 
 # Every name loads on first use, so `gaplan --help` and the pure parts stay fast (and torch-free).
 _EXPORTS = {
@@ -48,7 +47,8 @@ _EXPORTS = {
     "train": "gaplan.training.loop",
     "TrainConfig": "gaplan.training.config",
     "bench": "gaplan.benchmark.splits",
-    "BenchResult": "gaplan.benchmark.splits",
+    "BenchResult": "gaplan.benchmark.measurement",
+    "BenchSettings": "gaplan.benchmark.measurement",
     "SplitMeasurement": "gaplan.benchmark.splits",
     "tune": "gaplan.benchmark.tuner",
     "TunerDecision": "gaplan.benchmark.tuner",

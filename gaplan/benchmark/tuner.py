@@ -13,7 +13,16 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from gaplan.benchmark.splits import PLAN, SPLIT, BenchResult, SplitMeasurement, bench, candidate_splits
+from gaplan.benchmark.splits import (
+    PLAN,
+    SPLIT,
+    BenchResult,
+    BenchSettings,
+    Outlook,
+    SplitMeasurement,
+    bench,
+    candidate_splits,
+)
 from gaplan.core.errors import GaplanError
 from gaplan.core.trial import Trial
 from gaplan.plan.split import make_plan
@@ -99,13 +108,17 @@ def tune(
     memory_limit: int | None = None,
     effective_batch: int = 256,
     bench_large_batch: bool = False,
-    repeats: int = 2,
+    bench_settings: BenchSettings | None = None,
     on_trial: Callable[[Trial], None] | None = None,
     on_row: Callable[[SplitMeasurement], None] | None = None,
     on_stage: Callable[[str], None] | None = None,
+    on_bench_trial: Callable[[int, str, float | None], None] | None = None,
+    on_bench_start: Callable[[Outlook], None] | None = None,
     **probe_options,
 ) -> TunedProbe:
-    """Probe (once, or with checkpointing off and on), bench when the choice needs it, and choose."""
+    """Probe (once, or with checkpointing off and on), bench when the choice needs it, and choose.
+
+    ``bench_settings``: how splits are timed; choosing by throughput times every split (``all_splits``)."""
     if grad_checkpointing not in CHECKPOINTING:
         raise GaplanError(f"--grad-checkpointing must be one of {', '.join(CHECKPOINTING)} (got {grad_checkpointing!r})")
     if objective not in OBJECTIVES:
@@ -126,14 +139,19 @@ def tune(
     needs_bench = objective == "throughput" or len(probes) == 2 or bench_large_batch
     benches: list[BenchResult] = []
     if needs_bench:
+        timing = bench_settings or BenchSettings()
+        timing = dataclasses.replace(timing, all_splits=timing.all_splits or objective == "throughput"
+                                     or len(probes) == 2)
         off_edge = probes[0].max_micro_batch
         for index, probed in enumerate(probes):
             stage(f"timing splits{' with checkpointing' if probed.workload.grad_checkpointing else ''}")
             # With checkpointing only the sizes that do not fit without it can win.
             splits = None if index == 0 else [s for s in candidate_splits(effective_batch, probed.max_micro_batch)
                                                if max(s[1]) > off_edge]
-            benches.append(bench(probed, effective_batch, repeats=repeats, on_row=on_row, splits=splits,
-                                 large_batch=bench_large_batch and index == 0))
+            settings = dataclasses.replace(timing, large_batch=bench_large_batch and index == 0)
+            benches.append(bench(probed, effective_batch, settings, on_row=on_row, on_trial=on_bench_trial,
+                                 on_start=on_bench_start,
+                                 splits=splits))
     chosen, decision = choose(objective, list(zip(probes, benches or [None] * len(probes), strict=True)))
     if objective == "max-micro-batch" and grad_checkpointing != "auto":
         return TunedProbe(chosen, benches, decision)  # the probe's own plan; nothing was chosen over it

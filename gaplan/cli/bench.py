@@ -11,6 +11,7 @@ import click
 
 from gaplan.cli.options import (
     batch_by_options,
+    bench_settings_from_options,
     check_by_tokens,
     check_granule_option,
     check_writable,
@@ -21,12 +22,13 @@ from gaplan.cli.options import (
     positive,
     spec_from_options,
     stderr_printer,
+    timing_options,
     workload_options,
 )
-from gaplan.cli.output import same_terminal
+from gaplan.cli.output import BenchProgress, print_bench, same_terminal
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import GaplanError
-from gaplan.core.lines import histogram_lines, throughput_line, token_bench_lines, trial_line
+from gaplan.core.lines import histogram_lines, token_bench_lines, trial_line
 from gaplan.runs.folder import default_run_dir
 
 
@@ -37,29 +39,32 @@ from gaplan.runs.folder import default_run_dir
 @click.option("--plan", "plan_file", default=None, metavar="PLAN.JSON", help="Use a plan written by gaplan probe.")
 @click.option("--world-size", type=int, default=1, show_default=True,
               help="With --parallel fsdp: the ranks (2 or more) every timed run trains on, each under the budget.")
-@click.option("--repeats", type=int, default=3, show_default=True, help="Timed optimizer steps per split.")
-@click.option("--warmup", type=int, default=1, show_default=True, help="Untimed optimizer steps first.")
+@timing_options
 @click.option("--no-large-batch", is_flag=True, help="Do not run the true large batch (micro-batch = E).")
 @batch_by_options
 @data_options
-@click.option("--rounds", type=int, default=3, show_default=True,
-              help="With --batch-by tokens: fresh training runs per plan, interleaved; rates are their medians.")
 @click.option("--out", default=None, metavar="DIR", help="Run folder (default reports/bench-<model>-<time>).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object on stdout.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 def bench_command(**options: Any) -> None:
-    """Throughput of the plan against other splits and against a true large batch.
+    """Throughput of the plan against its neighbouring splits and a true large batch, with 95% intervals.
 
-    Times whole optimizer steps of the effective batch E (warm-up excluded, median of
-    the repeats) for the plan, for every micro-batch from B* down by powers of two, and
-    for micro-batch E without accumulation. On CPU a large batch that does not fit the
-    budget is run without it, for reference, and labelled so. Probes first (or uses the
-    cached probe, or --plan). Writes throughput.csv, plan.json and the report.
+    Times whole optimizer steps of the effective batch E for the plan, its two neighbouring
+    splits (every split from B* down by powers of two with --all-splits) and micro-batch E
+    without accumulation, in interleaved rounds: each round runs every split once, in a fresh
+    process, warm-up steps untimed. Rounds go on (at least --rounds) until the plan's ratio
+    to the large batch is known to --ci-target, or --time-budget is spent. Splits are timed
+    as training runs them: no budget bound, allocators as they are. The verdict names its
+    interval, and a ratio whose interval includes 1 is never called faster or slower. On CPU
+    a large batch over the budget is timed for reference, and labelled so. Probes first (or
+    uses the cached probe, or --plan). Writes throughput.csv, bench.json, plan.json and the
+    report.
 
     \b
     Examples:
       gaplan bench --effective-batch 256
-      gaplan bench --model tiny-bert-cls --seq-len 64 --effective-batch 64 --repeats 5
+      gaplan bench --model tiny-bert-cls --seq-len 64 --effective-batch 64 --ci-target 0.03
+      gaplan bench --all-splits --time-budget 900      # every split, up to 15 min
       gaplan bench --plan reports/<run>/plan.json --json
       gaplan bench --parallel fsdp --world-size 2 --effective-batch 64   # each run: 2 ranks, FSDP2
       gaplan bench --data corpus.txt --tokenizer bytes --batch-by tokens    # token plan vs samples plan
@@ -76,9 +81,8 @@ def bench_command(**options: Any) -> None:
 
     spec = spec_from_options(options)
     memory_limit = memory_limit_from_options(options)
-    positive(options, "effective_batch", "repeats", "threads", "world_size", "rounds")
-    if options["warmup"] < 0:
-        raise GaplanError(f"--warmup must be 0 or more (got {options['warmup']})")
+    positive(options, "effective_batch", "threads", "world_size")
+    settings = bench_settings_from_options(options, large_batch=not options["no_large_batch"])
     check_granule_option(options)
     if options["batch_by"] == "tokens":
         _bench_by_tokens(spec, memory_limit, options)
@@ -94,23 +98,21 @@ def bench_command(**options: Any) -> None:
     check_writable(out)
     say = stderr_printer(options["quiet"])
     live = not options["quiet"] and same_terminal()
-    measured, files = probe_and_bench(spec, out, options["effective_batch"], device=options["device"],
-                                      memory_limit=memory_limit, plan_file=options["plan_file"],
-                                      grad_checkpointing=options["grad_checkpointing"], world_size=world,
-                                      repeats=options["repeats"], warmup=options["warmup"], threads=options["threads"],
-                                      large_batch=not options["no_large_batch"], command=command_line(), say=say,
-                                      on_trial=lambda t: say(trial_line(t)), on_row=lambda row: say(throughput_line(row)))
+    progress = BenchProgress(say, live)
+    try:
+        measured, files = probe_and_bench(spec, out, options["effective_batch"], settings, device=options["device"],
+                                          memory_limit=memory_limit, plan_file=options["plan_file"],
+                                          grad_checkpointing=options["grad_checkpointing"], world_size=world,
+                                          threads=options["threads"], command=command_line(), say=say,
+                                          on_trial=lambda t: say(trial_line(t)), on_bench_trial=progress.trial,
+                                          on_start=progress.start)
+    finally:
+        progress.close()
     if options["as_json"]:
-        click.echo(json.dumps({"run_dir": out, "effective_batch": measured.effective_batch,
-                               "rows": measured.to_records(), "report": files}))
+        click.echo(json.dumps({"run_dir": out, **measured.to_dict(), "report": files}))
         return
-    if not live:
-        for row in measured.rows:
-            click.echo(throughput_line(row))
-    best = measured.best_fitting()
-    if best is not None:
-        click.echo(f"fastest split that fits: {best.split} at {best.samples_per_s:.1f} samples/s")
-    click.echo(f"throughput.csv and the report written to {out}")
+    print_bench(measured)
+    click.echo(f"throughput.csv, bench.json and the report written to {out}")
 
 
 def _bench_by_tokens(spec: Any, memory_limit: int | None, options: dict[str, Any]) -> None:

@@ -26,9 +26,10 @@ from gaplan.cli.options import (
     memory_limit_from_options,
     spec_from_options,
     stderr_printer,
+    timing_options,
     workload_options,
 )
-from gaplan.cli.output import print_probe, same_terminal
+from gaplan.cli.output import BenchProgress, print_probe, same_terminal
 from gaplan.cli.plan import plan_command
 from gaplan.cli.train import train_command
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
@@ -96,8 +97,7 @@ def main() -> None:
                                       "throughput (times every split: minutes).")
 @click.option("--report", is_flag=True, help="Also time the splits against a true large batch, break memory down "
                                              "by category, and write report.md/html, CSVs and PNGs to the run folder.")
-@click.option("--repeats", type=int, default=2, show_default=True, help="Timed optimizer steps per split (with "
-                                                                      "--report or --objective throughput).")
+@timing_options
 @click.option("--seed-from-estimate", is_flag=True, help="Start the search at gaplan estimate's predicted edge "
                                                          "(traced on fake tensors first) and verify both sides.")
 @click.option("--emit", type=click.Choice(["hf"]), default=None,
@@ -159,8 +159,16 @@ def probe(**options: Any) -> None:
     say = stderr_printer(options["quiet"])
     each = f"{ranks} fresh processes in one process group, each under the budget" if ranks > 1 else "a fresh process"
     say(f"probing {spec.model} (each trial: {each}, 2 optimizer steps of 2 micro-steps) ...")
-    run = run_probe(spec, out, probe_options, device=options["device"], memory_limit=memory_limit,
-                    on_trial=lambda t: say(trial_line(t)), on_row=lambda row: say(throughput_line(row)), say=say)
+    if timing:
+        say("after the probe, --report / --objective throughput time splits in interleaved rounds (the forecast of "
+            "how long follows the probe; --time-budget bounds it)")
+    progress = BenchProgress(say, not options["quiet"] and same_terminal())
+    try:
+        run = run_probe(spec, out, probe_options, device=options["device"], memory_limit=memory_limit,
+                        on_trial=lambda t: say(trial_line(t)), on_row=lambda row: say(throughput_line(row)), say=say,
+                        on_bench_trial=progress.trial, on_bench_start=progress.start)
+    finally:
+        progress.close()
     result = run.result
     snippet = None
     if options["emit"] == "hf":

@@ -89,6 +89,37 @@ def batch_by_options(func: Callable) -> Callable:
     return func
 
 
+def timing_options(func: Callable) -> Callable:
+    """How splits are timed (:class:`gaplan.benchmark.measurement.BenchSettings`, by field): rounds, repeats, when
+    to stop, which splits."""
+    options = [
+        click.option("--repeats", type=int, default=2, show_default=True,
+                     help="Timed optimizer steps per split in each round."),
+        click.option("--warmup", type=int, default=1, show_default=True,
+                     help="Untimed optimizer steps first, in every timed run."),
+        click.option("--rounds", type=int, default=3, show_default=True,
+                     help="Interleaved rounds at least (each times every split once, in a fresh process)."),
+        click.option("--max-rounds", type=int, default=10, show_default=True, help="Rounds at most."),
+        click.option("--ci-target", type=float, default=0.05, show_default=True,
+                     help="Stop once the plan's ratio to the large batch is known to this fraction (95%% interval)."),
+        click.option("--time-budget", type=float, default=300.0, show_default=True, metavar="SECONDS",
+                     help="Start no round that would end after this many seconds of timing."),
+        click.option("--all-splits", is_flag=True,
+                     help="Time every split from B* down by powers of two (default: the plan and its two neighbours)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def bench_settings_from_options(options: dict[str, Any], **overrides: Any):
+    """The :class:`gaplan.benchmark.measurement.BenchSettings` of a command's parsed options."""
+    from gaplan.benchmark.measurement import BenchSettings
+    from gaplan.core.options import from_options
+
+    return from_options(BenchSettings, options, **overrides)
+
+
 def check_granule_option(options: dict[str, Any]) -> None:
     if options["granule"] < 1:
         raise GaplanError(f"--granule must be a positive number of tokens (got {options['granule']})")

@@ -72,6 +72,55 @@ class ProgressBar:
             self.bar.close()
 
 
+def print_bench(measured) -> None:
+    """A bench's rows (rates and ratios with 95% intervals), its verdict, how its rounds ended, the machine."""
+    from gaplan.core.lines import THROUGHPUT_HEADER, throughput_line
+
+    click.echo(THROUGHPUT_HEADER)
+    for row in measured.rows:
+        click.echo(throughput_line(row))
+    if measured.verdict:
+        click.echo(f"verdict: {measured.verdict}")
+    click.echo(f"rounds: {measured.rounds} in {measured.wall_seconds / 60:.1f} min (stopped: {measured.stopped_because})")
+    click.echo(f"machine: {measured.contention}")
+    best = measured.best_fitting()
+    if best is not None:
+        click.echo(f"fastest split that fits: {best.split} at {best.samples_per_s:.1f} samples/s")
+
+
+class BenchProgress:
+    """What a benchmark is about to do and its expected duration, then a bar per split (a line per timed run
+    where stderr is no terminal)."""
+
+    def __init__(self, say, live: bool) -> None:
+        self.say, self.live, self.bars = say, live, {}
+
+    def start(self, outlook) -> None:
+        self.say(outlook.describe() + " ...")
+        if not self.live:
+            return
+        from tqdm import tqdm
+
+        width = max(len(label) for label in outlook.labels)
+        self.bars = {label: tqdm(total=outlook.settings.max_rounds, desc=f"  {label:>{width}}", unit="round",
+                                 position=index, file=sys.stderr, dynamic_ncols=True, leave=True)
+                     for index, label in enumerate(outlook.labels)}
+
+    def trial(self, round_number: int, label: str, rate: float | None) -> None:
+        speed = "did not run" if rate is None else f"{rate:.1f} samples/s"
+        bar = self.bars.get(label)
+        if bar is None:
+            self.say(f"  round {round_number}  {label:>18}  {speed}")
+            return
+        bar.set_postfix_str(speed)
+        bar.update(1)
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
+        self.bars = {}
+
+
 def print_estimate(result) -> None:
     """The human-readable estimate: traced peaks by category, the line, the edge, the plan, the assumptions, the launch."""
     spec = result.workload

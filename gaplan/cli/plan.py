@@ -42,6 +42,8 @@ from gaplan.plan.layouts import MACHINERY, resolve_world
               help="Ranks per machine when --world-size is not given (default 8 with --nodes).")
 @click.option("--effective-batch", type=int, default=DEFAULT_EFFECTIVE_BATCH, show_default=True,
               help="Samples per optimizer step, the same for every layout.")
+@click.option("--margin", type=float, default=0.0, show_default=True,
+              help="Fraction of the limit kept free, as gaplan probe --margin (e.g. 0.05 against the estimate's error).")
 @click.option("--threads", type=int, default=None, help="CPU threads of the modelled process (--device cpu).")
 @click.option("--measure", is_flag=True,
               help="Then probe and time every layout that fits on this machine's device (W local GPUs, or W CPU "
@@ -58,10 +60,13 @@ def plan_command(**options: Any) -> None:
     Every layout -- DDP, FSDP, FSDP + activation checkpointing, FSDP + CPU offload, each
     with fp32 weights and low-precision compute or pure low-precision weights -- is
     estimated with gaplan estimate (one rank traced on fake tensors; nothing is
-    allocated), giving its peak per rank, the largest micro-batch B* and the split of
-    the effective batch. The pick has the fewest accumulation steps; on a tie, the finer
-    precision, then the least memory-saving machinery (each costs time). With --measure,
-    each layout that fits is then probed and timed on this machine, and the fastest wins.
+    allocated), giving the largest micro-batch B*, the split of the effective batch
+    (22,21,21 x 8 when uneven) and the peak per rank at the split's micro-batch. The pick
+    has the fewest accumulation steps; on a tie, the finer precision, then the least
+    memory-saving machinery (each costs time); its trade-offs are named, and a pick within
+    5% of the limit gets a caveat and the gaplan probe command that checks it. With
+    --measure, each layout that fits is then probed and timed on this machine, and the
+    fastest wins.
 
     \b
     Examples:
@@ -71,11 +76,14 @@ def plan_command(**options: Any) -> None:
       gaplan plan --model tiny-gpt2 --seq-len 16 --device cpu --world-size 2 --effective-batch 64 --measure
     """
     from gaplan.report.layout_report import (
+        caveat_lines,
         header_line,
         layouts_frame,
         not_estimated_lines,
         pick_line,
+        report_dict,
         table_text,
+        tradeoff_lines,
         write_layout_report,
     )
     from gaplan.runs.folder import default_run_dir
@@ -108,7 +116,8 @@ def plan_command(**options: Any) -> None:
         if result.fits is None:
             say(f"  {what}: not estimated")
         elif result.fits:
-            say(f"  {what}: B* {result.max_micro_batch}, peak {_bytes(result.peak_bytes)} per rank")
+            say(f"  {what}: B* {result.max_micro_batch}, peak {_bytes(result.peak_bytes)} per rank at micro-batch "
+                f"{result.micro_batch}")
         else:
             say(f"  {what}: does not fit")
 
@@ -116,7 +125,7 @@ def plan_command(**options: Any) -> None:
         spec, world_size=world_size, nodes=nodes, effective_batch=options["effective_batch"],
         memory_limit=memory_limit_from_options(options), target=options["target"], device_kind=options["device"],
         dtype=options["dtype"], machinery=machinery, grad_sync=options["grad_sync"], threads=options["threads"],
-        on_result=progress)
+        margin=options["margin"], on_result=progress)
     if options["measure"]:
         from gaplan.workflows.plan_measure import measure_layouts
 
@@ -128,7 +137,7 @@ def plan_command(**options: Any) -> None:
             what = f"{result.layout.label}, {result.precision_label}"
             if result.samples_per_s:
                 say(f"  {what}: B* {result.max_micro_batch} (estimated {result.extra.get('estimated_max_micro_batch')})"
-                    f", {result.micro_batch} x {result.grad_accum_steps} x {result.world_size}: "
+                    f", {comparison.split(result)}: "
                     f"{result.samples_per_s:.1f} samples/s")
             else:
                 say(f"  {what}: {result.note}")
@@ -138,7 +147,7 @@ def plan_command(**options: Any) -> None:
                                      repeats=options["repeats"], on_result=measured)
     files = write_layout_report(out, comparison)
     if options["as_json"]:
-        click.echo(json.dumps({**comparison.to_dict(), "out": out, "files": files}))
+        click.echo(json.dumps({**report_dict(comparison), "out": out, "files": files}))
         return
     click.echo(header_line(comparison))
     click.echo("")
@@ -150,6 +159,8 @@ def plan_command(**options: Any) -> None:
                    "never used")
     click.echo("")
     click.echo(pick_line(comparison))
+    for line in caveat_lines(comparison) + tradeoff_lines(comparison):
+        click.echo(line)
     chosen = comparison.pick
     if chosen is not None and chosen.command:
         click.echo(f"launch: {chosen.command}")

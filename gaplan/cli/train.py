@@ -21,10 +21,11 @@ from gaplan.cli.options import (
     stderr_printer,
     workload_options,
 )
-from gaplan.cli.output import ProgressBar
+from gaplan.cli.output import BenchProgress, ProgressBar, same_terminal
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, DEFAULT_TRAIN_STEPS
 from gaplan.core.errors import GaplanError
 from gaplan.core.lines import throughput_line
+from gaplan.core.units import format_bytes
 from gaplan.runs.folder import REPORT_HTML, REPORT_MD, default_run_dir, path_in
 
 
@@ -116,18 +117,38 @@ def train_command(**options: Any) -> None:
     say = stderr_printer(options["quiet"])
     # Under torchrun every rank runs this; one bar (rank 0's) is enough.
     bar = ProgressBar(train_options.steps, enabled=not options["quiet"] and os.environ.get("RANK", "0") == "0")
-    run = run_train(spec, run_dir, train_options, device=device, memory_limit=memory_limit, say=say,
-                    on_step=bar.step, on_event=bar.write, on_row=lambda row: say(throughput_line(row)))
-    bar.close()
+    if not train_options.enforce_memory_limit:
+        # Nothing is bound: train with the allocators as the user's own loop has them (MKL's pool on), not as a
+        # budget needs them. Only before torch is loaded, which is when MKL reads its settings.
+        from gaplan.devices.cpu import use_native_allocator
+
+        use_native_allocator()
+    progress = BenchProgress(say, not options["quiet"] and same_terminal())
+    try:
+        run = run_train(spec, run_dir, train_options, device=device, memory_limit=memory_limit, say=say,
+                        on_step=bar.step, on_event=bar.write, on_row=lambda row: say(throughput_line(row)),
+                        on_bench_trial=progress.trial, on_bench_start=progress.start)
+    finally:
+        bar.close()
+        progress.close()
     if not run.is_main:
         return
     summary = run.summary
     if options["as_json"]:
         click.echo(json.dumps(summary))
     elif summary["steps"]:
+        padded = summary.get("padded_tokens_per_s")
+        peak = summary.get("peak_bytes")
         click.echo(f"trained {summary['steps']} steps in {summary['seconds']:.1f} s: loss {summary['loss_first']:.4f} -> "
                    f"{summary['loss_last']:.4f}, {summary['samples_per_s']:.1f} samples/s, "
-                   f"{summary['tokens_per_s']:.0f} tokens/s; log and checkpoint in {run_dir}")
+                   f"{summary['tokens_per_s']:.0f} real tokens/s"
+                   + (f" ({padded:.0f} padded tokens/s)" if padded else "")
+                   + (f", peak {format_bytes(peak)}" if peak is not None else "")
+                   + f"; log and checkpoint in {run_dir}")
+        if summary.get("loss_check"):
+            from gaplan.training.loss_check import LossCheck
+
+            click.echo(LossCheck.from_dict(summary["loss_check"]).describe())
         if summary.get("report"):
             click.echo(f"report written to {path_in(run_dir, REPORT_MD)} and {REPORT_HTML}")
     if run.interrupted:

@@ -18,12 +18,22 @@ def trial_line(trial: Trial) -> str:
             f"{trial.seconds:7.2f} s{where}")
 
 
+THROUGHPUT_HEADER = f"  {'split':>18}  {'samples/s (95% CI)':<24}  {'x large batch (95% CI)':<22}  {'peak':>10}"
+
+
 def throughput_line(row: Any) -> str:
-    """A bench row (:class:`gaplan.benchmark.splits.SplitMeasurement`): split, samples/s, peak, ratio, note."""
-    speed = f"{row.samples_per_s:8.1f} samples/s" if row.samples_per_s else "       - samples/s"
-    ratio = f"  x{row.ratio_to_large_batch:.2f} of the large batch" if row.ratio_to_large_batch else ""
-    peak = format_bytes(row.peak_bytes)
-    return f"  {row.split:>18}  {speed}  peak {peak:>10}{ratio}{'  ' + row.note if row.note else ''}"
+    """A bench row (:class:`gaplan.benchmark.splits.SplitMeasurement`) under :data:`THROUGHPUT_HEADER`: split,
+    samples/s and ratio with their 95% intervals, peak, note."""
+    speed = f"{row.samples_per_s:8.1f}{_interval(row.samples_per_s_low, row.samples_per_s_high, '{:.1f}')}" \
+        if row.samples_per_s else f"{'-':>8}{'':<16}"
+    ratio = (f"x{row.ratio_to_large_batch:5.2f}{_interval(row.ratio_low, row.ratio_high, '{:.2f}')}"
+             if row.ratio_to_large_batch else f"{'':<22}")
+    note = f"  {row.note}" if row.note else ""
+    return f"  {row.split:>18}  {speed:<24}  {ratio:<22}  {format_bytes(row.peak_bytes):>10}{note}"
+
+
+def _interval(low: float | None, high: float | None, number: str) -> str:
+    return "" if low is None or high is None else f" ({number.format(low)}-{number.format(high)})"
 
 
 def histogram_lines(histogram: Any, width: int = 40) -> list[str]:

@@ -27,6 +27,8 @@ class Trial:
     # Where the trial's time went (fork, budget, model build, optimizer states, each step, in the worker): the
     # probe's profile. Not in plan.json's trial table.
     phase_seconds: dict[str, float] | None = None
+    # CPU time of the process in each step (all its threads): far below the wall time, it waited for a core.
+    step_cpu_seconds: list[float] = field(default_factory=list)
 
     @property
     def line_peak_bytes(self) -> int | None:

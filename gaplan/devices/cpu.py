@@ -31,6 +31,62 @@ MMAP_THRESHOLD = 65536
 MKL_ALLOCATOR_ENV = {"MKL_DISABLE_FAST_MM": "1"}
 MMAP_THRESHOLD_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), **MKL_ALLOCATOR_ENV}
 _M_MMAP_THRESHOLD = -3
+# Both pins cost speed where nothing is bound: every tensor over 64 KiB becomes its own mapping, with fresh page
+# faults on each use (issue 20: a plain HF loop 1.24 s a step, 2.21 s with the threshold pinned; a bench spent as
+# much time in the kernel as in user code). So a process that times or trains without a budget runs with the
+# allocators as a user's own loop has them: set to "1", gaplan's import does not switch MKL's pool off either.
+NATIVE_ALLOCATOR_ENV = "GAPLAN_NATIVE_ALLOCATOR"
+_set_by_gaplan: set[str] = set()  # the pins gaplan's import put in this environment (not the user)
+_bound = False  # whether this process is under a CPU budget (CpuBackend.activate with enforce)
+
+
+def budget_bound() -> bool:
+    """Whether this process runs under a CPU budget it set (RLIMIT_DATA), as a probe trial or a budgeted run."""
+    return _bound
+
+
+def default_allocator_environment(environ: dict | None = None) -> None:
+    """At gaplan's import, before torch loads MKL: MKL's pool off, as budgeted processes need (unless a
+    native-allocator process asked not to, or the user set the variable)."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    if environ.get(NATIVE_ALLOCATOR_ENV) == "1":
+        return
+    for name, value in MKL_ALLOCATOR_ENV.items():
+        if name not in environ:
+            environ[name] = value
+            _set_by_gaplan.add(name)
+
+
+def budget_environment(environ: dict) -> dict:
+    """A child's environment for running under a budget: both pins set before its interpreter allocates."""
+    env = {k: v for k, v in environ.items() if k != NATIVE_ALLOCATOR_ENV}
+    return dict(env, **MMAP_THRESHOLD_ENV)
+
+
+def native_environment(environ: dict, set_by_gaplan: set[str] | None = None) -> dict:
+    """A child's environment for timing or training without a budget: the pins gaplan set (``set_by_gaplan``,
+    default this process's import) are gone, a user's own settings stay, and the child's import of gaplan does not
+    set them again."""
+    ours = _set_by_gaplan if set_by_gaplan is None else set_by_gaplan
+    env = {k: v for k, v in environ.items() if not (k in ours and v == MKL_ALLOCATOR_ENV.get(k))}
+    return dict(env, **{NATIVE_ALLOCATOR_ENV: "1"})
+
+
+def use_native_allocator() -> bool:
+    """In this process, before torch is imported: take back the pins gaplan's import set (plain training, which
+    binds nothing). False when torch is loaded already (MKL has read its settings; nothing changes)."""
+    import os
+    import sys
+
+    if "torch" in sys.modules:
+        return False
+    for name in list(_set_by_gaplan):
+        os.environ.pop(name, None)
+        _set_by_gaplan.discard(name)
+    os.environ[NATIVE_ALLOCATOR_ENV] = "1"
+    return True
 
 
 def read_status() -> dict[str, int]:
@@ -100,7 +156,8 @@ class CpuBackend:
         self._base_anon = 0
 
     def activate(self, limit_bytes: int | None, enforce: bool = True) -> None:
-        pin_mmap_threshold()
+        if enforce:  # the budget's sharp edge needs it; anything else runs with glibc's own threshold
+            pin_mmap_threshold()
         start_intra_op_threads()
         gc.collect()
         status = read_status()
@@ -113,6 +170,8 @@ class CpuBackend:
         if hard != resource.RLIM_INFINITY:
             soft = min(soft, hard)
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+        global _bound
+        _bound = True
 
 
     def reset_peak(self) -> None:

@@ -8,10 +8,12 @@ budget (RLIMIT_DATA) binds, but hardly in the resident peak a trial reports. Mea
 micro-batches of changing shapes (6 x 57, 26 x 13, ...) held 35 MiB by its second step, and so had 13 MiB
 (one sample of 64 tokens) less room than the probe had measured at T*; it ran out of memory at step 5.
 
-Releasing the pool before every micro-step and after the last one (:func:`gaplan.training.step.accumulate_gradients`,
-which the probe's trials and the training loop share) makes both start each micro-step with none: what a
-micro-batch needs then depends on its own shape, not on the shapes that came before it, which is what a probe
-of one shape per trial can answer for. Without MKL (another BLAS, another platform) this does nothing.
+Under a CPU budget, releasing the pool before every micro-step and after the last one
+(:func:`gaplan.training.step.accumulate_gradients`, which the probe's trials and the training loop share) makes
+both start each micro-step with none: what a micro-batch needs then depends on its own shape, not on the shapes
+that came before it, which is what a probe of one shape per trial can answer for. Without a budget the pool is
+kept (releasing it gains nothing and costs its reuse). Without MKL (another BLAS, another platform) this does
+nothing.
 """
 
 from __future__ import annotations
@@ -39,7 +41,14 @@ def _mkl_service() -> ctypes.CDLL | None:
 
 
 def release_gemm_workspace() -> None:
-    """Free MKL's cached GEMM buffers (a no-op without MKL)."""
+    """Free MKL's cached GEMM buffers, where a CPU budget binds this process (a no-op without MKL).
+
+    Without a budget nothing is gained and the pool's reuse is lost: every GEMM would map its buffers afresh.
+    """
+    from gaplan.devices.cpu import budget_bound
+
+    if not budget_bound():
+        return
     library = _mkl_service()
     if library is not None:
         library.mkl_serv_free_buffers()

@@ -33,6 +33,7 @@ def estimate(
     threads: int | None = None,
     world_size: int = 1,
     nodes: int = 1,
+    trace_plan: bool = False,
 ) -> EstimateResult:
     """Estimate the largest micro-batch of ``spec`` that fits, and plan ``effective_batch``, without allocating.
 
@@ -51,6 +52,8 @@ def estimate(
             one rank of a ``world_size``-way FSDP2 step is traced (:mod:`gaplan.estimate.sharded`); with
             ``ddp`` above 1, DistributedDataParallel's gradient buckets are added. Every peak is per rank.
         nodes: machines the ranks are spread over (``world_size`` divides evenly), for the launch command.
+        trace_plan: also trace the whole step at the plan's micro-batch when it is below B* (one more trace),
+            so that ``plan_peak_bytes`` is the peak the plan runs at, not B*'s.
 
     Raises:
         GaplanError: bad input (unknown target, no config.json, sequence longer than the positions...),
@@ -75,10 +78,13 @@ def estimate(
             edge, capped, line = find_edge(tracer, the_budget.usable_bytes, sizes, search_cap, spec)
         except DoesNotFit as exc:
             raise DoesNotFit(f"{exc}{does_not_fit_hint(spec, tracer, world_size)}", exc.needed_bytes) from None
-        rows = tracer.final_rows()
-        peak = next(r.peak_bytes for r in reversed(rows) if r.phase == "step" and r.micro_batch == edge)
-        workload = tracer.workload
         plan = make_plan(effective_batch, edge, world_size)
+        if trace_plan and not any(r.phase == "step" and r.micro_batch == plan.micro_batch for r in tracer.rows):
+            tracer.step(plan.micro_batch)
+        rows = tracer.final_rows()
+        peak = step_peak(rows, edge)
+        assert peak is not None  # the search traced the whole step at B*
+        workload = tracer.workload
         return EstimateResult(
             workload=spec.to_dict(), device_kind=device_kind,
             target=the_budget.target.name if the_budget.target else None,
@@ -88,8 +94,14 @@ def estimate(
             trace_seconds=time.perf_counter() - started, param_count=workload.param_count,
             static_bytes=tracer.static_bytes(), task=workload.task, seq_len=workload.seq_len,
             trace_count=sum(not r.composed for r in rows), extra=tracer.extra(), world_size=world_size, nodes=nodes,
+            plan_peak_bytes=step_peak(rows, plan.micro_batch),
             launch_command=launch_command(spec.to_dict(), plan.micro_batch, effective_batch, world_size, nodes,
                                           "cpu" if device_kind == "cpu" else None))
+
+
+def step_peak(rows: Sequence[TracedRow], micro_batch: int) -> int | None:
+    """The last traced whole-step peak at ``micro_batch``, or None when that size's step was not traced."""
+    return next((r.peak_bytes for r in reversed(rows) if r.phase == "step" and r.micro_batch == micro_batch), None)
 
 
 def make_tracer(spec: WorkloadSpec, device_kind: str, threads: int | None, world_size: int) -> Tracer | ShardedTracer:

@@ -67,6 +67,8 @@ class EstimateResult:
     world_size: int = 1  # ranks; every byte figure is per rank
     nodes: int = 1
     launch_command: str | None = None  # the gaplan train (or torchrun) command of the plan
+    # Traced peak of the whole step at the plan's micro-batch (its largest, at most B*); None when not traced.
+    plan_peak_bytes: int | None = None
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
         data["rows"] = [row.to_dict() for row in self.rows]

@@ -18,6 +18,7 @@ The effective batch is the same for every layout; only its split changes.
 
 from __future__ import annotations
 
+import itertools
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -78,13 +79,16 @@ class LayoutResult:
     """What the estimate said of one layout.
 
     ``fits`` is None for a layout that was not estimated (``note`` says why: unsupported, needs two ranks).
-    ``micro_batch``/``grad_accum_steps`` are the plan's split at ``max_micro_batch`` (B*) when it fits.
+    ``micro_batch``/``grad_accum_steps`` are the plan's split at ``max_micro_batch`` (B*) when it fits: its largest
+    micro-batch and its micro-steps; ``peak_bytes`` is the peak at that micro-batch (what the plan runs at),
+    ``edge_peak_bytes`` the peak at B*.
     """
 
     layout: Layout
     precision_label: str
     fits: bool | None
     peak_bytes: int | None = None  # per rank at the plan's micro-batch (the traced step at B* when that is it)
+    edge_peak_bytes: int | None = None  # per rank at B* (the same as peak_bytes when the plan runs at B*)
     max_micro_batch: int | None = None
     micro_batch: int | None = None
     grad_accum_steps: int | None = None
@@ -93,6 +97,7 @@ class LayoutResult:
     samples_per_s: float | None = None  # measured, when the layout was timed
     note: str = ""
     command: str | None = None
+    check_command: str | None = None  # the gaplan probe command that checks this layout on the hardware
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -162,6 +167,71 @@ def pick(results: Iterable[LayoutResult]) -> LayoutResult | None:
     """The layout to train with, or None when none fits."""
     ranked = rank(results)
     return ranked[0] if ranked and ranked[0].fits else None
+
+
+def split_sizes(effective_batch: int, world_size: int, grad_accum_steps: int) -> tuple[int, ...]:
+    """One rank's micro-batch sizes, largest first: its share ``E / W`` over the steps, as ``make_plan`` splits it."""
+    from gaplan.plan.split import split_evenly
+
+    return split_evenly(effective_batch // world_size, grad_accum_steps)
+
+
+MAX_LISTED_SIZES = 8  # an uneven split with more micro-steps is written as runs of one size
+
+
+def format_split(sizes: Sequence[int], world_size: int) -> str:
+    """The split as arithmetic that gives the effective batch: ``32 x 2 x 8`` (micro-batch x steps x ranks) when even,
+    else each rank's micro-batch sizes times the ranks: ``22,21,21 x 8``, or ``(3 x 20 + 2 x 2) x 8`` past
+    :data:`MAX_LISTED_SIZES` steps."""
+    if len(set(sizes)) == 1:
+        return f"{sizes[0]} x {len(sizes)} x {world_size}"
+    if len(sizes) <= MAX_LISTED_SIZES:
+        return f"{','.join(str(s) for s in sizes)} x {world_size}"
+    runs = " + ".join(f"{size} x {len(list(group))}" for size, group in itertools.groupby(sizes))
+    return f"({runs}) x {world_size}"
+
+
+def edge_peak(result: LayoutResult) -> int | None:
+    """The peak at B*: the estimate's, or for a measured layout (``plan --measure``, whose B* is the probe's) the
+    timed peak when the plan ran at B*, else None (the estimate's figure was for another B*)."""
+    if result.extra.get("measured"):
+        return result.peak_bytes if result.micro_batch == result.max_micro_batch else None
+    return result.edge_peak_bytes
+
+
+NEAR_LIMIT = 0.05  # an estimated peak within this fraction of the usable memory gets a caveat
+
+
+def near_limit(result: LayoutResult, usable_bytes: int) -> bool:
+    """True when an estimated (not measured) layout that fits peaks within :data:`NEAR_LIMIT` of the usable memory:
+    the estimate's own error is of that order, so the pick may not fit on the card."""
+    return bool(result.fits and not result.extra.get("measured") and result.peak_bytes
+                and result.peak_bytes >= (1 - NEAR_LIMIT) * usable_bytes)
+
+
+def size_flag(count: int) -> str:
+    """A byte count as ``--memory-limit`` reads it: ``40GiB``, ``160MiB``, else the bytes."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if count % size == 0:
+            return f"{count // size}{unit}"
+    return str(count)
+
+
+def probe_command(workload: dict, effective_batch: int, world_size: int, *, device_kind: str = "cuda",
+                  target: str | None = None, memory_limit: int | None = None, margin: float = 0.0) -> str:
+    """The ``gaplan probe`` command that measures ``workload``'s exact B* and plan on the hardware (one
+    process per rank on this machine for FSDP; the one rank's probe for DDP)."""
+    words = ["gaplan", "probe", *workload_flags(workload)]
+    if device_kind == "cpu":
+        words += ["--device", "cpu"]
+    if target:
+        words += ["--target", target]
+    if memory_limit is not None:
+        words += ["--memory-limit", size_flag(memory_limit)]
+    words += ["--world-size", str(world_size), "--effective-batch", str(effective_batch)]
+    if margin:
+        words += ["--margin", f"{margin:g}"]
+    return " ".join(shlex.quote(word) for word in words)
 
 
 def plan_split(effective_batch: int, world_size: int, micro_batch_cap: int) -> tuple[int, int]:
@@ -263,6 +333,18 @@ class LayoutComparison:
     results: list[LayoutResult]
     seconds: float = 0.0
     measured_on: str | None = None  # the device the fitting layouts were probed and timed on (plan --measure)
+    margin: float = 0.0  # fraction of the limit kept free (plan --margin): usable_bytes is what is left of it
+
+    def sizes(self, result: LayoutResult) -> tuple[int, ...]:
+        """One rank's micro-batch sizes in ``result``'s split (empty when it does not fit)."""
+        if not result.fits or not result.grad_accum_steps:
+            return ()
+        return split_sizes(self.effective_batch, result.world_size, result.grad_accum_steps)
+
+    def split(self, result: LayoutResult) -> str:
+        """``result``'s split as :func:`format_split` writes it, ``-`` when it does not fit."""
+        sizes = self.sizes(result)
+        return format_split(sizes, result.world_size) if sizes else "-"
 
     @property
     def ranked(self) -> list[LayoutResult]:
@@ -275,8 +357,13 @@ class LayoutComparison:
     def to_dict(self) -> dict:
         chosen = self.pick
         data = {k: v for k, v in asdict(self).items() if k != "results"}
-        data["results"] = [r.to_dict() for r in self.ranked]
-        data["pick"] = chosen.to_dict() if chosen is not None else None
+        data["results"] = [self._result_dict(r) for r in self.ranked]
+        data["pick"] = self._result_dict(chosen) if chosen is not None else None
+        data["pick_near_limit"] = chosen is not None and near_limit(chosen, self.usable_bytes)
         data["command"] = chosen.command if chosen is not None else None
         data["seconds"] = round(self.seconds, 3)
         return data
+
+    def _result_dict(self, result: LayoutResult) -> dict:
+        return result.to_dict() | {"split": self.split(result), "micro_batch_sizes": list(self.sizes(result)),
+                                   "edge_peak_bytes": edge_peak(result)}

@@ -7,6 +7,7 @@ content of its config files) under ``~/.cache/gaplan/plans/`` or ``$GAPLAN_CACHE
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import glob
 import hashlib
 import json
@@ -93,7 +94,7 @@ def probe_for(
         probed = load_probe(cache)
         if not probed.capped or probed.max_micro_batch >= needed_micro_batch:
             say(f"using the cached probe {cache}: largest micro-batch {probed.max_micro_batch}")
-            return spec, probed
+            return spec, reused(probed, cache)
     say("probing the largest micro-batch that fits first ...")
     if sharded:  # every trial runs the world's ranks; needed_micro_batch is one rank's share already
         probed = probe(spec, device=device, memory_limit=memory_limit, effective_batch=needed_micro_batch * world_size,
@@ -104,6 +105,15 @@ def probe_for(
     if write_cache:
         save_probe(probed, cache)
     return spec, probed
+
+
+def reused(probed: ProbeResult, cache: str) -> ProbeResult:
+    """A cached probe as this run records it: dated now, with the probe's own date, key and file named, so a
+    report says its trials came from an earlier run."""
+    key = os.path.splitext(os.path.basename(cache))[0]
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return dataclasses.replace(probed, created=now,
+                               reused_probe={"path": cache, "key": key, "created": probed.created})
 
 
 def _model_files_digest(model: str) -> str | None:

@@ -178,7 +178,7 @@ def _forker(functions: dict[str, Callable], device: str, limit: int | None, micr
 
 def _spawner(functions: LoopFunctions, device: str, limit: int | None, micro_steps: int,
              threads: int | None) -> Callable[[int, int], Trial]:
-    from gaplan.devices.cpu import MMAP_THRESHOLD_ENV
+    from gaplan.devices.cpu import budget_environment
 
     references = functions.references()  # a one-line error here for a function a new process cannot import
 
@@ -186,7 +186,7 @@ def _spawner(functions: LoopFunctions, device: str, limit: int | None, micro_ste
         request = {"functions": references, "device": device, "limit_bytes": limit, "micro_batch": micro_batch,
                    "micro_steps": micro_steps, "optimizer_steps": steps, "threads": threads}
         completed = subprocess.run([sys.executable, "-m", "gaplan.worker.loop_trial"], input=json.dumps(request),
-                                   capture_output=True, text=True, env=dict(os.environ, **MMAP_THRESHOLD_ENV))
+                                   capture_output=True, text=True, env=budget_environment(os.environ))
         lines = completed.stdout.strip().splitlines()
         if completed.returncode != 0 or not lines:
             return trial_from({"error": "crash", "message": completed.stderr or "no output"}, micro_batch)

@@ -83,11 +83,19 @@ def memory_figure(run: RunData) -> Figure:
         xs = np.linspace(0, x_right, 100)
         axes.plot(xs, (fit.fixed_bytes + fit.bytes_per_sample * xs) / scale, color="tab:gray", linewidth=1.2,
                   label=f"linear fit: {format_bytes(fit.fixed_bytes)} + {format_bytes(fit.bytes_per_sample)} per sample")
-    step_peaks = fitting[fitting["peak_bytes"].notna()]
+    # Where forward/backward set the whole step's peak (the usual case) the two are one point: drawn once, so
+    # neither marker hides the other; drawn apart only where the optimizer step's temporaries set the peak.
+    both = fitting[fitting["peak_bytes"].notna() & fitting["micro_steps_peak_bytes"].notna()]
+    same = both[both["peak_bytes"] == both["micro_steps_peak_bytes"]]
+    step_peaks = fitting[fitting["peak_bytes"].notna() & ~fitting.index.isin(same.index)]
+    micro_peaks = fitting[fitting["micro_steps_peak_bytes"].notna() & ~fitting.index.isin(same.index)]
+    if not same.empty:
+        axes.plot(same["micro_batch"], same["peak_bytes"].astype("float64") / scale, "o", color="tab:blue",
+                  markersize=7, markeredgecolor="tab:cyan", markeredgewidth=1.5,
+                  label="fits: peak of the step, set in forward/backward")
     if not step_peaks.empty:
         axes.plot(step_peaks["micro_batch"], step_peaks["peak_bytes"].astype("float64") / scale, "o",
                   color="tab:blue", markersize=7, label="fits: peak of the whole step")
-    micro_peaks = fitting[fitting["micro_steps_peak_bytes"].notna()]
     if not micro_peaks.empty:
         axes.plot(micro_peaks["micro_batch"], micro_peaks["micro_steps_peak_bytes"].astype("float64") / scale, "s",
                   markerfacecolor="none", color="tab:cyan", markersize=8, label="fits: peak of forward/backward")
@@ -101,6 +109,11 @@ def memory_figure(run: RunData) -> Figure:
     if limit is not None and budget != limit:
         axes.axhline(limit / scale, color="tab:red", linestyle=":", linewidth=1, label=f"memory limit {format_bytes(limit)}")
     axes.axvline(best, color="tab:green", linestyle=":", linewidth=1.5, label=f"B* = {best}")
+    planned = plan.get("plan") or {}
+    micro = planned.get("micro_batch")
+    if micro is not None and int(micro) != best:  # an even split of E below B*, or the tuner's pick
+        axes.axvline(int(micro), color="tab:orange", linestyle="-.", linewidth=1.5,
+                     label=f"planned micro-batch = {int(micro)} ({int(micro)} x {int(planned.get('grad_accum_steps', 1))})")
     near_right = best > 0.8 * x_right  # keep the label inside the axes
     axes.annotate(f"B* = {best}", xy=(best, 0.03), xycoords=("data", "axes fraction"), xytext=(-4 if near_right else 4, 0),
                   textcoords="offset points", ha="right" if near_right else "left", color="tab:green", fontweight="bold")
@@ -150,7 +163,8 @@ def _split_label(row: Any) -> str:
 
 
 def throughput_figure(run: RunData) -> Figure:
-    """Samples/s per split, the plan highlighted, the large batch as a reference line, ratios on the bars."""
+    """Samples/s per split with their 95% intervals, the plan highlighted, the large batch as a reference line (its
+    interval as a band), ratios with their intervals on the bars."""
     frame = run.throughput
     assert frame is not None
     reference = reference_row(frame)
@@ -158,6 +172,8 @@ def throughput_figure(run: RunData) -> Figure:
 
     ratios = [ratio(row, reference) for _, row in bars.iterrows()]
     caption = "bar labels: samples/s" + ("" if all(r is None for r in ratios) else " and ratio to the reference")
+    if bars["samples_per_s_low"].notna().any():
+        caption += "; whiskers and band: 95% intervals"
     figure, axes = _new_axes(f"Training throughput by split: {run.model}\n{caption}")
     axes.set_xlabel("split (micro-batch x accumulation steps)")
     axes.set_ylabel("throughput (samples/s)")
@@ -166,18 +182,26 @@ def throughput_figure(run: RunData) -> Figure:
     plan_rows = bars["kind"].isin(["plan", TOKEN_PLAN_KIND]).to_numpy(dtype=bool)
     misfits = np.array([is_false(value) for value in bars["fits_budget"]], dtype=bool)
     colors = ["tab:orange" if is_plan else "tab:blue" for is_plan in plan_rows]
-    drawn = axes.bar(positions, speeds, width=0.6, color=colors, edgecolor="black", linewidth=0.6)
+    low = bars["samples_per_s_low"].astype("float64").to_numpy()
+    high = bars["samples_per_s_high"].astype("float64").to_numpy()
+    known = ~np.isnan(low) & ~np.isnan(high) & (speeds > 0)
+    whiskers = np.vstack([np.where(known, speeds - low, 0.0), np.where(known, high - speeds, 0.0)])
+    drawn = axes.bar(positions, speeds, width=0.6, color=colors, edgecolor="black", linewidth=0.6,
+                     yerr=whiskers if known.any() else None, capsize=4, error_kw={"elinewidth": 1.0})
     for patch, misfit in zip(drawn.patches, misfits, strict=True):
         if misfit:
             patch.set_hatch("//")
             patch.set_alpha(0.6)
-    top = max([*speeds.tolist(), 1e-9])
+    tops = np.where(known, high, speeds)  # labels sit above the whiskers
+    top = max([*tops.tolist(), 1e-9])
     for position, (_, row), row_ratio in zip(positions, bars.iterrows(), ratios, strict=True):
         if measured(row):
             text = rate(row["samples_per_s"]) + ("" if row_ratio is None else f"\n{row_ratio:.2f}x")
+            if row_ratio is not None and not missing(row["ratio_low"]) and not missing(row["ratio_high"]):
+                text += f" ({float(row['ratio_low']):.2f}-{float(row['ratio_high']):.2f})"
         else:
             text = "OOM" if is_false(row["fits_budget"]) else "not measured"
-        axes.annotate(text, xy=(position, float(speeds[position])), xytext=(0, 3), textcoords="offset points",
+        axes.annotate(text, xy=(position, float(tops[position])), xytext=(0, 3), textcoords="offset points",
                       ha="center", va="bottom", fontsize=9,
                       bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
 
@@ -193,6 +217,10 @@ def throughput_figure(run: RunData) -> Figure:
     if reference is not None:
         speed = float(reference["samples_per_s"])
         axes.axhline(speed, color="tab:red", linestyle="--", linewidth=1.3)
+        if not missing(reference["samples_per_s_low"]) and not missing(reference["samples_per_s_high"]):
+            axes.axhspan(float(reference["samples_per_s_low"]), float(reference["samples_per_s_high"]),
+                         color="tab:red", alpha=0.12, linewidth=0)
+            top = max(top, float(reference["samples_per_s_high"]))
         name = reference_label(reference, run.probed)
         label = f"{name}: {integer(reference['effective_batch'])} samples in one step" \
             if reference["kind"] == LARGE_BATCH_KIND else f"{name}: {reference['split']}"
@@ -207,11 +235,14 @@ def throughput_figure(run: RunData) -> Figure:
 
 
 def training_figure(run: RunData) -> Figure:
-    """Loss and samples/s over optimizer steps, in two panels sharing a whole-number step axis."""
+    """Loss, samples/s and (when logged) peak memory over optimizer steps, in panels sharing a whole-number step
+    axis."""
     log = run.train_log
     assert log is not None
-    figure = Figure(figsize=FIG_SIZE, dpi=DPI, layout="constrained")
-    loss_axes, speed_axes = figure.subplots(2, 1, sharex=True)
+    peaks = [c for c in ("step_peak_bytes", "peak_bytes") if c in log.columns and log[c].notna().any()]
+    figure = Figure(figsize=(FIG_SIZE[0], FIG_SIZE[1] * (1.4 if peaks else 1)), dpi=DPI, layout="constrained")
+    panels = figure.subplots(3 if peaks else 2, 1, sharex=True)
+    loss_axes, speed_axes = panels[0], panels[1]
     figure.suptitle(f"Training: {run.model}")
     marker = "o" if len(log) <= 60 else None
     loss_axes.plot(log["step"], log["loss"], marker=marker, markersize=4, color="tab:blue", label="loss")
@@ -219,7 +250,7 @@ def training_figure(run: RunData) -> Figure:
     avoid_one_point(loss_axes, log["loss"].tolist())
     speed_axes.plot(log["step"], log["samples_per_s"], marker=marker, markersize=4, color="tab:green", label="samples/s")
     speed_axes.set_ylabel("throughput (samples/s)")
-    speed_axes.set_xlabel("optimizer step")
+    panels[-1].set_xlabel("optimizer step")
     fastest = log["samples_per_s"].max()
     speed_axes.set_ylim(0, (float(fastest) if not missing(fastest) and fastest > 0 else 1.0) * 1.15)
     avoid_one_point(speed_axes, log["step"].tolist(), which="x")
@@ -227,9 +258,31 @@ def training_figure(run: RunData) -> Figure:
     # Loss mostly falls and throughput sits near its top: these corners are usually empty.
     loss_axes.legend(loc="upper right")
     speed_axes.legend(loc="lower right")
-    for axes in (loss_axes, speed_axes):
+    if peaks:
+        _memory_over_steps(panels[2], run, peaks)
+    for axes in panels:
         axes.grid(True, alpha=0.3)
     return figure
+
+
+def _memory_over_steps(axes: Any, run: RunData, columns: Sequence[str]) -> None:
+    """Each step's peak: the probe's (above the baseline) and the whole process's resident peak, and the budget."""
+    log = run.train_log
+    assert log is not None
+    budget = run.budget
+    largest = max([*(float(log[c].max()) for c in columns), float(budget or 0), 1.0])
+    scale, unit = axis_unit(largest)
+    styles = {"step_peak_bytes": ("peak (step), as the probe measures it", "tab:purple", "-"),
+              "peak_bytes": ("whole-process resident peak", "tab:gray", "--")}
+    for column in columns:
+        label, color, style = styles[column]
+        axes.plot(log["step"], log[column].astype("float64") / scale, marker="o" if len(log) <= 60 else None,
+                  markersize=4, color=color, linestyle=style, label=label)
+    if budget is not None:
+        axes.axhline(budget / scale, color="tab:red", linestyle=":", linewidth=1.2, label=f"budget {format_bytes(budget)}")
+    axes.set_ylim(0, largest / scale * 1.15)
+    axes.set_ylabel(f"peak memory ({unit})")
+    axes.legend(loc="lower right")
 
 
 def lengths_figure(tokens: dict[str, Any], model: str | None = None) -> Figure:

@@ -16,11 +16,13 @@ from gaplan.core.constants import LARGE_BATCH_KIND, LARGEST_FIT_KIND
 from gaplan.core.errors import GaplanError
 from gaplan.plan.search import fit_memory_line
 from gaplan.report.formatting import is_false, missing
-from gaplan.runs.folder import PLAN_JSON, TOKENS_JSON, path_in
+from gaplan.runs.folder import BENCH_JSON, LOSS_CHECK_JSON, PLAN_JSON, TOKENS_JSON, TRAIN_JSON, path_in
 from gaplan.runs.schema import (
     BREAKDOWN,
     THROUGHPUT,
     TRAIN_LOG,
+    read_bench_json,
+    read_loss_check_json,
     read_plan_json,
     read_table,
     read_tokens_json,
@@ -40,6 +42,14 @@ class RunData:
     breakdown: pd.DataFrame | None
     train_log: pd.DataFrame | None
     tokens: dict[str, Any] | None = None  # tokens.json (probe/bench --batch-by tokens): length profile and T*
+    loss_check: dict[str, Any] | None = None  # loss_check.json (train): step 1 against the same samples as one batch
+    bench: dict[str, Any] | None = None  # bench.json: the rounds, the plan's ratio with its interval, contention
+    enforced_budget: bool | None = None  # train.json: trained under --enforce-memory-limit (None: not a training run)
+
+    @property
+    def is_training(self) -> bool:
+        """A folder of ``gaplan train``: its report leads with the training."""
+        return has_rows(self.train_log)
 
     @property
     def model(self) -> str:
@@ -80,7 +90,24 @@ def load_run(run_dir: str) -> RunData:
         breakdown=read_table(run_dir, BREAKDOWN),
         train_log=read_table(run_dir, TRAIN_LOG),
         tokens=read_tokens_json(tokens_path) if os.path.isfile(tokens_path := path_in(run_dir, TOKENS_JSON)) else None,
+        loss_check=read_loss_check_json(check_path) if os.path.isfile(check_path := path_in(run_dir, LOSS_CHECK_JSON))
+        else None,
+        bench=read_bench_json(bench_path) if os.path.isfile(bench_path := path_in(run_dir, BENCH_JSON)) else None,
+        enforced_budget=_enforced_budget(path_in(run_dir, TRAIN_JSON)),
     )
+
+
+def _enforced_budget(path: str) -> bool | None:
+    """Whether a training run bound itself to its budget (its ``train.json``'s options); None when unknown."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            options = json.load(handle).get("options") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    value = options.get("enforce_memory_limit") if isinstance(options, dict) else None
+    return value if isinstance(value, bool) else None
 
 
 def has_rows(frame: pd.DataFrame | None) -> bool:
@@ -139,9 +166,11 @@ def reference_label(row: pd.Series, probed: bool = True) -> str:
     """The reference in words; without a probe there is no budget it could be said not to fit."""
     if row["kind"] == LARGEST_FIT_KIND:
         return "largest micro-batch that fits"
-    if is_false(row["bounded"]):
-        return "true large batch (unbounded, does not fit)" if probed else "true large batch (unbounded)"
-    return "large batch in one step"
+    if not probed:
+        return "true large batch (no probe: whether it fits is unknown)"
+    if is_false(row["fits_budget"]):
+        return "true large batch (over the budget: timed for reference, does not fit)"
+    return "true large batch"
 
 
 def ratio(row: pd.Series, reference: pd.Series | None) -> float | None:

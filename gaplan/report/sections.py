@@ -19,15 +19,14 @@ from gaplan.report.formatting import (
     count,
     failure_reason,
     integer,
-    is_false,
-    loss,
     missing,
     rate,
     shorten,
-    yes_no,
 )
-from gaplan.report.load import RunData, has_rows, measured, memory_fit, ratio, reference_label, reference_row
-from gaplan.runs.folder import BREAKDOWN_PNG, LENGTHS_PNG, MEMORY_PNG, PROBE_CSV, THROUGHPUT_PNG, TRAINING_PNG
+from gaplan.report.load import RunData, has_rows, memory_fit
+from gaplan.report.throughput import throughput_section
+from gaplan.report.training_report import report_title, training_section
+from gaplan.runs.folder import BREAKDOWN_PNG, LENGTHS_PNG, MEMORY_PNG, PROBE_CSV
 from gaplan.workload.spec import DEFAULT_LR
 
 _UNKNOWN_TASKS = ("", "?")  # "?" is what plans made without a probe recorded before the task was kept
@@ -36,7 +35,9 @@ _UNKNOWN_TASKS = ("", "?")  # "?" is what plans made without a probe recorded be
 def report_blocks(run: RunData, images: Sequence[str]) -> list[Block]:
     """The whole report; ``images`` names the charts that were written, in order."""
     plan = run.plan
-    blocks: list[Block] = [Heading(1, f"gaplan report: {run.model}"), Bullets(header_items(run))]
+    blocks: list[Block] = [Heading(1, report_title(run)), Bullets(header_items(run))]
+    if run.is_training:  # a training run leads with what it trained; a probe or bench folder with its plan
+        blocks += training_section(run, images)
     blocks += plan_section(run)
     if run.tokens is not None:
         blocks += token_section(run, images)
@@ -47,8 +48,6 @@ def report_blocks(run: RunData, images: Sequence[str]) -> list[Block]:
         blocks += throughput_section(run, images)
     if has_rows(run.breakdown):
         blocks += breakdown_section(run, images)
-    if has_rows(run.train_log):
-        blocks += training_section(run, images)
     return blocks
 
 
@@ -85,8 +84,16 @@ def header_items(run: RunData) -> list[str]:
         f"**Memory budget:** {_budget_text(run)}",
         f"**Versions:** {versions}",
         f"**Created:** {plan.get('created') or 'unknown'}",
+        *([_reused_probe_text(plan["reused_probe"])] if isinstance(plan.get("reused_probe"), dict) else []),
         *([f"**Reproduce with:** `{plan['command']}`"] if plan.get("command") else []),
     ]
+
+
+def _reused_probe_text(reused: dict[str, Any]) -> str:
+    """A probe taken from the cache: its trials and B* are an earlier run's, which the report must say."""
+    return (f"**Probe reused from the cache:** probed {reused.get('created') or 'at an unknown date'}, cache key "
+            f"`{reused.get('key') or '?'}` (`{reused.get('path') or '?'}`); the trials and B\\* below are that "
+            "probe's, not this run's")
 
 
 def _learning_rate(workload: dict[str, Any]) -> str:
@@ -123,12 +130,28 @@ def plan_section(run: RunData) -> list[Block]:
     if fit is not None:
         items.append(f"**Memory line (fit over {fit.points} trials):** {format_bytes(fit.fixed_bytes)}"
                      f" + {format_bytes(fit.bytes_per_sample)} per sample")
+    planned = int(plan["plan"]["micro_batch"])
+    if run.probed and planned != best:
+        items.append(_planned_peak_text(trials, planned, fit))
     if not run.probed:
         items.append(f"**Probe:** none, {_no_probe(run)}")
     else:
         wall = plan.get("wall_seconds")
         items.append(f"**Probe:** {len(trials)} trials" + (f" in {float(wall):.1f} s" if wall is not None else ""))
     return [Heading(2, "Plan"), Bullets(items)]
+
+
+def _planned_peak_text(trials: Any, planned: int, fit: Any) -> str:
+    """The peak at the micro-batch the plan trains with (not B*), where the bench and training peaks are compared."""
+    at = trials[(trials["micro_batch"] == planned) & trials["fits"] & trials["peak_bytes"].notna()]
+    if not at.empty:
+        return (f"**Peak at the planned micro-batch ({planned}):** {format_bytes(int(at['peak_bytes'].max()))}, "
+                "measured by a trial")
+    if fit is None:
+        return f"**Peak at the planned micro-batch ({planned}):** not measured (no memory line)"
+    return (f"**Peak at the planned micro-batch ({planned}):** about "
+            f"{format_bytes(fit.fixed_bytes + fit.bytes_per_sample * planned)}, from the memory line (no trial ran "
+            "at that size); the same measure as the bench's and training's peak (step)")
 
 
 def token_section(run: RunData, images: Sequence[str]) -> list[Block]:
@@ -217,42 +240,6 @@ def probe_section(run: RunData, images: Sequence[str]) -> list[Block]:
     return blocks
 
 
-_OOM_NOTE = "out of memory: "  # how bench notes a split that ran out of memory, followed by the allocator's message
-
-
-def _note(text: str) -> str:
-    if text.startswith(_OOM_NOTE):
-        return failure_reason(text[len(_OOM_NOTE):], None)
-    return text
-
-
-def throughput_section(run: RunData, images: Sequence[str]) -> list[Block]:
-    frame = run.throughput
-    assert frame is not None
-    reference = reference_row(frame)
-    rows = []
-    for _, row in frame.iterrows():
-        row_ratio = ratio(row, reference)
-        fits = yes_no(row["fits_budget"])
-        if is_false(row["bounded"]) and measured(row):
-            # Without a probe nothing says where the edge is: a run without the budget neither fits nor fails it.
-            fits = ("no" if run.probed else "unknown") + " (run without the budget)"
-        step = "-" if missing(row["step_seconds_median"]) else f"{float(row['step_seconds_median']):.3f}"
-        rows.append([row["split"], row["kind"], f"{integer(row['micro_batch'])} x {integer(row['grad_accum_steps'])}",
-                     integer(row["effective_batch"]), rate(row["samples_per_s"]), rate(row["tokens_per_s"]), step,
-                     byte_size(row["peak_bytes"]), fits, "-" if row_ratio is None else f"{row_ratio:.2f}x",
-                     _note(row["note"])])
-    blocks: list[Block] = [Heading(2, "Throughput")]
-    if THROUGHPUT_PNG in images:
-        blocks.append(Image(THROUGHPUT_PNG, "Throughput by split"))
-    if reference is not None:
-        blocks.append(Paragraph(f"Ratios are samples/s relative to the {reference_label(reference, run.probed)}"
-                                f" ({reference['split']})."))
-    blocks.append(Table(["split", "kind", "micro x accum", "effective batch", "samples/s", "tokens/s", "step s (median)",
-                         "peak", "fits budget", "ratio", "note"], rows, frozenset({3, 4, 5, 6, 7, 9})))
-    return blocks
-
-
 def breakdown_section(run: RunData, images: Sequence[str]) -> list[Block]:
     frame = run.breakdown
     assert frame is not None
@@ -271,25 +258,3 @@ def breakdown_section(run: RunData, images: Sequence[str]) -> list[Block]:
                "device peak"]
     blocks.append(Table(headers, rows, frozenset(range(len(headers)))))
     return blocks
-
-
-def training_section(run: RunData, images: Sequence[str]) -> list[Block]:
-    log = run.train_log
-    assert log is not None
-    first, last = log.iloc[0], log.iloc[-1]
-    items = [
-        f"**Steps:** {len(log)} logged (steps {integer(first['step'])} to {integer(last['step'])})",
-        f"**Loss:** {loss(first['loss'])} at the first step, {loss(last['loss'])} at the last",
-        f"**Median throughput:** {rate(log['samples_per_s'].median())} samples/s"
-        + ("" if log["tokens_per_s"].isna().all() else f", {rate(log['tokens_per_s'].median())} tokens/s"),
-    ]
-    if log["peak_bytes"].notna().any():
-        items.append(f"**Peak memory:** {byte_size(log['peak_bytes'].max())}")
-    micro = log["micro_batch"].dropna().astype("int64").tolist()
-    changes = [m for i, m in enumerate(micro) if i == 0 or m != micro[i - 1]]
-    if len(changes) > 1:  # the training loop halves the micro-batch after an OOM
-        items.append(f"**Micro-batch changed during training:** {' -> '.join(map(str, changes))}")
-    blocks: list[Block] = [Heading(2, "Training")]
-    if TRAINING_PNG in images:
-        blocks.append(Image(TRAINING_PNG, "Loss and throughput over steps"))
-    return [*blocks, Bullets(items)]

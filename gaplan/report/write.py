@@ -32,6 +32,7 @@ from gaplan.report.charts import (
 from gaplan.report.document import write_pages
 from gaplan.report.load import has_rows, load_run
 from gaplan.report.sections import report_blocks
+from gaplan.report.training_report import report_title
 from gaplan.runs.folder import (
     BREAKDOWN_PNG,
     LENGTHS_PNG,
@@ -80,7 +81,7 @@ def write_report(run_dir: str) -> ReportFiles:
     images = write_charts(run_dir, charts)
     written += list(images)
     blocks = report_blocks(run, images=list(images))
-    written += write_pages(run_dir, blocks, f"gaplan report: {run.model}", images, REPORT_STEM)
+    written += write_pages(run_dir, blocks, report_title(run), images, REPORT_STEM)
     return ReportFiles(directory=run_dir, files=sorted(written))
 
 

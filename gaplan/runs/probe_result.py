@@ -46,6 +46,8 @@ class ProbeResult:
     world_size: int = 1
     trial_ranks: int = 1
     created: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    # A probe taken from the cache instead of run (gaplan.probing.cache): its file, cache key and when it was made.
+    reused_probe: dict[str, str] | None = None
     # This run's worker start, in seconds: "start to ready" (as the caller waited) and the worker's own parts.
     # The probe's profile (examples/profile_probe.py); not saved in plan.json.
     worker_seconds: dict[str, float] | None = None
@@ -84,6 +86,7 @@ class ProbeResult:
             "wall_seconds": round(self.wall_seconds, 3),
             "tuner": self.tuner,
             "command": self.command,
+            **({"reused_probe": self.reused_probe} if self.reused_probe else {}),
         }
 
     @classmethod
@@ -114,6 +117,7 @@ class ProbeResult:
                 world_size=int(data.get("world_size") or data["plan"].get("world_size") or 1),
                 trial_ranks=int(data.get("trial_ranks") or 1),
                 created=data.get("created", ""),
+                reused_probe=data.get("reused_probe"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise GaplanError(f"{path} is not a gaplan plan file: missing or bad field {exc}") from None

@@ -17,7 +17,15 @@ import pandas as pd
 from gaplan.core.atomic_write import atomic_write, atomic_write_text
 from gaplan.core.constants import BREAKDOWN_CATEGORIES
 from gaplan.core.errors import GaplanError, one_line
-from gaplan.runs.folder import BREAKDOWN_CSV, PROBE_CSV, THROUGHPUT_CSV, TOKENS_JSON, TRAIN_LOG_CSV
+from gaplan.runs.folder import (
+    BENCH_JSON,
+    BREAKDOWN_CSV,
+    LOSS_CHECK_JSON,
+    PROBE_CSV,
+    THROUGHPUT_CSV,
+    TOKENS_JSON,
+    TRAIN_LOG_CSV,
+)
 
 # The trial fields plan.json and probe.csv keep (a Trial's timing details stay in the worker).
 TRIAL_COLUMNS = ["micro_batch", "fits", "peak_bytes", "micro_steps_peak_bytes", "seconds", "completed_steps", "error"]
@@ -43,13 +51,17 @@ THROUGHPUT = TableSchema(
     required=("split", "kind", "micro_batch", "grad_accum_steps", "effective_batch", "samples_per_s"),
     optional=("repeats", "step_seconds_median", "step_seconds_min", "step_seconds_max", "tokens_per_s", "peak_bytes",
               "fits_budget", "bounded", "ratio_to_large_batch", "note",
+              # bench in rounds: the 95% intervals, the rounds each split ran, CPU seconds per wall second
+              "rounds", "samples_per_s_low", "samples_per_s_high", "ratio_low", "ratio_high", "cpu_per_wall",
               # bench --batch-by tokens (absent from older files and from other benches: NA)
               "batch_by", "token_budget", "micro_steps_mean", "padding_fraction", "tokens_ratio"),
     text=frozenset({"split", "kind", "note", "batch_by"}), boolean=frozenset({"fits_budget", "bounded"}))
 BREAKDOWN = TableSchema(BREAKDOWN_CSV, required=("micro_batch", *BREAKDOWN_CATEGORIES),
                         optional=("tracked_total", "device_peak_bytes"))
 TRAIN_LOG = TableSchema(TRAIN_LOG_CSV, required=("step", "loss", "samples_per_s"),
-                        optional=("lr", "tokens_per_s", "peak_bytes", "micro_batch", "grad_accum_steps", "seconds"))
+                        optional=("lr", "tokens_per_s", "peak_bytes", "micro_batch", "grad_accum_steps", "seconds",
+                                  # later columns, NA in older logs (gaplan.training.train_log says what each is)
+                                  "step_peak_bytes", "padded_tokens_per_s"))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -164,6 +176,73 @@ def write_tokens_json(path: str, data: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# loss_check.json (train): step 1's accumulated loss against the same samples as one batch, or why it was skipped
+
+_LOSS_CHECK_NUMBERS = ("accumulated_loss", "large_batch_loss", "absolute_difference", "relative_difference")
+
+
+def read_loss_check_json(path: str) -> dict[str, Any]:
+    """Read and check a ``loss_check.json``; the dict as written."""
+    return check_loss_check(_read_json(path, "loss check"), path)
+
+
+def check_loss_check(data: object, path: str = LOSS_CHECK_JSON) -> dict[str, Any]:
+    """Both losses (and their differences) as numbers, or a one-line ``skipped`` reason."""
+    if not isinstance(data, dict):
+        raise GaplanError(f"{path} is not a gaplan loss check: expected a JSON object")
+    if data.get("skipped") is not None:
+        if not isinstance(data["skipped"], str):
+            raise GaplanError(f"{path}: skipped must be a line of text")
+        return data
+    for key in _LOSS_CHECK_NUMBERS:
+        # The relative difference is None when the one-batch loss is 0; the losses themselves are always there.
+        if data.get(key) is None and key != "relative_difference":
+            raise GaplanError(f"{path} is not a gaplan loss check: missing {key}")
+        _check_number(path, key, data.get(key))
+    return data
+
+
+def write_loss_check_json(path: str, data: dict[str, Any]) -> None:
+    """Write a loss check atomically (checked first, as every file of the folder)."""
+    atomic_write_text(path, json.dumps(check_loss_check(data, path), indent=2) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# bench.json: how a bench's rounds ended, the plan's ratio with its interval, what the timings say about the machine
+
+
+def read_bench_json(path: str) -> dict[str, Any]:
+    """Read and check a ``bench.json``; the dict as written."""
+    return check_bench(_read_json(path, "bench summary"), path)
+
+
+def check_bench(data: object, path: str = BENCH_JSON) -> dict[str, Any]:
+    """The rounds as a number, the texts as text, the plan's ratio (when there is one) as numbers."""
+    if not isinstance(data, dict):
+        raise GaplanError(f"{path} is not a gaplan bench summary: expected a JSON object")
+    _check_number(path, "rounds", data.get("rounds"))
+    for key in ("verdict", "contention", "stopped_because"):
+        if not isinstance(data.get(key, ""), str):
+            raise GaplanError(f"{path}: {key} must be a line of text")
+    ratio = data.get("plan_vs_large_batch")
+    if ratio is not None:
+        if not isinstance(ratio, dict):
+            raise GaplanError(f"{path}: plan_vs_large_batch must be a JSON object")
+        _check_number(path, "plan_vs_large_batch.ratio", ratio.get("ratio"))
+        interval = ratio.get("ci")
+        if interval is not None and (not isinstance(interval, list) or len(interval) != 2):
+            raise GaplanError(f"{path}: plan_vs_large_batch.ci must be [low, high]")
+        for value in interval or []:
+            _check_number(path, "plan_vs_large_batch.ci", value)
+    return data
+
+
+def write_bench_json(path: str, data: dict[str, Any]) -> None:
+    """Write a bench summary atomically (checked first)."""
+    atomic_write_text(path, json.dumps(check_bench(data, path), indent=2) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # CSVs
 
 
@@ -186,6 +265,10 @@ def write_table(run_dir: str, schema: TableSchema, rows: Sequence[dict[str, Any]
     if missing:
         raise ValueError(f"{schema.name} rows lack {', '.join(sorted(missing))}")  # a bug in the writer, not the user's
     frame = pd.DataFrame(list(rows)) if rows else pd.DataFrame(columns=schema.columns)  # a header even when empty
+    for column in frame.columns:
+        values = [row[column] for row in rows if row.get(column) is not None]  # as given: pandas made them floats
+        if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            frame[column] = frame[column].astype("Int64")  # 926351360, not 926351360.0, where some rows have none
     ordered = [c for c in schema.columns if c in frame.columns] + [c for c in frame.columns if c not in schema.columns]
     atomic_write(os.path.join(run_dir, schema.name), lambda path: frame[ordered].to_csv(path, index=False))
 

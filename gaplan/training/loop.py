@@ -28,6 +28,7 @@ from gaplan.parallel.process_group import Distributed
 from gaplan.plan.split import Plan, make_plan
 from gaplan.training.checkpoint import RunState
 from gaplan.training.config import TrainConfig
+from gaplan.training.loss_check import LossCheck, check_first_step, save_loss_check, skip_reason
 from gaplan.training.micro_batches import TokenSteps
 from gaplan.training.oom_retry import StepInputs, step_until_it_fits
 from gaplan.training.optimizer_step import grad_scaler
@@ -47,6 +48,7 @@ class TrainResult:
     seconds: float = 0.0
     padded_tokens: int = 0  # token positions fed, padding included (all ranks, all steps)
     real_tokens: int = 0  # of which real tokens (attention mask)
+    loss_check: LossCheck | None = None  # step 1 against the same samples as one batch (or why it was skipped)
 
     @property
     def padding_fraction(self) -> float | None:
@@ -98,6 +100,7 @@ def train(
     on_event: Callable[[str], None] | None = None,
     peak_bytes: Callable[[], int | None] | None = None,
     reset_peak: Callable[[], None] | None = None,
+    step_peak_bytes: Callable[[], int | None] | None = None,
 ) -> TrainResult:
     """Train ``config.steps`` optimizer steps of ``plan.effective_batch`` samples each.
 
@@ -105,6 +108,8 @@ def train(
         corpus: indexable samples (``None`` for a custom workload: its ``make_batch`` is used, seeded per step).
         resume: continue from ``config.run_dir``'s checkpoint.
         on_step / on_event: progress and notices (OOM fallbacks, checkpoints) for the caller to show.
+        peak_bytes / step_peak_bytes: each step's peak, of the whole process and above the budget's baseline
+            (the probe's definition), logged as ``peak_bytes`` and ``step_peak_bytes``.
     """
     dist = Distributed()
     if plan.world_size != dist.world_size:
@@ -136,12 +141,25 @@ def train(
         token_steps = TokenSteps(corpus, config.effective_tokens, config.seed, min_samples=dist.world_size)
     inputs = StepInputs(workload, model, corpus, dist, scaler, config.max_grad_norm, config.seed, shards,
                         config.run_dir)
-    return _loop(inputs, run, plan, config, start_step, token_steps, on_step, on_event, peak_bytes, reset_peak)
+    peaks = (peak_bytes, step_peak_bytes)
+    return _loop(inputs, run, plan, config, start_step, token_steps, on_step, on_event, peaks, reset_peak)
+
+
+def _check(inputs: StepInputs, plan: Plan, start_step: int, token_budget: int | None,
+           indices: list[int] | None) -> tuple[LossCheck, float | None]:
+    """The first step's samples as one batch before it trains (:mod:`gaplan.training.loss_check`), or why not."""
+    samples = len(indices) if indices is not None else plan.effective_batch
+    reason = skip_reason(inputs.workload, plan, start_step, inputs.dist.world_size, inputs.shards, token_budget,
+                         samples)
+    if reason is not None:
+        return LossCheck(step=start_step + 1, samples=samples, skipped=reason), None
+    return check_first_step(inputs.workload, plan, inputs.corpus, inputs.seed, indices, token_budget)
 
 
 def _loop(inputs: StepInputs, run: RunState, plan: Plan, config: TrainConfig, start_step: int,
           token_steps: TokenSteps | None, on_step: Callable[[StepLog], None] | None,
-          on_event: Callable[[str], None] | None, peak_bytes: Callable[[], int | None] | None,
+          on_event: Callable[[str], None] | None,
+          peaks: tuple[Callable[[], int | None] | None, Callable[[], int | None] | None],
           reset_peak: Callable[[], None] | None) -> TrainResult:
     """Steps ``start_step`` to ``config.steps``: train, log, checkpoint; stop cleanly on SIGINT/SIGTERM."""
     dist, run_dir = inputs.dist, config.run_dir
@@ -157,12 +175,15 @@ def _loop(inputs: StepInputs, run: RunState, plan: Plan, config: TrainConfig, st
     interrupted = False
     token_budget = config.token_budget
     padded_total = real_total = 0
+    check: LossCheck | None = None
     with _StopRequested() as stop:
         for step in range(start_step, config.steps):
+            indices = token_steps.indices(step) if token_steps else None  # else the plan's E samples
+            if step == start_step:  # before the peak is reset and the clock starts: the step's figures exclude it
+                check, one_batch_loss = _check(inputs, plan, start_step, token_budget, indices)
             if reset_peak:
                 reset_peak()
             t0 = time.perf_counter()
-            indices = token_steps.indices(step) if token_steps else None  # else the plan's E samples
             step_samples = len(indices) if indices is not None else plan.effective_batch
             done_step = step_until_it_fits(inputs, step, plan, token_budget, indices, fell_back)
             plan, token_budget, micro_batches = done_step.plan, done_step.token_budget, done_step.micro_batches
@@ -171,11 +192,18 @@ def _loop(inputs: StepInputs, run: RunState, plan: Plan, config: TrainConfig, st
             run.scheduler.step()
             seconds = time.perf_counter() - t0
             log = StepLog(step + 1, done_step.loss, lr, step_samples / seconds, done_step.tokens / seconds,
-                          peak_bytes() if peak_bytes else None,
+                          peaks[0]() if peaks[0] else None,
                           # By tokens: this step's largest micro-batch and its number of micro-steps.
                           max(map(batch_size, micro_batches)) if token_budget else plan.micro_batch,
-                          len(micro_batches) if token_budget else plan.grad_accum_steps, seconds)
+                          len(micro_batches) if token_budget else plan.grad_accum_steps, seconds,
+                          peaks[1]() if peaks[1] else None, done_step.padded / seconds)
             logs.append(log)
+            if step == start_step and check is not None:
+                if one_batch_loss is not None:
+                    check.accumulated_loss, check.large_batch_loss = done_step.loss, one_batch_loss
+                    check.micro_steps = len(micro_batches)
+                if start_step == 0 and dist.rank == 0 and run_dir:  # a resumed run keeps its start's check
+                    save_loss_check(run_dir, check)
             if dist.rank == 0 and run_dir:
                 append_log(run_dir, log)
             if on_step:
@@ -192,4 +220,5 @@ def _loop(inputs: StepInputs, run: RunState, plan: Plan, config: TrainConfig, st
                 if on_event:
                     on_event(f"stopped after step {done}; checkpoint saved in {run_dir} (resume with --resume)")
                 break
-    return TrainResult(logs, plan, fallbacks, interrupted, time.perf_counter() - started, padded_total, real_total)
+    return TrainResult(logs, plan, fallbacks, interrupted, time.perf_counter() - started, padded_total, real_total,
+                       check)

@@ -1,4 +1,9 @@
-"""``train_log.csv``: one row per optimizer step, appended as the run goes and cut back on resume."""
+"""``train_log.csv``: one row per optimizer step, appended as the run goes and cut back on resume.
+
+Columns are only ever added, at the end, so an older folder still reads: ``peak_bytes`` has always been the whole
+process's resident peak; ``step_peak_bytes`` (the probe's peak: above the baseline taken when the budget was set)
+and ``padded_tokens_per_s`` (token positions fed, padding included) came later and are empty in older logs.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from gaplan.runs.folder import TRAIN_LOG_CSV
 from gaplan.runs.schema import TRAIN_LOG
 
 LOG_FIELDS = ["step", "loss", "lr", "samples_per_s", "tokens_per_s", "peak_bytes", "micro_batch",
-              "grad_accum_steps", "seconds"]
+              "grad_accum_steps", "seconds", "step_peak_bytes", "padded_tokens_per_s"]
 assert set(LOG_FIELDS) == set(TRAIN_LOG.columns), "train_log.csv's writer and its schema must agree"
 
 
@@ -21,11 +26,13 @@ class StepLog:
     loss: float
     lr: float
     samples_per_s: float
-    tokens_per_s: float
-    peak_bytes: int | None
+    tokens_per_s: float  # real tokens (attention mask)
+    peak_bytes: int | None  # the whole process's resident peak
     micro_batch: int
     grad_accum_steps: int
     seconds: float
+    step_peak_bytes: int | None = None  # above the baseline, as the probe measures its trials
+    padded_tokens_per_s: float | None = None  # token positions fed, padding included
 
 
 def append_log(run_dir: str, log: StepLog) -> None:

@@ -10,7 +10,7 @@ import time
 
 from gaplan.core.errors import GaplanError
 from gaplan.core.trial import Trial
-from gaplan.devices.cpu import MMAP_THRESHOLD_ENV
+from gaplan.devices.cpu import budget_environment, native_environment
 from gaplan.worker.protocol import TrialRequest, WorkerSetup
 from gaplan.workload.spec import WorkloadSpec
 
@@ -20,10 +20,12 @@ class WorkerProcess:
 
     def __init__(self, spec: WorkloadSpec, device: str, limit_bytes: int | None, threads: int | None = None,
                  seed: int = 0, warm_optimizer: bool = True, ddp: bool = False, ranks: int = 1,
-                 timeout_s: float | None = None) -> None:
+                 timeout_s: float | None = None, native_allocator: bool = False) -> None:
         """``ranks`` above 1: every trial runs that many ranks, each under ``limit_bytes`` (a sharded workload);
-        ``timeout_s``: such a trial that has not ended by then is killed (:mod:`gaplan.worker.ranks`)."""
-        env = dict(os.environ, **MMAP_THRESHOLD_ENV)
+        ``timeout_s``: such a trial that has not ended by then is killed (:mod:`gaplan.worker.ranks`);
+        ``native_allocator``: the allocators as a user's loop has them, for trials that time and bind nothing
+        (``unbounded``); else pinned as a budget needs (:mod:`gaplan.devices.cpu`)."""
+        env = native_environment(os.environ) if native_allocator else budget_environment(os.environ)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         # The worker must import this very gaplan, installed or not.
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

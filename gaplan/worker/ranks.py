@@ -164,6 +164,7 @@ def merge_trials(micro_batch: int, results: list[dict]) -> dict:
         seconds=max(r["seconds"] for r in results),
         completed_steps=min(r["completed_steps"] for r in results),
         step_seconds=[max(times) for times in zip(*steps, strict=True)],
+        step_cpu_seconds=[],  # ranks also wait for each other in collectives: no sign of contention to read here
         tokens_per_step=sum(r["tokens_per_step"] for r in results),
         before_bytes=max(r["before_bytes"] for r in results),
         after_bytes=max(r["after_bytes"] for r in results),

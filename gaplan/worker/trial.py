@@ -107,15 +107,17 @@ def measure_steps(backend: Backend, micro_batch: int, optimizer_steps: int,
     completed = tokens = 0
     peak = micro_steps_peak = 0
     step_seconds: list[float] = []
+    step_cpu_seconds: list[float] = []
     try:
         for _ in range(optimizer_steps):
             backend.reset_peak()
-            step_started = time.perf_counter()
+            step_started, cpu_started = time.perf_counter(), time.process_time()
             tokens, held = accumulate()
             micro_steps_peak = max(micro_steps_peak, backend.peak_bytes())  # no optimizer step in it yet
             step()
             peak = max(peak, backend.peak_bytes())  # synchronizes on CUDA, so the step time below is real
             step_seconds.append(time.perf_counter() - step_started)
+            step_cpu_seconds.append(time.process_time() - cpu_started)
             del held
             completed += 1
     except Exception as exc:  # noqa: BLE001 - classified right below; anything else re-raises
@@ -134,4 +136,5 @@ def measure_steps(backend: Backend, micro_batch: int, optimizer_steps: int,
     backend.release()
     fits = error is None
     return Trial(micro_batch, fits, peak if fits else None, round(seconds, 3), error, completed,
-                 micro_steps_peak if fits else None, step_seconds, tokens, before, backend.current_bytes())
+                 micro_steps_peak if fits else None, step_seconds, tokens, before, backend.current_bytes(),
+                 step_cpu_seconds=step_cpu_seconds)

@@ -100,7 +100,7 @@ def run_token_bench(spec: WorkloadSpec, out: str, data: DataSource, *, device: s
 def _train_run(spec: WorkloadSpec, options: dict[str, Any], device: str, memory_limit: int | None,
                warmup: int) -> dict[str, Any]:
     """One training run in a fresh process (:func:`bench_child_main`); its timed steps and summary."""
-    from gaplan.devices.cpu import MMAP_THRESHOLD_ENV
+    from gaplan.devices.cpu import budget_environment
     from gaplan.runs.schema import TRAIN_LOG, read_table
 
     with tempfile.TemporaryDirectory(prefix="gaplan-bench-run-") as run_dir:
@@ -109,7 +109,7 @@ def _train_run(spec: WorkloadSpec, options: dict[str, Any], device: str, memory_
         completed = subprocess.run([sys.executable, "-c", "from gaplan.workflows.bench_tokens import bench_child_main; "
                                                           "bench_child_main()"],
                                    input=json.dumps(request), capture_output=True, text=True,
-                                   env=dict(os.environ, **MMAP_THRESHOLD_ENV))
+                                   env=budget_environment(os.environ))
         if completed.returncode != 0:
             lines = [line for line in completed.stderr.strip().splitlines() if line.strip()]
             return {"error": one_line(lines[-1] if lines else f"exit status {completed.returncode}")}

@@ -7,7 +7,12 @@ layout's settings on the user's workload; the ranking and the pick are :mod:`gap
 With ``grad_sync="auto"`` an FSDP layout is estimated with gradients reduce-scattered on the last
 micro-step (the least traffic) and, when that does not fit or leaves a smaller micro-batch than one
 rank's share, on every micro-step too (the whole model's unsharded gradients are then never held);
-the one with fewer accumulation steps is kept, the last-micro-step one on a tie.
+the one with fewer accumulation steps is kept, the last-micro-step one on a tie (the other's B* and split
+are kept in ``extra["other_grad_sync"]``, so the report can say what the choice trades).
+
+A layout's peak is traced at the plan's micro-batch (one more trace when it is below B*): that is what the
+plan runs at; the peak at B* is beside it. With ``margin`` the estimate is made against the limit less that
+fraction, as ``gaplan probe --margin`` does.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from gaplan.plan.layouts import (
     LayoutResult,
     check_nodes,
     layouts_for,
+    probe_command,
     sort_key,
 )
 from gaplan.plan.split import default_search_cap, make_plan
@@ -46,13 +52,16 @@ def compare_layouts(
     grad_sync: str = "auto",
     threads: int | None = None,
     search_cap: int | None = None,
+    margin: float = 0.0,
     on_result: Callable[[LayoutResult], None] | None = None,
 ) -> LayoutComparison:
     """Estimate each layout of ``spec``'s model (its parallel, precision and checkpointing settings are the
     layout's; the rest -- model, task, sequence length, optimizer -- is ``spec``'s) and rank them.
 
+    ``margin`` (a fraction in [0, 1)) is kept free of the limit (a target's memory, or ``memory_limit``).
+
     Raises:
-        GaplanError: bad input (world size, effective batch, target, grad_sync...), before any trace.
+        GaplanError: bad input (world size, effective batch, target, grad_sync, margin...), before any trace.
     """
     from gaplan.estimate import estimate
     from gaplan.estimate.budget import budget, check_device_kind
@@ -63,7 +72,13 @@ def compare_layouts(
         raise GaplanError(f"--grad-sync must be one of {', '.join(GRAD_SYNC_CHOICES)} (got {grad_sync!r})")
     check_nodes(world_size, nodes)
     make_plan(effective_batch, 1, world_size)  # a bad effective batch, before any work
+    if not isinstance(margin, int | float) or isinstance(margin, bool) or not 0 <= margin < 1:
+        raise GaplanError(f"--margin must be a fraction in [0, 1) (got {margin})")
+    requested_limit = memory_limit
     the_budget = budget(device_kind, memory_limit, target)
+    if margin:
+        memory_limit = int(the_budget.limit_bytes * (1 - margin))
+        the_budget = budget(device_kind, memory_limit, target)
     candidates = layouts_for(world_size, dtype, machinery)
     spec = dataclasses.replace(spec, parallel="ddp", cpu_offload=False, grad_sync="last").validate()
     _, seq_len, _, _ = model_shape(spec) if not _is_function(spec) else (None, spec.seq_len, None, None)
@@ -78,7 +93,7 @@ def compare_layouts(
             layout_spec = spec_of(spec, layout)
             result = estimate(layout_spec, memory_limit=memory_limit, target=target, effective_batch=effective_batch,
                               device_kind=device_kind, search_cap=cap, threads=threads, world_size=world_size,
-                              nodes=nodes)
+                              nodes=nodes, trace_plan=True)
         except DoesNotFit as exc:
             return LayoutResult(layout, "", fits=False, world_size=world_size, needed_bytes=exc.needed_bytes,
                                 note=one_line(exc))
@@ -87,10 +102,13 @@ def compare_layouts(
                                 extra={"error": True})
         param_count = result.param_count
         plan = result.plan
+        check = probe_command(layout_spec.to_dict(), effective_batch, world_size, device_kind=device_kind,
+                              target=target, memory_limit=requested_limit, margin=margin)
         return LayoutResult(
-            layout, "", fits=True, peak_bytes=result.peak_bytes, max_micro_batch=result.max_micro_batch,
+            layout, "", fits=True, peak_bytes=result.plan_peak_bytes or result.peak_bytes,
+            edge_peak_bytes=result.peak_bytes, max_micro_batch=result.max_micro_batch,
             micro_batch=plan["micro_batch"], grad_accum_steps=plan["grad_accum_steps"], world_size=world_size,
-            command=result.launch_command,
+            command=result.launch_command, check_command=check,
             extra={"capped": result.capped, "static_bytes": result.static_bytes, "trace_seconds": round(result.trace_seconds, 3),
                    "host_bytes": max((r.detail.get("host_bytes", 0) for r in result.rows), default=0)})
 
@@ -107,7 +125,7 @@ def compare_layouts(
         model=spec.model, param_count=param_count, seq_len=seq_len, device_kind=device_kind,
         target=the_budget.target.name if the_budget.target else None, memory_limit_bytes=int(the_budget.limit_bytes),
         usable_bytes=int(the_budget.usable_bytes), world_size=world_size, nodes=nodes, effective_batch=effective_batch,
-        dtype=dtype, results=results, seconds=time.perf_counter() - started)
+        dtype=dtype, results=results, seconds=time.perf_counter() - started, margin=float(margin))
 
 
 def spec_of(spec: WorkloadSpec, layout: Layout) -> WorkloadSpec:
@@ -132,6 +150,9 @@ def _best_grad_sync(layout: Layout, run: Callable[[Layout], LayoutResult], grad_
     other = every if best is last else last
     if other.fits:
         best.note = "; ".join(filter(None, [best.note, f"grad-sync {other.layout.grad_sync}: B* {other.max_micro_batch}"]))
+    best.extra["other_grad_sync"] = {"grad_sync": other.layout.grad_sync, "fits": other.fits,
+                                     "max_micro_batch": other.max_micro_batch,
+                                     "grad_accum_steps": other.grad_accum_steps}
     return best
 
 

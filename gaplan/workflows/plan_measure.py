@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from gaplan.benchmark.splits import bench, candidate_splits
+from gaplan.benchmark.splits import BenchSettings, bench, candidate_splits, probed_peak
 from gaplan.core.errors import DoesNotFit, GaplanError, one_line
 from gaplan.plan.layouts import LayoutComparison, LayoutResult, launch_command
 from gaplan.probing.edge import probe
@@ -56,13 +56,17 @@ def _measure_one(result: LayoutResult, spec: WorkloadSpec, device: str, memory_l
     except GaplanError as exc:  # the device cannot run this layout (CPU offload on a CPU)
         return dataclasses.replace(result, note=f"not measured: {one_line(exc)}", extra={**result.extra, **estimated})
     kind, sizes = candidate_splits(effective, probed.max_micro_batch, world)[0]
-    timed = bench(probed, effective, repeats=repeats, warmup=warmup, threads=threads, large_batch=False,
-                  splits=[(kind, sizes)], over_ranks=True)
+    # One layout against the others, each timed after its own probe: a single round (no pairing across layouts).
+    settings = BenchSettings(repeats=repeats, warmup=warmup, min_rounds=1, max_rounds=1, large_batch=False)
+    timed = bench(probed, effective, settings, threads=threads, splits=[(kind, sizes)], over_ranks=True)
     row = timed.rows[0]
     plan = probed.plan
     return dataclasses.replace(
         result, max_micro_batch=probed.max_micro_batch, micro_batch=plan.micro_batch,
-        grad_accum_steps=plan.grad_accum_steps, peak_bytes=row.peak_bytes, samples_per_s=row.samples_per_s,
+        # The peak under the budget (the probe's, at the plan's micro-batch), not the timing run's: that one ran with
+        # the allocators as training has them, whose resident peak is not what the budget bounds.
+        grad_accum_steps=plan.grad_accum_steps, peak_bytes=probed_peak(probed, plan.micro_batch) or row.peak_bytes,
+        samples_per_s=row.samples_per_s,
         extra={**result.extra, **estimated, "measured": True, "capped": probed.capped,
                "probe_seconds": round(probed.wall_seconds, 1), "step_seconds_median": row.step_seconds_median},
         command=launch_command(layout_spec.to_dict(), plan.micro_batch, effective, world, nodes,

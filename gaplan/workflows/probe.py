@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gaplan.benchmark.measurement import BenchSettings
 from gaplan.core.constants import DEFAULT_CPU_BUDGET, DEFAULT_EFFECTIVE_BATCH, SEARCH_CAP
-from gaplan.core.options import OptionError
+from gaplan.core.options import OptionError, nested
 from gaplan.core.progress import Say, quiet
 from gaplan.core.trial import Trial
 from gaplan.plan.split import Plan
@@ -47,13 +48,13 @@ class ProbeOptions:
     objective: str = "max-micro-batch"  # or "throughput"
     grad_checkpointing: str = "off"  # off | on | auto (the tuner decides)
     report: bool = False
-    repeats: int = 2
+    bench: BenchSettings = nested(BenchSettings)  # how --report and --objective throughput time the splits
     seed_from_estimate: bool = False
     threads: int | None = None
     command: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("effective_batch", "world_size", "search_cap", "threads", "repeats"):
+        for name in ("effective_batch", "world_size", "search_cap", "threads"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise OptionError(f"{name} must be a positive integer (got {value})", name)
@@ -64,7 +65,9 @@ class ProbeOptions:
 
 def run_probe(spec: WorkloadSpec, out: str, options: ProbeOptions | None = None, *, device: str = "auto",
               memory_limit: int | None = None, on_trial: Callable[[Trial], None] | None = None,
-              on_row: Callable[[Any], None] | None = None, say: Say = quiet, **fields: Any) -> ProbeRun:
+              on_row: Callable[[Any], None] | None = None, say: Say = quiet,
+              on_bench_trial: Callable[[int, str, float | None], None] | None = None,
+              on_bench_start: Callable[[Any], None] | None = None, **fields: Any) -> ProbeRun:
     """Probe (tuned as asked), save ``plan.json`` in ``out``, and with ``report`` bench, break down and report.
 
     ``options`` (default :class:`ProbeOptions`'s) with any of its fields given by keyword over it."""
@@ -77,7 +80,9 @@ def run_probe(spec: WorkloadSpec, out: str, options: ProbeOptions | None = None,
         start = estimate_start(spec, device, memory_limit, o.margin, o.search_cap, o.threads, say)
     tuned = tune(spec, objective=o.objective, grad_checkpointing=o.grad_checkpointing, device=device,
                  memory_limit=memory_limit, effective_batch=o.effective_batch, bench_large_batch=o.report,
-                 repeats=o.repeats, on_trial=on_trial, on_row=on_row, on_stage=lambda text: say(text + " ..."),
+                 bench_settings=o.bench, on_trial=on_trial, on_row=on_row, on_stage=lambda text: say(text + " ..."),
+                 on_bench_trial=on_bench_trial,
+                 on_bench_start=on_bench_start or (lambda outlook: say(outlook.describe() + " ...")),
                  margin=o.margin, world_size=o.world_size, search_cap=o.search_cap, threads=o.threads, start=start)
     result = dataclasses.replace(tuned.result, command=o.command)
     plan_path = path_in(out, PLAN_JSON)

@@ -93,7 +93,9 @@ def _save_settings(run_dir: str, spec: WorkloadSpec, options: TrainOptions, devi
 
 def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device: str = "auto",
               memory_limit: int | None = None, say: Say = quiet, on_step: Callable[[Any], None] | None = None,
-              on_event: Say | None = None, on_row: Callable[[Any], None] | None = None) -> TrainRun:
+              on_event: Say | None = None, on_row: Callable[[Any], None] | None = None,
+              on_bench_trial: Callable[[int, str, float | None], None] | None = None,
+              on_bench_start: Callable[[Any], None] | None = None) -> TrainRun:
     """Plan (from ``--plan``, ``--micro-batch``, the cache or a new probe), train, and with ``compare`` bench and report.
 
     Under torchrun every rank calls this; the first process of each node probes for its node,
@@ -149,7 +151,8 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
         main_say(f"batching by tokens: each step's {step} packed into micro-batches of at most "
                  f"{options.token_budget} padded tokens per rank")
     result = train(workload, plan, corpus, config, resume=options.resume, on_step=on_step,
-                   on_event=on_event or main_say, peak_bytes=meter.process_peak_bytes, reset_peak=meter.reset_peak)
+                   on_event=on_event or main_say, peak_bytes=meter.process_peak_bytes, reset_peak=meter.reset_peak,
+                   step_peak_bytes=meter.peak_bytes)
     if restart is not None:
         result.oom_fallbacks[:0] = restart.messages  # the failures before torchrun's restart, then this run's
     summary = _save_outputs(run_dir, options, workload, corpus, result, dist, formed_here, main_say)
@@ -158,7 +161,8 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
 
         main_say("timing the plan against other splits and a true large batch ...")
         measured, files = run_bench(load_probe(path_in(run_dir, PLAN_JSON)), run_dir, result.plan.effective_batch,
-                                    threads=options.threads, command=options.command, on_row=on_row)
+                                    threads=options.threads, command=options.command, on_row=on_row,
+                                    on_trial=on_bench_trial, on_start=on_bench_start)
         summary["report"] = files
         summary["throughput"] = measured.to_records()
     if dist.active:
@@ -190,18 +194,18 @@ def _after_an_oom_restart(spec: WorkloadSpec, run_dir: str, options: TrainOption
 
 def _memory_meter(spec: WorkloadSpec, options: TrainOptions, device: str, memory_limit: int | None, say: Say):
     """The device's peak meter, and on the CPU with ``enforce_memory_limit`` the budget, set before the model is
-    built so it counts weights, gradients and optimizer states, as in a probe's trial. Without it nothing is bound;
-    the log's peaks are the whole process's either way."""
+    built so it counts weights, gradients and optimizer states, as in a probe's trial. Without it nothing is bound.
+    Either way the model's code is loaded before the baseline, as the probe's worker does, so the log's
+    ``step_peak_bytes`` is the probe's peak (above the baseline); ``peak_bytes`` is the whole process's."""
     from gaplan.devices.backend import make_backend
     from gaplan.parallel.process_group import local_device
 
     meter = make_backend("cpu" if device == "cpu" else local_device(device))
     if options.enforce_memory_limit and device != "cpu":
         raise GaplanError("--enforce-memory-limit binds a CPU run (on CUDA the card is the limit)")
-    if options.enforce_memory_limit:
-        from gaplan.workload.build import load_model_code
+    from gaplan.workload.build import load_model_code
 
-        load_model_code(spec)  # the libraries' one-time memory before the budget, as the probe's worker does
+    load_model_code(spec)  # the libraries' one-time memory before the baseline, as the probe's worker does
     meter.activate(memory_limit or DEFAULT_CPU_BUDGET if options.enforce_memory_limit else None,
                    enforce=options.enforce_memory_limit)
     if options.enforce_memory_limit:
@@ -268,6 +272,12 @@ def _save_outputs(run_dir: str, options: TrainOptions, workload: Any, corpus: An
         state = {k: v.detach().contiguous().clone() for k, v in full_state.items()}
         save_file(state, options.save_weights)  # cloned per name: tied weights no longer share storage
     summary = _summary(run_dir, result)
+    if result.loss_check is not None:
+        from gaplan.training.loss_check import load_loss_check
+
+        # A resumed run skipped it; the folder keeps the check made when the run started.
+        saved = load_loss_check(run_dir) if result.loss_check.skipped and options.resume else None
+        summary["loss_check"] = saved or result.loss_check.to_dict()
     if isinstance(corpus, TextCorpus):
         summary["data"] = {"path": options.data, "tokenizer": corpus.tokenizer, **dataclasses.asdict(corpus.stats)}
     if saving_model and is_main:
@@ -288,7 +298,21 @@ def _summary(run_dir: str, result: Any) -> dict[str, Any]:
         "run_dir": run_dir, "steps": len(logs), "plan": result.plan.to_dict(),
         "loss_first": logs[0].loss if logs else None, "loss_last": logs[-1].loss if logs else None,
         "samples_per_s": (sum(log.samples_per_s for log in logs) / len(logs)) if logs else None,
-        "tokens_per_s": (sum(log.tokens_per_s for log in logs) / len(logs)) if logs else None,
+        "tokens_per_s": (sum(log.tokens_per_s for log in logs) / len(logs)) if logs else None,  # real tokens
+        "padded_tokens_per_s": _mean([log.padded_tokens_per_s for log in logs]),
+        # The probe's peak (above the baseline), and the whole process's resident peak (interpreter and all).
+        "peak_bytes": _largest([log.step_peak_bytes for log in logs]),
+        "process_peak_bytes": _largest([log.peak_bytes for log in logs]),
         "seconds": round(result.seconds, 2), "oom_fallbacks": result.oom_fallbacks, "interrupted": result.interrupted,
         "padding_fraction": result.padding_fraction,
     }
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _largest(values: list[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None

@@ -3,10 +3,12 @@
 import pytest
 
 import gaplan.benchmark.tuner
-from gaplan.benchmark.splits import PLAN, SPLIT
+from gaplan.benchmark.splits import PLAN, SPLIT, BenchSettings
 from gaplan.benchmark.tuner import tune
 from gaplan.workload.spec import WorkloadSpec
 from tests.conftest import SMALL_BUDGET, SMALL_SPEC
+
+ONE_LOOK = BenchSettings(repeats=1, min_rounds=1, max_rounds=1)
 
 
 @pytest.mark.heavy
@@ -14,7 +16,7 @@ from tests.conftest import SMALL_BUDGET, SMALL_SPEC
 def test_throughput_objective_plans_with_the_fastest_measured_split():
     stages = []
     tuned = tune(WorkloadSpec(**SMALL_SPEC, optimizer="sgd"), objective="throughput", device="cpu",
-                 memory_limit=SMALL_BUDGET, effective_batch=4, repeats=1, on_stage=stages.append)
+                 memory_limit=SMALL_BUDGET, effective_batch=4, bench_settings=ONE_LOOK, on_stage=stages.append)
     decision, result = tuned.decision, tuned.result
     assert len(tuned.benches) == 1
     rows = [r for r in tuned.benches[0].rows if r.kind in (PLAN, SPLIT) and r.fits_budget and r.samples_per_s]
@@ -48,7 +50,7 @@ def test_grad_checkpointing_auto_probes_a_checkpointed_model(monkeypatch):
 
     monkeypatch.setattr(gaplan.benchmark.tuner, "probe", recording_probe)
     tuned = tune(WorkloadSpec(**SMALL_SPEC, optimizer="sgd"), grad_checkpointing="auto", device="cpu",
-                 memory_limit=SMALL_BUDGET, effective_batch=256, repeats=1)
+                 memory_limit=SMALL_BUDGET, effective_batch=256, bench_settings=ONE_LOOK)
     assert [spec.grad_checkpointing for spec, _ in probes] == [False, True]
     (_, off), (_, on) = probes
     assert off.workload.grad_checkpointing is False and on.workload.grad_checkpointing is True

@@ -47,6 +47,8 @@ def test_estimate_fsdp_refusal_comes_before_the_progress_line():
     (["--measure", "--target", "h100-80gb"], "--measure probes this machine's device"),
     (["--measure", "--nodes", "2"], "--measure runs every rank on this machine"),
     (["--measure", "--repeats", "0"], "--repeats must be a positive integer"),
+    (["--margin", "1"], "--margin must be a fraction in [0, 1)"),
+    (["--margin", "-0.1"], "--margin must be a fraction in [0, 1)"),
 ])
 def test_plan_bad_input_is_one_line_exit_2(tmp_path, args, message):
     result = CliRunner().invoke(main, ["plan", "--quiet", "--out", str(tmp_path / "out"), *args])
@@ -139,3 +141,33 @@ def test_plan_measure_probes_and_times_each_layout_that_fits_and_picks_the_faste
     assert pick["samples_per_s"] == max(r["samples_per_s"] for r in fitting)
     assert f"--micro-batch {pick['micro_batch']} --effective-batch 64" in data["command"]
     assert "samples/s" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_plan_shows_the_peak_at_the_planned_micro_batch_and_keeps_the_margin_free(tmp_path):
+    """An effective batch of 61 on one rank splits unevenly; the pick's peak is the step traced at its largest
+    micro-batch (below B*), the peak at B* is beside it, and --margin 0.1 plans against 90% of the limit."""
+    from gaplan.estimate import predicted_peak
+    from gaplan.workload.spec import WorkloadSpec
+
+    args = ["plan", "--model", "tiny-gpt2", "--seq-len", "16", "--device", "cpu", "--memory-limit", "150MiB",
+            "--world-size", "1", "--effective-batch", "61", "--dtype", "fp32", "--threads", "1", "--quiet"]
+    result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "a"), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    pick = data["pick"]
+    assert 1 < pick["grad_accum_steps"] and pick["micro_batch"] < pick["max_micro_batch"]
+    sizes = pick["micro_batch_sizes"]
+    assert sum(sizes) == 61 and pick["split"] == ",".join(map(str, sizes)) + " x 1"
+    spec = WorkloadSpec(model="tiny-gpt2", seq_len=16)
+    assert pick["peak_bytes"] == pytest.approx(predicted_peak(spec, pick["micro_batch"], threads=1), rel=0.01)
+    assert pick["edge_peak_bytes"] > pick["peak_bytes"]
+    assert pick["check_command"] == ("gaplan probe --model tiny-gpt2 --seq-len 16 --device cpu --memory-limit 150MiB "
+                                     "--world-size 1 --effective-batch 61")
+    text = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "b")]).stdout
+    assert f"split {pick['split']} = 61" in text and f"at micro-batch {pick['micro_batch']}" in text
+    margin = json.loads(CliRunner().invoke(main, [*args, "--out", str(tmp_path / "c"), "--json", "--margin", "0.1"])
+                        .stdout)
+    assert margin["usable_bytes"] == int(150 * 2**20 * 0.9) and margin["margin"] == 0.1
+    assert margin["pick"]["max_micro_batch"] < pick["max_micro_batch"]
+    assert margin["pick"]["check_command"].endswith("--margin 0.1")

@@ -24,8 +24,8 @@ def bench_run(small_probe, tmp_path_factory):
     folder = tmp_path_factory.mktemp("bench")
     save_probe(small_probe, str(folder / "probe-plan.json"))
     result = CliRunner().invoke(main, ["bench", "--plan", str(folder / "probe-plan.json"), "--seq-len", "16",
-                                       "--effective-batch", "4", "--repeats", "2", "--out", str(folder / "run"),
-                                       "--json", "--quiet"])
+                                       "--effective-batch", "4", "--repeats", "2", "--rounds", "2",
+                                       "--max-rounds", "2", "--out", str(folder / "run"), "--json", "--quiet"])
     assert result.exit_code == 0, result.output
     return folder / "run", json.loads(result.stdout)
 
@@ -39,6 +39,37 @@ def test_bench_writes_rows_and_the_report(bench_run):
     assert list(table["micro_batch"]) == [4, 2, 1, 4] and table["ratio_to_large_batch"].iloc[-1] == 1.0
     for name in ("plan.json", "throughput.csv", "report.md", "report.html", "throughput.png", "memory.png"):
         assert (run / name).is_file(), name
+
+
+def test_bench_json_report_and_csv_say_how_sure_the_ratio_is(small_probe, tmp_path):
+    """E = 4 over a pretended B* = 2: the plan accumulates (2 x 2), the large batch runs for reference; the
+    verdict, its interval, the rounds and the machine are in --json, bench.json and the report."""
+    import dataclasses
+
+    save_probe(dataclasses.replace(small_probe, max_micro_batch=2), str(tmp_path / "plan.json"))
+    result = CliRunner().invoke(main, ["bench", "--plan", str(tmp_path / "plan.json"), "--seq-len", "16",
+                                       "--effective-batch", "4", "--repeats", "1", "--rounds", "2", "--max-rounds",
+                                       "2", "--out", str(tmp_path / "run"), "--json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    ratio = summary["plan_vs_large_batch"]
+    assert ratio["reference"] == "large-batch" and len(ratio["ci"]) == 2
+    assert ratio["ci"][0] <= ratio["ratio"] <= ratio["ci"][1]
+    assert ratio["verdict"].startswith("the plan runs at") and "95% CI" in ratio["verdict"]
+    assert summary["rounds"] == 2 and "2 rounds" in summary["stopped_because"]
+    assert {len(rates) for rates in summary["round_rates"].values()} == {2}
+    plan = next(r for r in summary["rows"] if r["kind"] == "plan")
+    assert plan["split"] == "2 x 2" and plan["rounds"] == 2 and plan["bounded"] is False
+    assert plan["samples_per_s_low"] <= plan["samples_per_s"] <= plan["samples_per_s_high"]
+    saved = json.loads((tmp_path / "run" / "bench.json").read_text())
+    assert saved["plan_vs_large_batch"] == ratio and "rows" not in saved
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert f"**Verdict:** {ratio['verdict']}." in report and "samples/s (95% CI)" in report
+    assert "Splits were timed as training runs them" in report
+    text = (tmp_path / "run" / "throughput.csv").read_text()
+    header, first = text.splitlines()[:2]
+    peak = first.split(",")[header.split(",").index("peak_bytes")]
+    assert peak.isdigit(), f"bytes are written as an integer, not {peak!r}"
 
 
 def test_report_rebuilds_a_copied_folder(bench_run, tmp_path):

@@ -38,6 +38,11 @@ def test_micro_batch_8_and_32_give_the_same_weights(tmp_path):
         summary = json.loads(result.stdout)
         assert summary["plan"]["grad_accum_steps"] == 32 // micro
         assert (tmp_path / f"r{micro}" / "train_log.csv").exists()
+        # gaplan's claim in --json: checked at 32 x 1, skipped (and why) at 8 x 4, where one batch is 4x the micro-batch
+        check = summary["loss_check"]
+        assert check["skipped"] is None if micro == 32 else "4x the micro-batch (8)" in check["skipped"]
+        assert micro == 8 or check["relative_difference"] < 1e-5
+        assert summary["peak_bytes"] < summary["process_peak_bytes"] and summary["padded_tokens_per_s"] > 0
     assert_same_weights(tmp_path / "w8.safetensors", tmp_path / "w32.safetensors")
 
 

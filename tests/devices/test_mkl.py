@@ -28,6 +28,7 @@ def run(prelude: str, body: str) -> str:
     return done.stdout.strip()
 
 
+BUDGET = "import warnings\nwarnings.simplefilter('ignore')\ngaplan.cpu_budget('8GiB')  # releases apply under a budget\n"
 PRODUCT = """
 from gaplan.devices.mkl import gemm_workspace_bytes, release_gemm_workspace
 x, w = torch.randn(384, 256), torch.randn(8192, 256)
@@ -44,13 +45,19 @@ def test_with_gaplan_loaded_first_mkl_keeps_no_workspace_pool():
 
 
 def test_where_the_pool_is_on_a_product_leaves_workspace_and_releasing_it_empties_the_pool():
-    held, after = map(int, run(TORCH_FIRST, PRODUCT).split())
+    held, after = map(int, run(TORCH_FIRST + BUDGET, PRODUCT).split())
     assert held > 1 << 20  # what the release is for: MKL keeps it after the product
     assert after == 0
 
 
+def test_without_a_budget_the_pool_is_kept_for_reuse():
+    """Plain training binds nothing: releasing would only make every GEMM map its buffers afresh."""
+    held, after = map(int, run(TORCH_FIRST, PRODUCT).split())
+    assert held > 1 << 20 and after == held
+
+
 def test_where_the_pool_is_on_an_accumulated_step_leaves_no_workspace_behind_whatever_its_shapes():
-    out = run(TORCH_FIRST, """
+    out = run(TORCH_FIRST + BUDGET, """
         from torch import nn
         from gaplan.devices.mkl import gemm_workspace_bytes
         from gaplan.core.tasks import CLASSIFICATION

@@ -10,7 +10,7 @@ import gaplan.probing.edge
 from gaplan.core.trial import Trial
 from gaplan.plan.split import make_plan
 from gaplan.probing.cache import plan_cache_path, probe_for
-from gaplan.runs.probe_result import ProbeResult, save_probe
+from gaplan.runs.probe_result import ProbeResult, load_probe, save_probe
 from gaplan.workload.spec import WorkloadSpec
 from tests.conftest import SMALL_BUDGET
 
@@ -191,3 +191,18 @@ def test_a_plan_file_of_another_layout_or_world_size_is_refused(tmp_path):
     assert probed.world_size == 2 and probed.trial_ranks == 2 and probed.workload.parallel == "fsdp"
     with pytest.raises(GaplanError, match="probed for FSDP over 2 ranks, not 4"):
         probe_for(FSDP, "cpu", SMALL_BUDGET, 32, plan_file=str(fsdp_plan), world_size=4)
+
+
+def test_a_reused_probe_names_its_cache_file_key_and_date(stand_in_probe, tmp_path):
+    """The run's plan.json (and so its report) says the probe came from the cache, not only stderr."""
+    cached = dataclasses.replace(probe_result(37), created="2026-01-02T03:04:05+00:00")
+    path = plan_cache_path(SPEC, "cpu", SMALL_BUDGET, threads=2)
+    save_probe(cached, path)
+    _, reused = probe_for(SPEC, "cpu", SMALL_BUDGET, 64, threads=2)
+    key = os.path.splitext(os.path.basename(path))[0]
+    assert reused.reused_probe == {"path": path, "key": key, "created": "2026-01-02T03:04:05+00:00"}
+    assert reused.created != cached.created  # the run's own date; the probe's is in reused_probe
+    save_probe(reused, str(tmp_path / "plan.json"))
+    assert load_probe(str(tmp_path / "plan.json")).reused_probe == reused.reused_probe
+    _, fresh = probe_for(SPEC, "cpu", SMALL_BUDGET, 64, threads=1)
+    assert fresh.reused_probe is None and "reused_probe" not in fresh.to_dict()

@@ -26,14 +26,17 @@ def full_text(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_markdown_content(full_text: str) -> None:
-    for expected in ("# gaplan report: tiny-gpt2", "5.5M parameters", "causal-lm", "sequence length 128", "fp32", "adamw",
+    for expected in ("# gaplan training report: tiny-gpt2", "5.5M parameters", "causal-lm", "sequence length 128", "fp32",
+                     "adamw",
                      "1.00 GiB (the device default)", "torch 2.13.0+cpu", "2026-11-29T08:22:21+00:00",
                      "effective batch 256 = micro-batch 32 x 8 accumulation steps x world size 1   (sizes 32 x8)",
                      "## Tuner decision", "4% above", "## Probe trials", "## Throughput", "## Memory breakdown",
-                     "## Training", "true large batch (unbounded, does not fit)", "![", "(memory.png)", "(training.png)",
-                     "1.17x", "10.9 at the first step, 6.8 at the last", "**Probe:** 7 trials in 39.2 s",
-                     "no (run without the budget)"):
+                     "## Training", "true large batch (over the budget: timed for reference, does not fit)", "![",
+                     "(memory.png)", "(training.png)",
+                     "1.17x", "10.9 at the first step, 6.8 at the last", "**Probe:** 7 trials in 39.2 s"):
         assert expected in full_text, expected
+    large = next(line for line in section(full_text, "Throughput").splitlines() if line.startswith("| 256x1 "))
+    assert [cell.strip() for cell in large.split("|")][-3:-1] == ["no", "measured without the budget"], large
     table_rows = [line for line in section(full_text, "Probe trials").splitlines() if line.startswith("|")]
     assert len(table_rows) == 2 + len(TRIALS)  # header, rule, one row per trial
     assert sum(" OOM " in line for line in table_rows) == sum(not t["fits"] for t in TRIALS)
@@ -79,7 +82,7 @@ def test_a_plan_made_with_micro_batch_says_no_probe_ran(tmp_path: Path, memory_l
     text = report_text(tmp_path)
     for expected in (budget, "No probe ran: the micro-batch 8 was given with `--micro-batch`", "5.5M parameters",
                      "**Task:** causal-lm", "**Largest micro-batch:** 8, given with `--micro-batch` (not probed)",
-                     "**Probe:** none", "true large batch (unbounded)", "unknown (run without the budget)",
+                     "**Probe:** none", "true large batch (no probe: whether it fits is unknown)", "unknown (no probe)",
                      "## Throughput", "## Training"):
         assert expected in text, expected
     for absent in ("0 B", "Task:** ?", "unknown parameters", "B\\*", "## Probe trials", "memory.png", "does not fit the",

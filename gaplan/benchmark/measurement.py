@@ -1,0 +1,162 @@
+"""What a benchmark is asked and what it answers: its settings, the splits it times, its rows and result. No torch."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from gaplan.core.constants import LARGE_BATCH_KIND as LARGE_BATCH
+from gaplan.core.constants import LARGEST_FIT_KIND as LARGEST_FIT
+from gaplan.core.constants import PLAN_KIND as PLAN
+from gaplan.core.constants import SPLIT_KIND as SPLIT
+from gaplan.core.options import OptionError, option
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """How the splits are timed (``gaplan bench``'s options by field), checked once."""
+
+    repeats: int = 2  # timed optimizer steps per split in each round
+    warmup: int = 1  # untimed steps first, in every trial (the first step allocates; it lies)
+    min_rounds: int = option(3, name="rounds")
+    max_rounds: int = 10
+    ci_target: float = 0.05  # stop once the plan's ratio is known to about ±5% (its 95% interval)
+    time_budget_s: float = option(300.0, name="time_budget")  # start no round that would end past this
+    all_splits: bool = False  # every split from B* down by powers of two, not only the plan's neighbours
+    large_batch: bool = True  # also time the true large batch, the reference of the ratios
+
+    def __post_init__(self) -> None:
+        # Said by option name (rounds, time_budget), as the command line has them.
+        for name, value in (("repeats", self.repeats), ("rounds", self.min_rounds), ("max_rounds", self.max_rounds)):
+            if value < 1:
+                raise OptionError(f"{name} must be at least 1 (got {value})", name)
+        if self.warmup < 0:
+            raise OptionError(f"warmup must be 0 or more (got {self.warmup})", "warmup")
+        if self.max_rounds < self.min_rounds:
+            raise OptionError(f"max_rounds ({self.max_rounds}) must be at least rounds ({self.min_rounds})",
+                              "max_rounds", "rounds")
+        if self.min_rounds < 2 and self.max_rounds > 1:
+            raise OptionError("rounds must be at least 2 to give an interval (or max_rounds 1: one look, no interval)",
+                              "rounds", "max_rounds")
+        if not 0 < self.ci_target < 1:
+            raise OptionError(f"ci_target must be between 0 and 1, e.g. 0.05 for ±5% (got {self.ci_target})",
+                              "ci_target")
+        if self.time_budget_s <= 0:
+            raise OptionError(f"time_budget must be positive, in seconds (got {self.time_budget_s})", "time_budget")
+
+
+@dataclass(frozen=True)
+class SplitMeasurement:
+    """One row of ``throughput.csv``: a split's rate over its rounds, with 95% intervals."""
+
+    split: str
+    kind: str  # plan | split | large-batch | largest-fit
+    micro_batch: int
+    grad_accum_steps: int
+    effective_batch: int
+    repeats: int  # timed optimizer steps, over all rounds
+    step_seconds_median: float | None
+    step_seconds_min: float | None
+    step_seconds_max: float | None
+    samples_per_s: float | None  # geometric mean of the rounds' rates
+    tokens_per_s: float | None  # positions/s: bench samples are full length, so every position is a real token
+    peak_bytes: int | None
+    fits_budget: bool  # by the probe: its micro-batches are at most B*
+    bounded: bool  # timed under the budget's allocator settings (False: as a user's run, no budget)
+    ratio_to_large_batch: float | None = None
+    note: str = ""
+    rounds: int = 0
+    samples_per_s_low: float | None = None
+    samples_per_s_high: float | None = None
+    ratio_low: float | None = None
+    ratio_high: float | None = None
+    cpu_per_wall: float | None = None  # CPU seconds per wall second of its timed steps (None on CUDA)
+
+
+@dataclass
+class BenchResult:
+    """Every split measured, with ratios against the reference (the true large batch when it was run)."""
+
+    effective_batch: int
+    rows: list[SplitMeasurement] = field(default_factory=list)
+    rounds: int = 0
+    stopped_because: str = ""
+    verdict: str = ""  # the plan against the reference, with its interval (gaplan.benchmark.stats.verdict)
+    contention: str = ""  # what the timings say about the machine (gaplan.benchmark.stats.Contention.describe)
+    contended: bool = False
+    wall_seconds: float = 0.0
+    round_rates: dict[str, list[float | None]] = field(default_factory=dict)  # samples/s of each split, round by round
+
+    @property
+    def reference(self) -> SplitMeasurement | None:
+        measured = [r for r in self.rows if r.samples_per_s and r.kind in (LARGE_BATCH, LARGEST_FIT)]
+        return next((r for r in measured if r.kind == LARGE_BATCH), measured[0] if measured else None)
+
+    def best_fitting(self) -> SplitMeasurement | None:
+        """The split with the highest measured samples/s among those that keep E and fit the budget."""
+        candidates = [r for r in self.rows if r.kind in (PLAN, SPLIT) and r.fits_budget and r.samples_per_s]
+        return max(candidates, key=lambda r: r.samples_per_s) if candidates else None
+
+    def plan_vs_large_batch(self) -> dict | None:
+        """``{"ratio": r, "ci": [low, high], "reference": kind}``: the plan's samples/s over the reference's."""
+        plan = next((r for r in self.rows if r.kind == PLAN and r.ratio_to_large_batch), None)
+        reference = self.reference
+        if plan is None or reference is None:
+            return None
+        interval = None if plan.ratio_low is None else [plan.ratio_low, plan.ratio_high]
+        return {"ratio": plan.ratio_to_large_batch, "ci": interval, "reference": reference.kind,
+                "verdict": self.verdict}
+
+    def to_records(self) -> list[dict]:
+        return [asdict(r) for r in self.rows]
+
+    def to_dict(self) -> dict:
+        """What ``gaplan bench --json`` prints (with the run folder)."""
+        return {"effective_batch": self.effective_batch, "rounds": self.rounds, "stopped_because": self.stopped_because,
+                "verdict": self.verdict, "plan_vs_large_batch": self.plan_vs_large_batch(), "contended": self.contended,
+                "contention": self.contention, "wall_seconds": round(self.wall_seconds, 1),
+                "round_rates": self.round_rates, "rows": self.to_records()}
+
+
+def split_label(sizes: tuple[int, ...], world_size: int = 1) -> str:
+    """``32 x 2``; an uneven split written out (``22,21,21``, or ``43 x 4 + 42 x 2`` when long); ``x W ranks``."""
+    counts = {size: sizes.count(size) for size in sorted(set(sizes), reverse=True)}
+    if len(counts) == 1:
+        text = f"{sizes[0]} x {len(sizes)}"
+    elif len(sizes) <= 6:
+        text = ",".join(map(str, sizes))
+    else:
+        text = " + ".join(f"{size} x {n}" for size, n in counts.items())
+    return text + (f" x {world_size} ranks" if world_size > 1 else "")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One split to time in every round: its sizes, and what its row says."""
+
+    kind: str
+    sizes: tuple[int, ...]
+    fits_budget: bool
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """What a benchmark is about to time, and about how long it will take (said before it starts)."""
+
+    labels: list[str]
+    round_seconds: float | None  # expected, from the probe's trial times (None without them)
+    settings: BenchSettings
+
+    def describe(self) -> str:
+        s = self.settings
+        rounds = (f"{s.min_rounds} round" if s.max_rounds == 1 else f"{s.min_rounds} to {s.max_rounds} interleaved rounds")
+        text = f"timing {len(self.labels)} split{'s' if len(self.labels) > 1 else ''} ({', '.join(self.labels)}) in {rounds}"
+        if self.round_seconds is None:
+            return f"{text}, at most {_duration(s.time_budget_s)} (--time-budget)"
+        least = min(self.round_seconds * s.min_rounds, max(s.time_budget_s, self.round_seconds))
+        most = min(self.round_seconds * s.max_rounds, s.time_budget_s + self.round_seconds)
+        return f"{text}: about {_duration(least)}, at most {_duration(most)} (--time-budget, --max-rounds)"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
