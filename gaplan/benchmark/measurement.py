@@ -9,6 +9,7 @@ from gaplan.core.constants import LARGEST_FIT_KIND as LARGEST_FIT
 from gaplan.core.constants import PLAN_KIND as PLAN
 from gaplan.core.constants import SPLIT_KIND as SPLIT
 from gaplan.core.options import OptionError, option
+from gaplan.plan.split import split_text
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class BenchSettings:
     min_rounds: int = option(3, name="rounds")
     max_rounds: int = 10
     ci_target: float = 0.05  # stop once the plan's ratio is known to about ±5% (its 95% interval)
-    time_budget_s: float = option(300.0, name="time_budget")  # start no round that would end past this
+    time_budget_s: float = option(300.0, name="time_budget")  # past min_rounds, start no round ending past this
     all_splits: bool = False  # every split from B* down by powers of two, not only the plan's neighbours
     large_batch: bool = True  # also time the true large batch, the reference of the ratios
 
@@ -70,6 +71,9 @@ class SplitMeasurement:
     ratio_low: float | None = None
     ratio_high: float | None = None
     cpu_per_wall: float | None = None  # CPU seconds per wall second of its timed steps (None on CUDA)
+    # The probe's peak (step) at this micro-batch, under the budget (its trial's, else the memory line's): the one
+    # peak the probe, the plan and training name. ``peak_bytes`` is the resident peak while timing, without it.
+    probe_peak_bytes: int | None = None
 
 
 @dataclass
@@ -118,15 +122,8 @@ class BenchResult:
 
 
 def split_label(sizes: tuple[int, ...], world_size: int = 1) -> str:
-    """``32 x 2``; an uneven split written out (``22,21,21``, or ``43 x 4 + 42 x 2`` when long); ``x W ranks``."""
-    counts = {size: sizes.count(size) for size in sorted(set(sizes), reverse=True)}
-    if len(counts) == 1:
-        text = f"{sizes[0]} x {len(sizes)}"
-    elif len(sizes) <= 6:
-        text = ",".join(map(str, sizes))
-    else:
-        text = " + ".join(f"{size} x {n}" for size, n in counts.items())
-    return text + (f" x {world_size} ranks" if world_size > 1 else "")
+    """``32 x 2``, an uneven split written out (:func:`gaplan.plan.split.split_text`), then ``x W ranks``."""
+    return split_text(sizes) + (f" x {world_size} ranks" if world_size > 1 else "")
 
 
 @dataclass(frozen=True)
@@ -153,9 +150,9 @@ class Outlook:
         text = f"timing {len(self.labels)} split{'s' if len(self.labels) > 1 else ''} ({', '.join(self.labels)}) in {rounds}"
         if self.round_seconds is None:
             return f"{text}, at most {_duration(s.time_budget_s)} (--time-budget)"
-        least = min(self.round_seconds * s.min_rounds, max(s.time_budget_s, self.round_seconds))
-        most = min(self.round_seconds * s.max_rounds, s.time_budget_s + self.round_seconds)
-        return f"{text}: about {_duration(least)}, at most {_duration(most)} (--time-budget, --max-rounds)"
+        least = self.round_seconds * s.min_rounds  # the minimum always runs; the budget bounds the rest
+        most = max(least, min(self.round_seconds * s.max_rounds, s.time_budget_s + self.round_seconds))
+        return f"{text}: about {_duration(least)}, at most {_duration(most)} (--rounds, --time-budget, --max-rounds)"
 
 
 def _duration(seconds: float) -> str:

@@ -5,7 +5,7 @@ average), each as a fresh trial of ``warmup`` untimed and ``repeats`` timed opti
 split is E over the median of its timed steps; the rates of one round are compared with each other only
 (:func:`gaplan.benchmark.stats.paired_ratio`). After ``min_rounds``, timing stops once the plan's ratio to the
 reference has a 95% interval within ``ci_target``; it also stops before a round that would end past
-``time_budget_s``, or after ``max_rounds``.
+``time_budget_s`` (``min_rounds`` always run), or after ``max_rounds``.
 """
 
 from __future__ import annotations
@@ -109,7 +109,9 @@ def run_rounds(jobs: list[Job], settings: BenchSettings, trial: Callable[[Job], 
             if width is not None and width <= settings.ci_target:
                 why = f"the plan's ratio is known to ±{width:.1%} (target ±{settings.ci_target:.0%})"
                 break
-        if rounds and elapsed + elapsed / rounds > settings.time_budget_s:
+        # The time budget bounds the rounds past the minimum (which the forecast announced): without two rounds
+        # there is no interval, and without the minimum the stopping rule has not looked.
+        if rounds >= settings.min_rounds and elapsed + elapsed / rounds > settings.time_budget_s:
             why = f"the time budget of {settings.time_budget_s:.0f} s (--time-budget)"
             break
         rounds += 1

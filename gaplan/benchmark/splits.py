@@ -129,7 +129,9 @@ def bench(
         on_start(Outlook([split_label(job.sizes, world) for job in jobs], expected_round_seconds(probed, jobs, settings),
                          settings))
     timings = time_in_rounds(probed, jobs, settings, world, reference, threads=threads, on_trial=on_trial)
-    result = BenchResult(effective, measurement_rows(jobs, timings, reference, world) + untimed, **timings.summary())
+    rows = [replace(row, probe_peak_bytes=probed_peak(probed, row.micro_batch) if probed.probed else None)
+            for row in measurement_rows(jobs, timings, reference, world) + untimed]
+    result = BenchResult(effective, rows, **timings.summary())
     if reference is not None and jobs[reference].kind == PLAN:  # the plan is the large batch: the same run
         plan = result.rows[reference]
         result.rows.append(replace(plan, kind=LARGE_BATCH, note="the same run as the plan: E fits in one micro-batch"))

@@ -82,11 +82,14 @@ def bench_command(**options: Any) -> None:
     spec = spec_from_options(options)
     memory_limit = memory_limit_from_options(options)
     positive(options, "effective_batch", "threads", "world_size")
-    settings = bench_settings_from_options(options, large_batch=not options["no_large_batch"])
     check_granule_option(options)
-    if options["batch_by"] == "tokens":
+    if options["batch_by"] == "tokens":  # a fixed number of --rounds, each plan once a round
+        positive(options, "rounds", "repeats")
+        if options["warmup"] < 0:
+            raise GaplanError(f"--warmup must be 0 or more (got {options['warmup']})")
         _bench_by_tokens(spec, memory_limit, options)
         return
+    settings = bench_settings_from_options(options, large_batch=not options["no_large_batch"])
     if options["data"]:
         raise GaplanError("--data applies to --batch-by tokens here (bench by samples times full-length batches)")
     world = options["world_size"]

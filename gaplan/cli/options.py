@@ -103,7 +103,7 @@ def timing_options(func: Callable) -> Callable:
         click.option("--ci-target", type=float, default=0.05, show_default=True,
                      help="Stop once the plan's ratio to the large batch is known to this fraction (95%% interval)."),
         click.option("--time-budget", type=float, default=300.0, show_default=True, metavar="SECONDS",
-                     help="Start no round that would end after this many seconds of timing."),
+                     help="Past --rounds, start no round that would end after this many seconds of timing."),
         click.option("--all-splits", is_flag=True,
                      help="Time every split from B* down by powers of two (default: the plan and its two neighbours)."),
     ]

@@ -70,6 +70,7 @@ class ProgressBar:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
 
 
 def print_bench(measured) -> None:
@@ -94,8 +95,12 @@ class BenchProgress:
 
     def __init__(self, say, live: bool) -> None:
         self.say, self.live, self.bars = say, live, {}
+        self.outlook, self.started, self.rounds_seen = None, 0.0, 0
 
     def start(self, outlook) -> None:
+        import time
+
+        self.outlook, self.started, self.rounds_seen = outlook, time.perf_counter(), 0
         self.say(outlook.describe() + " ...")
         if not self.live:
             return
@@ -107,6 +112,9 @@ class BenchProgress:
                      for index, label in enumerate(outlook.labels)}
 
     def trial(self, round_number: int, label: str, rate: float | None) -> None:
+        if round_number == 2 and self.rounds_seen == 1 and self.outlook is not None:
+            self._after_the_first_round()
+        self.rounds_seen = round_number
         speed = "did not run" if rate is None else f"{rate:.1f} samples/s"
         bar = self.bars.get(label)
         if bar is None:
@@ -114,6 +122,19 @@ class BenchProgress:
             return
         bar.set_postfix_str(speed)
         bar.update(1)
+
+    def _after_the_first_round(self) -> None:
+        """The forecast again, from the first round's own time (the first came from the probe's trials)."""
+        import time
+
+        took = time.perf_counter() - self.started
+        settings = self.outlook.settings
+        least = min(took * settings.min_rounds, settings.time_budget_s + took)
+        line = f"round 1 took {took:.0f} s: about {least:.0f} s for the {settings.min_rounds} rounds at least"
+        if self.bars:
+            next(iter(self.bars.values())).write(line, file=sys.stderr)
+        else:
+            self.say(line)
 
     def close(self) -> None:
         for bar in self.bars.values():

@@ -124,10 +124,15 @@ def train_command(**options: Any) -> None:
 
         use_native_allocator()
     progress = BenchProgress(say, not options["quiet"] and same_terminal())
+
+    def bench_start(outlook) -> None:  # training is over: its bar ends before the bench's bars begin
+        bar.close()
+        progress.start(outlook)
+
     try:
         run = run_train(spec, run_dir, train_options, device=device, memory_limit=memory_limit, say=say,
                         on_step=bar.step, on_event=bar.write, on_row=lambda row: say(throughput_line(row)),
-                        on_bench_trial=progress.trial, on_bench_start=progress.start)
+                        on_bench_trial=progress.trial, on_bench_start=bench_start)
     finally:
         bar.close()
         progress.close()
@@ -143,7 +148,8 @@ def train_command(**options: Any) -> None:
                    f"{summary['loss_last']:.4f}, {summary['samples_per_s']:.1f} samples/s, "
                    f"{summary['tokens_per_s']:.0f} real tokens/s"
                    + (f" ({padded:.0f} padded tokens/s)" if padded else "")
-                   + (f", peak {format_bytes(peak)}" if peak is not None else "")
+                   + (f", peak (step) {format_bytes(peak)}" + ("" if train_options.enforce_memory_limit else
+                                                                " with no budget bound") if peak is not None else "")
                    + f"; log and checkpoint in {run_dir}")
         if summary.get("loss_check"):
             from gaplan.training.loss_check import LossCheck

@@ -18,7 +18,8 @@ def trial_line(trial: Trial) -> str:
             f"{trial.seconds:7.2f} s{where}")
 
 
-THROUGHPUT_HEADER = f"  {'split':>18}  {'samples/s (95% CI)':<24}  {'x large batch (95% CI)':<22}  {'peak':>10}"
+THROUGHPUT_HEADER = (f"  {'split':>18}  {'samples/s (95% CI)':<24}  {'x large batch (95% CI)':<22}  "
+                     f"{'peak (step)':>11}")
 
 
 def throughput_line(row: Any) -> str:
@@ -29,7 +30,9 @@ def throughput_line(row: Any) -> str:
     ratio = (f"x{row.ratio_to_large_batch:5.2f}{_interval(row.ratio_low, row.ratio_high, '{:.2f}')}"
              if row.ratio_to_large_batch else f"{'':<22}")
     note = f"  {row.note}" if row.note else ""
-    return f"  {row.split:>18}  {speed:<24}  {ratio:<22}  {format_bytes(row.peak_bytes):>10}{note}"
+    # The probe's peak at this micro-batch (under the budget), else the run's own where no probe ran.
+    peak = row.probe_peak_bytes if getattr(row, "probe_peak_bytes", None) is not None else row.peak_bytes
+    return f"  {row.split:>18}  {speed:<24}  {ratio:<22}  {format_bytes(peak):>11}{note}"
 
 
 def _interval(low: float | None, high: float | None, number: str) -> str:

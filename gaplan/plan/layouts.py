@@ -18,7 +18,6 @@ The effective batch is the same for every layout; only its split changes.
 
 from __future__ import annotations
 
-import itertools
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -176,19 +175,15 @@ def split_sizes(effective_batch: int, world_size: int, grad_accum_steps: int) ->
     return split_evenly(effective_batch // world_size, grad_accum_steps)
 
 
-MAX_LISTED_SIZES = 8  # an uneven split with more micro-steps is written as runs of one size
-
-
 def format_split(sizes: Sequence[int], world_size: int) -> str:
     """The split as arithmetic that gives the effective batch: ``32 x 2 x 8`` (micro-batch x steps x ranks) when even,
     else each rank's micro-batch sizes times the ranks: ``22,21,21 x 8``, or ``(3 x 20 + 2 x 2) x 8`` past
-    :data:`MAX_LISTED_SIZES` steps."""
-    if len(set(sizes)) == 1:
-        return f"{sizes[0]} x {len(sizes)} x {world_size}"
-    if len(sizes) <= MAX_LISTED_SIZES:
-        return f"{','.join(str(s) for s in sizes)} x {world_size}"
-    runs = " + ".join(f"{size} x {len(list(group))}" for size, group in itertools.groupby(sizes))
-    return f"({runs}) x {world_size}"
+    :data:`gaplan.plan.split.MAX_LISTED_SIZES` steps (:func:`gaplan.plan.split.split_text`)."""
+    from gaplan.plan.split import MAX_LISTED_SIZES, split_text
+
+    text = split_text(sizes)
+    return f"({text}) x {world_size}" if len(set(sizes)) > 1 and len(sizes) > MAX_LISTED_SIZES else \
+        f"{text} x {world_size}"
 
 
 def edge_peak(result: LayoutResult) -> int | None:

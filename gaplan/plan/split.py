@@ -65,6 +65,19 @@ def run_lengths(sizes: Sequence[int]) -> str:
     return ", ".join(f"{size} x{len(list(group))}" for size, group in itertools.groupby(sizes))
 
 
+MAX_LISTED_SIZES = 8  # an uneven split with more micro-steps is written as runs of one size
+
+
+def split_text(sizes: Sequence[int]) -> str:
+    """One rank's micro-batch sizes as arithmetic that gives its share: ``32 x 2`` when even, else each size written
+    out (``22,21,21``), or runs of one size past :data:`MAX_LISTED_SIZES` steps (``43 x 4 + 42 x 5``)."""
+    if len(set(sizes)) == 1:
+        return f"{sizes[0]} x {len(sizes)}"
+    if len(sizes) <= MAX_LISTED_SIZES:
+        return ",".join(str(s) for s in sizes)
+    return " + ".join(f"{size} x {len(list(group))}" for size, group in itertools.groupby(sizes))
+
+
 def default_search_cap(effective_batch: int, world_size: int = 1) -> int:
     """``ceil(E / W)``: a micro-batch above one rank's share of the step is never of use to the plan."""
     return -(-effective_batch // world_size)

@@ -53,6 +53,7 @@ THROUGHPUT = TableSchema(
               "fits_budget", "bounded", "ratio_to_large_batch", "note",
               # bench in rounds: the 95% intervals, the rounds each split ran, CPU seconds per wall second
               "rounds", "samples_per_s_low", "samples_per_s_high", "ratio_low", "ratio_high", "cpu_per_wall",
+              "probe_peak_bytes",
               # bench --batch-by tokens (absent from older files and from other benches: NA)
               "batch_by", "token_budget", "micro_steps_mean", "padding_fraction", "tokens_ratio"),
     text=frozenset({"split", "kind", "note", "batch_by"}), boolean=frozenset({"fits_budget", "bounded"}))

@@ -99,3 +99,10 @@ def test_a_starved_process_is_reported_as_contention():
     trials = RecordedTrials({32: [2.0] * 3, 16: [2.2] * 3, 64: [1.9] * 3}, cpu_share=0.4)
     summary = _run(trials, BenchSettings(min_rounds=3, max_rounds=3)).summary()
     assert summary["contended"] and "0.40 CPU seconds per wall second" in summary["contention"]
+
+
+def test_the_minimum_rounds_run_even_past_the_time_budget():
+    """Without them there is no interval to give a verdict with; the forecast announced them."""
+    trials = RecordedTrials({32: [2.0, 3.0, 2.5, 2.0], 16: [2.2] * 4, 64: [1.9, 2.9, 1.5, 2.4]})
+    timings = _run(trials, BenchSettings(min_rounds=3, max_rounds=10, time_budget_s=10))
+    assert timings.rounds == 3 and "time budget of 10 s" in timings.stopped_because

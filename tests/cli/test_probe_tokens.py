@@ -90,7 +90,7 @@ def _token_plan(tmp_path, **changes):
     (["probe", "--batch-by", "tokens", "--data", "x.txt", "--world-size", "2"], "probes one device"),
     (["bench", "--batch-by", "tokens"], "give --data"),
     (["bench", "--batch-by", "tokens", "--data", "x.txt", "--granule", "0"], "--granule must be a positive"),
-    (["bench", "--batch-by", "tokens", "--data", "x.txt", "--rounds", "0"], "--rounds must be at least 1 (got 0)"),
+    (["bench", "--batch-by", "tokens", "--data", "x.txt", "--rounds", "0"], "--rounds must be a positive integer"),
     (["train", "--token-plan", "tokens.json"], "--token-plan needs --batch-by tokens"),
 ])
 def test_bad_input(tmp_path, args, message):

@@ -103,8 +103,9 @@ def test_a_step_of_a_number_of_tokens_trains_the_weights_of_one_full_batch_of_it
               "--seed", "0", "--threads", "1", "--quiet", "--json"]
     result = run(*common, "--data", str(data), "--batch-by", "tokens", "--token-budget", "64",
                  "--effective-tokens", "150", "--out", str(tmp_path / "tokens"), "--save-weights", str(tmp_path / "t.st"))
-    log = (tmp_path / "tokens" / "train_log.csv").read_text().splitlines()
-    assert int(log[1].split(",")[-2]) >= 3  # micro-steps: 150+ tokens in micro-batches of at most 64 padded tokens
+    header, first = (tmp_path / "tokens" / "train_log.csv").read_text().splitlines()[:2]
+    row = dict(zip(header.split(","), first.split(","), strict=True))
+    assert int(row["grad_accum_steps"]) >= 3  # micro-steps: 150+ tokens in micro-batches of at most 64 padded tokens
     step = TokenSteps([Sample(tuple(line.encode())) for line in lines], 150, seed=0).indices(0)
     assert sum(len(lines[i]) for i in step) >= 150 > sum(len(lines[i]) for i in step[:-1])
     assert json.loads(result.stdout)["padding_fraction"] is not None
