@@ -146,7 +146,8 @@ class Outlook:
 
     def describe(self) -> str:
         s = self.settings
-        rounds = (f"{s.min_rounds} round" if s.max_rounds == 1 else f"{s.min_rounds} to {s.max_rounds} interleaved rounds")
+        rounds = ("1 round" if s.max_rounds == 1 else f"{s.min_rounds} interleaved rounds"
+                  if s.min_rounds == s.max_rounds else f"{s.min_rounds} to {s.max_rounds} interleaved rounds")
         text = f"timing {len(self.labels)} split{'s' if len(self.labels) > 1 else ''} ({', '.join(self.labels)}) in {rounds}"
         if self.round_seconds is None:
             return f"{text}, at most {_duration(s.time_budget_s)} (--time-budget)"

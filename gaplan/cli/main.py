@@ -183,6 +183,8 @@ def probe(**options: Any) -> None:
     if run.tuner_reason:
         click.echo(f"tuner ({options['objective']}): {run.tuner_reason}")
     click.echo(f"plan written to {run.plan_path}  (gaplan train --plan {run.plan_path})")
+    if run.verdict:
+        click.echo(f"throughput: {run.verdict}")
     if run.report_files:
         click.echo(f"report written to {path_in(out, REPORT_MD)} and {REPORT_HTML}")
     if snippet:

@@ -155,6 +155,8 @@ def train_command(**options: Any) -> None:
             from gaplan.training.loss_check import LossCheck
 
             click.echo(LossCheck.from_dict(summary["loss_check"]).describe())
+        if summary.get("verdict"):
+            click.echo(f"throughput: {summary['verdict']}")
         if summary.get("report"):
             click.echo(f"report written to {path_in(run_dir, REPORT_MD)} and {REPORT_HTML}")
     if run.interrupted:

@@ -34,6 +34,7 @@ class ProbeRun:
     report_files: list[str] | None
     tuner_reason: str | None
     estimate_seed: int | None = None
+    verdict: str | None = None  # the bench's, with --report: the plan against the large batch, with its interval
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,9 @@ def run_probe(spec: WorkloadSpec, out: str, options: ProbeOptions | None = None,
     plan_path = path_in(out, PLAN_JSON)
     save_probe(result, plan_path)
     written = write_measurements(out, result, tuned.benches, on_row, say) if o.report else None
+    verdict = tuned.benches[0].verdict if o.report and tuned.benches else None
     return ProbeRun(result, plan_path, written, tuned.decision.reason if result.tuner else None,
-                    start if o.seed_from_estimate else None)
+                    start if o.seed_from_estimate else None, verdict or None)
 
 
 def estimate_start(spec: WorkloadSpec, device: str, memory_limit: int | None, margin: float, search_cap: int | None,

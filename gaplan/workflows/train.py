@@ -165,6 +165,7 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
                                     on_trial=on_bench_trial, on_start=on_bench_start)
         summary["report"] = files
         summary["throughput"] = measured.to_records()
+        summary["verdict"] = measured.verdict
     if dist.active:
         # The model's references to its process group (FSDP's param groups, DDP's reducer) sit in reference cycles:
         # collected now, while the interpreter is whole, not at its teardown, where freeing a gloo group could abort
