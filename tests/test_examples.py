@@ -123,3 +123,16 @@ def test_profile_probe_example():
         assert sum(part or 0 for part in parts) <= row["in the worker"] <= row["round trip"] + 0.05, row
         assert (row["step 2"] is not None) == (row["fits"] and row["steps"] == 2), row
     assert profile["probe wall"] <= profile["process wall"]
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_train_speed_example_puts_three_loops_side_by_side():
+    pytest.importorskip("accelerate")  # transformers.Trainer needs it
+    out = run_example("train_speed.py", "--quick", "--rounds", "2", "--warmup", "1", "--steps", "2", timeout=600)
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in out.splitlines() if line.startswith("| ") and not line.startswith("| loop")}
+    assert set(rows) == {"gaplan train", "plain loop", "HF Trainer"}, out
+    assert rows["plain loop"][2] == "1.00x (1.00-1.00)"
+    for name, (step, rounds, versus) in rows.items():
+        assert float(step) > 0 and rounds == "2" and versus.endswith(")"), (name, versus)

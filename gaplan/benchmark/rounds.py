@@ -107,7 +107,8 @@ def run_rounds(jobs: list[Job], settings: BenchSettings, trial: Callable[[Job], 
             known = _ratio_or_rate(timings, target, reference)
             width = known.relative_half_width if known is not None else None
             if width is not None and width <= settings.ci_target:
-                why = f"the plan's ratio is known to ±{width:.1%} (target ±{settings.ci_target:.0%})"
+                what = "the plan's ratio" if reference != target else "every split's ratio to the plan"
+                why = f"{what} is known to ±{width:.1%} (target ±{settings.ci_target:.0%})"
                 break
         # The time budget bounds the rounds past the minimum (which the forecast announced): without two rounds
         # there is no interval, and without the minimum the stopping rule has not looked.
@@ -142,9 +143,15 @@ def _record(timing: JobTimings, trial: Trial, warmup: int, effective: int) -> No
 
 
 def _ratio_or_rate(timings: list[JobTimings], target: int, reference: int | None) -> Estimate | None:
-    """What the stopping rule watches: the plan's ratio to the reference, or without one the plan's own rate."""
+    """What the stopping rule watches: the plan's ratio to the reference; where the plan is the reference (E fits
+    in one micro-batch), the least known ratio of another split to it; without a reference the plan's own rate."""
     if reference is not None and reference != target:
         return paired_ratio(timings[target].rates, timings[reference].rates)
+    if reference is not None:
+        others = [paired_ratio(t.rates, timings[reference].rates) for i, t in enumerate(timings) if i != reference]
+        known = [r for r in others if r is not None and r.relative_half_width is not None]
+        if known:
+            return max(known, key=lambda r: r.relative_half_width)
     rates = [r for r in timings[target].rates if r]
     return estimate(rates) if rates else None
 

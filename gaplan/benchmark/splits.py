@@ -152,22 +152,27 @@ def reference_job(jobs: list[Job], share: int) -> int | None:
 
 
 def expected_round_seconds(probed: ProbeResult, jobs: list[Job], settings: BenchSettings) -> float | None:
-    """About how long one round takes, from the probe's trials (each: two micro-steps of its size).
+    """About how long one round takes, from the probe's trials (each: its optimizer steps of two micro-steps).
 
-    A line through the trial times of the smallest and largest fitting sizes gives a micro-step's time; what the
-    probe's wall time holds beyond its trials' steps, per trial, is what a fresh trial costs to start (fork, build).
-    A job is such a start and ``warmup + repeats`` steps of its split.
+    A line through the micro-step times of the smallest and largest fitting trials gives a micro-step's time at any
+    size; what the probe's wall time holds beyond its trials' steps, per trial, is what a fresh trial costs to start
+    (fork, build). A job is such a start and ``warmup + repeats`` steps of its split. The trials ran with the budget's
+    allocator settings and their first step allocates, so this leans long; the first round gives a better figure.
     """
     fitted = sorted((t for t in probed.trials if t.fits and t.seconds), key=lambda t: t.micro_batch)
     if not fitted:
         return None
     start = max(probed.wall_seconds - sum(t.seconds for t in probed.trials), 0.0) / len(probed.trials)
+
+    def measured(trial) -> float:  # one micro-step of the trial's size
+        return trial.seconds / (2 * max(trial.completed_steps, 1))
+
     small, large = fitted[0], fitted[-1]
-    slope = ((large.seconds - small.seconds) / (large.micro_batch - small.micro_batch)
-             if large.micro_batch > small.micro_batch else large.seconds / large.micro_batch)
+    slope = ((measured(large) - measured(small)) / (large.micro_batch - small.micro_batch)
+             if large.micro_batch > small.micro_batch else measured(large) / large.micro_batch)
 
     def micro_step(size: int) -> float:
-        return max(small.seconds + slope * (size - small.micro_batch), 0.0) / 2
+        return max(measured(small) + slope * (size - small.micro_batch), 0.0)
 
     steps = settings.warmup + settings.repeats
     return sum(start + micro_step(max(job.sizes)) * steps * len(job.sizes) for job in jobs)

@@ -106,3 +106,15 @@ def test_the_minimum_rounds_run_even_past_the_time_budget():
     trials = RecordedTrials({32: [2.0, 3.0, 2.5, 2.0], 16: [2.2] * 4, 64: [1.9, 2.9, 1.5, 2.4]})
     timings = _run(trials, BenchSettings(min_rounds=3, max_rounds=10, time_budget_s=10))
     assert timings.rounds == 3 and "time budget of 10 s" in timings.stopped_because
+
+
+def test_where_the_plan_is_the_large_batch_the_rule_watches_the_other_splits_ratios_to_it():
+    """E fits in one micro-batch: the machine drifts by 30% between rounds, the splits' ratios do not."""
+    jobs = [Job(PLAN, (64,), True), Job(SPLIT, (32, 32), True)]
+    drift = [2.0, 2.6, 1.7, 2.3, 2.0]
+    trials = RecordedTrials({64: drift, 32: [1.1 * d for d in drift]})
+    timings = run_rounds(jobs, BenchSettings(min_rounds=3, max_rounds=10), trials, world=1,
+                         reference=reference_job(jobs, 64), clock=trials.clock)
+    assert timings.reference == 0 and timings.rounds == 3
+    assert "every split's ratio to the plan is known" in timings.stopped_because
+    assert timings.summary()["verdict"].startswith("the plan is the true large batch")
