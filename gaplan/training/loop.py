@@ -156,6 +156,13 @@ def _check(inputs: StepInputs, plan: Plan, start_step: int, token_budget: int | 
     return check_first_step(inputs.workload, plan, inputs.corpus, inputs.seed, indices, token_budget)
 
 
+def _above_baseline(peak: Callable[[], int | None] | None) -> int | None:
+    """The step's peak above the baseline; None where it reads nothing: in a long-lived process (a notebook, a test
+    run) freed memory that is still resident is reused without the resident size growing."""
+    value = peak() if peak else None
+    return value if value is not None and value > 0 else None
+
+
 def _loop(inputs: StepInputs, run: RunState, plan: Plan, config: TrainConfig, start_step: int,
           token_steps: TokenSteps | None, on_step: Callable[[StepLog], None] | None,
           on_event: Callable[[str], None] | None,
@@ -196,7 +203,7 @@ def _loop(inputs: StepInputs, run: RunState, plan: Plan, config: TrainConfig, st
                           # By tokens: this step's largest micro-batch and its number of micro-steps.
                           max(map(batch_size, micro_batches)) if token_budget else plan.micro_batch,
                           len(micro_batches) if token_budget else plan.grad_accum_steps, seconds,
-                          peaks[1]() if peaks[1] else None, done_step.padded / seconds)
+                          _above_baseline(peaks[1]), done_step.padded / seconds)
             logs.append(log)
             if step == start_step and check is not None:
                 if one_batch_loss is not None:

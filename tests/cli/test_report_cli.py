@@ -66,6 +66,12 @@ def test_bench_json_report_and_csv_say_how_sure_the_ratio_is(small_probe, tmp_pa
     report = (tmp_path / "run" / "report.md").read_text()
     assert f"**Verdict:** {ratio['verdict']}." in report and "samples/s (95% CI)" in report
     assert "Splits were timed as training runs them" in report
+    # One peak: the probe's at the split's micro-batch (under the budget), the timing run's labelled beside it.
+    assert "| peak (step) | resident peak while timing |" in report.replace("  ", " ").replace("  ", " ")
+    trial_peaks = {t.micro_batch: t.peak_bytes for t in small_probe.trials if t.fits}
+    if 2 in trial_peaks:
+        assert plan["probe_peak_bytes"] == trial_peaks[2]
+    assert plan["probe_peak_bytes"] and plan["peak_bytes"]
     text = (tmp_path / "run" / "throughput.csv").read_text()
     header, first = text.splitlines()[:2]
     peak = first.split(",")[header.split(",").index("peak_bytes")]
