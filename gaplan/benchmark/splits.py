@@ -124,6 +124,8 @@ def bench(
     world = probed.plan.world_size if probed.workload.parallel == "fsdp" or over_ranks else 1
     make_plan(effective, effective, world)  # a bad effective batch fails here, before any work
     jobs, untimed = bench_jobs(probed, effective, settings, world, splits, available_bytes or cpu_available_bytes)
+    if not jobs:  # nothing to time (the tuner's checkpointing splits, when none is larger than B* without it)
+        return BenchResult(effective, untimed, stopped_because="no split to time")
     reference = reference_job(jobs, effective // world) if settings.large_batch else None
     if on_start is not None:
         on_start(Outlook([split_label(job.sizes, world) for job in jobs], expected_round_seconds(probed, jobs, settings),

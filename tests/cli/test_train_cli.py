@@ -42,12 +42,30 @@ def test_micro_batch_8_and_32_give_the_same_weights(tmp_path):
         check = summary["loss_check"]
         assert check["skipped"] is None if micro == 32 else "4x the micro-batch (8)" in check["skipped"]
         assert micro == 8 or check["relative_difference"] < 1e-5
-        assert summary["peak_bytes"] < summary["process_peak_bytes"] and summary["padded_tokens_per_s"] > 0
+        # The peak above the baseline is unknown (None, never 0 B) where this long-lived test process reuses memory
+        # it already holds; where it reads, it is below the whole process's.
+        assert summary["peak_bytes"] is None or 0 < summary["peak_bytes"] < summary["process_peak_bytes"]
+        assert summary["process_peak_bytes"] > 0 and summary["padded_tokens_per_s"] > 0
     assert_same_weights(tmp_path / "w8.safetensors", tmp_path / "w32.safetensors")
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
+def test_a_fresh_training_process_logs_its_step_peak_as_the_probe_measures_it(tmp_path):
+    """In its own process (as a user runs it) the peak above the baseline reads, below the whole process's resident
+    peak, and the run says it was taken with no budget bound."""
+    done = subprocess.run([sys.executable, "-m", "gaplan", "train", "--seq-len", "16", "--micro-batch", "2",
+                           "--effective-batch", "4", "--steps", "2", "--threads", "1", "--device", "cpu",
+                           "--out", str(tmp_path / "run"), "--json", "--quiet"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert 0 < summary["peak_bytes"] < summary["process_peak_bytes"]
+    header, *rows = (tmp_path / "run" / "train_log.csv").read_text().splitlines()
+    column = header.split(",").index("step_peak_bytes")
+    assert all(row.split(",")[column].isdigit() for row in rows), rows
+
+
 def test_two_ranks_equal_one_process(tmp_path):
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
     assert torchrun, "torchrun comes with torch"
