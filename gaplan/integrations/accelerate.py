@@ -1,0 +1,80 @@
+"""gaplan for accelerate users: the micro-batch of your own step, the accumulation steps set on your ``Accelerator``,
+and the token-exact loss over ``accelerator.accumulate``.
+
+accelerate's ``find_executable_batch_size`` multiplies the batch by 0.9 on each OOM and ignores accumulation.
+:func:`plan_accelerator` instead probes your step (:func:`gaplan.probing.loop.probe_loop`: fresh processes under
+the budget, at steady state, under the Accelerator's mixed precision), plans the split of the effective batch over
+``accelerator.num_processes`` and sets ``accelerator.gradient_accumulation_steps``. The recipe::
+
+    result = plan_accelerator(accelerator, setup, make_batch, micro_step, effective_batch=256)
+    for micro_batches in steps:                                   # result.plan.grad_accum_steps of them
+        items = count_step_items(accelerator, micro_batches, "causal-lm")
+        for batch in micro_batches:
+            with accelerator.accumulate(model):
+                summed = summed_token_loss(model(**batch).logits, batch, "causal-lm")
+                accelerator.backward(step_loss(accelerator, summed, items))
+                optimizer.step(); optimizer.zero_grad()
+
+:func:`step_loss` gives ``sum / num_items_in_batch`` over the whole optimizer step and all ranks: it undoes the
+``1 / gradient_accumulation_steps`` that ``accelerator.backward`` applies and DDP's mean over the ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from gaplan.probing.loop import LoopProbeResult, probe_loop
+
+
+def accelerator_device(accelerator: Any) -> str:
+    """``cpu`` or ``cuda:N``: where this process of the Accelerator trains."""
+    device = accelerator.device
+    return "cpu" if device.type == "cpu" else f"{device.type}:{device.index or 0}"
+
+
+def plan_accelerator(accelerator: Any, setup: Callable[[], tuple[Any, Any]], make_batch: Callable[[int], Any],
+                     micro_step: Callable[[Any, Any], Any], *, effective_batch: int,
+                     memory_limit: int | str | None = None, search_cap: int | None = None,
+                     threads: int | None = None, on_trial: Callable[[Any], None] | None = None) -> LoopProbeResult:
+    """Probe ``micro_step`` (your forward and backward) under the Accelerator's mixed precision, plan
+    ``effective_batch`` over its processes, and set ``accelerator.gradient_accumulation_steps``.
+
+    ``setup``, ``make_batch`` and ``micro_step`` are :func:`gaplan.probing.loop.probe_loop`'s. Over several
+    processes the main one probes (its device is every rank's) and every rank takes its answer. Returns the probe;
+    ``result.plan.micro_batch`` is the per-process micro-batch for your DataLoader.
+    """
+    def autocast_step(model: Any, batch: Any) -> Any:
+        with accelerator.autocast():  # fp16/bf16 as the Accelerator trains, else nothing
+            return micro_step(model, batch)
+
+    world = accelerator.num_processes
+    result = None
+    if accelerator.is_main_process:
+        result = probe_loop(setup, make_batch, autocast_step, device=accelerator_device(accelerator),
+                            memory_limit=memory_limit, effective_batch=effective_batch, world_size=world,
+                            search_cap=search_cap, threads=threads, on_trial=on_trial)
+    if world > 1:
+        from accelerate.utils import broadcast_object_list
+
+        result = broadcast_object_list([result])[0]
+    assert result is not None
+    accelerator.gradient_accumulation_steps = result.plan.grad_accum_steps
+    return result
+
+
+def count_step_items(accelerator: Any, micro_batches: Iterable[Mapping[str, Any]], task: str) -> int:
+    """``num_items_in_batch`` of one optimizer step over all processes: the targets of its micro-batches."""
+    import torch
+
+    from gaplan.workload.loss import count_step_targets
+
+    local = torch.tensor([count_step_targets(micro_batches, task)], device=accelerator.device)
+    return int(accelerator.reduce(local, reduction="sum").item())
+
+
+def step_loss(accelerator: Any, summed_loss: Any, step_items: int) -> Any:
+    """A micro-batch's summed token loss as the share of the step's ``sum / num_items`` to pass to
+    ``accelerator.backward``: times the accumulation steps (which ``backward`` divides by) and the processes (whose
+    gradients DDP averages)."""
+    return summed_loss * (accelerator.gradient_accumulation_steps * accelerator.num_processes) / max(step_items, 1)
