@@ -29,8 +29,9 @@ def run(*args):
 def test_packed_by_tokens_trains_the_weights_of_one_full_batch(tmp_path):
     run(*TWO_SGD_STEPS, "--batch-by", "tokens", "--token-budget", "64", "--out", str(tmp_path / "tokens"),
         "--save-weights", str(tmp_path / "tokens.st"))
-    log = (tmp_path / "tokens" / "train_log.csv").read_text().splitlines()
-    micro_steps = [int(line.split(",")[-2]) for line in log[1:]]
+    header, *rows = (tmp_path / "tokens" / "train_log.csv").read_text().splitlines()
+    column = header.split(",").index("grad_accum_steps")
+    micro_steps = [int(row.split(",")[column]) for row in rows]
     assert all(steps >= 5 for steps in micro_steps), micro_steps  # 32 samples of 8-32 tokens in <= 64-token batches
     run(*TWO_SGD_STEPS, "--micro-batch", "32", "--out", str(tmp_path / "full"), "--save-weights", str(tmp_path / "full.st"))
     assert_same_weights(tmp_path / "tokens.st", tmp_path / "full.st")
