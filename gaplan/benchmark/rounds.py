@@ -96,6 +96,7 @@ def run_rounds(jobs: list[Job], settings: BenchSettings, trial: Callable[[Job], 
                on_gpu: bool = False, clock: Callable[[], float] = time.perf_counter) -> Timings:
     """The rounds and their stopping rule over any ``trial`` runner (a worker's, or recorded trials in a test)."""
     effective = sum(jobs[0].sizes) * world if jobs else 0
+    labels = [split_label(job.sizes, world) for job in jobs]
     timings = [JobTimings() for _ in jobs]
     plan = next((i for i, job in enumerate(jobs) if job.kind == PLAN), None)
     target = plan if plan is not None else 0
@@ -124,9 +125,8 @@ def run_rounds(jobs: list[Job], settings: BenchSettings, trial: Callable[[Job], 
                 continue
             _record(timing, trial(job), settings.warmup, effective)
             if on_trial is not None:
-                on_trial(rounds, split_label(job.sizes, world), timing.rates[-1])
-    return Timings(timings, rounds, why, clock() - started, [split_label(j.sizes, world) for j in jobs],
-                   [j.kind for j in jobs], plan, reference, on_gpu)
+                on_trial(rounds, labels[index], timing.rates[-1])
+    return Timings(timings, rounds, why, clock() - started, labels, [j.kind for j in jobs], plan, reference, on_gpu)
 
 
 def _record(timing: JobTimings, trial: Trial, warmup: int, effective: int) -> None:
