@@ -24,6 +24,7 @@ _EXPORTS = {
     "DoesNotFit": "gaplan.core.errors",
     "GaplanError": "gaplan.core.errors",
     "Plan": "gaplan.plan.split",
+    "make_even_plan": "gaplan.plan.split",
     "make_plan": "gaplan.plan.split",
     "split_evenly": "gaplan.plan.split",
     "SearchResult": "gaplan.plan.search",

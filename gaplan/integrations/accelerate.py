@@ -22,8 +22,10 @@ the budget, at steady state, under the Accelerator's mixed precision), plans the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
+from gaplan.plan.split import make_even_plan
 from gaplan.probing.loop import LoopProbeResult, probe_loop
 
 
@@ -42,7 +44,8 @@ def plan_accelerator(accelerator: Any, setup: Callable[[], tuple[Any, Any]], mak
 
     ``setup``, ``make_batch`` and ``micro_step`` are :func:`gaplan.probing.loop.probe_loop`'s. Over several
     processes the main one probes (its device is every rank's) and every rank takes its answer. Returns the probe;
-    ``result.plan.micro_batch`` is the per-process micro-batch for your DataLoader.
+    ``result.plan.micro_batch`` is the per-process micro-batch for your DataLoader, a divisor of the effective
+    batch's share, so that ``micro x steps x processes`` is the effective batch exactly.
     """
     def autocast_step(model: Any, batch: Any) -> Any:
         with accelerator.autocast():  # fp16/bf16 as the Accelerator trains, else nothing
@@ -59,6 +62,8 @@ def plan_accelerator(accelerator: Any, setup: Callable[[], tuple[Any, Any]], mak
 
         result = broadcast_object_list([result])[0]
     assert result is not None
+    # One DataLoader batch size: the micro-batch divides the effective batch (256 at B* 48 is 32 x 8, not 43 x 6).
+    result = replace(result, plan=make_even_plan(effective_batch, result.max_micro_batch, world))
     accelerator.gradient_accumulation_steps = result.plan.grad_accum_steps
     return result
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from gaplan.core.errors import GaplanError
 
@@ -127,3 +127,17 @@ def make_plan(effective_batch: int, micro_batch_cap: int, world_size: int = 1) -
         micro_batch_sizes=ranks[0],
         rank_micro_batch_sizes=ranks,
     )
+
+
+def make_even_plan(effective_batch: int, micro_batch_cap: int, world_size: int = 1) -> Plan:
+    """The plan with the fewest accumulation steps whose micro-batches are all one size, at most ``micro_batch_cap``.
+
+    For a loader with one batch size (Lightning's, accelerate's DataLoader): ``micro_batch x G x W`` is exactly
+    ``E``, so the micro-batch divides ``E / W`` (E=256, B*=48 gives 32 x 8; :func:`make_plan` gives 43 x 6 with
+    sizes 43 and 42, which such a loader cannot feed). Micro-batch 1 always divides, so a plan exists whenever
+    :func:`make_plan`'s does.
+    """
+    plan = make_plan(effective_batch, micro_batch_cap, world_size)  # the same checks and messages
+    share = effective_batch // world_size
+    steps = next(g for g in range(plan.grad_accum_steps, share + 1) if share % g == 0)
+    return replace(make_plan(effective_batch, share // steps, world_size), micro_batch_cap=micro_batch_cap)

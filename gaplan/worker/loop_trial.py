@@ -93,6 +93,10 @@ def loop_trial(functions: dict[str, Callable], device: str, limit_bytes: int | N
     if threads:
         torch.set_num_threads(threads)
     backend = make_backend(device)
+    if device == "cpu":
+        from gaplan.devices.heap import seal_free_heap
+
+        seal_free_heap()  # forked from your process: its freed heap must not hold the trial's memory uncounted
     backend.activate(limit_bytes)
     setup, make_batch, micro_step, optimizer_step = (functions[name] for name in FUNCTION_NAMES)
     try:

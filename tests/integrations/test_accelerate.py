@@ -95,7 +95,8 @@ def test_plan_accelerator_probes_the_users_step_under_its_mixed_precision_and_se
                               memory_limit=SMALL_BUDGET, threads=1)
     assert result.max_micro_batch >= 1 and result.plan.effective_batch == 64
     assert accelerator.gradient_accumulation_steps == result.plan.grad_accum_steps >= 1
-    assert result.plan.micro_batch <= result.max_micro_batch
+    assert result.plan.micro_batch <= result.max_micro_batch and result.plan.is_even
+    assert result.plan.micro_batch * result.plan.grad_accum_steps == 64
     fits = [t for t in result.trials if t.fits]
     assert max(t.micro_batch for t in fits) == result.max_micro_batch
     assert result.capped or any(not t.fits and t.micro_batch == result.max_micro_batch + 1 for t in result.trials)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gaplan import GaplanError, Plan, make_plan, split_evenly
+from gaplan import GaplanError, Plan, make_even_plan, make_plan, split_evenly
 
 
 def test_issue_example_256_over_48():
@@ -71,3 +71,28 @@ def test_from_dict_rejects_garbage():
     data["grad_accum_steps"] = 3
     with pytest.raises(GaplanError, match="inconsistent"):
         Plan.from_dict(data)
+
+
+def test_even_plan_of_the_issue_example_is_32_by_8():
+    plan = make_even_plan(256, 48)
+    assert (plan.micro_batch, plan.grad_accum_steps, plan.micro_batch_cap) == (32, 8, 48) and plan.is_even
+
+
+def test_even_plan_exhaustively_is_the_fewest_steps_of_one_size():
+    for effective in range(1, 97):
+        for world in (1, 2, 3, 4):
+            if effective % world:
+                continue
+            share = effective // world
+            for cap in range(1, share + 3):
+                plan = make_even_plan(effective, cap, world)
+                assert plan.is_even and plan.micro_batch * plan.grad_accum_steps * world == effective
+                assert plan.micro_batch <= cap
+                fewer = [g for g in range(1, plan.grad_accum_steps) if share % g == 0 and share // g <= cap]
+                assert not fewer, (effective, cap, world, plan)
+                assert plan.grad_accum_steps >= make_plan(effective, cap, world).grad_accum_steps
+
+
+def test_even_plan_refuses_what_make_plan_refuses():
+    with pytest.raises(GaplanError, match="not divisible by the world size"):
+        make_even_plan(10, 4, 3)

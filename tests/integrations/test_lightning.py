@@ -1,0 +1,139 @@
+"""gaplan with Lightning: GaplanBatchSize probes the LightningModule's own step and sets the batch size and the
+accumulation for a fixed effective batch; TokenExactLoss makes the step's gradient that of one full batch."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pl = pytest.importorskip("pytorch_lightning")
+
+from gaplan import GaplanError  # noqa: E402
+from gaplan.data import SyntheticCorpus, collate  # noqa: E402
+from gaplan.integrations.lightning import GaplanBatchSize  # noqa: E402
+from gaplan.integrations.lightning_loss import TokenExactLoss  # noqa: E402
+from gaplan.workload.loss import summed_token_loss  # noqa: E402
+from tests.conftest import REPO_ROOT, SMALL_BUDGET, free_port  # noqa: E402
+from tests.scripts.lightning_gpt import TASK, GptModule, quiet_trainer, tiny_gpt  # noqa: E402
+
+SCRIPTS = os.path.join(REPO_ROOT, "tests", "scripts")
+
+
+def full_batch_gradient(samples, positions):
+    reference = tiny_gpt(positions=positions)
+    whole = collate(samples, TASK)
+    targets = (whole["labels"][:, 1:] != -100).sum()
+    (summed_token_loss(reference(**whole).logits, whole, TASK) / targets).backward()
+    return {name: p.grad for name, p in reference.named_parameters()}
+
+
+def worst_relative_difference(got, expected):
+    return max(((got[n] - g).abs().max() / g.abs().max()).item() for n, g in expected.items())
+
+
+def test_token_exact_loss_gives_the_gradient_of_one_full_batch_on_padded_uneven_micro_batches():
+    # 11 samples of 8 to 32 tokens as 4 + 4 + 3: every micro-batch pads, and differently
+    module = GptModule(batch_size=4, samples=11, seq_len=32, fixed_length=False, optimizer="sgd", lr=0.0)
+    quiet_trainer(max_steps=1, accumulate_grad_batches=3, callbacks=[TokenExactLoss(TASK)]).fit(module)
+    corpus = SyntheticCorpus(32, seed=0)
+    expected = full_batch_gradient([corpus[i] for i in range(11)], 32)
+    assert len(module.step_grads) == 1
+    for name, grad in expected.items():
+        torch.testing.assert_close(module.step_grads[0][name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+    # The mean loss per micro-batch Lightning users write (divided by the steps by Lightning) is not that gradient.
+    naive = GptModule(batch_size=4, samples=11, seq_len=32, fixed_length=False, optimizer="sgd", lr=0.0, summed=False)
+    quiet_trainer(max_steps=1, accumulate_grad_batches=3).fit(naive)
+    assert worst_relative_difference(naive.step_grads[0], expected) > 1e-3
+
+
+def fresh_process(*options):
+    """``tests/scripts/lightning_gpt.py`` in a new process: a user's training script."""
+    done = subprocess.run([sys.executable, os.path.join(SCRIPTS, "lightning_gpt.py"), *map(str, options)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_fit_trains_at_the_probed_edge_with_the_effective_batch_kept_and_one_more_sample_fails_in_a_fresh_fit():
+    # The budget is set half a sample above the edge of a first probe, from its memory line: a fresh process's
+    # allocations differ from a trial's by up to ~1 MiB of heap layout, and the test must not hang on that.
+    first = fresh_process("--probe", 64, "--budget", SMALL_BUDGET)
+    fits = sorted((t["micro_batch"], t["peak_bytes"]) for t in first["trials"] if t["fits"])
+    (small, low), (edge, high) = fits[0], fits[-1]
+    assert edge == first["edge"]
+    budget = high + (high - low) // (edge - small) // 2
+
+    effective = 2 * edge
+    probed = fresh_process("--probe", effective, "--budget", budget)
+    assert probed["edge"] == edge
+    assert (probed["batch_size"], probed["accumulate"], probed["loader_batch_size"]) == (edge, 2, edge)
+    assert probed["global_step"] == 2
+    assert any(not t["fits"] and t["micro_batch"] == edge + 1 for t in probed["trials"])
+
+    assert fresh_process("--batch", edge, "--accumulate", 2, "--budget", budget)["fits"]
+    assert not fresh_process("--batch", edge + 1, "--accumulate", 2, "--budget", budget)["fits"]
+
+
+def test_in_a_long_lived_process_the_callback_sets_the_split_of_the_effective_batch():
+    """After other fits in this process (its freed heap sealed in each trial); the edge itself is checked above."""
+    callback = GaplanBatchSize(48, memory_limit=SMALL_BUDGET // 4, threads=1)
+    module = GptModule(samples=96)
+    trainer = quiet_trainer(max_steps=1, callbacks=[callback])
+    trainer.fit(module)
+    assert callback.plan.micro_batch * trainer.accumulate_grad_batches == 48
+    assert module.batch_size == callback.plan.micro_batch <= callback.max_micro_batch < 48
+    assert trainer.global_step == 1 and trainer.train_dataloader.batch_size == module.batch_size
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_under_two_ddp_ranks_every_rank_takes_the_smallest_edge_and_the_step_is_one_full_batch():
+    """torchrun, 2 CPU ranks (gloo): rank 1 has the smaller budget; both train at its edge, the effective batch kept,
+    and the synced gradient of the first step is that of its samples of both ranks as one batch."""
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                           str(free_port()), os.path.join(SCRIPTS, "lightning_ddp.py")],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["edges"][1] < result["edges"][0] and result["agreed"] == [result["edges"][1]] * 2
+    assert result["micro_batch"] * result["accumulate"] * 2 == result["effective_batch"]
+    assert result["micro_batch"] <= result["edges"][1] and result["global_step"] == 1
+    assert result["samples"] == 64 and result["worst"] < 1e-5, result
+
+
+class ManualModule(GptModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+
+class NoBatchField(GptModule):
+    def __init__(self):
+        super().__init__()
+        del self.batch_size
+
+
+@pytest.mark.parametrize("module, fit_loader, message", [
+    (ManualModule, False, "automatic optimization"),
+    (NoBatchField, False, "no field 'batch_size'"),
+    (GptModule, True, "dataloaders passed to fit"),
+])
+def test_what_the_callback_cannot_do_is_one_line_before_any_trial(module, fit_loader, message):
+    trials = []
+    trainer = quiet_trainer(max_steps=1, callbacks=[GaplanBatchSize(8, on_trial=trials.append)])
+    instance = module()
+    loader = instance.train_dataloader() if fit_loader else None
+    with pytest.raises(GaplanError, match=message) as caught:
+        trainer.fit(instance, train_dataloaders=loader)
+    assert "\n" not in str(caught.value) and trials == []
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "64"])
+def test_a_bad_effective_batch_is_refused_at_once(bad):
+    with pytest.raises(GaplanError, match="effective_batch must be a positive integer"):
+        GaplanBatchSize(bad)

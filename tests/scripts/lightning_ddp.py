@@ -1,0 +1,72 @@
+"""Two ranks of Lightning DDP (torchrun, gloo on CPU) fitting one step with GaplanBatchSize and TokenExactLoss;
+rank 1 has the smaller budget. Rank 0 prints each rank's own edge, the edge each took, the split, and the largest
+relative difference of the step's synced gradient from one full batch of both ranks' samples.
+
+    torchrun --nproc-per-node 2 tests/scripts/lightning_ddp.py
+"""
+
+import json
+import os
+
+# isort: off
+import gaplan  # noqa: F401 - first: MKL's pooled workspace off before torch loads, as in the probe's trials
+import pytorch_lightning as pl
+import torch
+import torch.distributed as dist
+# isort: on
+
+from lightning_gpt import TASK, GptModule, quiet_trainer, tiny_gpt
+
+from gaplan.data import Sample, collate
+from gaplan.integrations.lightning import GaplanBatchSize
+from gaplan.integrations.lightning_loss import TokenExactLoss
+from gaplan.workload.loss import summed_token_loss
+
+EFFECTIVE_BATCH = 64
+SEQ_LEN = 128
+BUDGETS = (256 << 20, 160 << 20)  # rank 0's, rank 1's
+
+
+class SeenSamples(pl.Callback):
+    """The samples each micro-batch held (its padding taken off): the DistributedSampler shuffles them."""
+
+    def __init__(self):
+        self.samples = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        for ids, mask in zip(batch["input_ids"], batch["attention_mask"], strict=True):
+            self.samples.append(Sample(tuple(ids[mask.bool()].tolist()), 0))
+
+
+def main():
+    rank = int(os.environ["RANK"])
+    torch.set_num_threads(1)
+    callback = GaplanBatchSize(EFFECTIVE_BATCH, memory_limit=BUDGETS[rank], threads=1)
+    module = GptModule(samples=4 * EFFECTIVE_BATCH, seq_len=SEQ_LEN, fixed_length=False, optimizer="sgd", lr=0.0)
+    seen = SeenSamples()
+    trainer = quiet_trainer(max_steps=1, devices=2, strategy="ddp", callbacks=[callback, TokenExactLoss(TASK), seen])
+    trainer.fit(module)
+    facts = [None, None]
+    mine = (callback.result.max_micro_batch, callback.max_micro_batch, seen.samples)
+    dist.all_gather_object(facts, mine)
+    if rank == 0:
+        whole = collate([s for f in facts for s in f[2]], TASK)  # both ranks' first step, as one batch
+        reference = tiny_gpt(positions=SEQ_LEN)
+        targets = (whole["labels"][:, 1:] != -100).sum()
+        (summed_token_loss(reference(**whole).logits, whole, TASK) / targets).backward()
+        worst = max(((module.step_grads[0][n] - p.grad).abs().max() / p.grad.abs().max()).item()
+                    for n, p in reference.named_parameters())
+        print(json.dumps({"edges": [f[0] for f in facts], "agreed": [f[1] for f in facts],
+                          "micro_batch": module.batch_size, "accumulate": trainer.accumulate_grad_batches,
+                          "effective_batch": EFFECTIVE_BATCH, "global_step": trainer.global_step,
+                          "samples": len(whole["input_ids"]), "worst": worst}))
+    # The DDP wrapper holds the gloo group in reference cycles: freed while the interpreter is whole.
+    del trainer, module
+    import gc
+
+    gc.collect()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
