@@ -50,6 +50,19 @@ def test_trainer_mode_next_to_auto_find_batch_size():
     assert int(auto[2]) < 64 and int(auto[0]) <= int(ours[0]), (auto, ours)  # auto_find shrinks the step
 
 
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_gaplan_batch_size_next_to_lightnings_batch_size_finder():
+    """The benchmark's table: both finders' answers, whether a fresh fit trains at each, and the wall-time ratio."""
+    pytest.importorskip("pytorch_lightning")
+    out = run_example("lightning_batch_size.py", timeout=600)
+    rows = {line[:30].strip(): line[30:].split() for line in out.splitlines() if "Size" in line[:30]}
+    lightning, ours = rows["Lightning BatchSizeFinder"], rows["gaplan GaplanBatchSize"]
+    assert ours[2] == "trains" and int(ours[1]) >= 1, ours
+    assert lightning[0].endswith("s") and ours[0].endswith("s")
+    assert "gaplan / Lightning wall time:" in out
+
+
 def run_script(name, *args):
     env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
     result = subprocess.run(["bash", os.path.join(REPO_ROOT, "examples", name), *args], cwd=REPO_ROOT, env=env,

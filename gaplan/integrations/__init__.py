@@ -5,6 +5,8 @@
   gaplan's token-exact loss.
 * :mod:`gaplan.integrations.accelerate`: ``plan_accelerator`` (a probe of your step, the accumulation steps set on
   your ``Accelerator``), ``count_step_items`` and ``step_loss`` (the token-exact loss over ``accumulate``).
+* :mod:`gaplan.integrations.lightning`: ``GaplanBatchSize``, a callback that probes your LightningModule's step and
+  sets its batch size and ``accumulate_grad_batches``; :mod:`gaplan.integrations.lightning_loss`: ``TokenExactLoss``.
 
-Nothing heavy is imported here: each integration imports its library on first use.
+Nothing heavy is imported here: each integration imports its library when it is imported itself.
 """

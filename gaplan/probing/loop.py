@@ -13,6 +13,7 @@ must be importable (``module:function``), else one line says so.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -107,7 +108,13 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
             on_trial(trial)
         return trial
 
-    result = find_edge(measure, limit, max_batch=cap, sketch=lambda micro_batch: measure(micro_batch, 1))
+    # Frozen, this process's objects are out of the collector's reach in the forked trials: each of their full
+    # collections (at the budget, after each step) would walk every object of your process otherwise.
+    gc.freeze()
+    try:
+        result = find_edge(measure, limit, max_batch=cap, sketch=lambda micro_batch: measure(micro_batch, 1))
+    finally:
+        gc.unfreeze()
     if result.edge == 0:
         raise DoesNotFit(f"your loop does not fit in {format_bytes(limit or 0)} even at micro-batch 1 "
                          f"({result.trials[-1].error})")
