@@ -62,10 +62,11 @@ def trainer(**options):
 
 def child(args: argparse.Namespace) -> dict:
     """One finder, or one check, in this (fresh) process."""
-    import gaplan  # first: MKL's pooled workspace off before torch loads, as in the probe's trials
     import pytorch_lightning as pl
     import torch
     from transformers import GPT2LMHeadModel  # noqa: F401 - the model's code imported before any budget
+
+    import gaplan  # first: MKL's pooled workspace off before torch loads, as in the probe's trials
 
     torch.set_num_threads(1)
     from gaplan.core.units import parse_bytes
@@ -129,7 +130,8 @@ def main() -> None:
         fits = run("fit", args, "--batch", str(result["batch"]))["fits"]
         print(f"{label:<30} {result['seconds']:>7.1f}s {result['batch']:>6}  {'trains' if fits else 'out of memory'}")
     edge = results["gaplan"]["batch"]
-    print(f"gaplan's edge + 1 ({edge + 1}): {'trains' if run('fit', args, '--batch', str(edge + 1))['fits'] else 'out of memory'}")
+    above = run("fit", args, "--batch", str(edge + 1))["fits"]
+    print(f"gaplan's edge + 1 ({edge + 1}): {'trains' if above else 'out of memory'}")
     print(f"gaplan / Lightning wall time: {results['gaplan']['seconds'] / results['lightning']['seconds']:.2f}x")
 
 
