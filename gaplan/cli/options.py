@@ -52,7 +52,38 @@ def workload_options(func: Callable) -> Callable:
     ]
     for option in reversed(options):
         func = option(func)
+    return lora_options(func)
+
+
+def lora_options(func: Callable) -> Callable:
+    """LoRA (peft) and QLoRA: the base frozen, adapters trained; shared by probe, train, bench, estimate and plan."""
+    options = [
+        click.option("--lora", is_flag=True, help="Train LoRA adapters (peft) on a frozen base: only the adapters "
+                                                   "have gradients and optimizer states."),
+        click.option("--lora-r", type=int, default=16, show_default=True, help="LoRA rank."),
+        click.option("--lora-alpha", type=float, default=32.0, show_default=True, help="LoRA scaling alpha."),
+        click.option("--lora-dropout", type=float, default=0.05, show_default=True, help="Dropout on the adapters' input."),
+        click.option("--lora-targets", default=None, metavar="all-linear|M1,M2",
+                     help="Modules that get adapters: all-linear, or names such as q_proj,v_proj (default: peft's "
+                          "for the architecture, e.g. c_attn for GPT-2, q_proj,v_proj for Llama)."),
+        click.option("--lora-config", default=None, metavar="FILE|DIR",
+                     help="An adapter_config.json (or its folder): r, alpha, dropout and targets from it (they take "
+                          "the place of the --lora-* options); implies --lora."),
+        click.option("--quantize", type=click.Choice(["4bit"]), default=None,
+                     help="QLoRA: the frozen base in 4-bit nf4 with double quantization (bitsandbytes; CUDA only)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
     return func
+
+
+def lora_fields(options: dict[str, Any]) -> dict[str, Any]:
+    """The spec's LoRA fields of the parsed options: ``--lora-config``'s file, when given, in place of the others."""
+    if not options.get("lora_config"):
+        return {}
+    from gaplan.workload.lora import read_adapter_config
+
+    return read_adapter_config(options["lora_config"])
 
 
 def data_options(func: Callable) -> Callable:
@@ -146,7 +177,8 @@ def spec_from_options(options: dict[str, Any]):
     from gaplan.workload.spec import WorkloadSpec
 
     # --grad-checkpointing is on|off|auto: the spec holds on or off (auto is the tuner's to decide, with it off).
-    spec = from_options(WorkloadSpec, options, grad_checkpointing=options["grad_checkpointing"] == "on")
+    spec = from_options(WorkloadSpec, options, grad_checkpointing=options["grad_checkpointing"] == "on",
+                        **lora_fields(options))
     return spec.validate().check_device(options.get("device") or "auto")
 
 

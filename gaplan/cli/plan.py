@@ -7,7 +7,15 @@ from typing import Any
 
 import click
 
-from gaplan.cli.options import WORKLOAD_HELP, check_writable, memory_limit_from_options, positive, stderr_printer
+from gaplan.cli.options import (
+    WORKLOAD_HELP,
+    check_writable,
+    lora_fields,
+    lora_options,
+    memory_limit_from_options,
+    positive,
+    stderr_printer,
+)
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import from_options
@@ -54,6 +62,7 @@ from gaplan.plan.layouts import MACHINERY, resolve_world
               help="Folder for layouts.csv/json, layouts.png, report.md/html (default reports/plan-<model>-<time>).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of the table.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+@lora_options
 def plan_command(**options: Any) -> None:
     """Compare the ways to train a model over W ranks and pick one: layout, precision, micro-batch, launch command.
 
@@ -99,7 +108,7 @@ def plan_command(**options: Any) -> None:
     if options["device"] == "cpu" and options["target"]:
         raise GaplanError("--target is a GPU: it does not go with --device cpu")
     # By the spec's fields; plan's --grad-sync (auto|last|every) is a choice per layout, not the spec's.
-    spec = from_options(WorkloadSpec, options, grad_sync="last").validate()
+    spec = from_options(WorkloadSpec, options, grad_sync="last", **lora_fields(options)).validate()
     if options["measure"] and options["target"]:
         raise GaplanError("--measure probes this machine's device: give --memory-limit per rank (or nothing: the "
                           "whole card), not --target")

@@ -57,6 +57,8 @@ from gaplan.runs.folder import REPORT_HTML, REPORT_MD, default_run_dir, path_in
 @click.option("--save-weights", default=None, metavar="FILE", help="Write the final weights (safetensors).")
 @click.option("--save-model", default=None, metavar="DIR", help="Write the trained model as a save_pretrained folder "
                                                                 "(config, weights, tokenizer) that transformers loads.")
+@click.option("--merge", is_flag=True, help="With --lora and --save-model: write the adapters merged into the base, "
+                                            "a full model for from_pretrained (default: the adapter folder).")
 @click.option("--out", default=None, metavar="DIR", help="Run folder (default reports/train-<model>-<time>).")
 @click.option("--enforce-memory-limit", is_flag=True, help="CPU: train under --memory-limit (default 1 GiB) as the "
                                                            "probe's trials do, so a plan that is too big hits real OOMs.")
@@ -108,6 +110,12 @@ def train_command(**options: Any) -> None:
     check_writable(run_dir)
     if options["save_weights"]:
         check_writable(os.path.dirname(os.path.abspath(options["save_weights"])), "--save-weights")
+    if train_options.merge and not spec.lora:
+        raise GaplanError("--merge merges LoRA adapters into the base: add --lora (a full fine-tune saves the full "
+                          "model already)")
+    if train_options.merge and spec.parallel == "fsdp":
+        raise GaplanError("--merge with --parallel fsdp is not supported: save the adapter (leave --merge out) and "
+                          "merge it after with peft's merge_and_unload")
     if options["save_model"]:
         from gaplan.workload.model_io import check_save_path
 

@@ -23,7 +23,7 @@ from gaplan.estimate.device import (
 )
 
 TOPICS = ("budget", "steady-state", "cpu-process", "allocator", "optimizer", "attention", "mixed-precision",
-          "convolutions", "outside-pytorch", "sharding", "data-parallel")
+          "convolutions", "outside-pytorch", "sharding", "data-parallel", "lora")
 
 
 @dataclass(frozen=True)
@@ -215,3 +215,15 @@ def data_parallel_buckets(grad_bytes: int, world_size: int) -> Assumption:
         f"DistributedDataParallel over {world_size} ranks: its gradient buckets, a flat copy of the gradients "
         f"({format_bytes(grad_bytes)}), are added to every step (gradient_as_bucket_view is off, as gaplan trains).",
         {"world_size": world_size, "bucket_bytes": grad_bytes})
+
+
+def lora_adapters(spec, frozen_bytes: int, trainable: int, trainable_bytes: int) -> Assumption:
+    """LoRA: what is frozen (weights only) and what trains (adapters: weights, gradients, optimizer states)."""
+    targets = spec.lora_targets or "peft's default for the architecture"
+    return Assumption(
+        "lora",
+        f"LoRA r={spec.lora_r} (alpha {spec.lora_alpha:g}, dropout {spec.lora_dropout:g}) on {targets}: the frozen base, "
+        f"{format_bytes(frozen_bytes)} in {spec.weights_dtype}, has no gradients or optimizer states; the "
+        f"{trainable:,} adapter parameters ({format_bytes(trainable_bytes)}) have both.",
+        {"lora_r": spec.lora_r, "frozen_bytes": frozen_bytes, "trainable_parameters": trainable,
+         "trainable_bytes": trainable_bytes})

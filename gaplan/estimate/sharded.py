@@ -51,7 +51,7 @@ from gaplan.estimate.shard_tracking import (
     local_shard_shapes,
 )
 from gaplan.estimate.torch_private import private, private_module
-from gaplan.estimate.trace import TraceHelper, fast_peak_tracking
+from gaplan.estimate.trace import TraceHelper, fast_peak_tracking, lora_assumption
 
 if TYPE_CHECKING:
     from torch import nn
@@ -338,4 +338,5 @@ class ShardedTracer:
         step = self._optimizer_row
         notes = trace_assumptions(self.spec, self.device, self.helper, self.static_bytes(),
                                   step.tracked_total if step is not None else None)
-        return notes + sharded_assumptions(self.spec, self.device.kind, self.world_size, self.blocks, self.depths)
+        notes += sharded_assumptions(self.spec, self.device.kind, self.world_size, self.blocks, self.depths)
+        return notes + ([lora_assumption(self.spec, self.workload.model)] if self.spec.lora else [])

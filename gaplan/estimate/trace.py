@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from gaplan.core.constants import BREAKDOWN_CATEGORIES
-from gaplan.estimate.assumptions import Assumption, data_parallel_buckets, trace_assumptions
+from gaplan.estimate.assumptions import Assumption, data_parallel_buckets, lora_adapters, trace_assumptions
 from gaplan.estimate.device import DeviceModel, mkl_panel_bytes
 from gaplan.estimate.fake import fake_tensor_errors, fake_tensor_mode, fake_workload, no_step_optimizer
 from gaplan.estimate.result import TracedRow
@@ -135,7 +135,17 @@ class Tracer:
                                   step.tracked_total if step is not None else None)
         if self.world_size > 1:
             notes.append(data_parallel_buckets(self.bucket_bytes, self.world_size))
+        if self.spec.lora:
+            notes.append(lora_assumption(self.spec, self.workload.model))
         return notes
+
+
+def lora_assumption(spec: WorkloadSpec, model: Any) -> Assumption:
+    """The LoRA record of a traced model: its frozen bytes and its adapters."""
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return lora_adapters(spec, sum(p.numel() * p.element_size() for p in frozen), sum(p.numel() for p in trainable),
+                         sum(p.numel() * p.element_size() for p in trainable))
 
 
 class TraceHelper:

@@ -46,9 +46,7 @@ def measure_breakdown(workload: Workload, micro_batch: int, micro_steps: int = 2
     The optimizer states must already exist (:func:`gaplan.worker.trial.materialize_optimizer_state`);
     they are tracked from the optimizer, so they are counted even though they were made earlier.
     """
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    tracker = MemTracker()
+    tracker = memory_tracker()
     tracker.track_external(workload.model, workload.optimizer)
     batches = [workload.make_batch(micro_batch) for _ in range(micro_steps)]
 
@@ -68,6 +66,32 @@ def measure_breakdown(workload: Workload, micro_batch: int, micro_steps: int = 2
     for kind, category in _CATEGORY_OF.items():
         by_category[category] += int(peak.get(kind, 0))
     return MemoryBreakdown(micro_batch, **by_category, tracked_total=sum(by_category.values()))
+
+
+def memory_tracker():
+    """torch's ``MemTracker``, able to trace a model with frozen parameters (LoRA's base).
+
+    ``MemTracker`` registers a gradient hook on every parameter of each module it enters, and torch refuses a hook
+    on a tensor that does not require grad ("cannot register a hook on a tensor that doesn't require gradient").
+    Here its hooks go on the trainable parameters only; a frozen one has no gradient to count.
+    """
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+
+    class FrozenAwareMemTracker(MemTracker):
+        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+            memory = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
+
+            def count(grad) -> None:  # a hook that returns None leaves the gradient as it is
+                self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
+
+            if install_grad_hooks:
+                for param in module.parameters():
+                    if param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
+                        self._param_to_grad_hook_handles[param] = (
+                            param.register_hook(count), param.register_post_accumulate_grad_hook(lambda p: count(p.grad)))
+            return memory
+
+    return FrozenAwareMemTracker()
 
 
 def _device_peak(snapshot: dict, device) -> dict:

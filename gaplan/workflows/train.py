@@ -284,12 +284,16 @@ def _save_outputs(run_dir: str, options: TrainOptions, workload: Any, corpus: An
     if saving_model and is_main:
         from gaplan.workload.model_io import save_model
 
-        summary["model_dir"] = save_model(workload, options.save_model, state_dict=full_state)
+        summary["model_dir"] = save_model(workload, options.save_model, state_dict=full_state, merge=options.merge)
         tokenizer = getattr(getattr(corpus, "text_tokenizer", None), "hf", None)
         if tokenizer is not None:  # the tokenizer the data was read with (--tokenizer DIR, or the folder's own)
             tokenizer.save_pretrained(summary["model_dir"])
-        say(f"model saved to {summary['model_dir']} (loads with AutoModelFor*.from_pretrained and "
-            "AutoTokenizer.from_pretrained)")
+        if workload.spec.lora and not options.merge:
+            say(f"adapter saved to {summary['model_dir']} (loads with PeftModel.from_pretrained(base, "
+                f"{summary['model_dir']!r}); --merge writes the merged model instead)")
+        else:
+            say(f"model saved to {summary['model_dir']} (loads with AutoModelFor*.from_pretrained and "
+                "AutoTokenizer.from_pretrained)")
     return summary
 
 

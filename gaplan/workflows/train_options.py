@@ -38,6 +38,7 @@ class TrainOptions:
     resume: bool = option(False)
     save_weights: str | None = option(None, resume="free")
     save_model: str | None = option(None, resume="free")  # a save_pretrained folder of the trained model (+ tokenizer)
+    merge: bool = option(False, resume="free")  # LoRA: save_model writes the merged full model, not the adapter
     enforce_memory_limit: bool = option(False, resume="free")  # CPU: train under the budget, as the probe's trials do
     compare: bool = option(False, resume="free")
     threads: int | None = option(None, resume="free")
@@ -48,6 +49,9 @@ class TrainOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise OptionError(f"{name} must be a positive integer (got {value})", name)
+        if self.merge and not self.save_model:
+            raise OptionError("merge writes the merged model to save_model: give --save-model DIR", "merge",
+                              "save_model")
         if self.batch_by not in BATCH_BY:
             raise OptionError(f"batch_by must be one of {', '.join(BATCH_BY)} (got {self.batch_by!r})", "batch_by")
         if self.effective_tokens is not None:

@@ -203,6 +203,10 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
         model = _from_config(spec, config, task, model_device)
     if spec.grad_checkpointing:
         enable_checkpointing(model)
+    if spec.lora:
+        from gaplan.workload.lora import apply_lora
+
+        model = apply_lora(model, spec, task)
     model.to(model_device).train()
     vocab_size = int(config.vocab_size)
     num_labels = int(getattr(config, "num_labels", 2))

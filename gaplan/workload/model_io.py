@@ -132,9 +132,10 @@ def load_pretrained(folder: str, auto_class: str, config: Any, dtype: Any, devic
 def _refuse_to_overwrite(out: str, out_dir: str) -> None:
     if os.path.exists(out) and not os.path.isdir(out):
         raise GaplanError(f"cannot write the model to {out_dir}: it is a file")
-    if os.path.isdir(out) and os.listdir(out) and not os.path.isfile(os.path.join(out, "config.json")):
+    if os.path.isdir(out) and os.listdir(out) and not any(os.path.isfile(os.path.join(out, name))
+                                                          for name in ("config.json", "adapter_config.json")):
         raise GaplanError(f"cannot write the model to {out_dir}: it is a folder that holds something other than "
-                          "a model (no config.json); not overwritten")
+                          "a model (no config.json or adapter_config.json); not overwritten")
 
 
 def check_save_path(out_dir: str) -> str:
@@ -157,8 +158,14 @@ def check_save_path(out_dir: str) -> str:
     return out
 
 
-def save_model(workload: Any, out_dir: str, tokenizer_dir: str | None = None, state_dict: dict | None = None) -> str:
+def save_model(workload: Any, out_dir: str, tokenizer_dir: str | None = None, state_dict: dict | None = None,
+               merge: bool = False) -> str:
     """Write ``workload``'s model as a ``save_pretrained`` folder (config, safetensors weights, tokenizer).
+
+    A LoRA model (peft) writes its adapter folder (``adapter_config.json``, the adapter's weights), which
+    ``PeftModel.from_pretrained(base, out_dir)`` loads; with ``merge`` the adapters are merged into the base
+    (``merge_and_unload``) and the whole model is written, for ``from_pretrained``. The base's own folder is not
+    touched either way.
 
     ``AutoModelFor<task>.from_pretrained(out_dir)`` and ``AutoTokenizer.from_pretrained(out_dir)`` load
     it. The tokenizer comes from ``tokenizer_dir``, else the model's folder when it has tokenizer
@@ -166,7 +173,11 @@ def save_model(workload: Any, out_dir: str, tokenizer_dir: str | None = None, st
     ``out_dir`` is the whole model or nothing; an existing ``out_dir`` is replaced only when it is a
     model folder (``config.json``) or empty. Returns the absolute path written.
     """
+    from gaplan.workload.lora import is_peft_model
+
     model = getattr(workload.model, "module", workload.model)  # a DDP wrapper's model
+    if merge and is_peft_model(model):
+        model, state_dict = model.merge_and_unload(), None  # the full model's weights, adapters added in
     if not hasattr(model, "save_pretrained") or not hasattr(model, "config"):
         raise GaplanError(f"--save-model needs a transformers model; {workload.spec.model} builds a "
                           f"{type(model).__name__}")

@@ -13,6 +13,7 @@ from gaplan.core.errors import GaplanError
 from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, MASKED_LM, TASKS
 
 DTYPE_NAMES = ("fp32", "bf16", "fp16")
+QUANTIZE = ("4bit",)
 INITS = ("auto", "pretrained", "random")  # auto: the folder's weights when it has them, else a random init
 OPTIMIZERS = ("adamw", "sgd")
 DEFAULT_MODEL = "tiny-gpt2"
@@ -85,6 +86,14 @@ class WorkloadSpec:
     parallel: str = "ddp"  # ddp (replicated) | fsdp (FSDP2 fully_shard per block and root)
     cpu_offload: bool = False  # fsdp only: parameters, gradients and optimizer states live on the CPU
     grad_sync: str = "last"  # fsdp only: reduce-scatter gradients on the last micro-step, or on every one
+    # LoRA (peft): the base frozen in weights_dtype, adapters on lora_targets (None: peft's for the architecture,
+    # "all-linear", or comma-separated module names) trained; quantize "4bit" is QLoRA (nf4, double quantization).
+    lora: bool = False
+    lora_r: int = 16
+    lora_alpha: float = 32.0
+    lora_dropout: float = 0.05
+    lora_targets: str | None = None
+    quantize: str | None = None
 
     @property
     def learning_rate(self) -> float:
@@ -101,6 +110,9 @@ class WorkloadSpec:
 
     def check_device(self, device: str) -> WorkloadSpec:
         """``self``, or a one-line error for what ``device`` cannot run (``device`` resolved: ``cpu``, ``cuda:0``)."""
+        if self.quantize and str(device).startswith("cpu"):
+            raise GaplanError("--quantize 4bit (QLoRA) needs CUDA: bitsandbytes' nf4 kernels run on GPUs only; on CPU "
+                              "train LoRA on the unquantized base (--lora, --weights-dtype bf16)")
         if self.cpu_offload and str(device).startswith("cpu"):
             raise GaplanError("--cpu-offload moves FSDP's shards and optimizer states off a GPU to the CPU; on "
                               "--device cpu they are on the CPU already: leave it out")
@@ -130,6 +142,7 @@ class WorkloadSpec:
             raise GaplanError("--grad-sync every needs --parallel fsdp (DDP syncs on the last micro-step)")
         if not isinstance(self.trust_remote_code, bool):
             raise GaplanError(f"trust_remote_code must be true or false (got {self.trust_remote_code!r})")
+        self._validate_lora(kind=model_source_kind(self.model))
         if self.optimizer not in OPTIMIZERS:
             raise GaplanError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if self.seq_len is not None and self.seq_len < 2:
@@ -145,6 +158,34 @@ class WorkloadSpec:
         if kind == "function" and self.weights_dtype != "fp32":
             raise GaplanError("--weights-dtype does not apply to a module:function model (its function builds it)")
         return self
+
+
+    def _validate_lora(self, kind: str) -> None:
+        if self.quantize is not None and self.quantize not in QUANTIZE:
+            raise GaplanError(f"unknown --quantize {self.quantize!r}; choose {', '.join(QUANTIZE)}")
+        if not self.lora:
+            if self.quantize:
+                raise GaplanError("--quantize 4bit is QLoRA: it quantizes the frozen base under --lora adapters; "
+                                  "add --lora")
+            return
+        if kind == "function":
+            raise GaplanError("--lora does not apply to a module:function model (its function builds it): wrap it "
+                              "with peft.get_peft_model there")
+        if not isinstance(self.lora_r, int) or isinstance(self.lora_r, bool) or self.lora_r < 1:
+            raise GaplanError(f"--lora-r must be a positive integer (got {self.lora_r})")
+        if not self.lora_alpha > 0:
+            raise GaplanError(f"--lora-alpha must be positive (got {self.lora_alpha})")
+        if not 0 <= self.lora_dropout < 1:
+            raise GaplanError(f"--lora-dropout must be in [0, 1) (got {self.lora_dropout})")
+        if self.lora_targets is not None and not [t for t in self.lora_targets.split(",") if t.strip()]:
+            raise GaplanError("--lora-targets names no module: give all-linear or names such as q_proj,v_proj")
+
+    @property
+    def lora_target_modules(self) -> str | list[str] | None:
+        """peft's ``target_modules``: None (its default for the architecture), ``"all-linear"``, or the names."""
+        if self.lora_targets is None or self.lora_targets.strip() == "all-linear":
+            return None if self.lora_targets is None else "all-linear"
+        return [t.strip() for t in self.lora_targets.split(",") if t.strip()]
 
 
 def model_source_kind(model: str) -> str:

@@ -1,0 +1,146 @@
+"""LoRA (peft) workloads: the base frozen, only the adapters in the optimizer, the loss token-exact on them."""
+
+import json
+
+import pytest
+import torch
+
+peft = pytest.importorskip("peft")
+
+from gaplan import GaplanError  # noqa: E402
+from gaplan.data import SyntheticCorpus, collate  # noqa: E402
+from gaplan.training.step import accumulate_gradients  # noqa: E402
+from gaplan.workload.build import build_workload  # noqa: E402
+from gaplan.workload.lora import is_peft_model, read_adapter_config  # noqa: E402
+from gaplan.workload.spec import WorkloadSpec  # noqa: E402
+
+TASK = "causal-lm"
+
+
+def lora_spec(**fields):
+    return WorkloadSpec(**{"model": "tiny-gpt2", "seq_len": 32, "lora": True, **fields})
+
+
+def test_the_base_is_frozen_and_only_the_adapters_are_optimized():
+    workload = build_workload(lora_spec())
+    model = workload.model
+    assert is_peft_model(model)
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in name for name in trainable)
+    assert all("c_attn" in name for name in trainable)  # peft's default target for GPT-2
+    optimized = {id(p) for group in workload.optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(p) for p in model.parameters() if p.requires_grad}
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    adapters = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    assert workload.static_bytes() == weights + 3 * adapters  # AdamW: a gradient and two states, adapters only
+
+
+def test_all_linear_and_named_targets_and_a_bf16_base_with_fp32_adapters():
+    llama = build_workload(lora_spec(model="tiny-llama", lora_targets="all-linear", weights_dtype="bf16"))
+    names = {name.split(".lora_")[0].rsplit(".", 1)[-1] for name, p in llama.model.named_parameters() if p.requires_grad}
+    assert names == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert {p.dtype for p in llama.model.parameters() if p.requires_grad} == {torch.float32}
+    assert {p.dtype for p in llama.model.parameters() if not p.requires_grad} == {torch.bfloat16}
+    named = build_workload(lora_spec(model="tiny-llama", lora_targets="q_proj, o_proj", lora_r=4))
+    shapes = {tuple(p.shape) for name, p in named.model.named_parameters() if "lora_A" in name}
+    assert shapes == {(4, 256)}
+
+
+def test_a_target_the_model_lacks_is_one_line():
+    with pytest.raises(GaplanError, match="--lora on tiny-gpt2: Target modules") as caught:
+        build_workload(lora_spec(lora_targets="q_proj"))
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(lora_r=0), "--lora-r must be a positive integer"),
+    (dict(lora_alpha=0), "--lora-alpha must be positive"),
+    (dict(lora_dropout=1.0), r"--lora-dropout must be in \[0, 1\)"),
+    (dict(lora_targets=" , "), "--lora-targets names no module"),
+    (dict(lora=False, quantize="4bit"), "add --lora"),
+    (dict(quantize="8bit"), "unknown --quantize"),
+    (dict(model="tests.custom:build"), "does not apply to a module:function model"),
+])
+def test_bad_lora_settings_are_refused_before_anything_is_built(fields, message):
+    with pytest.raises(GaplanError, match=message):
+        lora_spec(**fields).validate()
+
+
+def test_qlora_on_cpu_says_it_needs_cuda():
+    with pytest.raises(GaplanError, match="needs CUDA"):
+        lora_spec(quantize="4bit").validate().check_device("cpu")
+
+
+def test_accumulated_adapter_gradients_equal_one_full_batch_on_padded_uneven_micro_batches():
+    corpus = SyntheticCorpus(32, seed=0)
+    samples = [corpus[i] for i in range(11)]
+    spec = lora_spec(lora_dropout=0.0, lora_targets="all-linear")
+
+    def adapter_grads(splits):
+        workload = build_workload(spec, seed=0)
+        # B starts at zero in peft (the adapter adds nothing at first); a seeded non-zero B gives A a gradient too.
+        with torch.no_grad():
+            for name, p in workload.model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.02, generator=torch.Generator().manual_seed(len(name)))
+        starts = [sum(splits[:i]) for i in range(len(splits))]
+        batches = [collate(samples[s:s + n], TASK) for s, n in zip(starts, splits, strict=True)]
+        accumulate_gradients(workload.model, batches, workload.raw_loss, TASK)
+        return {n: p.grad.clone() for n, p in workload.model.named_parameters() if p.requires_grad}
+
+    full, split = adapter_grads([11]), adapter_grads([4, 4, 3])
+    assert set(full) == set(split) and any("lora_A" in n for n in full)
+    for name, grad in full.items():
+        torch.testing.assert_close(split[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_an_adapter_config_file_or_folder_gives_the_lora_fields(tmp_path):
+    peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["q_proj", "v_proj"]).save_pretrained(tmp_path)
+    fields = read_adapter_config(str(tmp_path))
+    assert fields["lora"] and (fields["lora_r"], fields["lora_alpha"], fields["lora_dropout"]) == (8, 16, 0.1)
+    assert sorted(fields["lora_targets"].split(",")) == ["q_proj", "v_proj"]
+    assert read_adapter_config(str(tmp_path / "adapter_config.json")) == fields
+    spec = WorkloadSpec(model="tiny-llama", **fields).validate()
+    assert sorted(spec.lora_target_modules) == ["q_proj", "v_proj"]
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "is not JSON"), (json.dumps({"peft_type": "IA3"}), "is not a LoRA adapter config"),
+])
+def test_a_bad_adapter_config_is_one_line(tmp_path, content, message):
+    path = tmp_path / "adapter_config.json"
+    path.write_text(content)
+    with pytest.raises(GaplanError, match=message):
+        read_adapter_config(str(path))
+    with pytest.raises(GaplanError, match="No such file"):
+        read_adapter_config(str(tmp_path / "missing.json"))
+
+
+def test_a_lora_run_cut_after_step_2_resumes_to_the_uninterrupted_weights_bitwise(tmp_path):
+    from gaplan import make_plan
+    from gaplan.training.checkpoint import load_checkpoint
+    from gaplan.training.config import TrainConfig
+    from gaplan.training.loop import train
+
+    spec = lora_spec(seq_len=16, lora_dropout=0.0)
+
+    def run(name, resume=False, stop_after=None):
+        workload = build_workload(spec, "cpu", seed=0)
+
+        def on_step(log):
+            if stop_after is not None and log.step == stop_after + 1:
+                raise KeyboardInterrupt  # the process dies mid-run, after the checkpoint of step `stop_after`
+
+        config = TrainConfig(steps=4, seed=0, checkpoint_every=1, run_dir=str(tmp_path / name))
+        train(workload, make_plan(8, 4), SyntheticCorpus(16, seed=0), config, resume=resume, on_step=on_step)
+        return workload.model
+
+    reference = run("straight")
+    with pytest.raises(KeyboardInterrupt):
+        run("cut", stop_after=2)
+    assert load_checkpoint(str(tmp_path / "cut"))["step"] == 2
+    resumed = run("cut", resume=True)
+    adapters = {n: p for n, p in reference.named_parameters() if p.requires_grad}
+    assert adapters
+    for name, value in resumed.named_parameters():
+        assert torch.equal(value, dict(reference.named_parameters())[name]), name
