@@ -240,10 +240,13 @@ def plan_split(effective_batch: int, world_size: int, micro_batch_cap: int) -> t
 # --- the launch command -------------------------------------------------------------------------------------------
 
 _DEFAULTS = {"task": None, "seq_len": None, "dtype": "fp32", "optimizer": "adamw", "lr": None,
-             "weights_dtype": "fp32", "parallel": "ddp", "grad_sync": "last", "init": "auto"}
+             "weights_dtype": "fp32", "parallel": "ddp", "grad_sync": "last", "init": "auto", "lora_r": 16,
+             "lora_alpha": 32.0, "lora_dropout": 0.05, "lora_targets": None, "quantize": None}
 _FLAGS = (("task", "--task"), ("seq_len", "--seq-len"), ("dtype", "--dtype"), ("weights_dtype", "--weights-dtype"),
           ("optimizer", "--optimizer"), ("lr", "--lr"), ("init", "--init"), ("parallel", "--parallel"),
           ("grad_sync", "--grad-sync"))
+_LORA_FLAGS = (("lora_r", "--lora-r"), ("lora_alpha", "--lora-alpha"), ("lora_dropout", "--lora-dropout"),
+               ("lora_targets", "--lora-targets"), ("quantize", "--quantize"))
 
 
 def workload_flags(workload: dict) -> list[str]:
@@ -253,6 +256,12 @@ def workload_flags(workload: dict) -> list[str]:
         value = workload.get(key)
         if value is not None and value != _DEFAULTS.get(key):
             words += [flag, str(value)]
+    if workload.get("lora"):
+        words.append("--lora")
+        for key, flag in _LORA_FLAGS:
+            value = workload.get(key)
+            if value is not None and value != _DEFAULTS.get(key):
+                words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
     if workload.get("grad_checkpointing"):
         words += ["--grad-checkpointing", "on"]
     if workload.get("cpu_offload"):

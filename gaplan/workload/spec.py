@@ -51,6 +51,13 @@ PRESETS: dict[str, tuple[str, dict, str, int, str]] = {
     "llama-2-7b": ("LlamaConfig", dict(_LLAMA_2, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                                        num_attention_heads=32, num_key_value_heads=32),
                    CAUSAL_LM, 4096, "Llama-2-7B shape (32 layers x 4096, 6.7B parameters; random init, no weights)"),
+    # Llama-3-8B's published config (meta-llama/Meta-Llama-3-8B config.json): grouped-query attention, a 128K vocab.
+    "llama-3-8b": ("LlamaConfig", dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                                       max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5,
+                                       bos_token_id=128000, eos_token_id=128001, tie_word_embeddings=False),
+                   CAUSAL_LM, 8192, "Llama-3-8B shape (32 layers x 4096, grouped-query attention, 128K vocab, 8.0B "
+                                    "parameters; random init, no weights)"),
     "llama-2-13b": ("LlamaConfig", dict(_LLAMA_2, hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
                                         num_attention_heads=40, num_key_value_heads=40),
                     CAUSAL_LM, 4096, "Llama-2-13B shape (40 layers x 5120, 13B parameters; random init, no weights)"),

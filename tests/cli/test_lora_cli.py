@@ -93,3 +93,46 @@ def test_bad_lora_options_are_one_line_and_exit_2(tmp_path, args, message):
     assert done.returncode == 2, done.stderr[-2000:]
     assert message in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_the_launch_command_of_a_lora_plan_rebuilds_its_workload():
+    from gaplan.cli.options import spec_from_options
+    from gaplan.cli.train import train_command
+    from gaplan.plan.layouts import workload_flags
+    from gaplan.workload.spec import WorkloadSpec
+
+    spec = WorkloadSpec(model="tiny-llama", seq_len=64, weights_dtype="bf16", dtype="bf16", lora=True, lora_r=8,
+                        lora_alpha=16.0, lora_dropout=0.0, lora_targets="q_proj,v_proj", grad_checkpointing=True)
+    words = workload_flags(spec.to_dict())
+    assert "--lora" in words and "--lora-r" in words and "--lora-alpha" in words
+    context = train_command.make_context("train", [*words, "--device", "cpu"])
+    assert spec_from_options(context.params) == spec
+    assert "--lora" not in workload_flags(WorkloadSpec(model="tiny-llama").to_dict())
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_lora_over_two_ddp_ranks_and_over_fsdp2_trains_the_adapter_one_process_trains(tmp_path):
+    """The same effective batch over one process, 2 DDP ranks and 2 FSDP2 ranks (gloo): the same adapter weights
+    (the frozen base is sharded by fully_shard with the adapters, and saved as the adapter alone)."""
+    from safetensors.torch import load_file
+
+    from tests.conftest import free_port
+
+    # SGD: the update is the gradient itself (Adam would amplify rounding in near-zero gradients to a whole lr).
+    common = ["train", "--lora", "--lora-dropout", "0", "--optimizer", "sgd", "--lr", "0.5", "--seq-len", "32",
+              "--micro-batch", "4", "--effective-batch", "16", "--steps", "2", "--device", "cpu", "--quiet"]
+    gaplan(tmp_path, *common, "--out", "./one", "--save-model", "./one-adapter")
+    for layout in ("ddp", "fsdp"):
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                               str(free_port()), "-m", "gaplan", *common, "--parallel", layout, "--out", f"./{layout}",
+                               "--save-model", f"./{layout}-adapter"], cwd=tmp_path, capture_output=True, text=True,
+                              env=dict(os.environ, GAPLAN_CACHE_DIR=str(tmp_path / "cache")), timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    one = load_file(str(tmp_path / "one-adapter" / "adapter_model.safetensors"))
+    assert one and all("lora_" in name for name in one)
+    for layout in ("ddp", "fsdp"):
+        other = load_file(str(tmp_path / f"{layout}-adapter" / "adapter_model.safetensors"))
+        assert set(other) == set(one), layout
+        for name, value in one.items():
+            torch.testing.assert_close(other[name], value, rtol=1e-5, atol=1e-6, msg=f"{layout} {name}")
