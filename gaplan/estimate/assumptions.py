@@ -23,7 +23,7 @@ from gaplan.estimate.device import (
 )
 
 TOPICS = ("budget", "steady-state", "cpu-process", "allocator", "optimizer", "attention", "mixed-precision",
-          "convolutions", "outside-pytorch", "sharding", "data-parallel", "lora")
+          "convolutions", "outside-pytorch", "sharding", "data-parallel", "lora", "quantization")
 
 
 @dataclass(frozen=True)
@@ -227,3 +227,22 @@ def lora_adapters(spec, frozen_bytes: int, trainable: int, trainable_bytes: int)
         f"{trainable:,} adapter parameters ({format_bytes(trainable_bytes)}) have both.",
         {"lora_r": spec.lora_r, "frozen_bytes": frozen_bytes, "trainable_parameters": trainable,
          "trainable_bytes": trainable_bytes})
+
+
+def quantized_weights(quantized, spec) -> Assumption:
+    """QLoRA: the 4-bit base as modelled (bytes per weight, what stays in full precision, the dequantized copy)."""
+    from gaplan.estimate.quantized import BYTES_PER_WEIGHT, NESTED_BLOCK, NF4_BLOCK
+
+    return Assumption(
+        "quantization",
+        f"QLoRA (--quantize 4bit): the {quantized.layers} frozen linear layers of the base in bitsandbytes' nf4 with "
+        f"double quantization, {BYTES_PER_WEIGHT:.4f} bytes per weight (a 4-bit code, an 8-bit absmax per "
+        f"{NF4_BLOCK}, an fp32 scale per {NESTED_BLOCK} absmaxes): {format_bytes(quantized.quantized_bytes)} instead "
+        f"of {format_bytes(quantized.traced_bytes)} in {spec.weights_dtype}; embeddings, norms, the output head and "
+        f"the adapters stay as traced. Each 4-bit layer dequantizes its weight to the compute dtype while it runs, "
+        f"forward and backward, one layer at a time: the largest, {format_bytes(quantized.dequantized_bytes)}, is "
+        f"counted in the micro-steps. bitsandbytes' kernels' own workspace is not counted; modelled, not measured "
+        f"(no GPU run of QLoRA yet).",
+        {"layers": quantized.layers, "quantized_bytes": quantized.quantized_bytes,
+         "traced_bytes": quantized.traced_bytes, "dequantized_bytes": quantized.dequantized_bytes,
+         "bytes_per_weight": BYTES_PER_WEIGHT})

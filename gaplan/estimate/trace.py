@@ -19,7 +19,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from gaplan.core.constants import BREAKDOWN_CATEGORIES
-from gaplan.estimate.assumptions import Assumption, data_parallel_buckets, lora_adapters, trace_assumptions
+from gaplan.estimate.assumptions import (
+    Assumption,
+    data_parallel_buckets,
+    lora_adapters,
+    quantized_weights,
+    trace_assumptions,
+)
 from gaplan.estimate.device import DeviceModel, mkl_panel_bytes
 from gaplan.estimate.fake import fake_tensor_errors, fake_tensor_mode, fake_workload, no_step_optimizer
 from gaplan.estimate.result import TracedRow
@@ -38,6 +44,7 @@ class Tracer:
         self.bucket_bytes = 0
         self.device = DeviceModel(device_kind, threads)
         self.rows: list[TracedRow] = []
+        self.quantized = None  # QLoRA: the 4-bit accounting of the frozen base (gaplan.estimate.quantized)
         self._stack = contextlib.ExitStack()
         self.workload: Workload
         self._no_step: Workload
@@ -47,6 +54,10 @@ class Tracer:
         try:
             self.workload = fake_workload(self.spec, self.device, self.mode)
             self._no_step = dataclasses.replace(self.workload, optimizer=no_step_optimizer(self.workload.optimizer))
+            if self.spec.quantize:
+                from gaplan.estimate.quantized import quantized_base
+
+                self.quantized = quantized_base(self.workload.model, compute_bytes=2 if self.spec.dtype != "fp32" else 4)
             if self.world_size > 1:  # DDP's buckets: a flat copy of the gradients, held through every step
                 self.bucket_bytes = sum(p.numel() * p.element_size() for p in self.workload.model.parameters()
                                         if p.requires_grad)
@@ -80,9 +91,15 @@ class Tracer:
                 param.grad = torch.zeros_like(param)
         with fake_tensor_errors(self.spec):
             breakdown = measure_breakdown(workload, micro_batch, micro_steps=micro_steps)
-        row = TracedRow(micro_batch=breakdown.micro_batch, phase=phase,
-                        **{category: getattr(breakdown, category) for category in BREAKDOWN_CATEGORIES},
-                        tracked_total=breakdown.tracked_total, peak_bytes=breakdown.tracked_total + self.overhead())
+        categories = {category: getattr(breakdown, category) for category in BREAKDOWN_CATEGORIES}
+        total = breakdown.tracked_total
+        if self.quantized is not None:  # 4-bit weights, and one layer's dequantized copy while it computes
+            copy = self.quantized.dequantized_bytes if micro_batch > 0 else 0
+            categories["parameters"] -= self.quantized.saved_bytes
+            categories["other"] += copy
+            total += copy - self.quantized.saved_bytes
+        row = TracedRow(micro_batch=breakdown.micro_batch, phase=phase, **categories, tracked_total=total,
+                        peak_bytes=total + self.overhead())
         self.rows.append(row)
         return row
 
@@ -111,8 +128,8 @@ class Tracer:
         return self.device.overhead(self.helper.gemm_panel_bytes) + self.bucket_bytes
 
     def static_bytes(self) -> int:
-        """Weights, gradients and optimizer states."""
-        return self.workload.static_bytes()
+        """Weights (4-bit ones at their quantized size), gradients and optimizer states."""
+        return self.workload.static_bytes() - (self.quantized.saved_bytes if self.quantized is not None else 0)
 
     def final_rows(self) -> list[TracedRow]:
         """Every row, with the device overhead as known at the end (MKL's buffer is sized by the largest GEMM seen)."""
@@ -131,12 +148,14 @@ class Tracer:
 
     def assumptions(self) -> list[Assumption]:
         step = next((r for r in self.rows if r.phase == "optimizer-step"), None)
-        notes = trace_assumptions(self.spec, self.device, self.helper, self.workload.static_bytes(),
+        notes = trace_assumptions(self.spec, self.device, self.helper, self.static_bytes(),
                                   step.tracked_total if step is not None else None)
         if self.world_size > 1:
             notes.append(data_parallel_buckets(self.bucket_bytes, self.world_size))
         if self.spec.lora:
             notes.append(lora_assumption(self.spec, self.workload.model))
+        if self.quantized is not None:
+            notes.append(quantized_weights(self.quantized, self.spec))
         return notes
 
 

@@ -181,6 +181,11 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
     spec.validate()
     device = torch.device(device)
     model_device = torch.device("meta") if model_on_meta else device
+    if spec.quantize and device.type != "meta":
+        # The estimate models QLoRA on the meta device; training it needs bitsandbytes on a GPU, not run yet.
+        raise GaplanError("--quantize 4bit: gaplan estimate and gaplan plan model QLoRA; probing and training it "
+                          "(bitsandbytes on CUDA) are not built yet. Train LoRA on a bf16 base (--lora "
+                          "--weights-dtype bf16) meanwhile")
     torch.manual_seed(seed)
     if model_source_kind(spec.model) == "function":
         return _build_custom(spec, device)

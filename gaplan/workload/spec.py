@@ -175,6 +175,9 @@ class WorkloadSpec:
                 raise GaplanError("--quantize 4bit is QLoRA: it quantizes the frozen base under --lora adapters; "
                                   "add --lora")
             return
+        if self.quantize and self.parallel == "fsdp":
+            raise GaplanError("--quantize 4bit with --parallel fsdp is not supported: bitsandbytes' 4-bit weights "
+                              "shard only with their own storage dtype setup; use QLoRA on one card, or LoRA with fsdp")
         if kind == "function":
             raise GaplanError("--lora does not apply to a module:function model (its function builds it): wrap it "
                               "with peft.get_peft_model there")

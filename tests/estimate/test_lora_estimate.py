@@ -1,0 +1,85 @@
+"""The estimate of a LoRA workload: the frozen base counted in its dtype with no gradients or optimizer states,
+and QLoRA's 4-bit base as modelled."""
+
+from __future__ import annotations
+
+import pytest
+
+from gaplan.core.errors import GaplanError
+from gaplan.estimate import estimate
+from gaplan.estimate.quantized import BYTES_PER_WEIGHT
+from gaplan.workload.build import WorkloadSpec, build_workload
+
+pytest.importorskip("peft")
+
+BUDGET = 256 << 20
+
+
+def adapter_bytes(spec):
+    model = build_workload(spec, "meta").model
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def test_the_frozen_base_has_no_gradients_or_optimizer_states_and_lora_fits_more_than_full_fine_tuning():
+    lora = WorkloadSpec(model="tiny-gpt2", seq_len=128, lora=True)
+    result = estimate(lora, memory_limit=BUDGET, device_kind="cpu", threads=1, effective_batch=64)
+    micro = next(r for r in result.rows if r.phase == "micro-steps")
+    adapters = adapter_bytes(lora)
+    assert micro.gradients == adapters
+    assert 0 <= micro.optimizer_states - 2 * adapters < 1024  # AdamW's two states (and its step counters)
+    assert micro.parameters > 80 * adapters  # the frozen base, in full
+    assert any(a.topic == "lora" and a.values["trainable_bytes"] == adapters for a in result.assumptions)
+
+    full = estimate(WorkloadSpec(model="tiny-gpt2", seq_len=128), memory_limit=BUDGET, device_kind="cpu", threads=1,
+                    effective_batch=64)
+    assert result.max_micro_batch > full.max_micro_batch
+    assert result.static_bytes < full.static_bytes / 3
+
+
+def test_qlora_counts_the_base_in_4_bit_and_one_layers_dequantized_copy():
+    fields = dict(model="tiny-llama", seq_len=256, lora=True, weights_dtype="bf16", dtype="bf16")
+    lora = estimate(WorkloadSpec(**fields), target="t4", effective_batch=64)
+    qlora = estimate(WorkloadSpec(**fields, quantize="4bit"), target="t4", effective_batch=64)
+    note = next(a for a in qlora.assumptions if a.topic == "quantization")
+    values = note.values
+    # tiny-llama: 4 layers of q, k, v, o (256 x 256) and gate, up, down (256 x 688) are quantized; lm_head is not
+    weights = 4 * (4 * 256 * 256 + 3 * 256 * 688)
+    assert values["layers"] == 28 and values["traced_bytes"] == 2 * weights
+    assert values["quantized_bytes"] == int(weights * BYTES_PER_WEIGHT)
+    assert values["dequantized_bytes"] == 2 * 256 * 688
+    assert lora.static_bytes - qlora.static_bytes == values["traced_bytes"] - values["quantized_bytes"]
+    lora_micro = next(r for r in lora.rows if r.phase == "micro-steps" and r.micro_batch == 1)
+    qlora_micro = next(r for r in qlora.rows if r.phase == "micro-steps" and r.micro_batch == 1)
+    assert qlora_micro.other - lora_micro.other == values["dequantized_bytes"]
+    assert abs(BYTES_PER_WEIGHT - (0.5 + 1 / 64 + 4 / (64 * 256))) < 1e-12
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(parallel="fsdp"), "--quantize 4bit with --parallel fsdp is not supported"),
+])
+def test_what_qlora_cannot_be_estimated_for_is_one_line(fields, message):
+    with pytest.raises(GaplanError, match=message):
+        estimate(WorkloadSpec(model="tiny-llama", lora=True, quantize="4bit", **fields), world_size=2)
+
+
+def test_qlora_is_not_probed_or_trained_on_a_real_device():
+    with pytest.raises(GaplanError, match="probing and training it .* are not built yet"):
+        build_workload(WorkloadSpec(model="tiny-llama", seq_len=32, lora=True, quantize="4bit"), "cpu")
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_the_8b_example_of_the_lora_page():
+    """docs/lora.md: Llama-3-8B, seq 2048, bf16 base, on a 24 GB card: full fine-tuning does not fit; LoRA r 16 (with
+    activation checkpointing) fits at micro-batch 2 x 32 steps for 64, QLoRA at 5; each traced in under 60 s."""
+    from gaplan.core.errors import DoesNotFit
+
+    fields = dict(model="llama-3-8b", seq_len=2048, weights_dtype="bf16", dtype="bf16")
+    with pytest.raises(DoesNotFit):
+        estimate(WorkloadSpec(**fields, grad_checkpointing=True), target="rtx-4090", effective_batch=64)
+    lora = estimate(WorkloadSpec(**fields, lora=True, grad_checkpointing=True), target="rtx-4090", effective_batch=64)
+    assert (lora.max_micro_batch, lora.plan["micro_batch"], lora.plan["grad_accum_steps"]) == (2, 2, 32)
+    assert lora.trace_seconds < 60
+    qlora = estimate(WorkloadSpec(**fields, lora=True, quantize="4bit", grad_checkpointing=True), target="rtx-4090",
+                     effective_batch=64)
+    assert qlora.max_micro_batch == 5 and qlora.trace_seconds < 60
