@@ -63,6 +63,18 @@ def test_gaplan_batch_size_next_to_lightnings_batch_size_finder():
     assert "gaplan / Lightning wall time:" in out
 
 
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_lora_estimate_next_to_its_probe_and_lora_fits_more_than_full_fine_tuning():
+    """docs/lora.md's table: each B* probed and estimated, and LoRA's probed B* above full fine-tuning's."""
+    pytest.importorskip("peft")
+    out = run_example("lora_estimate_vs_probe.py", timeout=600)
+    edges = {line.split(":")[0]: [int(w.strip(",")) for w in line.split() if w.strip(",").isdigit()]
+             for line in out.splitlines() if line.startswith(("LoRA:", "full:"))}
+    assert edges["LoRA"][0] > edges["full"][0], out
+    assert abs(edges["LoRA"][0] - edges["LoRA"][1]) <= 1, out  # the estimate's B* within 1 of the probe's
+
+
 def run_script(name, *args):
     env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
     result = subprocess.run(["bash", os.path.join(REPO_ROOT, "examples", name), *args], cwd=REPO_ROOT, env=env,

@@ -87,6 +87,7 @@ def test_train_lora_saves_an_adapter_peft_loads_and_leaves_the_base_folder_as_it
     (["--lora", "--merge"], "give --save-model DIR"),
     (["--lora", "--quantize", "4bit", "--device", "cpu"], "needs CUDA"),
     (["--lora", "--lora-config", "./nope.json"], "--lora-config ./nope.json"),
+    (["--lora", "--merge", "--save-model", "./x", "--parallel", "fsdp"], "--merge with --parallel fsdp is not supported"),
 ])
 def test_bad_lora_options_are_one_line_and_exit_2(tmp_path, args, message):
     done = gaplan(tmp_path, "train", "--micro-batch", "2", "--steps", "1", "--out", "./run", *args, check=False)
