@@ -1,5 +1,5 @@
 """gaplan with accelerate: the plan set on the Accelerator from a probe of the user's own step, and the token-exact
-loss over ``accelerator.accumulate`` (one process here; several ranks are not tested yet)."""
+loss over ``accelerator.accumulate``, in one process and over two DDP ranks."""
 
 import pytest
 import torch
@@ -106,7 +106,8 @@ def test_plan_accelerator_probes_the_users_step_under_its_mixed_precision_and_se
 @pytest.mark.distributed
 def test_the_recipe_over_two_ddp_ranks_gives_the_gradient_of_both_ranks_samples_as_one_batch():
     """torchrun, 2 CPU ranks (gloo): each rank's 7 padded samples as 3 + 2 + 2; the synced gradient is that of all 14
-    as one batch (the step's targets counted over both ranks)."""
+    as one batch (the step's targets counted over both ranks). Then plan_accelerator inside the launch, and one step
+    at its planned split, exact as well."""
     import json
     import os
     import subprocess
@@ -121,3 +122,8 @@ def test_the_recipe_over_two_ddp_ranks_gives_the_gradient_of_both_ranks_samples_
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["world"] == 2 and result["items"] == result["targets"]
     assert result["worst"] < 1e-5, result
+    # plan_accelerator from inside the launch: both ranks take rank 0's probe; one step at its split is exact too
+    assert 1 <= result["micro_batch"] <= result["edge"] < 32, result  # the budget binds below a rank's share
+    assert result["micro_batch"] * result["accumulation"] * result["world"] == 64
+    assert result["accelerator_steps"] == result["accumulation"] > 1
+    assert result["planned_worst"] < 1e-5, result

@@ -24,19 +24,15 @@ def tiny_model():
     return AutoModelForCausalLM.from_config(config)
 
 
-def main():
-    import accelerate
-
-    corpus = SyntheticCorpus(32, seed=0)
-    samples = [corpus[i] for i in range(14)]  # 7 a rank, split 3 + 2 + 2: uneven, and padded differently
-    accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=3)
-    rank, world = accelerator.process_index, accelerator.num_processes
-    mine = samples[rank * 7:(rank + 1) * 7]
-    micro_batches = [collate(mine[s:s + n], TASK) for s, n in ((0, 3), (3, 2), (5, 2))]
+def train_one_step(accelerator, samples, splits):
+    """One optimizer step of gaplan's recipe on this rank's ``samples`` cut in ``splits``; the synced gradient."""
+    micro_batches = [collate(samples[s:s + n], TASK) for s, n in zip([sum(splits[:i]) for i in range(len(splits))],
+                                                                        splits, strict=True)]
     model = tiny_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     model, optimizer = accelerator.prepare(model, optimizer)
     items = count_step_items(accelerator, micro_batches, TASK)
+    accelerator.step = 0  # accelerate counts micro-steps over the Accelerator's life: this is a new first step
     got = None
     for batch in micro_batches:
         with accelerator.accumulate(model):
@@ -45,20 +41,59 @@ def main():
                 got = {n: p.grad.detach().clone() for n, p in accelerator.unwrap_model(model).named_parameters()}
             optimizer.step()
             optimizer.zero_grad()
-    if rank == 0:
-        reference = tiny_model()
-        whole = collate(samples, TASK)
-        targets = (whole["labels"][:, 1:] != -100).sum()
-        (summed_token_loss(reference(**whole).logits, whole, TASK) / targets).backward()
-        worst = max(((got[n] - p.grad).abs().max() / p.grad.abs().max()).item()
-                    for n, p in reference.named_parameters())
-        print(json.dumps({"world": world, "items": items, "targets": int(targets), "worst": worst}))
     # The model's reducer holds the gloo group in reference cycles: freed now, while the interpreter is whole, not at
     # its teardown, where freeing a gloo group can abort a rank that has finished.
     del model, optimizer
     import gc
 
     gc.collect()
+    return got, items
+
+
+def worst_difference(got, samples):
+    """The largest relative difference of ``got`` from the gradient of ``samples`` as one batch."""
+    reference = tiny_model()
+    whole = collate(samples, TASK)
+    targets = (whole["labels"][:, 1:] != -100).sum()
+    (summed_token_loss(reference(**whole).logits, whole, TASK) / targets).backward()
+    worst = max(((got[n] - p.grad).abs().max() / p.grad.abs().max()).item() for n, p in reference.named_parameters())
+    return worst, int(targets)
+
+
+def main():
+    import accelerate
+
+    from gaplan.integrations.accelerate import plan_accelerator
+
+    corpus = SyntheticCorpus(32, seed=0)
+    samples = [corpus[i] for i in range(14)]  # 7 a rank, split 3 + 2 + 2: uneven, and padded differently
+    accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=3)
+    rank, world = accelerator.process_index, accelerator.num_processes
+    got, items = train_one_step(accelerator, samples[rank * 7:(rank + 1) * 7], (3, 2, 2))
+
+    # Planned from inside the launch: the main process probes, every rank takes its plan; then one step at it.
+    def setup():
+        model = tiny_model()
+        return model, torch.optim.AdamW(model.parameters())
+
+    def micro_step(model, ids):
+        model(input_ids=ids, labels=ids).loss.backward()
+
+    effective = 64  # a rank's share, 32, is above what the budget holds: the plan accumulates
+    result = plan_accelerator(accelerator, setup, lambda size: torch.randint(1, 256, (size, 32)), micro_step,
+                              effective_batch=effective, memory_limit=12 << 20, threads=1)
+    plan = result.plan
+    share = effective // world
+    planned = [corpus[i] for i in range(100, 100 + effective)]
+    planned_got, _ = train_one_step(accelerator, planned[rank * share:(rank + 1) * share],
+                                    (plan.micro_batch,) * plan.grad_accum_steps)
+    if rank == 0:
+        worst, targets = worst_difference(got, samples)
+        planned_worst, _ = worst_difference(planned_got, planned)
+        print(json.dumps({"world": world, "items": items, "targets": targets, "worst": worst,
+                          "edge": result.max_micro_batch, "micro_batch": plan.micro_batch,
+                          "accumulation": plan.grad_accum_steps, "accelerator_steps": accelerator.gradient_accumulation_steps,
+                          "planned_worst": planned_worst}))
     accelerator.end_training()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
