@@ -51,6 +51,9 @@ from gaplan.runs.folder import REPORT_HTML, REPORT_MD, default_run_dir, path_in
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--max-grad-norm", type=float, default=None, help="Clip the gradient norm (after fp16 unscaling).")
 @click.option("--warmup-steps", type=int, default=0, show_default=True, help="Linear learning-rate warm-up steps.")
+@click.option("--noise-scale/--no-noise-scale", default=True, show_default=True,
+              help="Measure the gradient noise scale each step (train_log.csv: noise_scale, grad_sq, grad_var) "
+                   "from the micro-batches' gradients, and say what it implies for the effective batch.")
 @click.option("--checkpoint-every", type=int, default=0, show_default=True,
               help="Checkpoint every N steps (always at the end and on SIGINT/SIGTERM).")
 @click.option("--resume", default=None, metavar="RUN_DIR", help="Continue the run in RUN_DIR from its checkpoint.")
@@ -163,6 +166,8 @@ def train_command(**options: Any) -> None:
             from gaplan.training.loss_check import LossCheck
 
             click.echo(LossCheck.from_dict(summary["loss_check"]).describe())
+        if summary.get("noise_scale"):
+            click.echo(f"noise scale: {summary['noise_scale']['summary']}")
         if summary.get("verdict"):
             click.echo(f"throughput: {summary['verdict']}")
         if summary.get("report"):

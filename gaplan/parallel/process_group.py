@@ -31,6 +31,14 @@ class Distributed:
         self.dist.all_reduce(tensor)
         return float(tensor.item())
 
+    def sums(self, values: list[float]) -> list[float]:
+        """Each of ``values`` summed over the ranks, in one collective."""
+        if not self.active:
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.float64)
+        self.dist.all_reduce(tensor)
+        return [float(v) for v in tensor.tolist()]
+
     def any(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is True on any rank."""
         return bool(self.sum(1.0 if flag else 0.0)) if self.active else flag

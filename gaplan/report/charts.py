@@ -240,8 +240,10 @@ def training_figure(run: RunData) -> Figure:
     log = run.train_log
     assert log is not None
     peaks = [c for c in ("step_peak_bytes", "peak_bytes") if c in log.columns and log[c].notna().any()]
-    figure = Figure(figsize=(FIG_SIZE[0], FIG_SIZE[1] * (1.4 if peaks else 1)), dpi=DPI, layout="constrained")
-    panels = figure.subplots(3 if peaks else 2, 1, sharex=True)
+    noise = "noise_scale" in log.columns and log["noise_scale"].notna().any()
+    count = 2 + bool(peaks) + noise
+    figure = Figure(figsize=(FIG_SIZE[0], FIG_SIZE[1] * (1 + 0.4 * (count - 2))), dpi=DPI, layout="constrained")
+    panels = figure.subplots(count, 1, sharex=True)
     loss_axes, speed_axes = panels[0], panels[1]
     figure.suptitle(f"Training: {run.model}")
     marker = "o" if len(log) <= 60 else None
@@ -260,6 +262,8 @@ def training_figure(run: RunData) -> Figure:
     speed_axes.legend(loc="lower right")
     if peaks:
         _memory_over_steps(panels[2], run, peaks)
+    if noise:
+        _noise_over_steps(panels[-1], run)
     for axes in panels:
         axes.grid(True, alpha=0.3)
     return figure
@@ -283,6 +287,22 @@ def _memory_over_steps(axes: Any, run: RunData, columns: Sequence[str]) -> None:
     axes.set_ylim(0, largest / scale * 1.15)
     axes.set_ylabel(f"peak memory ({unit})")
     axes.legend(loc="lower right")
+
+
+def _noise_over_steps(axes: Any, run: RunData) -> None:
+    """The smoothed gradient noise scale over the steps, against the effective batch."""
+    log = run.train_log
+    assert log is not None
+    values = log["noise_scale"].astype("float64")
+    axes.plot(log["step"], values, marker="o" if len(log) <= 60 else None, markersize=4, color="tab:orange",
+              label="gradient noise scale (samples)")
+    effective = (run.plan.get("plan") or {}).get("effective_batch")
+    if effective:
+        axes.axhline(effective, color="tab:blue", linestyle=":", linewidth=1.2, label=f"effective batch {effective}")
+    top = max(float(values.max()) if values.notna().any() else 1.0, float(effective or 0), 1.0)
+    axes.set_ylim(0, top * 1.15)
+    axes.set_ylabel("samples")
+    axes.legend(loc="upper right")
 
 
 def lengths_figure(tokens: dict[str, Any], model: str | None = None) -> Figure:

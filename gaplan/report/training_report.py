@@ -94,6 +94,18 @@ def peak_items(run: RunData, log: pd.DataFrame) -> list[str]:
     return items
 
 
+def noise_item(run: RunData, log: pd.DataFrame) -> str | None:
+    """The last step's smoothed gradient noise scale, and what it says of the effective batch."""
+    from gaplan.plan.goodput import noise_scale_summary
+
+    values = _column(log, "noise_scale").dropna()
+    plan = run.plan.get("plan") or {}
+    if values.empty or not plan.get("effective_batch"):
+        return None
+    summary = noise_scale_summary(int(plan["effective_batch"]), float(values.iloc[-1]), int(plan.get("world_size") or 1))
+    return f"**Gradient noise scale:** {summary} (measured on {len(values)} steps; docs/noise-scale.md)"
+
+
 def steps_table(log: pd.DataFrame) -> Table:
     """One row per step: loss, speeds and both peaks (the memory over the steps)."""
     headers = ["step", "loss", "samples/s", "real tokens/s", "padded tokens/s", STEP_PEAK_LABEL, PROCESS_PEAK_LABEL]
@@ -116,13 +128,16 @@ def training_section(run: RunData, images: Sequence[str]) -> list[Block]:
     if run.enforced_budget is not None:
         items.append(TIMED_UNDER_BUDGET if run.enforced_budget else TIMED_NATIVE)
     items += peak_items(run, log)
+    noise = noise_item(run, log)
+    if noise:
+        items.append(noise)
     micro = log["micro_batch"].dropna().astype("int64").tolist()
     changes = [m for i, m in enumerate(micro) if i == 0 or m != micro[i - 1]]
     if len(changes) > 1:  # the training loop halves the micro-batch after an OOM
         items.append(f"**Micro-batch changed during training:** {' -> '.join(map(str, changes))}")
     blocks: list[Block] = [Heading(2, "Training")]
     if TRAINING_PNG in images:
-        blocks.append(Image(TRAINING_PNG, "Loss, throughput and peak memory over steps"))
+        blocks.append(Image(TRAINING_PNG, "Loss, throughput, peak memory and the gradient noise scale over steps"))
     blocks.append(Bullets(items))
     if len(log) <= MAX_STEP_ROWS:
         blocks += [Paragraph("Each step, as in `train_log.csv`:"), steps_table(log)]

@@ -17,6 +17,7 @@ class LoopOptions:
     max_grad_norm: float | None = option(None, resume="fixed")
     warmup_steps: int = option(0, resume="fixed")
     checkpoint_every: int = option(0, resume="free")  # 0: only at the end and on SIGINT/SIGTERM
+    noise_scale: bool = option(True, resume="free")  # measure the gradient noise scale of each step
 
     def __post_init__(self) -> None:
         if self.steps < 1:

@@ -30,6 +30,7 @@ from gaplan.training.checkpoint import RunState
 from gaplan.training.config import TrainConfig
 from gaplan.training.loss_check import LossCheck, check_first_step, save_loss_check, skip_reason
 from gaplan.training.micro_batches import TokenSteps
+from gaplan.training.noise_scale import NoiseScaleMeter
 from gaplan.training.oom_retry import StepInputs, step_until_it_fits
 from gaplan.training.optimizer_step import grad_scaler
 from gaplan.training.train_log import StepLog, append_log
@@ -139,10 +140,20 @@ def train(
             raise GaplanError("--effective-tokens needs data whose samples have lengths; a module:function workload "
                               "makes its own batches")
         token_steps = TokenSteps(corpus, config.effective_tokens, config.seed, min_samples=dist.world_size)
+    noise = None
+    if config.noise_scale and shards:
+        if on_event:
+            on_event("noise scale: not measured under FSDP (each rank holds a shard of every gradient)")
+    elif config.noise_scale:
+        noise = NoiseScaleMeter(workload.model, reduce=dist.sums if dist.active else None)
     inputs = StepInputs(workload, model, corpus, dist, scaler, config.max_grad_norm, config.seed, shards,
-                        config.run_dir)
+                        config.run_dir, noise)
     peaks = (peak_bytes, step_peak_bytes)
-    return _loop(inputs, run, plan, config, start_step, token_steps, on_step, on_event, peaks, reset_peak)
+    try:
+        return _loop(inputs, run, plan, config, start_step, token_steps, on_step, on_event, peaks, reset_peak)
+    finally:
+        if noise is not None:
+            noise.close()
 
 
 def _check(inputs: StepInputs, plan: Plan, start_step: int, token_budget: int | None,
@@ -154,6 +165,14 @@ def _check(inputs: StepInputs, plan: Plan, start_step: int, token_budget: int | 
     if reason is not None:
         return LossCheck(step=start_step + 1, samples=samples, skipped=reason), None
     return check_first_step(inputs.workload, plan, inputs.corpus, inputs.seed, indices, token_budget)
+
+
+def _noise_columns(noise: NoiseScaleMeter | None) -> tuple[float | None, float | None, float | None]:
+    """``noise_scale`` (samples), ``grad_sq`` and ``grad_var`` (per item) of the step just done, else empty."""
+    reading = noise.last if noise is not None else None
+    if reading is None:
+        return None, None, None
+    return reading.noise_scale, reading.grad_sq, reading.grad_var
 
 
 def _above_baseline(peak: Callable[[], int | None] | None) -> int | None:
@@ -203,7 +222,8 @@ def _loop(inputs: StepInputs, run: RunState, plan: Plan, config: TrainConfig, st
                           # By tokens: this step's largest micro-batch and its number of micro-steps.
                           max(map(batch_size, micro_batches)) if token_budget else plan.micro_batch,
                           len(micro_batches) if token_budget else plan.grad_accum_steps, seconds,
-                          _above_baseline(peaks[1]), done_step.padded / seconds)
+                          _above_baseline(peaks[1]), done_step.padded / seconds,
+                          *_noise_columns(inputs.noise))
             logs.append(log)
             if step == start_step and check is not None:
                 if one_batch_loss is not None:

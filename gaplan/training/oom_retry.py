@@ -19,6 +19,7 @@ from gaplan.devices.backend import is_out_of_memory, release_after_oom
 from gaplan.parallel.process_group import Distributed
 from gaplan.plan.split import Plan
 from gaplan.training.micro_batches import PLACEHOLDER, longest_sample, sample_micro_batches, token_micro_batches
+from gaplan.training.noise_scale import NoiseScaleMeter
 from gaplan.training.oom import OomAgreement, PeerOutOfMemory, halved_sizes, sharded_out_of_memory
 from gaplan.training.optimizer_step import optimizer_step
 from gaplan.workload.build import Workload
@@ -49,6 +50,7 @@ class StepInputs:
     seed: int
     shards: bool
     run_dir: str | None
+    noise: NoiseScaleMeter | None = None  # measures the gradient noise scale of each step
 
 
 def step_until_it_fits(inputs: StepInputs, step: int, plan: Plan, token_budget: int | None, indices: list[int] | None,
@@ -63,7 +65,7 @@ def step_until_it_fits(inputs: StepInputs, step: int, plan: Plan, token_budget: 
         agreement = OomAgreement(dist)
         try:
             loss, tokens = optimizer_step(workload, inputs.model, micro_batches, dist, inputs.scaler,
-                                          inputs.max_grad_norm, agreement)
+                                          inputs.max_grad_norm, agreement, inputs.noise)
             padded = int(dist.sum(sum(int(mb["attention_mask"].numel()) for mb in micro_batches
                                       if "attention_mask" in mb and PLACEHOLDER not in mb)))
             return StepDone(loss, tokens, padded, micro_batches, plan, token_budget)

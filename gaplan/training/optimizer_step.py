@@ -15,10 +15,11 @@ from gaplan.devices.backend import is_out_of_memory
 from gaplan.parallel.fsdp import is_sharded, no_sync_for
 from gaplan.parallel.process_group import Distributed
 from gaplan.training.micro_batches import PLACEHOLDER
+from gaplan.training.noise_scale import NoiseScaleMeter
 from gaplan.training.oom import OomAgreement
 from gaplan.training.step import accumulate_gradients
 from gaplan.workload.build import Workload
-from gaplan.workload.loss import count_step_targets
+from gaplan.workload.loss import batch_size, count_step_targets
 
 
 class OptimizerStepDoesNotFit(GaplanError):
@@ -27,9 +28,12 @@ class OptimizerStepDoesNotFit(GaplanError):
 
 def optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[dict], dist: Distributed,
                    scaler: torch.amp.GradScaler | None, max_grad_norm: float | None,
-                   agreement: OomAgreement | None = None) -> tuple[float, int]:
-    """Accumulate, then step. Returns the large-batch loss and the tokens seen (all ranks)."""
+                   agreement: OomAgreement | None = None, noise: NoiseScaleMeter | None = None) -> tuple[float, int]:
+    """Accumulate, then step. Returns the large-batch loss and the tokens seen (all ranks); ``noise`` measures the
+    gradient noise scale of the step (its reading in ``noise.last``)."""
     num_items = int(dist.sum(count_step_targets(micro_batches, workload.task)))
+    if noise is not None:
+        noise.skip()  # a step redone after an OOM starts its measurement again
     # DDP averages gradients over ranks; a token-normalized loss must be summed, so undo the average.
     # FSDP here sums already (gaplan.parallel.fsdp sets it on every unit).
     averaged = dist.active and not is_sharded(model) and workload.loss_is_scaled_for_ga is not False
@@ -39,9 +43,12 @@ def optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[dic
         no_sync=no_sync_for(model, workload.spec.grad_sync),
         scale=scaler.scale if scaler is not None else None,
         before_last=agreement.before_last if agreement is not None and dist.active else None,
-        before_last_backward=agreement.before_last_backward if agreement is not None and dist.active else None)
+        before_last_backward=agreement.before_last_backward if agreement is not None and dist.active else None,
+        noise=noise, grad_scale=float(scaler.get_scale()) if scaler is not None and noise is not None else 1.0)
     if scaler is not None:
         scaler.unscale_(workload.optimizer)  # before clipping: clip the true gradient
+    if noise is not None:  # the reduced, unscaled step gradient, before clipping changes it
+        noise.finish(int(dist.sum(sum(batch_size(mb) for mb in micro_batches if PLACEHOLDER not in mb))))
     if max_grad_norm:
         torch.nn.utils.clip_grad_norm_(workload.model.parameters(), max_grad_norm)
     try:

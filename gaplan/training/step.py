@@ -40,6 +40,8 @@ def accumulate_gradients(
     scale: Callable[[torch.Tensor], torch.Tensor] | None = None,
     before_last: Callable[[], None] | None = None,
     before_last_backward: Callable[[], None] | None = None,
+    noise: Any = None,
+    grad_scale: float = 1.0,
 ) -> StepResult:
     """Forward and backward every micro-batch so the summed gradient is the large-batch gradient.
 
@@ -55,6 +57,8 @@ def accumulate_gradients(
             (training uses it to agree across ranks that no micro-step ran out of memory).
         before_last_backward: called between the last micro-batch's forward and its backward (the
             same agreement, for an OOM in that forward).
+        noise: a :class:`gaplan.training.noise_scale.NoiseScaleMeter`, told each micro-step's size and how its
+            contribution to ``.grad`` relates to its own mean gradient; ``grad_scale`` the loss scale (fp16).
     """
     if num_items_in_batch is None:
         num_items_in_batch = count_step_targets(micro_batches, task)
@@ -80,7 +84,15 @@ def accumulate_gradients(
                 if before_last_backward is not None and index == steps - 1:
                     before_last_backward()
                 phase = "backward"
+                if noise is not None:
+                    noise.start_micro_step()
                 (scale(loss) if scale is not None else loss).backward()
+                if noise is not None:
+                    items = count_step_targets([batch], task)
+                    # Its contribution is loss_multiplier x (its sum / the step's items), or x (its mean / steps):
+                    # back to its own mean, and out of the loss scale.
+                    share = steps if loss_is_scaled_for_ga is False else num_items_in_batch / max(items, 1)
+                    noise.end_micro_step(share / (loss_multiplier * grad_scale), items)
             except Exception as exc:
                 # Where it failed, for the caller's message (an OOM in a later micro-step's forward or backward).
                 exc.gaplan_phase = f"the {phase} of micro-step {index + 1} of {steps}"  # type: ignore[attr-defined]

@@ -16,7 +16,7 @@ from gaplan.runs.folder import TRAIN_LOG_CSV
 from gaplan.runs.schema import TRAIN_LOG
 
 LOG_FIELDS = ["step", "loss", "lr", "samples_per_s", "tokens_per_s", "peak_bytes", "micro_batch",
-              "grad_accum_steps", "seconds", "step_peak_bytes", "padded_tokens_per_s"]
+              "grad_accum_steps", "seconds", "step_peak_bytes", "padded_tokens_per_s", "noise_scale", "grad_sq", "grad_var"]
 assert set(LOG_FIELDS) == set(TRAIN_LOG.columns), "train_log.csv's writer and its schema must agree"
 
 
@@ -33,6 +33,11 @@ class StepLog:
     seconds: float
     step_peak_bytes: int | None = None  # above the baseline, as the probe measures its trials
     padded_tokens_per_s: float | None = None  # token positions fed, padding included
+    # The gradient noise scale (gaplan.training.noise_scale), smoothed: B_noise in samples; |G|^2 and tr(S) per
+    # item (target). Empty where the step could not be measured.
+    noise_scale: float | None = None
+    grad_sq: float | None = None
+    grad_var: float | None = None
 
 
 def append_log(run_dir: str, log: StepLog) -> None:

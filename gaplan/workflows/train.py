@@ -310,7 +310,21 @@ def _summary(run_dir: str, result: Any) -> dict[str, Any]:
         "process_peak_bytes": _largest([log.peak_bytes for log in logs]),
         "seconds": round(result.seconds, 2), "oom_fallbacks": result.oom_fallbacks, "interrupted": result.interrupted,
         "padding_fraction": result.padding_fraction,
+        "noise_scale": _noise_scale(result),
     }
+
+
+def _noise_scale(result: Any) -> dict[str, Any] | None:
+    """The last step's smoothed noise scale and what it says of the effective batch (None when never measured)."""
+    from gaplan.plan.goodput import noise_scale_summary
+
+    measured = [log for log in result.logs if log.noise_scale is not None]
+    if not measured:
+        return None
+    last = measured[-1]
+    return {"noise_scale": last.noise_scale, "grad_sq": last.grad_sq, "grad_var": last.grad_var,
+            "steps_measured": len(measured),
+            "summary": noise_scale_summary(result.plan.effective_batch, last.noise_scale, result.plan.world_size)}
 
 
 def _mean(values: list[float | None]) -> float | None:

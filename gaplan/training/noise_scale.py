@@ -1,0 +1,111 @@
+"""The gradient noise scale, measured during accumulation at no extra step (McCandlish et al. 2018, appendix A.1).
+
+Accumulation gives the two batch sizes the estimator needs: every micro-batch's gradient is a small batch, the
+step's accumulated gradient the big one. A hook on each trainable parameter sees the gradient a micro-step's
+backward brings before it is added to ``.grad``; its squared norm is summed there, so no copy of the gradients is
+kept. After the step's reduction, ``.grad`` is the big batch's mean gradient over all ranks. With ``B`` counted in
+the items the loss averages over (targets for the language-model tasks, samples otherwise):
+
+    |G|^2  ~ (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)
+    tr(S)  ~ (|G_small|^2 - |G_big|^2) / (1 / B_small - 1 / B_big)
+
+Micro-batches of different sizes are pooled: ``|G_small|^2`` is their item-weighted mean and ``B_small`` their
+mean size, which keeps ``E|G_small|^2 = |G|^2 + tr(S) / B_small`` exact. Both estimates are smoothed by
+debiased exponential moving averages; ``B_noise = tr(S) / |G|^2``, in items and, divided by the items per sample,
+in samples (the unit of the effective batch). The training itself is not changed: each micro-step's gradient is
+rescaled from its share of the step's loss to its own mean.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+DEFAULT_SMOOTHING = 0.95  # the EMAs' decay: about the last 20 steps count
+
+
+@dataclass(frozen=True)
+class NoiseReading:
+    """One step's measurement and the smoothed estimates after it (``None`` where not yet defined)."""
+
+    grad_sq: float | None  # |G|^2, smoothed (per item)
+    grad_var: float | None  # tr(S), smoothed (per item)
+    noise_scale: float | None  # B_noise in samples
+    noise_scale_items: float | None  # B_noise in items (targets)
+    small_batch: float  # B_small of this step, in items
+    big_batch: float  # B_big of this step, in items
+
+
+class NoiseScaleMeter:
+    """Hooks on ``model``'s trainable parameters that measure the gradient noise scale of each optimizer step.
+
+    Per step: :meth:`start_micro_step` before a micro-step's backward, :meth:`end_micro_step` after it (with the
+    factor that turns its contribution to ``.grad`` into its own mean gradient, and its items), then :meth:`finish`
+    once ``.grad`` holds the reduced, unscaled step gradient. :meth:`skip` drops a step that cannot be measured.
+    """
+
+    def __init__(self, model: nn.Module, smoothing: float = DEFAULT_SMOOTHING, reduce: Any = None) -> None:
+        self.parameters = [p for p in model.parameters() if p.requires_grad]
+        self.smoothing = smoothing
+        self.reduce = reduce  # sums a list of floats over the ranks (None: one process)
+        self.last: NoiseReading | None = None  # the latest step's reading
+        self._sum: torch.Tensor | None = None
+        self._steps: list[tuple[torch.Tensor, float, float]] = []  # (|contribution|^2, factor, items) per micro-step
+        self._ema_sq = self._ema_var = 0.0
+        self._count = 0
+        self._handles = [p.register_hook(self._add) for p in self.parameters]
+
+    def _add(self, grad: torch.Tensor) -> None:
+        # A vector norm reduces without a squared copy of the gradient: no extra peak memory.
+        norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
+        self._sum = norm * norm if self._sum is None else self._sum + norm * norm
+
+    def start_micro_step(self) -> None:
+        self._sum = None
+
+    def end_micro_step(self, factor: float, items: float) -> None:
+        """``factor``: the micro-batch's mean gradient over its contribution to ``.grad``; ``items``: its size."""
+        if self._sum is not None and items > 0:
+            self._steps.append((self._sum, factor, items))
+        self._sum = None
+
+    def skip(self) -> None:
+        self._steps, self._sum = [], None
+
+    def finish(self, samples: int) -> NoiseReading | None:
+        """The step's reading, from ``.grad`` (the big batch) and the micro-steps seen; ``samples``: the step's
+        samples over all ranks. None when the step cannot be measured (one micro-batch in all, non-finite norms)."""
+        steps, self._steps = self._steps, []
+        self.last = None
+        # One device sync for the micro-steps' norms: sum over them of n_m |G_m|^2.
+        weighted = float(torch.stack([s.double() * (f * f) * n for s, f, n in steps]).sum()) if steps else 0.0
+        local = [weighted, float(sum(n for _, _, n in steps)), float(len(steps))]
+        weighted, items, count = self.reduce(local) if self.reduce is not None else local
+        grads = [p.grad for p in self.parameters if p.grad is not None]
+        big_sq = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32)
+                                                             for g in grads])) ** 2) if grads else 0.0
+        if count < 2 or not (math.isfinite(weighted) and math.isfinite(big_sq)) or items <= 0:
+            return None
+        small_sq, b_small, b_big = weighted / items, items / count, items
+        grad_sq = (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
+        grad_var = (small_sq - big_sq) / (1 / b_small - 1 / b_big)
+        self._count += 1
+        decay = self.smoothing
+        self._ema_sq = decay * self._ema_sq + (1 - decay) * grad_sq
+        self._ema_var = decay * self._ema_var + (1 - decay) * grad_var
+        debias = 1 - decay ** self._count
+        smooth_sq, smooth_var = self._ema_sq / debias, self._ema_var / debias
+        scale = smooth_var / smooth_sq if smooth_sq > 0 else None
+        per_sample = items / samples if samples > 0 else 1.0
+        self.last = NoiseReading(smooth_sq, smooth_var, scale / per_sample if scale is not None else None, scale,
+                                 b_small, b_big)
+        return self.last
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
