@@ -29,16 +29,20 @@ def test_the_flat_options_fill_the_nested_data_source_and_loop():
     assert options.micro_batch == 2 and options.data == "corpus.txt" and options.steps == 5
 
 
+# Options added since, each with the default an older folder's run had (their behaviour before the option existed).
+ADDED_SINCE = {"merge": False, "noise_scale": True}
+
+
 def test_saved_flat_is_the_shape_older_run_folders_have():
-    assert set(TrainOptions().to_flat()) == set(OLD_FLAT_OPTIONS)
-    assert TrainOptions.from_flat(OLD_FLAT_OPTIONS).to_flat() == OLD_FLAT_OPTIONS
+    assert set(TrainOptions().to_flat()) == set(OLD_FLAT_OPTIONS) | set(ADDED_SINCE)
+    assert TrainOptions.from_flat(OLD_FLAT_OPTIONS).to_flat() == {**OLD_FLAT_OPTIONS, **ADDED_SINCE}
 
 
 def test_resume_marks_are_the_fields_metadata():
     marks = resume_marks()
     assert {name for name, mark in marks.items() if mark == "free"} == {
         "steps", "checkpoint_every", "save_weights", "save_model", "compare", "threads", "command",
-        "enforce_memory_limit"}
+        "enforce_memory_limit", "merge", "noise_scale"}
     assert marks["seed"] == marks["data"] == marks["effective_batch"] == "fixed"
     assert "grad_checkpointing" not in marks and "resume" not in marks  # the spec holds one; the run sets the other
 

@@ -1,0 +1,62 @@
+"""What measuring the gradient noise scale costs `gaplan train`: step time and step peak, with and without it.
+
+    python examples/noise_scale_overhead.py            # tiny-gpt2, seq 128, 8 x 4, 2 threads, 5 rounds (~2 min)
+    python examples/noise_scale_overhead.py --rounds 9
+
+Each round trains once with ``--noise-scale`` and once with ``--no-noise-scale``, each a fresh process, in an order that
+alternates from round to round; a run's step time is the median of its steps after the first two. The time ratio is
+taken round by round (gaplan.benchmark.stats: geometric mean and 95% interval). The peaks come from one run of each
+under ``--enforce-memory-limit``, where the step peak is exact (the probe's measure). Prints numbers; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+COMMON = ["--model", "tiny-gpt2", "--seq-len", "128", "--micro-batch", "8", "--effective-batch", "32", "--threads", "2",
+          "--device", "cpu", "--quiet"]
+
+
+def run(folder: str, noise: bool, steps: int, *extra: str) -> list[dict]:
+    flag = "--noise-scale" if noise else "--no-noise-scale"
+    done = subprocess.run([sys.executable, "-m", "gaplan", "train", *COMMON, "--steps", str(steps), flag, "--out", folder,
+                           *extra], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"gaplan train failed:\n{done.stderr[-2000:]}")
+    with open(os.path.join(folder, "train_log.csv")) as handle:
+        return list(csv.DictReader(handle))
+
+
+def main() -> None:
+    from gaplan.benchmark.stats import paired_ratio
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=8)
+    args = parser.parse_args()
+    times: dict[bool, list[float]] = {True: [], False: []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for index in range(args.rounds):
+            for noise in ((True, False) if index % 2 == 0 else (False, True)):
+                rows = run(os.path.join(tmp, f"{index}-{noise}"), noise, args.steps)
+                times[noise].append(statistics.median(float(r["seconds"]) for r in rows[2:]))
+            print(f"round {index + 1}: with {times[True][-1]:.3f} s/step, without {times[False][-1]:.3f} s/step",
+                  flush=True)
+        peaks = {noise: max(int(r["step_peak_bytes"]) for r in run(os.path.join(tmp, f"peak-{noise}"), noise, 4,
+                                                                  "--enforce-memory-limit", "--memory-limit", "2GiB"))
+                 for noise in (True, False)}
+    ratio = paired_ratio(times[True], times[False])
+    print(f"\nstep time with / without the measurement: {ratio.value:.3f}x (95% CI {ratio.low:.3f}-{ratio.high:.3f}), "
+          f"medians {statistics.median(times[True]):.3f} s vs {statistics.median(times[False]):.3f} s")
+    print(f"step peak with / without: {peaks[True] / 2**20:.2f} MiB vs {peaks[False] / 2**20:.2f} MiB "
+          f"({(peaks[True] - peaks[False]) / peaks[False]:+.2%})")
+
+
+if __name__ == "__main__":
+    main()
