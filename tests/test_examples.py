@@ -75,6 +75,18 @@ def test_lora_estimate_next_to_its_probe_and_lora_fits_more_than_full_fine_tunin
     assert abs(edges["LoRA"][0] - edges["LoRA"][1]) <= 1, out  # the estimate's B* within 1 of the probe's
 
 
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_the_batch_the_noise_scale_suggests_reaches_the_asked_for_loss_sooner():
+    """docs/noise-scale.md: on tiny-gpt2 the measured noise scale (~5) suggests a smaller effective batch than the
+    64 asked for, and that batch reaches the same smoothed loss in less wall time."""
+    out = run_example("noise_scale_time_to_loss.py", timeout=900)
+    line = next(line for line in out.splitlines() if line.startswith("suggested:"))
+    assert "reaches it at step" in line, out
+    share = int(line.split("% of the time")[0].rsplit(" ", 1)[-1])
+    assert share < 100, out
+
+
 def run_script(name, *args):
     env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
     result = subprocess.run(["bash", os.path.join(REPO_ROOT, "examples", name), *args], cwd=REPO_ROOT, env=env,
