@@ -53,28 +53,28 @@ class NoiseScaleMeter:
         self.smoothing = smoothing
         self.reduce = reduce  # sums a list of floats over the ranks (None: one process)
         self.last: NoiseReading | None = None  # the latest step's reading
-        self._sum: torch.Tensor | None = None
+        self._norms: list[torch.Tensor] = []  # this micro-step's gradient norms, a parameter each
         self._steps: list[tuple[torch.Tensor, float, float]] = []  # (|contribution|^2, factor, items) per micro-step
         self._ema_sq = self._ema_var = 0.0
         self._count = 0
         self._handles = [p.register_hook(self._add) for p in self.parameters]
 
     def _add(self, grad: torch.Tensor) -> None:
-        # A vector norm reduces without a squared copy of the gradient: no extra peak memory.
-        norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
-        self._sum = norm * norm if self._sum is None else self._sum + norm * norm
+        # A vector norm reduces without a squared copy of the gradient: no extra peak memory. One op per parameter
+        # here; the squares are summed once per micro-step.
+        self._norms.append(torch.linalg.vector_norm(grad, dtype=torch.float32))
 
     def start_micro_step(self) -> None:
-        self._sum = None
+        self._norms = []
 
     def end_micro_step(self, factor: float, items: float) -> None:
         """``factor``: the micro-batch's mean gradient over its contribution to ``.grad``; ``items``: its size."""
-        if self._sum is not None and items > 0:
-            self._steps.append((self._sum, factor, items))
-        self._sum = None
+        if self._norms and items > 0:
+            self._steps.append((torch.stack(self._norms).square().sum(), factor, items))
+        self._norms = []
 
     def skip(self) -> None:
-        self._steps, self._sum = [], None
+        self._steps, self._norms = [], []
 
     def finish(self, samples: int) -> NoiseReading | None:
         """The step's reading, from ``.grad`` (the big batch) and the micro-steps seen; ``samples``: the step's
@@ -86,8 +86,8 @@ class NoiseScaleMeter:
         local = [weighted, float(sum(n for _, _, n in steps)), float(len(steps))]
         weighted, items, count = self.reduce(local) if self.reduce is not None else local
         grads = [p.grad for p in self.parameters if p.grad is not None]
-        big_sq = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32)
-                                                             for g in grads])) ** 2) if grads else 0.0
+        big_sq = float(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]).double()
+                       .square().sum()) if grads else 0.0
         if count < 2 or not (math.isfinite(weighted) and math.isfinite(big_sq)) or items <= 0:
             return None
         small_sq, b_small, b_big = weighted / items, items / count, items

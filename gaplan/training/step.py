@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from gaplan.devices.mkl import release_gemm_workspace
+from gaplan.training.noise_scale import NoiseScaleMeter
 from gaplan.workload.loss import batch_size, count_step_targets, normalized_loss
 
 
@@ -40,7 +41,7 @@ def accumulate_gradients(
     scale: Callable[[torch.Tensor], torch.Tensor] | None = None,
     before_last: Callable[[], None] | None = None,
     before_last_backward: Callable[[], None] | None = None,
-    noise: Any = None,
+    noise: NoiseScaleMeter | None = None,
     grad_scale: float = 1.0,
 ) -> StepResult:
     """Forward and backward every micro-batch so the summed gradient is the large-batch gradient.
