@@ -149,14 +149,14 @@ class WorkloadSpec:
             raise GaplanError("--grad-sync every needs --parallel fsdp (DDP syncs on the last micro-step)")
         if not isinstance(self.trust_remote_code, bool):
             raise GaplanError(f"trust_remote_code must be true or false (got {self.trust_remote_code!r})")
-        self._validate_lora(kind=model_source_kind(self.model))
+        kind = model_source_kind(self.model)
+        self._validate_lora(kind)
         if self.optimizer not in OPTIMIZERS:
             raise GaplanError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if self.seq_len is not None and self.seq_len < 2:
             raise GaplanError(f"--seq-len must be at least 2 (got {self.seq_len})")
         if self.lr is not None and not self.lr > 0:
             raise GaplanError(f"--lr must be positive (got {self.lr})")
-        kind = model_source_kind(self.model)
         if kind == "function" and self.task is not None:
             raise GaplanError("--task does not apply to a module:function model (its function defines the loss)")
         if kind in ("function", "preset") and self.init == "pretrained":
@@ -165,7 +165,6 @@ class WorkloadSpec:
         if kind == "function" and self.weights_dtype != "fp32":
             raise GaplanError("--weights-dtype does not apply to a module:function model (its function builds it)")
         return self
-
 
     def _validate_lora(self, kind: str) -> None:
         if self.quantize is not None and self.quantize not in QUANTIZE:
@@ -187,14 +186,16 @@ class WorkloadSpec:
             raise GaplanError(f"--lora-alpha must be positive (got {self.lora_alpha})")
         if not 0 <= self.lora_dropout < 1:
             raise GaplanError(f"--lora-dropout must be in [0, 1) (got {self.lora_dropout})")
-        if self.lora_targets is not None and not [t for t in self.lora_targets.split(",") if t.strip()]:
+        if self.lora_targets is not None and not self.lora_target_modules:
             raise GaplanError("--lora-targets names no module: give all-linear or names such as q_proj,v_proj")
 
     @property
     def lora_target_modules(self) -> str | list[str] | None:
         """peft's ``target_modules``: None (its default for the architecture), ``"all-linear"``, or the names."""
-        if self.lora_targets is None or self.lora_targets.strip() == "all-linear":
-            return None if self.lora_targets is None else "all-linear"
+        if self.lora_targets is None:
+            return None
+        if self.lora_targets.strip() == "all-linear":
+            return "all-linear"
         return [t.strip() for t in self.lora_targets.split(",") if t.strip()]
 
 
