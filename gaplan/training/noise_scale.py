@@ -77,14 +77,15 @@ class NoiseScaleMeter:
         self._steps, self._norms = [], []
 
     def finish(self, samples: int) -> NoiseReading | None:
-        """The step's reading, from ``.grad`` (the big batch) and the micro-steps seen; ``samples``: the step's
-        samples over all ranks. None when the step cannot be measured (one micro-batch in all, non-finite norms)."""
+        """The step's reading, from ``.grad`` (the big batch) and the micro-steps seen; ``samples``: this rank's
+        samples of the step (summed over the ranks with the norms, in the same collective). None when the step
+        cannot be measured (one micro-batch in all, non-finite norms)."""
         steps, self._steps = self._steps, []
         self.last = None
         # One device sync for the micro-steps' norms: sum over them of n_m |G_m|^2.
         weighted = float(torch.stack([s.double() * (f * f) * n for s, f, n in steps]).sum()) if steps else 0.0
-        local = [weighted, float(sum(n for _, _, n in steps)), float(len(steps))]
-        weighted, items, count = self.reduce(local) if self.reduce is not None else local
+        local = [weighted, float(sum(n for _, _, n in steps)), float(len(steps)), float(samples)]
+        weighted, items, count, samples = self.reduce(local) if self.reduce is not None else local
         grads = [p.grad for p in self.parameters if p.grad is not None]
         big_sq = float(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]).double()
                        .square().sum()) if grads else 0.0

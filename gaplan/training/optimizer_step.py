@@ -48,7 +48,7 @@ def optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[dic
     if scaler is not None:
         scaler.unscale_(workload.optimizer)  # before clipping: clip the true gradient
     if noise is not None:  # the reduced, unscaled step gradient, before clipping changes it
-        noise.finish(int(dist.sum(sum(batch_size(mb) for mb in micro_batches if PLACEHOLDER not in mb))))
+        noise.finish(sum(batch_size(mb) for mb in micro_batches if PLACEHOLDER not in mb))
     if max_grad_norm:
         torch.nn.utils.clip_grad_norm_(workload.model.parameters(), max_grad_norm)
     try:
