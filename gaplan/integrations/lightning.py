@@ -27,7 +27,7 @@ from typing import Any
 
 from pytorch_lightning import Callback
 
-from gaplan.core.errors import DoesNotFit, GaplanError, one_line
+from gaplan.core.errors import GaplanError, one_line
 from gaplan.data.longest import DEFAULT_SCAN, largest_batches, largest_first
 from gaplan.plan.split import Plan, make_even_plan
 from gaplan.probing.loop import LoopProbeResult, probe_loop
@@ -82,10 +82,8 @@ class GaplanBatchSize(Callback):
                                      effective_batch=self.effective_batch, world_size=world,
                                      search_cap=self.search_cap, threads=self.threads, on_trial=self.on_trial)
             edge = self.result.max_micro_batch
-        except DoesNotFit as exc:
+        except Exception as exc:  # noqa: BLE001 - DoesNotFit or any other: the other ranks must hear of it first
             error, edge = exc, 0
-        except Exception as exc:  # noqa: BLE001 - the other ranks must hear of it before this one raises
-            error, edge = exc, -1
         edge = smallest_over_ranks(trainer, edge)
         if error is not None:
             raise error
