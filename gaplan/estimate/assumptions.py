@@ -100,10 +100,10 @@ def _cpu_process(spec, device: DeviceModel, observed, temporaries: int) -> list[
     panel = observed.gemm_panel_bytes
     notes = [Assumption(
         "cpu-process",
-        f"CPU process: traced tensors plus {format_bytes(CPU_HEAP_BYTES)} of heap (Python objects, autograd) and "
-        f"{format_bytes(panel)} of MKL GEMM packing buffer (4 bytes x min(K, {MKL_PANEL_K}) x min(N, {MKL_PANEL_N}) of "
-        "the largest matrix product: one call's, MKL's pool being off), both measured against gaplan probe's "
-        "resident-memory peak; no CUDA adjustment.",
+        f"CPU process: traced tensors plus {format_bytes(CPU_HEAP_BYTES)} of heap (Python objects, autograd), and "
+        f"while each float32 matrix product runs, its MKL packing buffer (4 bytes x min(K, {MKL_PANEL_K}) x "
+        f"min(N, {MKL_PANEL_N}), one call's, MKL's pool being off; {format_bytes(panel)} for the largest), both "
+        "measured against gaplan probe's resident-memory peak; no CUDA adjustment.",
         {"heap_bytes": CPU_HEAP_BYTES, "threads": device.threads, "mkl_panel_bytes": panel})]
     if spec.optimizer == "adamw":
         notes.append(Assumption("optimizer", f"AdamW as PyTorch runs it on CPU (single-tensor): its step's temporaries, "

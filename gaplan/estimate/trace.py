@@ -26,7 +26,7 @@ from gaplan.estimate.assumptions import (
     quantized_weights,
     trace_assumptions,
 )
-from gaplan.estimate.device import DeviceModel, mkl_panel_bytes
+from gaplan.estimate.device import DeviceModel, gemm_panel_bytes
 from gaplan.estimate.fake import fake_tensor_errors, fake_tensor_mode, fake_workload, no_step_optimizer
 from gaplan.estimate.result import TracedRow
 from gaplan.estimate.torch_private import private, private_attr, private_module
@@ -90,7 +90,8 @@ class Tracer:
             if param.requires_grad:
                 param.grad = torch.zeros_like(param)
         with fake_tensor_errors(self.spec):
-            breakdown = measure_breakdown(workload, micro_batch, micro_steps=micro_steps)
+            breakdown = measure_breakdown(workload, micro_batch, micro_steps=micro_steps,
+                                           workspace=self.device.workspace())
         categories = {category: getattr(breakdown, category) for category in BREAKDOWN_CATEGORIES}
         total = breakdown.tracked_total
         if self.quantized is not None:  # 4-bit weights, and one layer's dequantized copy while it computes
@@ -124,15 +125,18 @@ class Tracer:
     # -- what the device adds, and what was assumed ----------------------------------------------
 
     def overhead(self) -> int:
-        """Bytes the device holds besides the traced tensors (the CPU process's heap and MKL buffers, DDP's buckets)."""
-        return self.device.overhead(self.helper.gemm_panel_bytes) + self.bucket_bytes
+        """Bytes the device holds besides the traced tensors (the CPU process's heap, DDP's buckets).
+
+        MKL's GEMM buffers are traced, as a workspace at the moment of each product (``DeviceModel.workspace``).
+        """
+        return self.device.overhead() + self.bucket_bytes
 
     def static_bytes(self) -> int:
         """Weights (4-bit ones at their quantized size), gradients and optimizer states."""
         return self.workload.static_bytes() - (self.quantized.saved_bytes if self.quantized is not None else 0)
 
     def final_rows(self) -> list[TracedRow]:
-        """Every row, with the device overhead as known at the end (MKL's buffer is sized by the largest GEMM seen)."""
+        """Every row, with the device overhead added."""
         overhead = self.overhead()
         return [dataclasses.replace(r, peak_bytes=r.tracked_total + overhead) for r in self.rows]
 
@@ -204,10 +208,9 @@ class TraceHelper:
             # A value read off a fake tensor: the loss logged, the target count, a mask check. None changes a shape.
             dtype = args[0].dtype
             return True if dtype == torch.bool else (1.0 if dtype.is_floating_point or dtype.is_complex else 1)
-        if func in (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default):
-            a, b = (args[0], args[1]) if func in (aten.mm.default, aten.bmm.default) else (args[1], args[2])
-            if a.dtype == torch.float32:  # MKL sgemm; bf16/fp16 products go to oneDNN, measured without such a buffer
-                self.gemm_panel_bytes = max(self.gemm_panel_bytes, mkl_panel_bytes(a.shape[-1], b.shape[-1]))
+        panel = gemm_panel_bytes(func, args)
+        if panel:
+            self.gemm_panel_bytes = max(self.gemm_panel_bytes, panel)
         elif "scaled_dot_product" in func.__name__ or "attention" in func.__name__:
             self.attention_ops.add(func.__name__)
         elif "convolution" in func.__name__:

@@ -9,7 +9,9 @@ workload, next to the device's own peak.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from gaplan.core.constants import BREAKDOWN_CATEGORIES
 from gaplan.core.errors import GaplanError
@@ -17,6 +19,9 @@ from gaplan.training.step import accumulate_gradients
 from gaplan.workload.build import Workload
 
 CATEGORIES = BREAKDOWN_CATEGORIES
+
+# An operator's transient bytes: ``workspace(func, args)`` -> bytes it holds only while it runs (0 for most).
+Workspace = Callable[[Any, tuple], int]
 
 # MemTracker's reference types -> gaplan's categories (buffers count with parameters, temporaries with other).
 _CATEGORY_OF = {"Parameter": "parameters", "Buffer": "parameters", "Gradient": "gradients",
@@ -40,13 +45,16 @@ class MemoryBreakdown:
         return asdict(self)
 
 
-def measure_breakdown(workload: Workload, micro_batch: int, micro_steps: int = 2) -> MemoryBreakdown:
+def measure_breakdown(workload: Workload, micro_batch: int, micro_steps: int = 2,
+                      workspace: Workspace | None = None) -> MemoryBreakdown:
     """Run one steady-state step at ``micro_batch`` under ``MemTracker`` and return its peak by category.
 
     The optimizer states must already exist (:func:`gaplan.worker.trial.materialize_optimizer_state`);
     they are tracked from the optimizer, so they are counted even though they were made earlier.
+    ``workspace(func, args)``, when given, is the bytes an operator holds only while it runs (a BLAS call's
+    packing buffers): counted in ``other`` at that moment, on top of what is live then.
     """
-    tracker = memory_tracker()
+    tracker = memory_tracker(workspace)
     tracker.track_external(workload.model, workload.optimizer)
     batches = [workload.make_batch(micro_batch) for _ in range(micro_steps)]
 
@@ -68,16 +76,31 @@ def measure_breakdown(workload: Workload, micro_batch: int, micro_steps: int = 2
     return MemoryBreakdown(micro_batch, **by_category, tracked_total=sum(by_category.values()))
 
 
-def memory_tracker():
+def memory_tracker(workspace: Workspace | None = None):
     """torch's ``MemTracker``, able to trace a model with frozen parameters (LoRA's base).
 
     ``MemTracker`` registers a gradient hook on every parameter of each module it enters, and torch refuses a hook
     on a tensor that does not require grad ("cannot register a hook on a tensor that doesn't require gradient").
     Here its hooks go on the trainable parameters only; a frozen one has no gradient to count.
+
+    With ``workspace``, an operator's transient bytes count at the moment it runs, over what is live then (its
+    output included): a buffer that lives only inside one call adds to the peak only if that call is at the peak.
     """
-    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
 
     class FrozenAwareMemTracker(MemTracker):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = super().__torch_dispatch__(func, types, args, kwargs)
+            extra = workspace(func, args) if workspace is not None and result is not NotImplemented else 0
+            if extra:
+                for device, current in self._curr_mem_snap.items():
+                    if current[_TOTAL_KEY] + extra > self._peak_mem.get(device, 0):
+                        peak = dict(current)
+                        peak[_MemRefType.TEMP] = peak.get(_MemRefType.TEMP, 0) + extra
+                        peak[_TOTAL_KEY] = current[_TOTAL_KEY] + extra
+                        self._peak_mem[device], self._peak_mem_snap[device] = peak[_TOTAL_KEY], peak
+            return result
+
         def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
             memory = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
 

@@ -36,11 +36,21 @@ def test_cuda_autocast_float32_ops_run_in_float32():
         assert F.softmax(x.bfloat16(), -1).dtype == torch.bfloat16  # outside autocast nothing changes
 
 
-def test_a_cpu_process_holds_heap_and_mkl_buffers_cuda_nothing():
+def test_a_cpu_process_holds_heap_and_a_gemm_buffer_while_a_product_runs_cuda_nothing():
+    import torch
+
     panel = mkl_panel_bytes(1024, 100_000)
     assert panel == 4 * 256 * 4096 and mkl_panel_bytes(64, 1024) == 4 * 64 * 1024
     cpu = DeviceModel("cpu", threads=2)
-    assert cpu.overhead(panel) == CPU_HEAP_BYTES + panel  # one call's buffer: MKL's per-thread pool is off
+    assert cpu.overhead() == CPU_HEAP_BYTES
     assert cpu.extra(panel) == {"threads": 2, "cpu_heap_bytes": CPU_HEAP_BYTES, "mkl_panel_bytes": panel}
+    workspace = cpu.workspace()
+    aten = torch.ops.aten
+    a, b = torch.empty(8, 64), torch.empty(64, 1024)
+    assert workspace(aten.mm.default, (a, b)) == mkl_panel_bytes(64, 1024)
+    assert workspace(aten.addmm.default, (torch.empty(1024), a, b)) == mkl_panel_bytes(64, 1024)
+    assert workspace(aten.bmm.default, (a[None], b[None])) == mkl_panel_bytes(64, 1024)
+    assert workspace(aten.mm.default, (a.bfloat16(), b.bfloat16())) == 0  # oneDNN, no such buffer
+    assert workspace(aten.add.Tensor, (a, a)) == 0
     cuda = DeviceModel("cuda", threads=2)
-    assert cuda.overhead(panel) == 0 and cuda.extra(panel) == {}
+    assert cuda.overhead() == 0 and cuda.workspace() is None and cuda.extra(panel) == {}
