@@ -70,6 +70,11 @@ _EXPORTS = {
     "compare_layouts": "gaplan.workflows.plan",
     "measure_layouts": "gaplan.workflows.plan_measure",
     "build_sharded_workload": "gaplan.parallel.build",
+    "NoiseScaleMeter": "gaplan.training.noise_scale",
+    "GoodputOptions": "gaplan.workflows.goodput",
+    "choose_by_goodput": "gaplan.workflows.goodput",
+    "rank_by_goodput": "gaplan.plan.goodput",
+    "statistical_efficiency": "gaplan.plan.goodput",
 }
 __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)
 

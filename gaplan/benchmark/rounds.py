@@ -95,7 +95,6 @@ def run_rounds(jobs: list[Job], settings: BenchSettings, trial: Callable[[Job], 
                reference: int | None, on_trial: Callable[[int, str, float | None], None] | None = None,
                on_gpu: bool = False, clock: Callable[[], float] = time.perf_counter) -> Timings:
     """The rounds and their stopping rule over any ``trial`` runner (a worker's, or recorded trials in a test)."""
-    effective = sum(jobs[0].sizes) * world if jobs else 0
     labels = [split_label(job.sizes, world) for job in jobs]
     timings = [JobTimings() for _ in jobs]
     plan = next((i for i, job in enumerate(jobs) if job.kind == PLAN), None)
@@ -123,7 +122,8 @@ def run_rounds(jobs: list[Job], settings: BenchSettings, trial: Callable[[Job], 
             if timing.error is not None:
                 timing.rates.append(None)
                 continue
-            _record(timing, trial(job), settings.warmup, effective)
+            # Each job's own samples a step: the goodput tuner times the splits of several effective batches at once.
+            _record(timing, trial(job), settings.warmup, sum(job.sizes) * world)
             if on_trial is not None:
                 on_trial(rounds, labels[index], timing.rates[-1])
     return Timings(timings, rounds, why, clock() - started, labels, [j.kind for j in jobs], plan, reference, on_gpu)

@@ -24,6 +24,7 @@ from gaplan.cli.options import (
     data_options,
     data_source_from_options,
     memory_limit_from_options,
+    parse_batch_range,
     spec_from_options,
     stderr_printer,
     timing_options,
@@ -92,9 +93,16 @@ def main() -> None:
 @SEARCH_CAP_OPTION
 @click.option("--target", default=None, metavar="GPU", help="Emulate a smaller card from gaplan estimate "
                                                             "--list-targets on this GPU (its usable memory as budget).")
-@click.option("--objective", type=click.Choice(["max-micro-batch", "throughput"]), default="max-micro-batch",
-              show_default=True, help="Plan with the largest micro-batch, or with the split of highest measured "
-                                      "throughput (times every split: minutes).")
+@click.option("--objective", type=click.Choice(["max-micro-batch", "throughput", "goodput"]),
+              default="max-micro-batch", show_default=True,
+              help="Plan with the largest micro-batch; with the split of highest measured throughput (times every "
+                   "split: minutes); or goodput: measure the gradient noise scale in a short run at "
+                   "--effective-batch, time the plans of --batch-range, and plan the effective batch of most "
+                   "samples/s x statistical efficiency.")
+@click.option("--batch-range", default=None, metavar="LOW:HIGH",
+              help="--objective goodput: the effective batches to choose from (default E/16:4E).")
+@click.option("--measure-steps", type=int, default=30, show_default=True,
+              help="--objective goodput: optimizer steps of the run that measures the noise scale.")
 @click.option("--report", is_flag=True, help="Also time the splits against a true large batch, break memory down "
                                              "by category, and write report.md/html, CSVs and PNGs to the run folder.")
 @timing_options
@@ -122,6 +130,7 @@ def probe(**options: Any) -> None:
       gaplan probe --model ./my-hf-model-dir --task causal-lm --dtype bf16 --device cuda
       gaplan probe --model mypkg.models:make_resnet --memory-limit 1GiB --json
       gaplan probe --report --objective throughput      # time every split; plan with the fastest
+      gaplan probe --objective goodput --effective-batch 64 --batch-range 4:256  # the batch worth its steps
       gaplan probe --grad-checkpointing auto --emit hf  # print TrainingArguments to paste
       gaplan probe --data corpus.jsonl --batch-by tokens  # T*: the largest tokens per micro-batch for this data
 
@@ -135,21 +144,32 @@ def probe(**options: Any) -> None:
 
     spec = spec_from_options(options)
     memory_limit = target_limit(options) or memory_limit_from_options(options)
+    options["batch_range"] = parse_batch_range(options["batch_range"])
     # By its fields, checked there; --grad-checkpointing given as nothing means off.
     probe_options = from_options(ProbeOptions, options, grad_checkpointing=options["grad_checkpointing"] or "off",
                                  command=command_line())
     check_granule_option(options)
+    by_goodput = options["objective"] == "goodput"
+    if not by_goodput:
+        for name, default, flag in (("batch_range", None, "--batch-range"), ("measure_steps", 30, "--measure-steps")):
+            if options[name] != default:
+                raise GaplanError(f"{flag} applies to --objective goodput")
     if options["batch_by"] == "tokens":
         _probe_by_tokens(spec, memory_limit, options)
         return
-    if options["data"]:
-        raise GaplanError("--data applies to --batch-by tokens here (a probe by samples runs full-length batches)")
-    timing = options["report"] or options["objective"] == "throughput" or options["grad_checkpointing"] == "auto"
+    if options["data"] and not by_goodput:
+        raise GaplanError("--data applies to --batch-by tokens and to --objective goodput's measuring run here (a "
+                          "probe by samples runs full-length batches)")
+    elif options["report"]:
+        raise GaplanError("--report times the plan of --effective-batch; with --objective goodput, report on the "
+                          "chosen plan afterwards: gaplan bench --plan OUT/plan.json")
+    timing = (options["report"] or options["objective"] in ("throughput", "goodput")
+              or options["grad_checkpointing"] == "auto")
     if timing and spec.parallel == "fsdp":
-        raise GaplanError("--report, --objective throughput and --grad-checkpointing auto time one device; a sharded "
-                          "run's splits are timed by gaplan bench --parallel fsdp --world-size W")
+        raise GaplanError("--report, --objective throughput|goodput and --grad-checkpointing auto time one device; "
+                          "a sharded run's splits are timed by gaplan bench --parallel fsdp --world-size W")
     if timing and options["world_size"] != 1:
-        raise GaplanError("--report, --objective throughput and --grad-checkpointing auto time one device: "
+        raise GaplanError("--report, --objective throughput|goodput and --grad-checkpointing auto time one device: "
                           "use --world-size 1")
     from gaplan.probing.edge import trial_ranks
 

@@ -86,6 +86,16 @@ def lora_fields(options: dict[str, Any]) -> dict[str, Any]:
     return read_adapter_config(options["lora_config"])
 
 
+def parse_batch_range(value: str | None) -> tuple[int, int] | None:
+    """``--batch-range LOW:HIGH`` -> (low, high), positive integers with low <= high; else a one-line error."""
+    if value is None:
+        return None
+    low, colon, high = value.partition(":")
+    if colon and low.strip().isdigit() and high.strip().isdigit() and 1 <= int(low) <= int(high):
+        return int(low), int(high)
+    raise GaplanError(f"--batch-range must be LOW:HIGH, positive integers with LOW <= HIGH, e.g. 8:256 (got {value!r})")
+
+
 def data_options(func: Callable) -> Callable:
     """Options that name the training data and how it is read (train, and probe/bench ``--batch-by tokens``)."""
     options = [

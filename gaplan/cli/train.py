@@ -46,6 +46,9 @@ from gaplan.runs.folder import REPORT_HTML, REPORT_MD, default_run_dir, path_in
 @click.option("--token-plan", default=None, metavar="TOKENS.JSON",
               help="With --batch-by tokens: take T* from a tokens.json written by gaplan probe --batch-by tokens.")
 @click.option("--plan", "plan_file", default=None, metavar="PLAN.JSON", help="Use a plan written by gaplan probe.")
+@click.option("--lr-scaling", type=click.Choice(["none", "linear", "sqrt"]), default="none", show_default=True,
+              help="With a --plan from gaplan probe --objective goodput: scale --lr from the effective batch the "
+                   "noise scale was measured at to the plan's (linearly or by the square root of their ratio).")
 @data_options
 @click.option("--steps", type=int, default=DEFAULT_TRAIN_STEPS, show_default=True, help="Optimizer steps.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -81,6 +84,7 @@ def train_command(**options: Any) -> None:
       gaplan train --effective-batch 256
       gaplan train --model tiny-bert-mlm --effective-batch 64 --steps 50 --memory-limit 1GiB
       gaplan train --plan reports/<run>/plan.json --data corpus.txt
+      gaplan train --plan reports/<goodput-run>/plan.json --lr-scaling sqrt   # a goodput plan, lr scaled
       gaplan train --effective-batch 32 --micro-batch 8 --optimizer sgd --lr 0.1 --steps 1 --save-weights w.safetensors
       torchrun --nproc-per-node 2 -m gaplan train --effective-batch 64 --micro-batch 8
       # FSDP; an OOM is redone from the last checkpoint at half the micro-batch through torchrun's restart:

@@ -8,6 +8,7 @@ every extra sample is wasted. At equal samples per second (accumulation keeps th
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 
 
 def samples_factor(batch: float, noise_scale: float) -> float:
@@ -48,3 +49,62 @@ def noise_scale_summary(effective_batch: int, noise_scale: float, world_size: in
                 f"(McCandlish et al.'s model; the learning rate is yours to rescale)")
     return (f"effective batch {effective_batch} is {ratio:.1f}x the measured noise scale (~{noise_scale:.0f}): near "
             f"it, steps and samples are both spent well (McCandlish et al.'s model)")
+
+
+# --- Choosing the effective batch by goodput (Pollux, OSDI 2021) ---------------------------------------------------
+# Pollux's statistical efficiency of batch M against the batch M0 a run was tuned at is (B_noise + M0) / (B_noise + M):
+# the progress a sample makes at M relative to one at M0 (McCandlish's samples factor, inverted). Goodput is the
+# measured samples/s times it: progress per second. Its argmax over M does not depend on M0.
+
+LR_SCALINGS = ("none", "linear", "sqrt")
+
+
+def statistical_efficiency(batch: float, noise_scale: float, reference: float) -> float:
+    """Progress per sample at ``batch`` relative to ``reference`` (1 at the reference; below 1 for larger batches)."""
+    return (noise_scale + reference) / (noise_scale + batch)
+
+
+@dataclass(frozen=True)
+class GoodputRow:
+    """One effective batch: its measured samples/s, its statistical efficiency and their product."""
+
+    effective_batch: int
+    samples_per_s: float
+    efficiency: float
+    goodput: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def rank_by_goodput(samples_per_s: dict[int, float], noise_scale: float, reference: int) -> list[GoodputRow]:
+    """Every measured effective batch with its goodput, the best first (ties: the smaller batch, fewer samples)."""
+    if not noise_scale > 0 or not math.isfinite(noise_scale):
+        raise ValueError(f"the noise scale must be positive and finite (got {noise_scale})")
+    rows = [GoodputRow(batch, rate, statistical_efficiency(batch, noise_scale, reference),
+                       rate * statistical_efficiency(batch, noise_scale, reference))
+            for batch, rate in samples_per_s.items() if rate and rate > 0]
+    return sorted(rows, key=lambda row: (-row.goodput, row.effective_batch))
+
+
+def candidate_effective_batches(low: int, high: int, asked: int, world_size: int = 1) -> list[int]:
+    """The effective batches to time: the powers of two in [low, high], both bounds and the asked one, each a
+    multiple of the world size (rounded down, never below it)."""
+    if not 1 <= low <= high:
+        raise ValueError(f"the effective batch range must satisfy 1 <= low <= high (got {low}:{high})")
+    found = {low, high, asked} if low <= asked <= high else {low, high}
+    power = 1
+    while power <= high:
+        if power >= low:
+            found.add(power)
+        power *= 2
+    return sorted({max(world_size, batch - batch % world_size) for batch in found})
+
+
+def scaled_learning_rate(learning_rate: float, batch: int, reference: int, rule: str) -> float:
+    """The learning rate for ``batch`` when ``learning_rate`` was set for ``reference``: as is, linearly, or by
+    the square root of the batch ratio."""
+    if rule not in LR_SCALINGS:
+        raise ValueError(f"lr scaling must be one of {', '.join(LR_SCALINGS)} (got {rule!r})")
+    ratio = batch / reference
+    return learning_rate * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[rule]

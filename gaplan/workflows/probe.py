@@ -20,9 +20,10 @@ from gaplan.core.trial import Trial
 from gaplan.plan.split import Plan
 from gaplan.runs.folder import PLAN_JSON, path_in
 from gaplan.runs.probe_result import ProbeResult, save_probe
+from gaplan.workflows.goodput import GoodputOptions, choose_by_goodput
 from gaplan.workload.spec import WorkloadSpec
 
-OBJECTIVES = ("max-micro-batch", "throughput")
+OBJECTIVES = ("max-micro-batch", "throughput", "goodput")
 
 
 @dataclass
@@ -46,10 +47,11 @@ class ProbeOptions:
     world_size: int = 1
     margin: float = 0.0  # checked where the probe uses it (gaplan.probing.edge.probe), for every caller
     search_cap: int | None = None
-    objective: str = "max-micro-batch"  # or "throughput"
+    objective: str = "max-micro-batch"  # or "throughput", or "goodput" (gaplan.workflows.goodput)
     grad_checkpointing: str = "off"  # off | on | auto (the tuner decides)
     report: bool = False
     bench: BenchSettings = nested(BenchSettings)  # how --report and --objective throughput time the splits
+    goodput: GoodputOptions = nested(GoodputOptions)  # --objective goodput: its range and measuring run
     seed_from_estimate: bool = False
     threads: int | None = None
     command: str | None = None
@@ -79,18 +81,28 @@ def run_probe(spec: WorkloadSpec, out: str, options: ProbeOptions | None = None,
     start = 1
     if o.seed_from_estimate:
         start = estimate_start(spec, device, memory_limit, o.margin, o.search_cap, o.threads, say)
-    tuned = tune(spec, objective=o.objective, grad_checkpointing=o.grad_checkpointing, device=device,
-                 memory_limit=memory_limit, effective_batch=o.effective_batch, bench_large_batch=o.report,
+    by_goodput = o.objective == "goodput"
+    # By goodput the search reaches the range's top (B* may be needed there); the plan is chosen after it.
+    searched = max(o.effective_batch, o.goodput.bounds(o.effective_batch)[1]) if by_goodput else o.effective_batch
+    tuned = tune(spec, objective="max-micro-batch" if by_goodput else o.objective,
+                 grad_checkpointing=o.grad_checkpointing, device=device,
+                 memory_limit=memory_limit, effective_batch=searched, bench_large_batch=o.report,
                  bench_settings=o.bench, on_trial=on_trial, on_row=on_row, on_stage=lambda text: say(text + " ..."),
                  on_bench_trial=on_bench_trial,
                  on_bench_start=on_bench_start or (lambda outlook: say(outlook.describe() + " ...")),
                  margin=o.margin, world_size=o.world_size, search_cap=o.search_cap, threads=o.threads, start=start)
     result = dataclasses.replace(tuned.result, command=o.command)
+    reason = tuned.decision.reason if result.tuner else None
+    if by_goodput:
+        result, _ = choose_by_goodput(result, o.effective_batch, o.goodput, o.bench, out, device=device,
+                                      memory_limit=memory_limit, threads=o.threads, say=say, on_row=on_row,
+                                      on_bench_trial=on_bench_trial, on_bench_start=on_bench_start)
+        reason = result.tuner["reason"]
     plan_path = path_in(out, PLAN_JSON)
     save_probe(result, plan_path)
     written = write_measurements(out, result, tuned.benches, on_row, say) if o.report else None
     verdict = tuned.benches[0].verdict if o.report and tuned.benches else None
-    return ProbeRun(result, plan_path, written, tuned.decision.reason if result.tuner else None,
+    return ProbeRun(result, plan_path, written, reason,
                     start if o.seed_from_estimate else None, verdict or None)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from gaplan.core.options import OptionError, from_options, leaf_fields, nested, option, option_name, to_flat
 from gaplan.data.source import DataSource
+from gaplan.plan.goodput import LR_SCALINGS
 from gaplan.plan.tokens import DEFAULT_GRANULE
 from gaplan.training.config import LoopOptions
 
@@ -32,6 +33,7 @@ class TrainOptions:
     token_budget: int | None = option(None, resume="fixed")  # by tokens: given, else probed (T*) from the data's lengths
     granule: int = option(DEFAULT_GRANULE, resume="fixed")  # by tokens: a probed budget is a multiple of it
     plan_file: str | None = option(None, resume="fixed")
+    lr_scaling: str = option("none", resume="fixed")  # a goodput plan: scale the lr to its batch (none|linear|sqrt)
     grad_checkpointing: str | None = option(None)  # as given: None, "on", "off" or "auto" (auto needs a plan file)
     source: DataSource = nested(DataSource)
     loop: LoopOptions = nested(LoopOptions)
@@ -49,6 +51,12 @@ class TrainOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise OptionError(f"{name} must be a positive integer (got {value})", name)
+        if self.lr_scaling not in LR_SCALINGS:
+            raise OptionError(f"lr_scaling must be one of {', '.join(LR_SCALINGS)} (got {self.lr_scaling!r})",
+                              "lr_scaling")
+        if self.lr_scaling != "none" and self.plan_file is None:
+            raise OptionError("lr_scaling scales the learning rate from the batch it was set for to a goodput plan's "
+                              "batch: give plan_file, from gaplan probe --objective goodput", "lr_scaling", "plan_file")
         if self.merge and not self.save_model:
             raise OptionError("merge writes the merged model to save_model: give --save-model DIR", "merge",
                               "save_model")

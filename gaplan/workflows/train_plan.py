@@ -6,6 +6,7 @@ each node probes on its device while the others wait; every node says its own ed
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
@@ -50,10 +51,28 @@ def plan_for_ranks(spec: WorkloadSpec, options: TrainOptions, device: str, memor
         raise GaplanError("--grad-checkpointing auto is decided by gaplan probe; give its --plan, or on/off")
     else:
         cap = options.micro_batch
+    if options.lr_scaling != "none" and not options.resume:  # a resumed run's saved spec has the scaled rate
+        spec = scaled_for_goodput_plan(spec, probed, effective, options.lr_scaling, say if dist.rank == 0 else quiet)
     if options.micro_batch and probed is not None and options.micro_batch > probed.max_micro_batch:
         raise GaplanError(f"--micro-batch {options.micro_batch} does not fit: the probed maximum is "
                           f"{probed.max_micro_batch}")
     return spec, probed, make_plan(effective, options.micro_batch or cap, dist.world_size)
+
+
+def scaled_for_goodput_plan(spec: WorkloadSpec, probed: ProbeResult | None, effective: int, rule: str,
+                            say: Say) -> WorkloadSpec:
+    """``spec`` with its learning rate scaled (``rule``) from the batch a goodput plan measured at to ``effective``."""
+    from gaplan.plan.goodput import scaled_learning_rate
+
+    goodput = (probed.tuner or {}).get("goodput") if probed is not None else None
+    if not goodput:
+        raise GaplanError("--lr-scaling needs a plan from gaplan probe --objective goodput (it scales the learning "
+                          "rate from the batch the noise scale was measured at)")
+    reference = int(goodput["reference_batch"])
+    rate = scaled_learning_rate(spec.learning_rate, effective, reference, rule)
+    say(f"learning rate {spec.learning_rate:g} set for effective batch {reference}, {rule} scaling to {effective}: "
+        f"{rate:.4g}")
+    return dataclasses.replace(spec, lr=rate)
 
 
 def probe_token_budget_for_ranks(spec: WorkloadSpec, corpus: Any, options: TrainOptions, device: str,

@@ -118,3 +118,15 @@ def test_where_the_plan_is_the_large_batch_the_rule_watches_the_other_splits_rat
     assert timings.reference == 0 and timings.rounds == 3
     assert "every split's ratio to the plan is known" in timings.stopped_because
     assert timings.summary()["verdict"].startswith("the plan is the true large batch")
+
+
+def test_each_job_is_rated_by_its_own_samples_a_step():
+    """The goodput tuner times the plans of several effective batches in one bench: 8 x 1 and 32 x 2 at the same
+    step time are 8 and 64 samples a step, so their rates differ by 8x."""
+    jobs = [Job(PLAN, (32, 32), True), Job(SPLIT, (8,), True)]
+    trials = RecordedTrials({32: [2.0] * 2, 8: [2.0] * 2})
+    timings = run_rounds(jobs, BenchSettings(min_rounds=2, max_rounds=2), trials, world=1, reference=None,
+                         clock=trials.clock)
+    plan, small = measurement_rows(jobs, timings, None, 1)
+    assert (plan.effective_batch, small.effective_batch) == (64, 8)
+    assert plan.samples_per_s == pytest.approx(32.0) and small.samples_per_s == pytest.approx(4.0)
