@@ -32,7 +32,7 @@ def test_cpu_trace_counts_the_optimizer_states_of_the_steady_state():
 # Sizes where activations set the peak, and one (bert-cls at 2) where the optimizer step does.
 @pytest.mark.parametrize(("preset", "micro_batch"), [("tiny-gpt2", 8), ("tiny-llama", 4), ("tiny-bert-mlm", 8),
                                                      ("tiny-bert-cls", 2)])
-def test_cpu_estimate_is_within_6_percent_of_a_real_trial(preset, micro_batch):
+def test_cpu_estimate_is_within_3_percent_of_a_real_trial(preset, micro_batch):
     from gaplan.worker.client import WorkerProcess
 
     spec = WorkloadSpec(model=preset, seq_len=32)
@@ -41,6 +41,7 @@ def test_cpu_estimate_is_within_6_percent_of_a_real_trial(preset, micro_batch):
         measured = worker.trial(micro_batch, optimizer_steps=2).peak_bytes
     print(f"{preset} at {micro_batch}: estimated {row.peak_bytes}, measured {measured}, "
           f"{100 * (row.peak_bytes - measured) / measured:+.2f}%")
-    # Measured on torch 2.13, 2 threads, MKL's pool off: tiny-gpt2 +3.3%, tiny-llama +2.3%, tiny-bert-mlm +3.2%,
-    # tiny-bert-cls +1.0%.
-    assert abs(row.peak_bytes - measured) <= 0.06 * measured, (preset, micro_batch, row.peak_bytes, measured)
+    # Measured on torch 2.13, 2 threads, MKL's pool off, its buffer counted while each product runs: tiny-gpt2
+    # +0.31%, tiny-llama -0.16%, tiny-bert-mlm +0.19%, tiny-bert-cls +0.02% (counted at every peak: +3.3, +2.3, +3.2,
+    # +1.0%).
+    assert abs(row.peak_bytes - measured) <= 0.03 * measured, (preset, micro_batch, row.peak_bytes, measured)
