@@ -1,12 +1,18 @@
 """What measuring the gradient noise scale costs `gaplan train`: step time and step peak, with and without it.
 
-    python examples/noise_scale_overhead.py            # tiny-gpt2, seq 128, 8 x 4, 2 threads, 5 rounds (~2 min)
-    python examples/noise_scale_overhead.py --rounds 9
+    python examples/noise_scale_overhead.py            # tiny-gpt2, seq 128, 8 x 4, 2 threads (~4 min)
+    python examples/noise_scale_overhead.py --rounds 9 --pairs 60
 
-Each round trains once with ``--noise-scale`` and once with ``--no-noise-scale``, each a fresh process, in an order that
-alternates from round to round; a run's step time is the median of its steps after the first two. The time ratio is
-taken round by round (gaplan.benchmark.stats: geometric mean and 95% interval). The peaks come from one run of each
-under ``--enforce-memory-limit``, where the step peak is exact (the probe's measure). Prints numbers; asserts nothing.
+Two measurements of the step time:
+* ``gaplan train`` as a user runs it: each round trains once with ``--noise-scale`` and once with ``--no-noise-scale``,
+  each a fresh process, in an order that alternates from round to round; a run's step time is the median of its steps
+  after the first two. The ratio is taken round by round (gaplan.benchmark.stats: geometric mean and 95% interval).
+  Fresh processes differ by a few percent from one another, so this interval is wide.
+* The step the loop runs (``gaplan.training.optimizer_step``) in one process, alternating step by step between the
+  meter attached and not, paired step by step: the meter's own cost, to a narrow interval.
+
+The peaks come from one run of each under ``--enforce-memory-limit``, where the step peak is exact (the probe's
+measure). Prints numbers; asserts nothing.
 """
 
 from __future__ import annotations
@@ -33,12 +39,48 @@ def run(folder: str, noise: bool, steps: int, *extra: str) -> list[dict]:
         return list(csv.DictReader(handle))
 
 
+def in_process(pairs: int) -> tuple[list[float], list[float]]:
+    """Step times with and without the meter, alternating step by step in this process (the order flips each pair)."""
+    import time
+
+    import torch
+
+    from gaplan.parallel.process_group import init_distributed
+    from gaplan.training.noise_scale import NoiseScaleMeter
+    from gaplan.training.optimizer_step import optimizer_step
+    from gaplan.workload.build import WorkloadSpec, build_workload
+
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    workload = build_workload(WorkloadSpec(model="tiny-gpt2", seq_len=128), "cpu")
+    dist = init_distributed("cpu")
+    batches = [workload.make_batch(8) for _ in range(4)]
+    times: dict[bool, list[float]] = {True: [], False: []}
+
+    def step(measure: bool) -> float:
+        meter = NoiseScaleMeter(workload.model) if measure else None
+        started = time.perf_counter()
+        optimizer_step(workload, workload.model, batches, dist, None, None, noise=meter)
+        seconds = time.perf_counter() - started
+        if meter is not None:
+            meter.close()
+        return seconds
+
+    for _ in range(3):  # warm-up: the optimizer's states, MKL's first products
+        step(True), step(False)
+    for index in range(pairs):
+        for measure in ((True, False) if index % 2 == 0 else (False, True)):
+            times[measure].append(step(measure))
+    return times[True], times[False]
+
+
 def main() -> None:
     from gaplan.benchmark.stats import paired_ratio
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--pairs", type=int, default=40, help="step pairs of the one-process measurement")
     args = parser.parse_args()
     times: dict[bool, list[float]] = {True: [], False: []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -52,8 +94,13 @@ def main() -> None:
                                                                   "--enforce-memory-limit", "--memory-limit", "2GiB"))
                  for noise in (True, False)}
     ratio = paired_ratio(times[True], times[False])
-    print(f"\nstep time with / without the measurement: {ratio.value:.3f}x (95% CI {ratio.low:.3f}-{ratio.high:.3f}), "
-          f"medians {statistics.median(times[True]):.3f} s vs {statistics.median(times[False]):.3f} s")
+    print(f"\ngaplan train, step time with / without the measurement: {ratio.value:.3f}x (95% CI {ratio.low:.3f}-"
+          f"{ratio.high:.3f}), medians {statistics.median(times[True]):.3f} s vs {statistics.median(times[False]):.3f} s")
+    with_meter, without = in_process(args.pairs)
+    ratio = paired_ratio(with_meter, without)
+    print(f"one process, {args.pairs} step pairs, with / without the meter: {ratio.value:.4f}x (95% CI "
+          f"{ratio.low:.4f}-{ratio.high:.4f}), medians {statistics.median(with_meter):.3f} s vs "
+          f"{statistics.median(without):.3f} s")
     print(f"step peak with / without: {peaks[True] / 2**20:.2f} MiB vs {peaks[False] / 2**20:.2f} MiB "
           f"({(peaks[True] - peaks[False]) / peaks[False]:+.2%})")
 

@@ -11,7 +11,12 @@ whatever the padding. It follows the ``Trainer``'s own switches the way the ``Tr
   each micro-batch's mean, divided by the accumulation steps: the ``Trainer``'s path without a count;
 * evaluation counts each batch's targets by gaplan's rule too, so ``eval_loss`` is the exact mean over the
   shifted targets (the stock ``Trainer`` counts position 0 of a GPT-2 batch as a target);
-* ``label_smoothing_factor`` is refused at construction, in one line: gaplan's loss is plain cross-entropy.
+* ``label_smoothing_factor`` is refused at construction, in one line: gaplan's loss is plain cross-entropy;
+* ``noise_scale=True`` (the default) measures the gradient noise scale of every optimizer step from its
+  micro-batches' gradients (:mod:`gaplan.training.noise_scale`, as ``gaplan train`` does) and logs ``noise_scale``,
+  ``grad_sq`` and ``grad_var`` with the loss. The step's gradient is read after the last micro-batch's backward (DDP
+  has reduced it) and before the Trainer clips it. Not measured, and said once in the log, under fp16's loss
+  scaling (the Trainer unscales inside its clipping), FSDP or DeepSpeed (sharded gradients).
 
 Defined on first use (:func:`trainer_class`), since it subclasses ``transformers.Trainer``.
 """
@@ -35,9 +40,14 @@ def trainer_class() -> type:
     from torch import nn
     from transformers import Trainer
 
+    from transformers.utils import logging
+
     from gaplan.core.tasks import TASKS
     from gaplan.integrations.transformers import infer_task
-    from gaplan.workload.loss import count_step_targets, count_targets, summed_token_loss
+    from gaplan.training.noise_scale import NoiseScaleMeter
+    from gaplan.workload.loss import batch_size, count_step_targets, count_targets, summed_token_loss
+
+    logger = logging.get_logger("gaplan")
 
     class GaplanTrainer(Trainer):
         """A ``Trainer`` with gaplan's token-exact loss under gradient accumulation (see
@@ -45,11 +55,15 @@ def trainer_class() -> type:
 
         Args:
             task: ``causal-lm``, ``masked-lm`` or ``classification``; default: from the model's class.
+            noise_scale: measure and log the gradient noise scale of each step.
             Everything else as ``transformers.Trainer``. Batches need ``labels`` (or ``shift_labels``).
         """
 
-        def __init__(self, *args: Any, task: str | None = None, **kwargs: Any) -> None:
+        def __init__(self, *args: Any, task: str | None = None, noise_scale: bool = True, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
+            self.gaplan_noise_scale = noise_scale
+            self.noise_meter: NoiseScaleMeter | None = None  # during train(), when measured
+            self._noise_samples = 0
             if task is not None and task not in TASKS:
                 raise GaplanError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
             if self.label_smoother is not None:
@@ -111,6 +125,59 @@ def trainer_class() -> type:
             if num_items_in_batch is not None:
                 loss = loss * self.accelerator.num_processes  # the count is all ranks': undo DDP's average
             return (loss, outputs) if return_outputs else loss
+
+        # -- the gradient noise scale ------------------------------------------------------------------------
+
+        def train(self, *args: Any, **kwargs: Any) -> Any:
+            self.noise_meter = self._start_noise_meter() if self.gaplan_noise_scale else None
+            self._noise_samples = 0
+            try:
+                return super().train(*args, **kwargs)
+            finally:  # no hooks left on the model after training
+                if self.noise_meter is not None:
+                    self.noise_meter.close()
+
+        def _start_noise_meter(self) -> NoiseScaleMeter | None:
+            why = ("fp16's loss scaling (the Trainer unscales inside its clipping)" if self.args.fp16 else
+                   "FSDP (each rank holds a shard of every gradient)" if self.is_fsdp_enabled else
+                   "DeepSpeed" if self.is_deepspeed_enabled else None)
+            if why is not None:
+                logger.warning(f"noise scale: not measured under {why}")
+                return None
+            reduce = None
+            if self.accelerator.num_processes > 1:
+                def reduce(values: list[float]) -> list[float]:  # one collective a step, over the ranks
+                    total = torch.tensor(values, dtype=torch.float64, device=self.args.device)
+                    return self.accelerator.reduce(total, reduction="sum").tolist()
+            return NoiseScaleMeter(self.model, reduce=reduce)
+
+        def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None,
+                          *args: Any, **kwargs: Any) -> torch.Tensor:
+            meter = self.noise_meter
+            if meter is None:
+                return super().training_step(model, inputs, num_items_in_batch, *args, **kwargs)
+            items = count_targets(inputs, self.gaplan_task)
+            self._noise_samples += batch_size(inputs)
+            meter.start_micro_step()
+            loss = super().training_step(model, inputs, num_items_in_batch, *args, **kwargs)
+            # Its contribution to .grad, back to its own mean gradient: the summed loss over the step's targets on
+            # all ranks (times the ranks, undoing DDP's average), or its mean over the accumulation steps.
+            if self.loss_is_scaled_for_ga and num_items_in_batch is not None:
+                factor = int(num_items_in_batch) / (max(items, 1) * self.accelerator.num_processes)
+            else:
+                factor = self.current_gradient_accumulation_steps
+            meter.end_micro_step(factor, items)
+            if self.accelerator.sync_gradients:  # the step's last micro-batch: .grad is reduced, not yet clipped
+                samples, self._noise_samples = self._noise_samples, 0
+                meter.finish(samples)
+            return loss
+
+        def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+            reading = self.noise_meter.last if self.noise_meter is not None else None
+            if reading is not None and "loss" in logs and reading.noise_scale is not None:
+                logs = {**logs, "noise_scale": reading.noise_scale, "grad_sq": reading.grad_sq,
+                        "grad_var": reading.grad_var}
+            super().log(logs, *args, **kwargs)
 
     GaplanTrainer.__module__ = "gaplan.integrations.transformers"
     GaplanTrainer.__qualname__ = "GaplanTrainer"

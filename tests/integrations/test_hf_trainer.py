@@ -192,3 +192,61 @@ def test_label_smoothing_is_refused_in_one_line(tmp_path):
 
     with pytest.raises(GaplanError, match="label_smoothing_factor 0.1 is not applied"):
         GaplanTrainer(_model(), _args(tmp_path, label_smoothing_factor=0.1), data_collator=_collate)
+
+
+class _Logs(transformers.TrainerCallback):
+    def __init__(self):
+        self.logs = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.logs.append(dict(logs))
+
+
+def _by_hand(model, micro_batches):
+    """|G|^2 and tr(S) per target of one step, from each micro-batch's own mean gradient and the step's, computed
+    with plain backward passes (no meter, no Trainer)."""
+    from gaplan.workload.loss import count_targets, summed_token_loss
+
+    def gradient(batches, denominator):
+        model.zero_grad()
+        for batch in batches:
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            (summed_token_loss(logits, batch, "causal-lm") / denominator).backward()
+        return torch.cat([p.grad.flatten().double() for p in model.parameters()])
+
+    counts = [count_targets(b, "causal-lm") for b in micro_batches]
+    small = [gradient([b], n).square().sum().item() for b, n in zip(micro_batches, counts, strict=True)]
+    big = gradient(micro_batches, sum(counts)).square().sum().item()
+    small_sq = sum(n * s for n, s in zip(counts, small, strict=True)) / sum(counts)
+    b_small, b_big = sum(counts) / len(counts), sum(counts)
+    return ((b_big * big - b_small * small_sq) / (b_big - b_small),
+            (small_sq - big) / (1 / b_small - 1 / b_big))
+
+
+@pytest.mark.slow
+def test_gaplan_trainer_logs_the_noise_scale_of_a_step_as_computed_by_hand(tmp_path):
+    """One step of 4 short samples (2 targets each) and 4 long ones (15 each): the logged |G|^2 and tr(S) are the
+    two-batch estimates from the micro-batches' own mean gradients, weighted by targets, and the step's gradient
+    before the Trainer clips it (max_grad_norm 1e-3 here)."""
+    from gaplan.integrations.transformers import GaplanTrainer
+
+    samples = _samples(8)
+    grad_sq, grad_var = _by_hand(_model(), [_collate(samples[:4]), _collate(samples[4:])])
+    logs = _Logs()
+    trainer = GaplanTrainer(_model(), _args(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                                            max_steps=1, max_grad_norm=1e-3),
+                            train_dataset=_Stream(samples), data_collator=_collate, callbacks=[logs])
+    trainer.train()
+    (logged,) = logs.logs
+    assert logged["grad_sq"] == pytest.approx(grad_sq, rel=1e-4)
+    assert logged["grad_var"] == pytest.approx(grad_var, rel=1e-4)
+    # In samples: per target x the step's targets per sample (68 / 8).
+    assert logged["noise_scale"] == pytest.approx(grad_var / grad_sq / (68 / 8), rel=1e-4)
+    assert trainer.noise_meter._handles == []  # the hooks are gone after train()
+
+    quiet = _Logs()
+    GaplanTrainer(_model(), _args(tmp_path / "off", per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                                  max_steps=1), train_dataset=_Stream(samples), data_collator=_collate,
+                  callbacks=[quiet], noise_scale=False).train()
+    assert "noise_scale" not in quiet.logs[0]
