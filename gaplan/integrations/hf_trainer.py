@@ -39,7 +39,6 @@ def trainer_class() -> type:
     import torch
     from torch import nn
     from transformers import Trainer
-
     from transformers.utils import logging
 
     from gaplan.core.tasks import TASKS

@@ -15,6 +15,7 @@ import torch
 from gaplan.core.errors import GaplanError
 from gaplan.core.tasks import IGNORE_INDEX
 from gaplan.workload.loss import count_step_targets
+from tests.scripts.noise_by_hand import estimates_by_hand
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -204,24 +205,16 @@ class _Logs(transformers.TrainerCallback):
 
 
 def _by_hand(model, micro_batches):
-    """|G|^2 and tr(S) per target of one step, from each micro-batch's own mean gradient and the step's, computed
-    with plain backward passes (no meter, no Trainer)."""
-    from gaplan.workload.loss import count_targets, summed_token_loss
+    from gaplan.workload.loss import summed_token_loss
 
     def gradient(batches, denominator):
         model.zero_grad()
         for batch in batches:
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             (summed_token_loss(logits, batch, "causal-lm") / denominator).backward()
-        return torch.cat([p.grad.flatten().double() for p in model.parameters()])
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
 
-    counts = [count_targets(b, "causal-lm") for b in micro_batches]
-    small = [gradient([b], n).square().sum().item() for b, n in zip(micro_batches, counts, strict=True)]
-    big = gradient(micro_batches, sum(counts)).square().sum().item()
-    small_sq = sum(n * s for n, s in zip(counts, small, strict=True)) / sum(counts)
-    b_small, b_big = sum(counts) / len(counts), sum(counts)
-    return ((b_big * big - b_small * small_sq) / (b_big - b_small),
-            (small_sq - big) / (1 / b_small - 1 / b_big))
+    return estimates_by_hand(gradient, micro_batches, "causal-lm")
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from gaplan.integrations.lightning_loss import TokenExactLoss  # noqa: E402
 from gaplan.workload.loss import summed_token_loss  # noqa: E402
 from tests.conftest import REPO_ROOT, SMALL_BUDGET, free_port  # noqa: E402
 from tests.scripts.lightning_gpt import TASK, GptModule, quiet_trainer, tiny_gpt  # noqa: E402
+from tests.scripts.noise_by_hand import estimates_by_hand  # noqa: E402
 
 SCRIPTS = os.path.join(REPO_ROOT, "tests", "scripts")
 
@@ -48,6 +49,38 @@ def test_token_exact_loss_gives_the_gradient_of_one_full_batch_on_padded_uneven_
     naive = GptModule(batch_size=4, samples=11, seq_len=32, fixed_length=False, optimizer="sgd", lr=0.0, summed=False)
     quiet_trainer(max_steps=1, accumulate_grad_batches=3).fit(naive)
     assert worst_relative_difference(naive.step_grads[0], expected) > 1e-3
+
+
+def test_token_exact_loss_measures_the_noise_scale_of_a_step_as_computed_by_hand():
+    """The 4 + 4 + 3 padded step above: the reading is the two-batch estimate from each micro-batch's own mean
+    gradient (weighted by targets) and the step's gradient, before Lightning clips (gradient_clip_val 1e-3)."""
+    module = GptModule(batch_size=4, samples=11, seq_len=32, fixed_length=False, optimizer="sgd", lr=0.0)
+    callback = TokenExactLoss(TASK)
+    trainer = quiet_trainer(max_steps=1, accumulate_grad_batches=3, gradient_clip_val=1e-3, callbacks=[callback])
+    trainer.fit(module)
+    corpus = SyntheticCorpus(32, seed=0)
+    samples = [corpus[i] for i in range(11)]
+    reference = tiny_gpt(positions=32)
+
+    def gradient(batches, denominator):
+        reference.zero_grad()
+        for batch in batches:
+            (summed_token_loss(reference(**batch).logits, batch, TASK) / denominator).backward()
+        return torch.cat([p.grad.flatten() for p in reference.parameters()])
+
+    micro = [collate(samples[:4], TASK), collate(samples[4:8], TASK), collate(samples[8:], TASK)]
+    grad_sq, grad_var = estimates_by_hand(gradient, micro, TASK)
+    reading = callback.reading
+    assert reading.grad_sq == pytest.approx(grad_sq, rel=1e-4) and reading.grad_var == pytest.approx(grad_var, rel=1e-4)
+    targets = sum(int((b["labels"][:, 1:] != -100).sum()) for b in micro)
+    assert reading.noise_scale == pytest.approx(grad_var / grad_sq / (targets / 11), rel=1e-4)
+    assert float(trainer.callback_metrics["noise_scale"]) == pytest.approx(reading.noise_scale, rel=1e-5)
+    assert callback.meter is None  # its hooks are gone after fit
+
+    off = TokenExactLoss(TASK, noise_scale=False)
+    quiet_trainer(max_steps=1, accumulate_grad_batches=3, callbacks=[off]).fit(
+        GptModule(batch_size=4, samples=11, seq_len=32, fixed_length=False, optimizer="sgd", lr=0.0))
+    assert off.reading is None
 
 
 def fresh_process(*options):
@@ -104,6 +137,13 @@ def test_under_two_ddp_ranks_every_rank_takes_the_smallest_edge_and_the_step_is_
     assert result["micro_batch"] * result["accumulate"] * 2 == result["effective_batch"]
     assert result["micro_batch"] <= result["edges"][1] and result["global_step"] == 1
     assert result["samples"] == 64 and result["worst"] < 1e-5, result
+    # The noise scale: one reading for the step on both ranks (its sums in one collective), and it is the estimate
+    # of all ranks' micro-batches as the small batches of the one step, computed by hand.
+    assert result["micro_batches"] == 2 * result["accumulate"] >= 2
+    (sq0, var0), (sq1, var1) = result["noise"]
+    assert (sq0, var0) == pytest.approx((sq1, var1), rel=1e-9)
+    assert sq0 == pytest.approx(result["noise_by_hand"][0], rel=1e-4)
+    assert var0 == pytest.approx(result["noise_by_hand"][1], rel=1e-4)
 
 
 class ManualModule(GptModule):

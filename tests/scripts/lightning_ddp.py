@@ -16,6 +16,7 @@ import torch.distributed as dist
 # isort: on
 
 from lightning_gpt import TASK, GptModule, quiet_trainer, tiny_gpt
+from noise_by_hand import estimates_by_hand
 
 from gaplan.data import Sample, collate
 from gaplan.integrations.lightning import GaplanBatchSize
@@ -32,10 +33,12 @@ class SeenSamples(pl.Callback):
 
     def __init__(self):
         self.samples = []
+        self.batches = []  # the same, by micro-batch
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        for ids, mask in zip(batch["input_ids"], batch["attention_mask"], strict=True):
-            self.samples.append(Sample(tuple(ids[mask.bool()].tolist()), 0))
+        self.batches.append([Sample(tuple(ids[mask.bool()].tolist()), 0)
+                             for ids, mask in zip(batch["input_ids"], batch["attention_mask"], strict=True)])
+        self.samples += self.batches[-1]
 
 
 def main():
@@ -44,10 +47,12 @@ def main():
     callback = GaplanBatchSize(EFFECTIVE_BATCH, memory_limit=BUDGETS[rank], threads=1)
     module = GptModule(samples=4 * EFFECTIVE_BATCH, seq_len=SEQ_LEN, fixed_length=False, optimizer="sgd", lr=0.0)
     seen = SeenSamples()
-    trainer = quiet_trainer(max_steps=1, devices=2, strategy="ddp", callbacks=[callback, TokenExactLoss(TASK), seen])
+    exact = TokenExactLoss(TASK)
+    trainer = quiet_trainer(max_steps=1, devices=2, strategy="ddp", callbacks=[callback, exact, seen])
     trainer.fit(module)
     facts = [None, None]
-    mine = (callback.result.max_micro_batch, callback.max_micro_batch, seen.samples)
+    reading = (exact.reading.grad_sq, exact.reading.grad_var) if exact.reading is not None else None
+    mine = (callback.result.max_micro_batch, callback.max_micro_batch, seen.samples, seen.batches, reading)
     dist.all_gather_object(facts, mine)
     if rank == 0:
         whole = collate([s for f in facts for s in f[2]], TASK)  # both ranks' first step, as one batch
@@ -56,7 +61,17 @@ def main():
         (summed_token_loss(reference(**whole).logits, whole, TASK) / targets).backward()
         worst = max(((module.step_grads[0][n] - p.grad).abs().max() / p.grad.abs().max()).item()
                     for n, p in reference.named_parameters())
+        # The noise estimate of the step by hand: every rank's micro-batches are small batches of the one step.
+        def gradient(batches, denominator):
+            reference.zero_grad()
+            for batch in batches:
+                (summed_token_loss(reference(**batch).logits, batch, TASK) / denominator).backward()
+            return torch.cat([p.grad.flatten() for p in reference.parameters()])
+
+        micro = [collate(b, TASK) for f in facts for b in f[3]]
+        by_hand = estimates_by_hand(gradient, micro, TASK)
         print(json.dumps({"edges": [f[0] for f in facts], "agreed": [f[1] for f in facts],
+                          "noise": [f[4] for f in facts], "noise_by_hand": by_hand, "micro_batches": len(micro),
                           "micro_batch": module.batch_size, "accumulate": trainer.accumulate_grad_batches,
                           "effective_batch": EFFECTIVE_BATCH, "global_step": trainer.global_step,
                           "samples": len(whole["input_ids"]), "worst": worst}))
