@@ -39,8 +39,9 @@ def run(folder: str, noise: bool, steps: int, *extra: str) -> list[dict]:
         return list(csv.DictReader(handle))
 
 
-def in_process(pairs: int) -> tuple[list[float], list[float]]:
-    """Step times with and without the meter, alternating step by step in this process (the order flips each pair)."""
+def in_process(pairs: int) -> tuple[list[float], list[float], float]:
+    """Step times with and without the meter, alternating step by step in this process (the order flips each pair),
+    and the seconds spent inside the meter's own calls (its hooks, its per-micro-step sums, its step reading)."""
     import time
 
     import torch
@@ -50,6 +51,23 @@ def in_process(pairs: int) -> tuple[list[float], list[float]]:
     from gaplan.training.optimizer_step import optimizer_step
     from gaplan.workload.build import WorkloadSpec, build_workload
 
+    inside = [0.0]
+
+    def timed(method):
+        def call(self, *args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                inside[0] += time.perf_counter() - started
+        return call
+
+    class TimedMeter(NoiseScaleMeter):  # the same meter; each of its calls timed
+        _add = timed(NoiseScaleMeter._add)
+        start_micro_step = timed(NoiseScaleMeter.start_micro_step)
+        end_micro_step = timed(NoiseScaleMeter.end_micro_step)
+        finish = timed(NoiseScaleMeter.finish)
+
     torch.set_num_threads(2)
     torch.manual_seed(0)
     workload = build_workload(WorkloadSpec(model="tiny-gpt2", seq_len=128), "cpu")
@@ -58,7 +76,7 @@ def in_process(pairs: int) -> tuple[list[float], list[float]]:
     times: dict[bool, list[float]] = {True: [], False: []}
 
     def step(measure: bool) -> float:
-        meter = NoiseScaleMeter(workload.model) if measure else None
+        meter = TimedMeter(workload.model) if measure else None
         started = time.perf_counter()
         optimizer_step(workload, workload.model, batches, dist, None, None, noise=meter)
         seconds = time.perf_counter() - started
@@ -68,10 +86,11 @@ def in_process(pairs: int) -> tuple[list[float], list[float]]:
 
     for _ in range(3):  # warm-up: the optimizer's states, MKL's first products
         step(True), step(False)
+    inside[0] = 0.0
     for index in range(pairs):
         for measure in ((True, False) if index % 2 == 0 else (False, True)):
             times[measure].append(step(measure))
-    return times[True], times[False]
+    return times[True], times[False], inside[0]
 
 
 def main() -> None:
@@ -96,11 +115,13 @@ def main() -> None:
     ratio = paired_ratio(times[True], times[False])
     print(f"\ngaplan train, step time with / without the measurement: {ratio.value:.3f}x (95% CI {ratio.low:.3f}-"
           f"{ratio.high:.3f}), medians {statistics.median(times[True]):.3f} s vs {statistics.median(times[False]):.3f} s")
-    with_meter, without = in_process(args.pairs)
+    with_meter, without, inside = in_process(args.pairs)
     ratio = paired_ratio(with_meter, without)
     print(f"one process, {args.pairs} step pairs, with / without the meter: {ratio.value:.4f}x (95% CI "
           f"{ratio.low:.4f}-{ratio.high:.4f}), medians {statistics.median(with_meter):.3f} s vs "
           f"{statistics.median(without):.3f} s")
+    print(f"inside the meter's own calls: {1000 * inside / len(with_meter):.2f} ms a step, "
+          f"{inside / sum(with_meter):.2%} of the steps' time")
     print(f"step peak with / without: {peaks[True] / 2**20:.2f} MiB vs {peaks[False] / 2**20:.2f} MiB "
           f"({(peaks[True] - peaks[False]) / peaks[False]:+.2%})")
 

@@ -160,7 +160,7 @@ def probe(**options: Any) -> None:
     if options["data"] and not by_goodput:
         raise GaplanError("--data applies to --batch-by tokens and to --objective goodput's measuring run here (a "
                           "probe by samples runs full-length batches)")
-    elif options["report"]:
+    if by_goodput and options["report"]:
         raise GaplanError("--report times the plan of --effective-batch; with --objective goodput, report on the "
                           "chosen plan afterwards: gaplan bench --plan OUT/plan.json")
     timing = (options["report"] or options["objective"] in ("throughput", "goodput")

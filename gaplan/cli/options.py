@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from gaplan.core.disk import FAULTS
 from gaplan.core.errors import GaplanError
 from gaplan.core.units import parse_bytes
 
@@ -207,8 +208,9 @@ def check_writable(directory: str, what: str = "--out") -> None:
         parent = os.path.dirname(parent)
     try:  # really try: permission bits say nothing for root or on /proc-like file systems
         os.rmdir(tempfile.mkdtemp(prefix=".gaplan-check-", dir=parent))
-    except OSError:
-        raise GaplanError(f"{what} {directory} is not writable") from None
+    except OSError as exc:
+        why = FAULTS.get(exc.errno or 0)
+        raise GaplanError(f"{what} {directory} is not writable" + (f": {why}" if why else "")) from None
 
 
 def positive(options: dict[str, Any], *names: str) -> None:

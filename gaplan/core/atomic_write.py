@@ -6,25 +6,34 @@ import contextlib
 import os
 from collections.abc import Callable
 
+from gaplan.core.disk import disk_faults_as_one_line, ensure_room
 from gaplan.core.errors import GaplanError
 
 
-def atomic_write(path: str, write: Callable[[str], object], fsync: bool = False) -> None:
+def atomic_write(path: str, write: Callable[[str], object], fsync: bool = False, size: int | None = None,
+                 what: str | None = None) -> None:
     """Call ``write(temp_path)``, then rename the temp file over ``path`` (same directory, so same file system).
 
-    ``fsync`` flushes the temp file to disk before the rename, for files a crash must not lose
-    (checkpoints). On any failure the temp file is removed and ``path`` is left as it was; an
-    ``OSError`` (disk full, no permission) becomes a one-line :class:`GaplanError`.
+    ``fsync`` flushes the temp file to disk before the rename, for files a crash must not lose (checkpoints).
+    ``size``, the bytes the file will take, is checked against the free space and the file-size limit first
+    (:func:`gaplan.core.disk.ensure_room`: the old file still exists while the temp is written). On any failure
+    the temp file is removed and ``path`` is left as it was. A disk fault, raised by whichever writer ``write``
+    calls, becomes a one-line :class:`gaplan.core.disk.WriteFailed` (``what`` names the file in it), another
+    ``OSError`` a one-line :class:`GaplanError`; anything else (a bug) goes through.
     """
     directory = os.path.dirname(os.path.abspath(path))
     temp = os.path.join(directory, f".{os.path.basename(path)}.tmp.{os.getpid()}")
     try:
         os.makedirs(directory, exist_ok=True)
-        write(temp)
-        if fsync:
-            with open(temp, "rb+") as handle:
-                os.fsync(handle.fileno())
-        os.replace(temp, path)
+        ensure_room(path, size or 0, what)
+        with disk_faults_as_one_line(path, size, what):
+            write(temp)
+            if fsync:
+                with open(temp, "rb+") as handle:
+                    os.fsync(handle.fileno())
+            os.replace(temp, path)
+    except GaplanError:
+        raise
     except OSError as exc:
         raise GaplanError(f"cannot write {path}: {exc.strerror or exc}") from None
     finally:
@@ -33,10 +42,11 @@ def atomic_write(path: str, write: Callable[[str], object], fsync: bool = False)
 
 
 def atomic_write_text(path: str, text: str) -> None:
-    """Write ``text`` (UTF-8, ``\\n`` line ends) to ``path`` atomically."""
+    """Write ``text`` (UTF-8, ``\\n`` line ends as given) to ``path`` atomically."""
+    data = text.encode("utf-8")
 
     def write(temp: str) -> None:
-        with open(temp, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
+        with open(temp, "wb") as handle:
+            handle.write(data)
 
-    atomic_write(path, write)
+    atomic_write(path, write, size=len(data))

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Callable
 
 import torch
 
+from gaplan.core.disk import WriteFailed
 from gaplan.core.errors import GaplanError
 
 
@@ -42,6 +44,18 @@ class Distributed:
     def any(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is True on any rank."""
         return bool(self.sum(1.0 if flag else 0.0)) if self.active else flag
+
+    def fail_together(self, failure: Exception | None, elsewhere: str,
+                      cleanup: Callable[[], None] | None = None) -> None:
+        """Raise on every rank when any rank has ``failure``: its own, or on the others a one-line
+        :class:`WriteFailed` saying ``elsewhere``; ``cleanup`` runs on rank 0 first (then all wait for it)."""
+        if not self.any(failure is not None):
+            return
+        if cleanup is not None:
+            if self.rank == 0:
+                cleanup()
+            self.barrier()
+        raise failure or WriteFailed(elsewhere)
 
     def min(self, value: int) -> int:
         if not self.active:

@@ -14,6 +14,7 @@ import shutil
 from torch import nn
 from torch.optim import Optimizer
 
+from gaplan.core.disk import WriteFailed, describe, disk_errno, ensure_room
 from gaplan.core.errors import GaplanError
 from gaplan.parallel.process_group import Distributed
 from gaplan.runs.folder import SHARDED_STATE_PREFIX
@@ -24,19 +25,51 @@ def save_sharded_state(run_dir: str, step: int, model: nn.Module, optimizer: Opt
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    from gaplan.workload.state_size import tensor_bytes
+
     name = f"{SHARDED_STATE_PREFIX}{step:08d}"
     final, temp = os.path.join(run_dir, name), os.path.join(run_dir, f".{name}.tmp")
     if dist.rank == 0:
         shutil.rmtree(temp, ignore_errors=True)
     dist.barrier()
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=temp)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    # Every rank's shards go to one folder: the room for all of them is checked on every rank (its file-size limit
+    # against its own file), and all stop together before any shard is written.
+    mine = tensor_bytes(state, shared_once=False)  # tied weights are written once per entry
+    needed = int(dist.sum(mine))
+    what = f"the shards of {name}"
+    failure = None
+    try:
+        ensure_room(temp, needed, what, file_bytes=mine)
+    except WriteFailed as exc:
+        failure = exc
+    elsewhere = f"another rank could not write {what} to {run_dir} (its line says why)"
+    dist.fail_together(failure, elsewhere)
+    try:
+        dcp.save(state, checkpoint_id=temp)
+    except BaseException as exc:  # CheckpointException (a BaseException) holds every failed rank's, on every rank
+        failure = _shard_write_failure(exc, dist.rank, temp, mine, what)
+    # The shards written so far are removed: no folder of them is ever taken for complete.
+    dist.fail_together(failure, elsewhere, cleanup=lambda: shutil.rmtree(temp, ignore_errors=True))
     dist.barrier()  # every rank's files are in the temp folder
     if dist.rank == 0:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(temp, final)
     dist.barrier()
     return name
+
+
+def _shard_write_failure(exc: BaseException, rank: int, temp: str, mine: int, what: str) -> WriteFailed:
+    """The line for a failed ``dcp.save``: this rank's own disk fault, or which ranks had one; a bug is raised."""
+    code = None if isinstance(exc, (KeyboardInterrupt, SystemExit)) else disk_errno(exc, temp, mine)
+    if code is None:
+        raise exc
+    failed = getattr(exc, "failures", None)
+    if isinstance(failed, dict) and failed and rank not in failed:
+        ranks = ", ".join(str(r) for r in sorted(failed))
+        return WriteFailed(f"rank {ranks} could not write {what} to {os.path.dirname(temp)} (its line says why)", code)
+    return WriteFailed(describe(temp, code, mine, what), code)
 
 
 def load_sharded_state(run_dir: str, name: str, model: nn.Module, optimizer: Optimizer) -> None:

@@ -15,18 +15,26 @@ from typing import Any
 import torch
 
 from gaplan.core.atomic_write import atomic_write
+from gaplan.core.disk import WriteFailed, ensure_room
 from gaplan.core.errors import GaplanError, one_line
 from gaplan.parallel.process_group import Distributed
 from gaplan.parallel.state import load_sharded_state, remove_stale_sharded_states, save_sharded_state
 from gaplan.plan.split import Plan
 from gaplan.runs.folder import CHECKPOINT
 from gaplan.training.train_log import truncate_log
-from gaplan.workload.build import Workload
+from gaplan.workload.build import Workload, optimizer_state_bytes
+from gaplan.workload.state_size import tensor_bytes
 
 
 def save_checkpoint(path: str, state: dict[str, Any]) -> None:
-    """Write atomically and flushed to disk: a cut-off write never replaces a good checkpoint."""
-    atomic_write(path, lambda temp: torch.save(state, temp), fsync=True)
+    """Write atomically and flushed to disk: a cut-off write never replaces a good checkpoint. Its size is checked
+    against the disk first; a disk fault is a one-line :class:`WriteFailed`."""
+    atomic_write(path, lambda temp: torch.save(state, temp), fsync=True, size=tensor_bytes(state), what=CHECKPOINT)
+
+
+def expected_checkpoint_bytes(workload: Workload) -> int:
+    """The checkpoint's bytes once the optimizer's states exist: the model's state and the optimizer's."""
+    return tensor_bytes(workload.model.state_dict()) + optimizer_state_bytes(workload.model, workload.spec.optimizer)
 
 
 def load_checkpoint(run_dir: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -51,23 +59,57 @@ class RunState:
     shards: bool  # FSDP2: each rank writes its own shards
     dist: Distributed
     run_dir: str | None
+    saved_step: int | None = None  # the step the run folder's checkpoint holds (None: none of this run)
 
     def save(self, step: int, plan: Plan) -> None:
+        """Checkpoint ``step`` (a collective). A disk fault on any rank is :class:`WriteFailed` on every rank,
+        with the folder's last good checkpoint (``saved_step``) as it was."""
         if not self.run_dir:
             return
         workload, optimizer, dist = self.workload, self.workload.optimizer, self.dist
         rng = _gather_rng(dist)
         shard_folder = save_sharded_state(self.run_dir, step, workload.model, optimizer, dist) if self.shards else None
+        failure = None
         if dist.rank == 0:
             weights = ({"sharded_state": shard_folder} if self.shards else
                        {"model": workload.model.state_dict(), "optimizer": optimizer.state_dict()})
-            save_checkpoint(os.path.join(self.run_dir, CHECKPOINT), {
-                **weights, "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict() if self.scaler else None,
-                "rng": rng, "step": step, "plan": plan.to_dict(), "workload": workload.spec.to_dict(),
-            })
-            if self.shards:
-                remove_stale_sharded_states(self.run_dir, keep=shard_folder)
+            try:
+                save_checkpoint(os.path.join(self.run_dir, CHECKPOINT), {
+                    **weights, "scheduler": self.scheduler.state_dict(),
+                    "scaler": self.scaler.state_dict() if self.scaler else None,
+                    "rng": rng, "step": step, "plan": plan.to_dict(), "workload": workload.spec.to_dict(),
+                })
+            except WriteFailed as exc:
+                failure = exc
+            if self.shards:  # the new shards without a checkpoint.pt that names them are stale too
+                remove_stale_sharded_states(self.run_dir, keep=shard_folder if failure is None else self._kept())
+        # Rank 0's outcome, known to every rank: none trains on while rank 0 has stopped.
+        dist.fail_together(failure, f"rank 0 could not write {CHECKPOINT} to {self.run_dir} (its line says why)")
+        self.saved_step = step
+
+    def check_room(self) -> None:
+        """Before training: the checkpoint must fit on the run folder's disk (a collective), else no step could be
+        kept. Its size then: the weights, and the optimizer's states as they will be (AdamW: two per weight)."""
+        if not self.run_dir:
+            return
+        failure = None
+        if self.dist.rank == 0 and not self.shards:
+            try:
+                ensure_room(os.path.join(self.run_dir, CHECKPOINT), expected_checkpoint_bytes(self.workload),
+                            CHECKPOINT)
+            except WriteFailed as exc:
+                failure = WriteFailed(f"{exc} (checked before training: no step of this run could be kept)", exc.code)
+        self.dist.fail_together(failure, f"rank 0 has no room for {CHECKPOINT} in {self.run_dir} (its line says why)")
+
+    def _kept(self) -> str | None:
+        """The shard folder the run folder's checkpoint.pt names now (None without one)."""
+        path = os.path.join(self.run_dir or ".", CHECKPOINT)
+        if not os.path.isfile(path):
+            return None
+        try:
+            return torch.load(path, weights_only=False, map_location="cpu").get("sharded_state")
+        except Exception:  # noqa: BLE001 - unreadable: keep nothing named by it
+            return None
 
     def restore(self, plan: Plan) -> tuple[int, Plan]:
         """Load the run folder's checkpoint into the loop; the step to go on from and the plan to go on with.
@@ -86,6 +128,7 @@ class RunState:
             self.scaler.load_state_dict(state["scaler"])
         _set_rng_state(state["rng"][dist.rank] if isinstance(state["rng"], list) else state["rng"])
         start_step = int(state["step"])
+        self.saved_step = start_step
         plan = Plan.from_dict(state["plan"]) if state["plan"]["world_size"] == dist.world_size else plan
         truncate_log(self.run_dir, start_step)
         return start_step, plan

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gaplan.core.disk import WriteFailed
 from gaplan.core.errors import GaplanError
 from gaplan.data import Sample
 from gaplan.parallel.fsdp import is_sharded
@@ -33,7 +34,7 @@ from gaplan.training.micro_batches import TokenSteps
 from gaplan.training.noise_scale import NoiseScaleMeter
 from gaplan.training.oom_retry import StepInputs, step_until_it_fits
 from gaplan.training.optimizer_step import grad_scaler
-from gaplan.training.train_log import StepLog, append_log
+from gaplan.training.train_log import StepLog, append_log, truncate_log
 from gaplan.workload.build import Workload
 from gaplan.workload.loss import batch_size
 
@@ -50,6 +51,7 @@ class TrainResult:
     padded_tokens: int = 0  # token positions fed, padding included (all ranks, all steps)
     real_tokens: int = 0  # of which real tokens (attention mask)
     loss_check: LossCheck | None = None  # step 1 against the same samples as one batch (or why it was skipped)
+    checkpoint_step: int | None = None  # the step the run folder's checkpoint holds at the end (None: none)
 
     @property
     def padding_fraction(self) -> float | None:
@@ -132,6 +134,8 @@ def train(
     else:
         torch.manual_seed(config.seed)
         random.seed(config.seed)
+    if start_step < config.steps:
+        run.check_room()  # a disk with no room for one checkpoint would keep no step of the run
     if config.micro_batch_limit and plan.micro_batch > config.micro_batch_limit:
         plan = make_plan(plan.effective_batch, config.micro_batch_limit, plan.world_size)
     token_steps = None
@@ -150,10 +154,27 @@ def train(
                         config.run_dir, noise)
     peaks = (peak_bytes, step_peak_bytes)
     try:
-        return _loop(inputs, run, plan, config, start_step, token_steps, on_step, on_event, peaks, reset_peak)
+        result = _loop(inputs, run, plan, config, start_step, token_steps, on_step, on_event, peaks, reset_peak)
+    except WriteFailed as exc:
+        raise _kept_from(exc, run) from None
     finally:
         if noise is not None:
             noise.close()
+    result.checkpoint_step = run.saved_step
+    return result
+
+
+def _kept_from(failure: WriteFailed, run: RunState) -> WriteFailed:
+    """After a failed write: ``train_log.csv`` cut back to the checkpoint the folder keeps, and the one line that
+    says what is kept and how to go on."""
+    run_dir = run.run_dir or "."
+    if run.dist.rank == 0:
+        truncate_log(run_dir, run.saved_step or 0)
+    if run.saved_step is None:
+        return WriteFailed(f"{failure}; no checkpoint of this run was written, so none of its steps are kept "
+                           "(train_log.csv is cut back to none): make room and train again", failure.code)
+    return WriteFailed(f"{failure}; the checkpoint of step {run.saved_step} is kept and train_log.csv is cut back to "
+                       f"it: make room, then gaplan train --resume {run_dir}", failure.code)
 
 
 def _check(inputs: StepInputs, plan: Plan, start_step: int, token_budget: int | None,
@@ -225,20 +246,31 @@ def _loop(inputs: StepInputs, run: RunState, plan: Plan, config: TrainConfig, st
                           _above_baseline(peaks[1]), done_step.padded / seconds,
                           *_noise_columns(inputs.noise))
             logs.append(log)
+            log_failure = None
             if step == start_step and check is not None:
                 if one_batch_loss is not None:
                     check.accumulated_loss, check.large_batch_loss = done_step.loss, one_batch_loss
                     check.micro_steps = len(micro_batches)
                 if start_step == 0 and dist.rank == 0 and run_dir:  # a resumed run keeps its start's check
-                    save_loss_check(run_dir, check)
-            if dist.rank == 0 and run_dir:
-                append_log(run_dir, log)
+                    try:
+                        save_loss_check(run_dir, check)
+                    except WriteFailed as exc:
+                        log_failure = exc
+            if dist.rank == 0 and run_dir and log_failure is None:
+                try:
+                    append_log(run_dir, log)
+                except WriteFailed as exc:
+                    log_failure = exc
             if on_step:
                 on_step(log)
             done = step + 1
             # One vote per step: a signal that reached some ranks stops all of them at this same boundary,
-            # so every rank joins the checkpoint's collectives and none is left waiting in one.
-            stopping = dist.any(stop.requested)
+            # so every rank joins the checkpoint's collectives and none is left waiting in one; and a log that
+            # could not be written stops all of them too, with the folder's last checkpoint as it was.
+            signalled, log_failed = dist.sums([float(stop.requested), float(log_failure is not None)])
+            if log_failed:
+                raise log_failure or WriteFailed(f"rank 0 could not write to {run_dir} (its line says why)")
+            stopping = signalled > 0
             if stopping or (config.checkpoint_every and done % config.checkpoint_every == 0) or \
                     done == config.steps:
                 run.save(done, plan)

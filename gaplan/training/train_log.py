@@ -8,10 +8,12 @@ and ``padded_tokens_per_s`` (token positions fed, padding included) came later a
 from __future__ import annotations
 
 import csv
+import io
 import os
 from dataclasses import dataclass
 
 from gaplan.core.atomic_write import atomic_write
+from gaplan.core.disk import disk_faults_as_one_line
 from gaplan.runs.folder import TRAIN_LOG_CSV
 from gaplan.runs.schema import TRAIN_LOG
 
@@ -41,22 +43,47 @@ class StepLog:
 
 
 def append_log(run_dir: str, log: StepLog) -> None:
+    """Append the step's row (a disk fault is a one-line :class:`gaplan.core.disk.WriteFailed`; a row cut off by
+    it is removed again by :func:`truncate_log`)."""
     path = os.path.join(run_dir, TRAIN_LOG_CSV)
     new = not os.path.exists(path)
-    with open(path, "a", newline="") as handle:
-        writer = csv.DictWriter(handle, LOG_FIELDS)
-        if new:
-            writer.writeheader()
-        writer.writerow({k: getattr(log, k) for k in LOG_FIELDS})
+    text = io.StringIO()
+    writer = csv.DictWriter(text, LOG_FIELDS)
+    if new:
+        writer.writeheader()
+    writer.writerow({k: getattr(log, k) for k in LOG_FIELDS})
+    with disk_faults_as_one_line(path), open(path, "a", newline="") as handle:
+        handle.write(text.getvalue())
 
 
 def truncate_log(run_dir: str | None, step: int) -> None:
-    """Drop log rows past the checkpoint (steps that will be redone after a resume)."""
+    """Drop log rows past ``step`` (the checkpoint's: steps a resume redoes, or that no checkpoint kept).
+
+    Rows are appended in step order, so this cuts the file at the end of the last row kept: in place, with no
+    room needed (the disk may be full), and a partial row a full disk left is cut with the rows after the step.
+    A file out of order (edited by hand) is rewritten atomically instead."""
     path = os.path.join(run_dir or ".", TRAIN_LOG_CSV)
     if not os.path.exists(path):
         return
+    with open(path, "rb") as handle:
+        lines = handle.read().split(b"\n")
+    keep, in_order, previous = 1, True, 0  # the header line is kept
+    for index, line in enumerate(lines[1:-1], start=1):  # the last piece has no newline: empty, or a cut-off row
+        first = line.split(b",", 1)[0]
+        if not first.isdigit():
+            continue
+        number = int(first)
+        in_order &= number > previous
+        previous = number
+        if number <= step and in_order:
+            keep = index + 1
+    if in_order:
+        size = sum(len(line) + 1 for line in lines[:keep])
+        with disk_faults_as_one_line(path):
+            os.truncate(path, min(size, os.path.getsize(path)))
+        return
     with open(path, newline="") as handle:
-        rows = [row for row in csv.DictReader(handle) if int(row["step"]) <= step]
+        rows = [row for row in csv.DictReader(handle) if row.get("step", "").isdigit() and int(row["step"]) <= step]
 
     def write(temp: str) -> None:
         with open(temp, "w", newline="") as handle:

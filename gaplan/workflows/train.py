@@ -9,16 +9,18 @@ continues the run as it was started (:func:`resume_settings`). The plan's per-no
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gaplan.core.atomic_write import atomic_write_text
+from gaplan.core.atomic_write import atomic_write, atomic_write_text
 from gaplan.core.constants import DEFAULT_CPU_BUDGET
+from gaplan.core.disk import WriteFailed, disk_faults_as_one_line
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import get_path, leaf_fields, option_name, replace_path
 from gaplan.core.progress import Say, quiet
@@ -270,8 +272,13 @@ def _save_outputs(run_dir: str, options: TrainOptions, workload: Any, corpus: An
     if options.save_weights and is_main:
         from safetensors.torch import save_file
 
+        from gaplan.workload.state_size import tensor_bytes
+
         state = {k: v.detach().contiguous().clone() for k, v in full_state.items()}
-        save_file(state, options.save_weights)  # cloned per name: tied weights no longer share storage
+        with _outputs_kept_in(run_dir, result, f"--save-weights {options.save_weights}"):
+            # cloned per name: tied weights no longer share storage. Atomic, and its size checked first.
+            atomic_write(options.save_weights, lambda temp: save_file(state, temp), size=tensor_bytes(state),
+                         what=os.path.basename(options.save_weights))
     summary = _summary(run_dir, result)
     if result.loss_check is not None:
         from gaplan.training.loss_check import load_loss_check
@@ -284,10 +291,13 @@ def _save_outputs(run_dir: str, options: TrainOptions, workload: Any, corpus: An
     if saving_model and is_main:
         from gaplan.workload.model_io import save_model
 
-        summary["model_dir"] = save_model(workload, options.save_model, state_dict=full_state, merge=options.merge)
-        tokenizer = getattr(getattr(corpus, "text_tokenizer", None), "hf", None)
-        if tokenizer is not None:  # the tokenizer the data was read with (--tokenizer DIR, or the folder's own)
-            tokenizer.save_pretrained(summary["model_dir"])
+        flags = f"--save-model {options.save_model}" + (" --merge" if options.merge else "")
+        with _outputs_kept_in(run_dir, result, flags):
+            summary["model_dir"] = save_model(workload, options.save_model, state_dict=full_state, merge=options.merge)
+            tokenizer = getattr(getattr(corpus, "text_tokenizer", None), "hf", None)
+            if tokenizer is not None:  # the tokenizer the data was read with (--tokenizer DIR, or the folder's own)
+                with disk_faults_as_one_line(summary["model_dir"], what="the tokenizer"):
+                    tokenizer.save_pretrained(summary["model_dir"])
         if workload.spec.lora and not options.merge:
             say(f"adapter saved to {summary['model_dir']} (loads with PeftModel.from_pretrained(base, "
                 f"{summary['model_dir']!r}); --merge writes the merged model instead)")
@@ -295,6 +305,20 @@ def _save_outputs(run_dir: str, options: TrainOptions, workload: Any, corpus: An
             say(f"model saved to {summary['model_dir']} (loads with AutoModelFor*.from_pretrained and "
                 "AutoTokenizer.from_pretrained)")
     return summary
+
+
+@contextlib.contextmanager
+def _outputs_kept_in(run_dir: str, result: Any, flags: str) -> Iterator[None]:
+    """A final output that cannot be written: one line that says the trained run is kept in its checkpoint and
+    names the ``--resume`` that writes the output from it, without training again."""
+    try:
+        yield
+    except WriteFailed as exc:
+        if result.checkpoint_step is None:
+            raise
+        raise WriteFailed(f"{exc}; the trained run is kept in {run_dir} ({CHECKPOINT}, step {result.checkpoint_step}): "
+                          f"once there is room, gaplan train --resume {run_dir} {flags} writes it without training "
+                          "again", exc.code) from None
 
 
 def _summary(run_dir: str, result: Any) -> dict[str, Any]:

@@ -90,11 +90,15 @@ class Workload:
 
 def static_bytes(model: nn.Module, optimizer: str) -> int:
     """Bytes of weights, gradients and optimizer states (AdamW keeps two tensors per parameter, of its dtype)."""
-    params = [p for p in model.parameters() if p.requires_grad]
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    grads = sum(p.numel() * p.element_size() for p in params)
-    states = 2 * sum(p.numel() * p.element_size() for p in params) if optimizer == "adamw" else 0
-    return weights + grads + states
+    grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return weights + grads + optimizer_state_bytes(model, optimizer)
+
+
+def optimizer_state_bytes(model: nn.Module, optimizer: str) -> int:
+    """Bytes of the optimizer's states once they exist: AdamW's two per trainable parameter, SGD's none."""
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return 2 * trainable if optimizer == "adamw" else 0
 
 
 def enable_checkpointing(model: nn.Module) -> None:

@@ -15,8 +15,10 @@ import shutil
 from collections.abc import Iterator
 from typing import Any
 
+from gaplan.core.disk import disk_faults_as_one_line, ensure_room
 from gaplan.core.errors import GaplanError, one_line
 from gaplan.data.tokenizer import has_tokenizer
+from gaplan.workload.state_size import tensor_bytes
 
 SAFE_WEIGHTS = "model.safetensors"
 BIN_WEIGHTS = "pytorch_model.bin"
@@ -190,11 +192,14 @@ def save_model(workload: Any, out_dir: str, tokenizer_dir: str | None = None, st
     temp = os.path.join(parent, f".{name}.tmp.{os.getpid()}")
     old = os.path.join(parent, f".{name}.old.{os.getpid()}")
     moved_aside = False
+    needed = tensor_bytes(state_dict if state_dict is not None else model.state_dict())
     try:
         os.makedirs(parent, exist_ok=True)
+        ensure_room(temp, needed, f"the model folder {name}")  # beside the old folder, which goes only after
         shutil.rmtree(temp, ignore_errors=True)
         os.mkdir(temp)
-        _write_folder(model, workload, temp, tokenizer_dir, state_dict)
+        with disk_faults_as_one_line(temp, needed, f"the model folder {name}"):
+            _write_folder(model, workload, temp, tokenizer_dir, state_dict)
         if os.path.isdir(out):
             os.replace(out, old)
             moved_aside = True

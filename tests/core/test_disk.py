@@ -1,0 +1,66 @@
+"""gaplan.core.disk: a disk fault told apart from a bug, whatever raised it, and the one line that says which."""
+
+import errno
+import os
+
+import pytest
+
+from gaplan.core.disk import FAULTS, WriteFailed, describe, disk_errno, disk_faults_as_one_line, ensure_room, free_bytes
+
+
+@pytest.mark.parametrize("code", sorted(FAULTS))
+def test_an_os_error_of_each_fault_is_that_fault(code):
+    assert disk_errno(OSError(code, os.strerror(code))) == code
+
+
+def test_writers_that_pass_on_only_a_message_are_read_by_its_os_error():
+    # safetensors' (Rust's io::Error) and a message that carries only the OS's words
+    assert disk_errno(RuntimeError('IoError(Os { code: 28, kind: StorageFull, message: "No space left" })')) == 28
+    assert disk_errno(Exception("failed: Disk quota exceeded")) == errno.EDQUOT
+    assert disk_errno(ValueError("[Errno 30] Read-only file system: 'x'")) == errno.EROFS
+
+
+def test_a_fault_behind_another_exception_is_found_and_a_bug_is_not_a_fault():
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as inner:
+            raise RuntimeError("saving failed") from inner
+    except RuntimeError as outer:
+        assert disk_errno(outer) == errno.ENOSPC
+    assert disk_errno(TypeError("unsupported operand type(s)")) is None
+    assert disk_errno(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x8 and 3x2)")) is None
+    assert disk_errno(OSError(errno.ENOENT, "No such file or directory")) is None  # not the disk's fault
+
+
+def test_torch_s_zip_writer_failure_is_put_down_to_what_the_disk_shows(tmp_path):
+    failed = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    free = free_bytes(str(tmp_path))
+    assert disk_errno(failed, str(tmp_path), needed=free + (1 << 30)) == errno.ENOSPC
+    assert disk_errno(failed, str(tmp_path), needed=1) == errno.EIO  # room, no limit: an I/O error
+
+
+def test_the_line_names_the_file_its_folder_and_the_sizes(tmp_path):
+    path = str(tmp_path / "checkpoint.pt")
+    too_much = free_bytes(path) + (1 << 30)
+    line = describe(path, errno.ENOSPC, too_much)
+    assert line.startswith(f"cannot write checkpoint.pt to {tmp_path}: it needs ") and line.endswith(" are free")
+    # A write that failed where the disk now has room (another process freed it): the fault, without sizes
+    assert describe(path, errno.ENOSPC, 1 << 10) == (f"cannot write checkpoint.pt to {tmp_path}: the disk is full "
+                                                      "(No space left on device)")
+    assert describe(path, errno.EROFS) == (f"cannot write checkpoint.pt to {tmp_path}: the file system is read-only "
+                                           "(Read-only file system)")
+    with pytest.raises(WriteFailed, match="it needs .* are free") as raised:
+        ensure_room(path, free_bytes(path) + (1 << 30))
+    assert raised.value.code == errno.ENOSPC
+    ensure_room(path, 1 << 10)  # room: nothing raised
+
+
+def test_the_context_turns_a_fault_into_one_line_and_lets_a_bug_through(tmp_path):
+    path = str(tmp_path / "w.safetensors")
+    with pytest.raises(WriteFailed, match="w.safetensors .*the disk quota is exceeded"):
+        with disk_faults_as_one_line(path, 10):
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+    with pytest.raises(KeyError):
+        with disk_faults_as_one_line(path):
+            raise KeyError("model.weight")
