@@ -16,7 +16,6 @@ import contextlib
 import errno
 import os
 import re
-import resource
 from collections.abc import Iterator
 
 from gaplan.core.errors import GaplanError
@@ -51,12 +50,16 @@ class WriteFailed(GaplanError):
 
 def free_bytes(path: str) -> int | None:
     """Bytes an unprivileged writer may still use on the file system of ``path`` (its folder if it does not exist)."""
-    folder = existing_folder(path)
+    stats = _statvfs(existing_folder(path))
+    return stats.f_bavail * stats.f_frsize if stats is not None else None
+
+
+def _statvfs(folder: str):
+    """The file system's figures, or None where they cannot be read (or the OS has no statvfs: Windows)."""
     try:
-        stats = os.statvfs(folder)
-    except OSError:
+        return os.statvfs(folder)
+    except (OSError, AttributeError):
         return None
-    return stats.f_bavail * stats.f_frsize
 
 
 def existing_folder(path: str) -> str:
@@ -71,7 +74,11 @@ def existing_folder(path: str) -> str:
 
 
 def file_size_limit() -> int | None:
-    """The process's ``RLIMIT_FSIZE`` soft limit in bytes, or None when unlimited."""
+    """The process's ``RLIMIT_FSIZE`` soft limit in bytes, or None when unlimited (or where there is none)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
     soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
     return None if soft == resource.RLIM_INFINITY else soft
 
@@ -82,10 +89,8 @@ def ensure_room(path: str, needed: int, what: str | None = None, file_bytes: int
     (``file_bytes``, default ``needed``), or a folder that cannot be written (read-only, no permission). ``what``
     names the file in the message (default its base name)."""
     folder = existing_folder(os.path.dirname(os.path.abspath(path)) or ".")
-    stats = None
-    with contextlib.suppress(OSError):
-        stats = os.statvfs(folder)
-    if stats is not None and stats.f_flag & os.ST_RDONLY:
+    stats = _statvfs(folder)
+    if stats is not None and stats.f_flag & getattr(os, "ST_RDONLY", 0):
         raise WriteFailed(describe(path, errno.EROFS, needed, what), errno.EROFS)
     if not os.access(folder, os.W_OK):
         raise WriteFailed(describe(path, errno.EACCES, needed, what), errno.EACCES)

@@ -77,13 +77,14 @@ def limit_budget(memory_limit: int, usable: int) -> Assumption:
 
 
 def trace_assumptions(spec, device: DeviceModel, observed, static_bytes: int,
-                      optimizer_step_bytes: int | None) -> list[Assumption]:
+                      optimizer_step_bytes: int | None, panel_at_every_peak: bool = False) -> list[Assumption]:
     """What the traces of ``spec`` assumed on ``device``.
 
     Args:
         spec: the workload spec (its optimizer and dtype).
         device: the device model the traces ran under.
         observed: what the traces saw (``gemm_panel_bytes``, ``attention_ops``, ``convolutions``).
+        panel_at_every_peak: MKL's buffer was added to every peak (a tracker that counts no workspace).
         static_bytes: weights, gradients and optimizer states.
         optimizer_step_bytes: the optimizer step's traced bytes (None when it was not traced).
     """
@@ -92,18 +93,20 @@ def trace_assumptions(spec, device: DeviceModel, observed, static_bytes: int,
                         "micro-batch's activations) and the optimizer step's; batches are full length.")]
     temporaries = max(0, optimizer_step_bytes - static_bytes) if optimizer_step_bytes is not None else 0
     if device.kind == "cpu":
-        return notes + _cpu_process(spec, device, observed, temporaries)
+        return notes + _cpu_process(spec, device, observed, temporaries, panel_at_every_peak)
     return notes + _cuda(spec, observed, static_bytes, temporaries)
 
 
-def _cpu_process(spec, device: DeviceModel, observed, temporaries: int) -> list[Assumption]:
+def _cpu_process(spec, device: DeviceModel, observed, temporaries: int, panel_at_every_peak: bool) -> list[Assumption]:
     panel = observed.gemm_panel_bytes
+    when = ("at every peak, the largest product's MKL packing buffer" if panel_at_every_peak else
+            "while each float32 matrix product runs, its MKL packing buffer")
     notes = [Assumption(
         "cpu-process",
         f"CPU process: traced tensors plus {format_bytes(CPU_HEAP_BYTES)} of heap (Python objects, autograd), and "
-        f"while each float32 matrix product runs, its MKL packing buffer (4 bytes x min(K, {MKL_PANEL_K}) x "
-        f"min(N, {MKL_PANEL_N}), one call's, MKL's pool being off; {format_bytes(panel)} for the largest), both "
-        "measured against gaplan probe's resident-memory peak; no CUDA adjustment.",
+        f"{when} (4 bytes x min(K, {MKL_PANEL_K}) x min(N, {MKL_PANEL_N}), one call's, MKL's pool being off; "
+        f"{format_bytes(panel)} for the largest), both measured against gaplan probe's resident-memory peak; no "
+        "CUDA adjustment.",
         {"heap_bytes": CPU_HEAP_BYTES, "threads": device.threads, "mkl_panel_bytes": panel})]
     if spec.optimizer == "adamw":
         notes.append(Assumption("optimizer", f"AdamW as PyTorch runs it on CPU (single-tensor): its step's temporaries, "

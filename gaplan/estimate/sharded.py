@@ -340,6 +340,6 @@ class ShardedTracer:
     def assumptions(self) -> list[Assumption]:
         step = self._optimizer_row
         notes = trace_assumptions(self.spec, self.device, self.helper, self.static_bytes(),
-                                  step.tracked_total if step is not None else None)
+                                  step.tracked_total if step is not None else None, panel_at_every_peak=True)
         notes += sharded_assumptions(self.spec, self.device.kind, self.world_size, self.blocks, self.depths)
         return notes + ([lora_assumption(self.spec, self.workload.model)] if self.spec.lora else [])

@@ -84,7 +84,7 @@ class TokenExactLoss(Callback):
         if self.meter is not None:
             try:
                 self._step_samples += batch_size(batch)
-            except (TypeError, KeyError, IndexError, AttributeError):  # a batch of your own shape: its items
+            except (TypeError, KeyError, IndexError, AttributeError, StopIteration):  # a batch of your own shape: its items
                 self._step_samples += self._batch_items
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:

@@ -99,6 +99,7 @@ def choose_by_goodput(probed: ProbeResult, asked: int, options: GoodputOptions, 
     """Measure the noise scale at ``asked``, time every candidate's plan, and return the probe re-planned for the
     best goodput, its tuner decision recorded."""
     from gaplan.benchmark.splits import PLAN, SPLIT, bench
+    from gaplan.benchmark.tuner import TunerDecision
 
     if probed.plan.world_size != 1 or probed.workload.parallel == "fsdp":
         raise GaplanError("--objective goodput plans one process (its measuring run and bench run here); for "
@@ -125,10 +126,9 @@ def choose_by_goodput(probed: ProbeResult, asked: int, options: GoodputOptions, 
     reason = (f"best goodput at the measured noise scale ~{noise:.0f}: effective batch {best.effective_batch} "
               f"({plan.micro_batch} x {plan.grad_accum_steps}), {best.samples_per_s:.1f} samples/s x statistical "
               f"efficiency {best.efficiency:.2f} = {best.goodput:.1f}{versus}; {choice.lr_note(probed.workload.learning_rate)}")
-    decision = {"objective": "goodput", "micro_batch": plan.micro_batch, "grad_accum_steps": plan.grad_accum_steps,
-                "grad_checkpointing": probed.workload.grad_checkpointing, "samples_per_s": best.samples_per_s,
-                "reason": reason, "goodput": choice.to_dict()}
-    return dataclasses.replace(probed, plan=plan, tuner=decision), choice
+    decision = TunerDecision("goodput", plan.micro_batch, plan.grad_accum_steps, probed.workload.grad_checkpointing,
+                             best.samples_per_s, reason)
+    return dataclasses.replace(probed, plan=plan, tuner={**decision.to_dict(), "goodput": choice.to_dict()}), choice
 
 
 def measure_noise_scale(spec: WorkloadSpec, effective: int, edge: int, options: GoodputOptions, out: str, *,
