@@ -34,18 +34,11 @@ def save_sharded_state(run_dir: str, step: int, model: nn.Module, optimizer: Opt
     dist.barrier()
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
-    # Every rank's shards go to one folder: the room for all of them is checked on every rank (its file-size limit
-    # against its own file), and all stop together before any shard is written.
     mine = tensor_bytes(state, shared_once=False)  # tied weights are written once per entry
-    needed = int(dist.sum(mine))
     what = f"the shards of {name}"
-    failure = None
-    try:
-        ensure_room(temp, needed, what, file_bytes=mine)
-    except WriteFailed as exc:
-        failure = exc
+    ensure_shard_room(temp, mine, what, dist)
     elsewhere = f"another rank could not write {what} to {run_dir} (its line says why)"
-    dist.fail_together(failure, elsewhere)
+    failure = None
     try:
         dcp.save(state, checkpoint_id=temp)
     except BaseException as exc:  # CheckpointException (a BaseException) holds every failed rank's, on every rank
@@ -58,6 +51,18 @@ def save_sharded_state(run_dir: str, step: int, model: nn.Module, optimizer: Opt
         os.replace(temp, final)
     dist.barrier()
     return name
+
+
+def ensure_shard_room(folder: str, mine: int, what: str, dist: Distributed, note: str = "") -> None:
+    """Every rank's shards go to one folder: the room for all of them is checked on every rank (its file-size limit
+    against its own file, ``mine`` bytes), and all ranks stop together (a collective) before any shard is written."""
+    failure = None
+    try:
+        ensure_room(folder, int(dist.sum(mine)), what, file_bytes=mine)
+    except WriteFailed as exc:
+        failure = WriteFailed(f"{exc}{note}", exc.code)
+    dist.fail_together(failure, f"another rank could not write {what} to {os.path.dirname(folder)} "
+                                f"(its line says why){note}")
 
 
 def _shard_write_failure(exc: BaseException, rank: int, temp: str, mine: int, what: str) -> WriteFailed:

@@ -17,8 +17,14 @@ import torch
 from gaplan.core.atomic_write import atomic_write
 from gaplan.core.disk import WriteFailed, ensure_room
 from gaplan.core.errors import GaplanError, one_line
+from gaplan.parallel.fsdp import is_sharded
 from gaplan.parallel.process_group import Distributed
-from gaplan.parallel.state import load_sharded_state, remove_stale_sharded_states, save_sharded_state
+from gaplan.parallel.state import (
+    ensure_shard_room,
+    load_sharded_state,
+    remove_stale_sharded_states,
+    save_sharded_state,
+)
 from gaplan.plan.split import Plan
 from gaplan.runs.folder import CHECKPOINT
 from gaplan.training.train_log import truncate_log
@@ -33,8 +39,11 @@ def save_checkpoint(path: str, state: dict[str, Any]) -> None:
 
 
 def expected_checkpoint_bytes(workload: Workload) -> int:
-    """The checkpoint's bytes once the optimizer's states exist: the model's state and the optimizer's."""
-    return tensor_bytes(workload.model.state_dict()) + optimizer_state_bytes(workload.model, workload.spec.optimizer)
+    """The checkpoint's bytes once the optimizer's states exist: the model's state and the optimizer's. A sharded
+    model's: this rank's shards, every entry (as distributed checkpoint writes them)."""
+    model, sharded = workload.model, is_sharded(workload.model)
+    return (tensor_bytes(model.state_dict(), shared_once=not sharded)
+            + optimizer_state_bytes(model, workload.spec.optimizer, this_rank=sharded))
 
 
 def load_checkpoint(run_dir: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -92,13 +101,18 @@ class RunState:
         kept. Its size then: the weights, and the optimizer's states as they will be (AdamW: two per weight)."""
         if not self.run_dir:
             return
+        note = " (checked before training: no step of this run could be kept)"
+        if self.shards:  # each rank's shards, as they will be
+            ensure_shard_room(os.path.join(self.run_dir, ".shards.tmp"), expected_checkpoint_bytes(self.workload),
+                              "the shards of the first checkpoint", self.dist, note)
+            return
         failure = None
-        if self.dist.rank == 0 and not self.shards:
+        if self.dist.rank == 0:
             try:
                 ensure_room(os.path.join(self.run_dir, CHECKPOINT), expected_checkpoint_bytes(self.workload),
                             CHECKPOINT)
             except WriteFailed as exc:
-                failure = WriteFailed(f"{exc} (checked before training: no step of this run could be kept)", exc.code)
+                failure = WriteFailed(f"{exc}{note}", exc.code)
         self.dist.fail_together(failure, f"rank 0 has no room for {CHECKPOINT} in {self.run_dir} (its line says why)")
 
     def _kept(self) -> str | None:

@@ -95,9 +95,11 @@ def static_bytes(model: nn.Module, optimizer: str) -> int:
     return weights + grads + optimizer_state_bytes(model, optimizer)
 
 
-def optimizer_state_bytes(model: nn.Module, optimizer: str) -> int:
-    """Bytes of the optimizer's states once they exist: AdamW's two per trainable parameter, SGD's none."""
-    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+def optimizer_state_bytes(model: nn.Module, optimizer: str, this_rank: bool = False) -> int:
+    """Bytes of the optimizer's states once they exist: AdamW's two per trainable parameter, SGD's none.
+    ``this_rank``: of a sharded model's local shards only (a DTensor's ``to_local()``)."""
+    params = [p.to_local() if this_rank and hasattr(p, "to_local") else p for p in model.parameters() if p.requires_grad]
+    trainable = sum(p.numel() * p.element_size() for p in params)
     return 2 * trainable if optimizer == "adamw" else 0
 
 

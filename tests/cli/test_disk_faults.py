@@ -234,6 +234,7 @@ def test_under_fsdp_a_rank_that_cannot_write_its_shards_stops_every_rank_and_no_
     assert any("another rank could not write the shards of" in line for line in lines), lines
 
     payload = float(own.split("it needs ")[1].split(" MiB")[0])  # rank 1's shards, to 0.01 MiB
+    assert "checked before training" in own, own  # the first checkpoint's shards, known before step 1
     lines = _fsdp_with_limited_rank_1(str(tmp_path / "during"), int(payload * 2**20) + (40 << 10))
     assert any("cannot write the shards of" in line and "file size limit" in line for line in lines), lines
     assert any("rank 1 could not write the shards of" in line for line in lines), lines
