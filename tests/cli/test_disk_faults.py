@@ -103,6 +103,7 @@ def small_disk(tmp_path):
         disk.unmount()
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_a_disk_with_room_for_one_checkpoint_not_two_keeps_the_first_and_resume_reaches_the_same_weights(
         small_disk, uninterrupted):
@@ -141,6 +142,7 @@ def test_a_file_size_limit_below_the_checkpoint_is_refused_before_training(tmp_p
     assert logged_steps(run) == [] and not os.path.exists(os.path.join(run, "checkpoint.pt"))
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_weights_that_do_not_fit_after_training_name_the_resume_that_writes_them_without_training_again(
         small_disk, tmp_path, uninterrupted):
@@ -160,6 +162,7 @@ def test_weights_that_do_not_fit_after_training_name_the_resume_that_writes_them
     assert same_bits(weights(target), uninterrupted)
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_a_model_folder_that_does_not_fit_names_the_resume_that_writes_it(small_disk, tmp_path):
     disk = small_disk("model", 10)
@@ -222,6 +225,7 @@ def _fsdp_with_limited_rank_1(run, limit):
     return lines
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_under_fsdp_a_rank_that_cannot_write_its_shards_stops_every_rank_and_no_partial_shards_remain(tmp_path):

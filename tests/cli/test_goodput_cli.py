@@ -17,6 +17,7 @@ def invoke(args):
     return CliRunner().invoke(main, args, catch_exceptions=False)
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_goodput_measures_times_every_candidate_and_plans_the_best_and_train_scales_the_lr_only_when_asked(tmp_path):
     out = tmp_path / "probe"
