@@ -31,7 +31,9 @@ def optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[dic
                    agreement: OomAgreement | None = None, noise: NoiseScaleMeter | None = None) -> tuple[float, int]:
     """Accumulate, then step. Returns the large-batch loss and the tokens seen (all ranks); ``noise`` measures the
     gradient noise scale of the step (its reading in ``noise.last``)."""
-    num_items = int(dist.sum(count_step_targets(micro_batches, workload.task)))
+    # Each micro-batch counted once: the step's total, and each one's share for the noise scale.
+    counts = [count_step_targets([mb], workload.task) for mb in micro_batches]
+    num_items = int(dist.sum(sum(counts)))
     if noise is not None:
         noise.skip()  # a step redone after an OOM starts its measurement again
     # DDP averages gradients over ranks; a token-normalized loss must be summed, so undo the average.
@@ -44,7 +46,8 @@ def optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[dic
         scale=scaler.scale if scaler is not None else None,
         before_last=agreement.before_last if agreement is not None and dist.active else None,
         before_last_backward=agreement.before_last_backward if agreement is not None and dist.active else None,
-        noise=noise, grad_scale=float(scaler.get_scale()) if scaler is not None and noise is not None else 1.0)
+        noise=noise, grad_scale=float(scaler.get_scale()) if scaler is not None and noise is not None else 1.0,
+        items_per_batch=counts)
     if scaler is not None:
         scaler.unscale_(workload.optimizer)  # before clipping: clip the true gradient
     if noise is not None:  # the reduced, unscaled step gradient, before clipping changes it

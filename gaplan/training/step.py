@@ -43,6 +43,7 @@ def accumulate_gradients(
     before_last_backward: Callable[[], None] | None = None,
     noise: NoiseScaleMeter | None = None,
     grad_scale: float = 1.0,
+    items_per_batch: list[int] | None = None,
 ) -> StepResult:
     """Forward and backward every micro-batch so the summed gradient is the large-batch gradient.
 
@@ -60,6 +61,8 @@ def accumulate_gradients(
             same agreement, for an OOM in that forward).
         noise: a :class:`gaplan.training.noise_scale.NoiseScaleMeter`, told each micro-step's size and how its
             contribution to ``.grad`` relates to its own mean gradient; ``grad_scale`` the loss scale (fp16).
+        items_per_batch: each micro-batch's targets on this rank, when the caller has counted them (default: counted
+            here, for the noise scale; a count reads a value off the device).
     """
     if num_items_in_batch is None:
         num_items_in_batch = count_step_targets(micro_batches, task)
@@ -89,7 +92,7 @@ def accumulate_gradients(
                     noise.start_micro_step()
                 (scale(loss) if scale is not None else loss).backward()
                 if noise is not None:
-                    items = count_step_targets([batch], task)
+                    items = items_per_batch[index] if items_per_batch is not None else count_step_targets([batch], task)
                     # Its contribution is loss_multiplier x (its sum / the step's items), or x (its mean / steps):
                     # back to its own mean, and out of the loss scale.
                     share = steps if loss_is_scaled_for_ga is False else num_items_in_batch / max(items, 1)
