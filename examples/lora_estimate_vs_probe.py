@@ -2,6 +2,7 @@
 
     python examples/lora_estimate_vs_probe.py                      # tiny-gpt2, seq 128, 512 MiB, 1 thread (~1 min)
     python examples/lora_estimate_vs_probe.py --model tiny-llama --seq-len 256 --budget 1GiB
+    python examples/lora_estimate_vs_probe.py --model tiny-llama --qlora   # QLoRA (bitsandbytes nf4) as a third row
 
 Probes (real trials in fresh processes, under the budget) and estimates (fake tensors, nothing allocated) LoRA
 r 16 on peft's default targets and full fine-tuning. Prints the estimate's peak against the probe's measured peak at
@@ -29,11 +30,13 @@ def main() -> None:
     parser.add_argument("--model", default="tiny-gpt2")
     parser.add_argument("--seq-len", default="128")
     parser.add_argument("--budget", default="512MiB")
+    parser.add_argument("--qlora", action="store_true", help="also QLoRA: the base in 4-bit nf4 (needs bitsandbytes)")
     args = parser.parse_args()
     common = ["--model", args.model, "--seq-len", args.seq_len, "--memory-limit", args.budget, "--threads", "1",
               "--effective-batch", "64", "--quiet"]
     results = {}
-    for name, extra in (("LoRA", ["--lora"]), ("full", [])):
+    runs = [("LoRA", ["--lora"]), ("full", [])] + ([("QLoRA", ["--lora", "--quantize", "4bit"])] if args.qlora else [])
+    for name, extra in runs:
         probe = gaplan("probe", *common, *extra, "--device", "cpu")
         fits = sorted((t["micro_batch"], t["peak_bytes"]) for t in probe["trials"] if t["fits"])
         picked = [fits[0], fits[len(fits) // 2], fits[-1]]
@@ -53,7 +56,8 @@ def main() -> None:
             guess = predicted.get(micro_batch)
             difference = f"{(guess - measured) / measured:+.1%}" if guess else "-"
             print(f"{micro_batch:>11} {measured / 2**20:>10.1f}Mi {(guess or 0) / 2**20:>10.1f}Mi {difference:>10}")
-    print(f"\nLoRA's B* {results['LoRA'][0]} vs full fine-tuning's {results['full'][0]} (probed) on {args.budget}")
+    qlora = f", QLoRA's {results['QLoRA'][0]}" if "QLoRA" in results else ""
+    print(f"\nLoRA's B* {results['LoRA'][0]} vs full fine-tuning's {results['full'][0]}{qlora} (probed) on {args.budget}")
 
 
 if __name__ == "__main__":

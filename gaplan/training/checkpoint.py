@@ -29,6 +29,7 @@ from gaplan.plan.split import Plan
 from gaplan.runs.folder import CHECKPOINT
 from gaplan.training.train_log import truncate_log
 from gaplan.workload.build import Workload, optimizer_state_bytes
+from gaplan.workload.quantize import is_quantized, trainable_state
 from gaplan.workload.state_size import tensor_bytes
 
 
@@ -42,8 +43,27 @@ def expected_checkpoint_bytes(workload: Workload) -> int:
     """The checkpoint's bytes once the optimizer's states exist: the model's state and the optimizer's. A sharded
     model's: this rank's shards, every entry (as distributed checkpoint writes them)."""
     model, sharded = workload.model, is_sharded(workload.model)
-    return (tensor_bytes(model.state_dict(), shared_once=not sharded)
+    return (tensor_bytes(model_state(model), shared_once=not sharded)
             + optimizer_state_bytes(model, workload.spec.optimizer, this_rank=sharded))
+
+
+def model_state(model: torch.nn.Module) -> dict[str, Any]:
+    """The model's part of a checkpoint: its state dict; of a QLoRA model, the trainable tensors alone (its frozen
+    4-bit base is rebuilt from its source on resume, as deterministic as that source)."""
+    return trainable_state(model) if is_quantized(model) else model.state_dict()
+
+
+def load_model_state(model: torch.nn.Module, state: dict[str, Any]) -> None:
+    """Load :func:`model_state`'s dict: all of it, and into a QLoRA model every trainable tensor."""
+    if not is_quantized(model):
+        model.load_state_dict(state)
+        return
+    expected = set(trainable_state(model))
+    wrong = sorted(expected - set(state)) or sorted(set(state) - expected)
+    if wrong:
+        raise GaplanError(f"the checkpoint's adapters are not this model's: {', '.join(wrong[:3])} "
+                          f"{'missing' if wrong[0] in expected else 'not in the model'}")
+    model.load_state_dict(state, strict=False)
 
 
 def load_checkpoint(run_dir: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -81,7 +101,7 @@ class RunState:
         failure = None
         if dist.rank == 0:
             weights = ({"sharded_state": shard_folder} if self.shards else
-                       {"model": workload.model.state_dict(), "optimizer": optimizer.state_dict()})
+                       {"model": model_state(workload.model), "optimizer": optimizer.state_dict()})
             try:
                 save_checkpoint(os.path.join(self.run_dir, CHECKPOINT), {
                     **weights, "scheduler": self.scheduler.state_dict(),
@@ -135,7 +155,7 @@ class RunState:
         if state.get("sharded_state"):
             load_sharded_state(run_dir, state["sharded_state"], workload.model, optimizer)
         else:
-            workload.model.load_state_dict(state["model"])
+            load_model_state(workload.model, state["model"])
             optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler"):

@@ -218,7 +218,7 @@ def _memory_meter(spec: WorkloadSpec, options: TrainOptions, device: str, memory
 
 def _build(spec: WorkloadSpec, options: TrainOptions, device: str, dist: Any, say: Say):
     """The workload on this rank's device; under FSDP built on meta, sharded, and filled by rank 0. A resumed run's
-    weights come from its checkpoint: no need to read the folder's."""
+    weights come from its checkpoint: no need to read the folder's (but a QLoRA run's frozen 4-bit base)."""
     from gaplan.parallel.build import build_sharded_workload
     from gaplan.parallel.process_group import local_device
     from gaplan.workload.build import build_workload
@@ -228,7 +228,9 @@ def _build(spec: WorkloadSpec, options: TrainOptions, device: str, dist: Any, sa
                                        cpu_offload=spec.cpu_offload)
         workload = build.workload
     else:
-        workload = build_workload(spec, local_device(device), seed=options.seed, load_weights=not options.resume)
+        # A QLoRA checkpoint holds the adapters alone: its 4-bit base is read from its source again.
+        workload = build_workload(spec, local_device(device), seed=options.seed,
+                                  load_weights=not options.resume or bool(spec.quantize))
     if not options.resume:
         weights = workload.info.get("weights")
         say(f"weights: {workload.info['weights_path']} (pretrained)" if weights == "pretrained"
@@ -293,7 +295,13 @@ def _save_outputs(run_dir: str, options: TrainOptions, workload: Any, corpus: An
 
         flags = f"--save-model {options.save_model}" + (" --merge" if options.merge else "")
         with _outputs_kept_in(run_dir, result, flags):
-            summary["model_dir"] = save_model(workload, options.save_model, state_dict=full_state, merge=options.merge)
+            if options.merge and workload.spec.quantize:
+                from gaplan.workload.build import full_precision_twin
+
+                saved, full_state = full_precision_twin(workload, seed=options.seed), None
+            else:
+                saved = workload
+            summary["model_dir"] = save_model(saved, options.save_model, state_dict=full_state, merge=options.merge)
             tokenizer = getattr(getattr(corpus, "text_tokenizer", None), "hf", None)
             if tokenizer is not None:  # the tokenizer the data was read with (--tokenizer DIR, or the folder's own)
                 with disk_faults_as_one_line(summary["model_dir"], what="the tokenizer"):

@@ -187,11 +187,6 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
     spec.validate()
     device = torch.device(device)
     model_device = torch.device("meta") if model_on_meta else device
-    if spec.quantize and device.type != "meta":
-        # The estimate models QLoRA on the meta device; training it needs bitsandbytes on a GPU, not run yet.
-        raise GaplanError("--quantize 4bit: gaplan estimate and gaplan plan model QLoRA; probing and training it "
-                          "(bitsandbytes on CUDA) are not built yet. Train LoRA on a bf16 base (--lora "
-                          "--weights-dtype bf16) meanwhile")
     torch.manual_seed(seed)
     if model_source_kind(spec.model) == "function":
         return _build_custom(spec, device)
@@ -207,11 +202,19 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
         raise GaplanError(f"--init pretrained: {spec.model} has no weights (no model.safetensors, pytorch_model.bin "
                           "or sharded index); use --init random to train it from a random init")
     pretrained = folder is not None and spec.init != "random" and load_weights and model_device.type != "meta"
+    # QLoRA: built in full precision on the CPU, then each linear layer quantized onto the device (the meta device,
+    # for the estimate, keeps the traced dtype: gaplan.estimate.quantized accounts for the 4 bits).
+    quantize = bool(spec.quantize) and model_device.type != "meta"
+    build_device = torch.device("cpu") if quantize else model_device
     if pretrained:
-        model = load_pretrained(folder, _AUTO_CLASS[task], config, DTYPES[spec.weights_dtype], device,
+        model = load_pretrained(folder, _AUTO_CLASS[task], config, DTYPES[spec.weights_dtype], build_device,
                                 spec.trust_remote_code)
     else:
-        model = _from_config(spec, config, task, model_device)
+        model = _from_config(spec, config, task, build_device)
+    if quantize:
+        from gaplan.workload.quantize import quantize_base
+
+        model = quantize_base(model, DTYPES[spec.dtype], model_device)
     if spec.grad_checkpointing:
         enable_checkpointing(model)
     if spec.lora:
@@ -232,6 +235,25 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
             "weights_path": folder if pretrained else None, "use_cache": use_cache}
     return Workload(spec, model, make_optimizer(model, spec.optimizer, spec.learning_rate), task, seq_len, make_batch,
                     raw_loss, None, device, vocab_size, num_labels, info=info)
+
+
+def full_precision_twin(workload: Workload, seed: int = 0) -> Workload:
+    """A QLoRA workload's model with its base in ``--weights-dtype`` again, on the CPU, carrying the trained adapters.
+
+    The base comes from the same source as the 4-bit one (the folder's weights, or the same seed's random init), so
+    ``--merge`` adds the adapters to the full-precision weights, as QLoRA's authors merge, rather than to weights
+    rounded to 4 bits and quantized again.
+    """
+    import dataclasses
+
+    from gaplan.workload.quantize import trainable_state
+
+    twin = build_workload(dataclasses.replace(workload.spec, quantize=None), "cpu", seed=seed)
+    adapters = trainable_state(getattr(workload.model, "module", workload.model))
+    unexpected = twin.model.load_state_dict({k: v.to("cpu") for k, v in adapters.items()}, strict=False).unexpected_keys
+    if unexpected:
+        raise GaplanError(f"--merge: the adapters do not fit the full-precision base ({unexpected[0]})")
+    return twin
 
 
 def load_model_code(spec: WorkloadSpec) -> Workload | None:

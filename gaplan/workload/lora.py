@@ -22,8 +22,11 @@ _TASK_TYPES = {CAUSAL_LM: "CAUSAL_LM", CLASSIFICATION: "SEQ_CLS"}
 
 def lora_config(spec: Any, task: str) -> Any:
     """The ``peft.LoraConfig`` of ``spec``'s LoRA fields."""
+    from gaplan.workload.quantize import quiet_bitsandbytes
+
     try:
-        from peft import LoraConfig
+        with quiet_bitsandbytes():
+            from peft import LoraConfig
     except ImportError:
         raise GaplanError("--lora needs peft: pip install 'gaplan[lora]'") from None
     return LoraConfig(r=spec.lora_r, lora_alpha=spec.lora_alpha, lora_dropout=spec.lora_dropout,
@@ -34,6 +37,7 @@ def apply_lora(model: Any, spec: Any, task: str) -> Any:
     """``model`` with LoRA adapters (a ``PeftModel``); a one-line error for targets the model does not have."""
     import warnings
 
+    config = lora_config(spec, task)  # imports peft, quietly
     from peft import get_peft_model
 
     try:
@@ -42,7 +46,7 @@ def apply_lora(model: Any, spec: Any, task: str) -> Any:
             # question about checkpointing. Neither is the user's to act on.
             warnings.filterwarnings("ignore", message="fan_in_fan_out is set to False")
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            return get_peft_model(model, lora_config(spec, task))
+            return get_peft_model(model, config)
     except ValueError as exc:  # peft: "Target modules {...} not found in the base model" and the like
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise GaplanError(f"--lora on {spec.model}: {message}") from None

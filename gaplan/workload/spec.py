@@ -117,9 +117,8 @@ class WorkloadSpec:
 
     def check_device(self, device: str) -> WorkloadSpec:
         """``self``, or a one-line error for what ``device`` cannot run (``device`` resolved: ``cpu``, ``cuda:0``)."""
-        if self.quantize and str(device).startswith("cpu"):
-            raise GaplanError("--quantize 4bit (QLoRA) needs CUDA: bitsandbytes' nf4 kernels run on GPUs only; on CPU "
-                              "train LoRA on the unquantized base (--lora, --weights-dtype bf16)")
+        if self.quantize:
+            _check_bitsandbytes(str(device))
         if self.cpu_offload and str(device).startswith("cpu"):
             raise GaplanError("--cpu-offload moves FSDP's shards and optimizer states off a GPU to the CPU; on "
                               "--device cpu they are on the CPU already: leave it out")
@@ -208,3 +207,20 @@ def model_source_kind(model: str) -> str:
     if ":" in model and not model.startswith((".", "/")):
         return "function"
     return "hub-cache"
+
+
+BITSANDBYTES_CPU = (0, 46)  # the first bitsandbytes release whose nf4 quantization and matmul run on the CPU
+
+
+def _check_bitsandbytes(device: str) -> None:
+    """A one-line error unless bitsandbytes is installed, and new enough for a CPU ``device``."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("bitsandbytes")
+    except metadata.PackageNotFoundError:
+        raise GaplanError("--quantize 4bit needs bitsandbytes: pip install 'gaplan[qlora]'") from None
+    release = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+    if device.startswith("cpu") and release < BITSANDBYTES_CPU:
+        raise GaplanError(f"--quantize 4bit on the CPU needs bitsandbytes >= {'.'.join(map(str, BITSANDBYTES_CPU))} "
+                          f"(installed: {version}, whose nf4 runs on CUDA only): pip install 'gaplan[qlora]'")

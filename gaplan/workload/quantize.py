@@ -1,0 +1,106 @@
+"""QLoRA's frozen base: a built model's linear layers in bitsandbytes' 4-bit nf4 with double quantization.
+
+The layers transformers' own bitsandbytes loading would quantize (``replace_with_bnb_linear``, skipping
+``get_keys_to_not_convert``: the output head and the embeddings tied to it) become ``bnb.nn.Linear4bit``, and
+each one's weight becomes a ``Params4bit`` that bitsandbytes quantizes as it moves to the device, as
+transformers' ``Bnb4bitQuantize`` does. The full-precision layers are freed one by one as they are replaced, so a
+CUDA device only ever holds the 4-bit weights. GPT-2's ``Conv1D`` weights are transposed first, as transformers does.
+
+bitsandbytes (the ``qlora`` extra) runs nf4 on CUDA and, from 0.48, on CPU with its own kernels or a torch fallback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from gaplan.core.errors import GaplanError
+
+QUANT_TYPE = "nf4"
+DOUBLE_QUANT = True
+
+
+@contextlib.contextmanager
+def quiet_bitsandbytes() -> Iterator[None]:
+    """Inside, importing bitsandbytes (peft imports it too, when installed) logs no warning. Its CPU backend warns
+    when the optional ``kernels`` package is missing, and then uses its own kernels: not the user's to act on, and a
+    library does not print."""
+    logger = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def import_bitsandbytes() -> Any:
+    """``bitsandbytes``, or a one-line error saying how to install it."""
+    try:
+        with quiet_bitsandbytes():
+            import bitsandbytes
+    except ImportError:
+        raise GaplanError("--quantize 4bit needs bitsandbytes: pip install 'gaplan[qlora]'") from None
+    return bitsandbytes
+
+
+def quantization_config(compute_dtype: torch.dtype) -> Any:
+    """The ``transformers.BitsAndBytesConfig`` of gaplan's QLoRA: nf4, double quantization, ``compute_dtype``."""
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=QUANT_TYPE,
+                              bnb_4bit_use_double_quant=DOUBLE_QUANT, bnb_4bit_compute_dtype=compute_dtype,
+                              bnb_4bit_quant_storage=torch.uint8)
+
+
+def quantize_base(model: nn.Module, compute_dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """``model`` (built on the CPU, full precision) with its linear layers in 4-bit on ``device``, the rest moved there.
+
+    The model is marked ``is_loaded_in_4bit`` and its config carries the quantization config, as after
+    ``from_pretrained(quantization_config=...)``: peft then wraps the 4-bit layers with its own ``Linear4bit``.
+    """
+    import_bitsandbytes()
+    import bitsandbytes as bnb
+    from transformers.integrations import replace_with_bnb_linear
+    from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers.base import get_keys_to_not_convert
+
+    config = quantization_config(compute_dtype)
+    skipped = get_keys_to_not_convert(model)
+    originals = {name: module for name, module in model.named_modules()
+                 if isinstance(module, Conv1D) or type(module) is nn.Linear}
+    replace_with_bnb_linear(model, modules_to_not_convert=skipped, quantization_config=config)
+    for name, original in originals.items():
+        layer = model.get_submodule(name)
+        if not isinstance(layer, bnb.nn.Linear4bit):
+            continue  # kept in full precision (the output head)
+        weight = original.weight.data.T.contiguous() if isinstance(original, Conv1D) else original.weight.data
+        layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, **layer.weight.__dict__).to(device)
+        if original.bias is not None:
+            layer.bias = nn.Parameter(original.bias.data.to(device), requires_grad=False)
+        original.weight = original.bias = None  # the full-precision copy goes now, not after the last layer
+    originals.clear()
+    model.to(device)
+    model.is_loaded_in_4bit = True
+    model.config.quantization_config = config
+    return model
+
+
+def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict's trainable tensors (a QLoRA model's adapters): what a 4-bit model's checkpoint keeps, since
+    torch's ``load_state_dict`` cannot restore bitsandbytes' quantization states and the base is rebuilt from its
+    source."""
+    trainable = {name for name, param in model.named_parameters() if param.requires_grad}
+    return {key: value for key, value in model.state_dict().items() if key in trainable}
+
+
+def is_quantized(model: nn.Module) -> bool:
+    """True if ``model`` (or the model a PeftModel or DDP wrapper holds) has a 4-bit base."""
+    model = getattr(model, "module", model)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return bool(getattr(base, "is_loaded_in_4bit", False))
