@@ -82,10 +82,71 @@ def test_train_lora_saves_an_adapter_peft_loads_and_leaves_the_base_folder_as_it
     assert folder_digest(tmp_path / "my-llama") == llama_and_data
 
 
+QLORA = ["train", "--model", "./my-llama", "--data", "./my-data.txt", "--lora", "--quantize", "4bit", "--lora-r", "4",
+         "--lora-dropout", "0", "--lora-targets", "all-linear", "--micro-batch", "4", "--effective-batch", "8",
+         "--quiet"]
+
+
+@pytest.mark.slow
+def test_qlora_trains_a_folders_adapters_on_its_4_bit_base_and_merges_them_into_its_full_precision_weights(
+        tmp_path, llama_and_data):
+    """QLoRA on the CPU (bitsandbytes' nf4): the adapter folder loads with peft on the full-precision base, the base
+    folder is unchanged, and --merge adds the adapters to the folder's full-precision weights (not to 4-bit ones)."""
+    pytest.importorskip("bitsandbytes")
+    gaplan(tmp_path, *QLORA, "--steps", "2", "--out", "./straight", "--save-model", "./adapter")
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    assert not (tmp_path / "adapter" / "model.safetensors").exists(), "the adapter folder holds the adapter only"
+    assert folder_digest(tmp_path / "my-llama") == llama_and_data
+    logits, model = adapter_outputs(tmp_path, "adapter")
+    assert any(p.abs().sum() > 0 for n, p in model.named_parameters() if "lora_B" in n)
+
+    gaplan(tmp_path, *QLORA, "--steps", "2", "--out", "./merging", "--save-model", "./merged", "--merge")
+    import transformers
+
+    merged = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).eval()
+    assert not getattr(merged.config, "quantization_config", None), "the merged model is full precision"
+    with torch.no_grad():
+        merged_logits = merged(input_ids=torch.arange(1, 17).unsqueeze(0)).logits
+    torch.testing.assert_close(merged_logits, logits, rtol=1e-4, atol=1e-4)
+    assert folder_digest(tmp_path / "my-llama") == llama_and_data
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_a_qlora_run_stopped_by_sigterm_resumes_to_the_uninterrupted_adapters_bitwise(tmp_path, llama_and_data):
+    """The checkpoint holds the adapters alone; --resume reads the 4-bit base from the folder again."""
+    pytest.importorskip("bitsandbytes")
+    import signal
+    import time
+
+    from safetensors.torch import load_file
+
+    env = dict(os.environ, GAPLAN_CACHE_DIR=str(tmp_path / "cache"))
+    run = [sys.executable, "-m", "gaplan", *QLORA, "--steps", "40"]
+    gaplan(tmp_path, *QLORA, "--steps", "40", "--out", "./straight", "--save-model", "./adapter")
+    cut = subprocess.Popen([*run, "--out", "./cut", "--checkpoint-every", "1"], cwd=tmp_path, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log, deadline = tmp_path / "cut" / "train_log.csv", time.monotonic() + 240
+    while (not log.exists() or len(log.read_text().splitlines()) < 3) and cut.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert cut.poll() is None, "the run finished before it could be stopped"
+    cut.send_signal(signal.SIGTERM)
+    assert cut.wait(timeout=120) == 130, cut.stderr.read()
+    cut.stderr.close()
+    state = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=False)
+    assert 2 <= state["step"] < 40 and all("lora_" in key for key in state["model"])
+    gaplan(tmp_path, "train", "--resume", "./cut", "--quiet", "--save-model", "./resumed")
+    straight = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+    resumed = load_file(str(tmp_path / "resumed" / "adapter_model.safetensors"))
+    assert straight and set(resumed) == set(straight)
+    assert all(torch.equal(resumed[name], value) for name, value in straight.items())
+
+
 @pytest.mark.parametrize("args, message", [
     (["--merge", "--save-model", "./x"], "--merge merges LoRA adapters into the base: add --lora"),
     (["--lora", "--merge"], "give --save-model DIR"),
-    (["--lora", "--quantize", "4bit", "--device", "cpu"], "needs CUDA"),
+    (["--lora", "--quantize", "4bit", "--parallel", "fsdp"], "--quantize 4bit with --parallel fsdp is not supported"),
     (["--lora", "--lora-config", "./nope.json"], "--lora-config ./nope.json"),
     (["--lora", "--merge", "--save-model", "./x", "--parallel", "fsdp"], "--merge with --parallel fsdp is not supported"),
 ])

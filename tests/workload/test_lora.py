@@ -66,11 +66,6 @@ def test_bad_lora_settings_are_refused_before_anything_is_built(fields, message)
         lora_spec(**fields).validate()
 
 
-def test_qlora_on_cpu_says_it_needs_cuda():
-    with pytest.raises(GaplanError, match="needs CUDA"):
-        lora_spec(quantize="4bit").validate().check_device("cpu")
-
-
 def test_accumulated_adapter_gradients_equal_one_full_batch_on_padded_uneven_micro_batches():
     corpus = SyntheticCorpus(32, seed=0)
     samples = [corpus[i] for i in range(11)]
