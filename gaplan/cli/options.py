@@ -71,7 +71,8 @@ def lora_options(func: Callable) -> Callable:
                      help="An adapter_config.json (or its folder): r, alpha, dropout and targets from it (they take "
                           "the place of the --lora-* options); implies --lora."),
         click.option("--quantize", type=click.Choice(["4bit"]), default=None,
-                     help="QLoRA: the frozen base in 4-bit nf4 with double quantization (bitsandbytes; CUDA only)."),
+                     help="QLoRA: the frozen base in 4-bit nf4 with double quantization (bitsandbytes >= 0.46, which runs "
+                          "it on CUDA and on the CPU)."),
     ]
     for option in reversed(options):
         func = option(func)

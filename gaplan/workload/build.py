@@ -241,8 +241,8 @@ def full_precision_twin(workload: Workload, seed: int = 0) -> Workload:
     """A QLoRA workload's model with its base in ``--weights-dtype`` again, on the CPU, carrying the trained adapters.
 
     The base comes from the same source as the 4-bit one (the folder's weights, or the same seed's random init), so
-    ``--merge`` adds the adapters to the full-precision weights, as QLoRA's authors merge, rather than to weights
-    rounded to 4 bits and quantized again.
+    ``--merge`` adds the adapters to the full-precision weights, rather than to 4-bit ones whose sum would be
+    rounded to 4 bits again.
     """
     import dataclasses
 

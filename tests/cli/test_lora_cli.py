@@ -87,6 +87,7 @@ QLORA = ["train", "--model", "./my-llama", "--data", "./my-data.txt", "--lora", 
          "--quiet"]
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_qlora_trains_a_folders_adapters_on_its_4_bit_base_and_merges_them_into_its_full_precision_weights(
         tmp_path, llama_and_data):
