@@ -1,5 +1,5 @@
 """On one CUDA device: the exact edge, --target emulation, the estimate against the probe, bf16 training from a
-pretrained folder, a one-process NCCL run and the bench against a true large batch.
+pretrained folder, a one-process NCCL run, the bench against a true large batch, and QLoRA (with bitsandbytes).
 
 Run with ``python -m pytest -m gpu -s tests/gpu`` (or ``bash tests/gpu/gpu_check.sh`` for the table). Each test
 prints ``GPU-CHECK | <check> | <result>`` lines that the script gathers. Skipped without a CUDA device.
@@ -122,3 +122,22 @@ def test_the_bench_against_a_true_large_batch(tmp_path):
     report("bench on cuda, E=512, 2 GiB", f"plan {plan['split']} at {plan['samples_per_s']:.0f} samples/s; "
            f"reference rows: {sorted(kinds - {'plan', 'split'})}")
     assert "plan" in kinds and ({"large-batch", "largest-fit"} & kinds)
+
+
+def test_qlora_probes_and_trains_on_cuda(tmp_path):
+    """QLoRA on the card: the probe's edge in fresh trials, then training at its plan. Skipped where bitsandbytes
+    is not installed (the lent GPU machine has none: this check waits for one that has)."""
+    pytest.importorskip("bitsandbytes")
+    env = dict(os.environ, GAPLAN_CACHE_DIR=str(tmp_path / "cache"))
+    flags = ["--model", "tiny-llama", "--lora", "--quantize", "4bit", "--seq-len", "256", "--device", "cuda",
+             "--effective-batch", "64", "--json", "--quiet"]
+    probed = _gaplan("probe", *flags, "--memory-limit", "1GiB", "--out", str(tmp_path / "probe"), env=env)
+    assert probed.returncode == 0, probed.stderr[-3000:]
+    edge = json.loads(probed.stdout)["max_micro_batch"]
+    trained = _gaplan("train", *flags, "--memory-limit", "1GiB", "--steps", "2", "--out", str(tmp_path / "run"),
+                      env=env)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    summary = json.loads(trained.stdout.strip().splitlines()[-1])
+    report("QLoRA tiny-llama seq 256, 1 GiB", f"B*={edge}; trained {summary['steps']} steps at "
+           f"{summary['plan']['micro_batch']} x {summary['plan']['grad_accum_steps']}")
+    assert edge >= 1 and summary["steps"] == 2
