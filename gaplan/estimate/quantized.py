@@ -2,9 +2,9 @@
 
 The trace runs the LoRA model with its base in ``--weights-dtype``; this takes the quantized layers' weights
 from their traced bytes to 4-bit bytes, and adds the dequantized compute copy a 4-bit layer makes in forward and in
-backward, of one layer at a time (the largest counts). What is quantized is what gaplan's QLoRA quantizes
-(:mod:`gaplan.workload.quantize`, transformers' rule): every ``nn.Linear`` and GPT-2 ``Conv1D`` of the base but
-the output head (``lm_head`` stays in full precision), not the adapters.
+backward, of one layer at a time (the largest counts). The layers are those gaplan's QLoRA quantizes
+(:func:`gaplan.workload.quantize.quantized_layers`, transformers' rule): every ``nn.Linear`` and GPT-2 ``Conv1D``
+of the base but the output head, not the adapters.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ NF4_BLOCK = 64  # weights per absmax (bitsandbytes' nf4 default)
 NESTED_BLOCK = 256  # absmaxes per fp32 scale of the second quantization (double quant)
 # Per weight: a 4-bit code, an 8-bit absmax per block, and an fp32 scale per NESTED_BLOCK absmaxes.
 BYTES_PER_WEIGHT = 0.5 + 1 / NF4_BLOCK + 4 / (NF4_BLOCK * NESTED_BLOCK)
-KEPT = ("lm_head", "score", "classifier")  # output heads transformers leaves unquantized
 
 
 @dataclass(frozen=True)
@@ -35,12 +34,9 @@ class QuantizedBase:
 
 def quantized_base(model: Any, compute_bytes: int) -> QuantizedBase:
     """The 4-bit accounting of ``model``'s frozen linear layers (a PeftModel: adapters and heads excluded)."""
-    from torch import nn
-    from transformers.pytorch_utils import Conv1D
+    from gaplan.workload.quantize import quantized_layers
 
-    weights = [module.weight for name, module in model.named_modules()
-               if (type(module) is nn.Linear or isinstance(module, Conv1D)) and not module.weight.requires_grad
-               and "lora_" not in name and name.rsplit(".", 1)[-1] not in KEPT]
+    weights = [module.weight for module in quantized_layers(model).values()]
     return QuantizedBase(layers=len(weights), traced_bytes=sum(w.numel() * w.element_size() for w in weights),
                          quantized_bytes=int(sum(w.numel() for w in weights) * BYTES_PER_WEIGHT),
                          dequantized_bytes=max((w.numel() for w in weights), default=0) * compute_bytes)

@@ -6,7 +6,7 @@ each one's weight becomes a ``Params4bit`` that bitsandbytes quantizes as it mov
 transformers' ``Bnb4bitQuantize`` does. The full-precision layers are freed one by one as they are replaced, so a
 CUDA device only ever holds the 4-bit weights. GPT-2's ``Conv1D`` weights are transposed first, as transformers does.
 
-bitsandbytes (the ``qlora`` extra) runs nf4 on CUDA and, from 0.48, on CPU with its own kernels or a torch fallback.
+bitsandbytes (the ``qlora`` extra) runs nf4 on CUDA and, from 0.46, on the CPU.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from gaplan.core.errors import GaplanError
+from gaplan.workload.spec import NEEDS_BITSANDBYTES
 
 QUANT_TYPE = "nf4"
 DOUBLE_QUANT = True
@@ -45,7 +46,7 @@ def import_bitsandbytes() -> Any:
         with quiet_bitsandbytes():
             import bitsandbytes
     except ImportError:
-        raise GaplanError("--quantize 4bit needs bitsandbytes: pip install 'gaplan[qlora]'") from None
+        raise GaplanError(NEEDS_BITSANDBYTES) from None
     return bitsandbytes
 
 
@@ -58,8 +59,24 @@ def quantization_config(compute_dtype: torch.dtype) -> Any:
                               bnb_4bit_quant_storage=torch.uint8)
 
 
+def quantized_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """The layers QLoRA puts in 4 bits, by name, under ``model`` or a PeftModel's base: transformers' rule (its
+    ``replace_with_bnb_linear``), every ``nn.Linear`` and GPT-2 ``Conv1D`` but what ``get_keys_to_not_convert``
+    keeps (the output head and the weights tied to it). A PeftModel's adapters are not among them."""
+    from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers.base import get_keys_to_not_convert
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    kept = get_keys_to_not_convert(base)
+    return {name: module for name, module in base.named_modules()
+            if (type(module) is nn.Linear or isinstance(module, Conv1D)) and ".lora_" not in name
+            and should_convert_module(name, kept)}
+
+
 def quantize_base(model: nn.Module, compute_dtype: torch.dtype, device: torch.device) -> nn.Module:
-    """``model`` (built on the CPU, full precision) with its linear layers in 4-bit on ``device``, the rest moved there.
+    """``model`` (built on the CPU, full precision) with its :func:`quantized_layers` in 4-bit on ``device``, the
+    rest moved there.
 
     The model is marked ``is_loaded_in_4bit`` and its config carries the quantization config, as after
     ``from_pretrained(quantization_config=...)``: peft then wraps the 4-bit layers with its own ``Linear4bit``.
@@ -71,14 +88,12 @@ def quantize_base(model: nn.Module, compute_dtype: torch.dtype, device: torch.de
     from transformers.quantizers.base import get_keys_to_not_convert
 
     config = quantization_config(compute_dtype)
-    skipped = get_keys_to_not_convert(model)
-    originals = {name: module for name, module in model.named_modules()
-                 if isinstance(module, Conv1D) or type(module) is nn.Linear}
-    replace_with_bnb_linear(model, modules_to_not_convert=skipped, quantization_config=config)
+    originals = quantized_layers(model)
+    replace_with_bnb_linear(model, modules_to_not_convert=get_keys_to_not_convert(model), quantization_config=config)
     for name, original in originals.items():
         layer = model.get_submodule(name)
         if not isinstance(layer, bnb.nn.Linear4bit):
-            continue  # kept in full precision (the output head)
+            raise GaplanError(f"--quantize 4bit: transformers did not quantize {name} ({type(original).__name__})")
         weight = original.weight.data.T.contiguous() if isinstance(original, Conv1D) else original.weight.data
         layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, **layer.weight.__dict__).to(device)
         if original.bias is not None:

@@ -210,6 +210,7 @@ def model_source_kind(model: str) -> str:
 
 
 BITSANDBYTES_CPU = (0, 46)  # the first bitsandbytes release whose nf4 quantization and matmul run on the CPU
+NEEDS_BITSANDBYTES = "--quantize 4bit needs bitsandbytes: pip install 'gaplan[qlora]'"
 
 
 def _check_bitsandbytes(device: str) -> None:
@@ -219,7 +220,7 @@ def _check_bitsandbytes(device: str) -> None:
     try:
         version = metadata.version("bitsandbytes")
     except metadata.PackageNotFoundError:
-        raise GaplanError("--quantize 4bit needs bitsandbytes: pip install 'gaplan[qlora]'") from None
+        raise GaplanError(NEEDS_BITSANDBYTES) from None
     release = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
     if device.startswith("cpu") and release < BITSANDBYTES_CPU:
         raise GaplanError(f"--quantize 4bit on the CPU needs bitsandbytes >= {'.'.join(map(str, BITSANDBYTES_CPU))} "
