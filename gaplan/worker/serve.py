@@ -239,9 +239,16 @@ def _serve(requests, reply) -> None:
     from gaplan.workload.spec import WorkloadSpec
 
     try:
-        built = load_model_code(WorkloadSpec(**setup.workload))  # None for a user's function: built in the child
+        spec = WorkloadSpec(**setup.workload)
+        # None for a user's function (built in the child), and where importing the model's libraries would
+        # initialize CUDA in this process (then no trial could fork): the children import them.
+        built = None if _imports_initialize_cuda(setup.device, spec) else load_model_code(spec)
     except GaplanError as exc:
         reply({"error": "user", "message": str(exc)})
+        return
+    if setup.device.startswith("cuda") and _cuda_initialized():
+        reply({"error": "user", "message": "the probe's worker initialized CUDA before forking its trials, so no "
+                                           "trial could use the card (a library imported with the model's code did)"})
         return
     static = None if built is None else built.static_bytes()
     started = _lap(phases, "imports (torch, transformers, the model's code)", started)
@@ -283,6 +290,20 @@ def _serve(requests, reply) -> None:
         if outcome.get("error") == "killed":  # no Python error to catch: the kernel ended it for memory
             outcome = Trial(request.micro_batch, False, error=outcome["message"]).to_dict()
         reply(outcome)
+
+
+def _imports_initialize_cuda(device: str, spec) -> bool:
+    """True when building ``spec`` here would initialize CUDA: peft imports bitsandbytes when it is installed, and
+    bitsandbytes' import reads each card's compute capability (``torch.cuda.get_device_capability``)."""
+    import importlib.util
+
+    return device.startswith("cuda") and spec.lora and importlib.util.find_spec("bitsandbytes") is not None
+
+
+def _cuda_initialized() -> bool:
+    import torch
+
+    return torch.cuda.is_initialized()
 
 
 def _resolved_device() -> dict:
