@@ -84,8 +84,15 @@ def probe_trainer(model: Any, args: Any, train_dataset: Any, *, effective_batch:
     device = "cpu" if getattr(args, "use_cpu", False) or not torch.cuda.is_available() else "cuda:0"
     limit = resolve_budget(device, memory_limit)
     if cuda_initialized():
+        import sys
+
+        # peft imports bitsandbytes when it is installed, and that import initializes CUDA (it reads each card's
+        # compute capability): importing peft inside model_init, which runs in the trials, keeps this process clean.
+        cause = (" (bitsandbytes, imported here, did: import peft and bitsandbytes inside a model_init function, "
+                 "which each trial runs)" if "bitsandbytes" in sys.modules else
+                 " (build the model on the CPU; the Trainer moves it)")
         raise GaplanError("this process has initialized CUDA, so trials cannot fork from it: probe the Trainer "
-                          "before anything touches the GPU (build the model on the CPU; the Trainer moves it)")
+                          f"before anything touches the GPU{cause}")
     cap = search_cap or default_search_cap(effective_batch, world_size)
     make_plan(effective_batch, cap, world_size)  # a bad batch fails here
     single_thread = not forks_start_threads()

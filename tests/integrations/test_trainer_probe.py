@@ -143,3 +143,15 @@ def test_a_users_qlora_model_is_probed_through_its_trainer_with_its_4_bit_base(t
     for size in common:
         saved = peaks["lora"][size] - peaks["qlora"][size]
         assert abs(saved - expected) < 0.1 * expected, (size, saved / 2**20, expected / 2**20)
+
+
+def test_a_process_whose_cuda_bitsandbytes_initialized_is_told_to_import_it_in_model_init(tmp_path, monkeypatch):
+    """A stand-in for an initialized CUDA (``cuda_initialized``, no GPU here): the message is under test."""
+    pytest.importorskip("bitsandbytes")
+    import gaplan.integrations.trainer_probe as trainer_probe
+
+    monkeypatch.setattr(trainer_probe, "cuda_initialized", lambda: True)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[])
+    with pytest.raises(GaplanError, match="bitsandbytes, imported here, did: import peft and bitsandbytes inside a "
+                                          "model_init function"):
+        trainer_probe.probe_trainer(_tiny, args, [{"input_ids": [1]}], effective_batch=8)
