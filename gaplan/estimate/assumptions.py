@@ -243,10 +243,10 @@ def quantized_weights(quantized, spec) -> Assumption:
         f"double quantization, {BYTES_PER_WEIGHT:.4f} bytes per weight (a 4-bit code, an 8-bit absmax per "
         f"{NF4_BLOCK}, an fp32 scale per {NESTED_BLOCK} absmaxes): {format_bytes(quantized.quantized_bytes)} instead "
         f"of {format_bytes(quantized.traced_bytes)} in {spec.weights_dtype}; embeddings, norms, the output head and "
-        f"the adapters stay as traced. Each 4-bit layer dequantizes its weight to the compute dtype while it runs, "
-        f"forward and backward, one layer at a time: the largest, {format_bytes(quantized.dequantized_bytes)}, is "
-        f"counted in the micro-steps. bitsandbytes' kernels' own workspace is not counted. Within 3% of QLoRA's "
-        f"probe on the CPU (bitsandbytes' CPU backend); not yet checked on a GPU.",
+        f"the adapters stay as traced. Each 4-bit layer dequantizes its weight to the compute dtype for each of its "
+        f"products, forward and backward, and frees it after: counted at that product's moment (the largest copy "
+        f"{format_bytes(quantized.dequantized_bytes)}). bitsandbytes' kernels' own workspace is not counted. Within "
+        f"3% of QLoRA's probe on the CPU (bitsandbytes' CPU backend); not yet checked on a GPU.",
         {"layers": quantized.layers, "quantized_bytes": quantized.quantized_bytes,
          "traced_bytes": quantized.traced_bytes, "dequantized_bytes": quantized.dequantized_bytes,
          "bytes_per_weight": BYTES_PER_WEIGHT})

@@ -1,15 +1,16 @@
 """QLoRA's frozen base as the estimate models it: bitsandbytes' 4-bit nf4 weights with double quantization.
 
 The trace runs the LoRA model with its base in ``--weights-dtype``; this takes the quantized layers' weights
-from their traced bytes to 4-bit bytes, and adds the dequantized compute copy a 4-bit layer makes in forward and in
-backward, of one layer at a time (the largest counts). The layers are those gaplan's QLoRA quantizes
+from their traced bytes to 4-bit bytes, and gives the trace the dequantized copy a 4-bit layer makes for each of its
+products, forward and backward (bitsandbytes' ``MatMul4Bit`` dequantizes, multiplies, and lets the copy go): a
+workspace counted at that product's moment, over what is live then. The layers are those gaplan's QLoRA quantizes
 (:func:`gaplan.workload.quantize.quantized_layers`, transformers' rule): every ``nn.Linear`` and GPT-2 ``Conv1D``
 of the base but the output head, not the adapters.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 NF4_BLOCK = 64  # weights per absmax (bitsandbytes' nf4 default)
@@ -26,10 +27,29 @@ class QuantizedBase:
     traced_bytes: int  # their weights as traced (in --weights-dtype)
     quantized_bytes: int  # the same weights in 4-bit nf4 with double quantization
     dequantized_bytes: int  # the largest layer's weight in the compute dtype: held while that layer computes
+    # The traced weights' storages (views share them) -> the bytes of that layer's dequantized copy.
+    copies: dict[int, int] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def saved_bytes(self) -> int:
         return self.traced_bytes - self.quantized_bytes
+
+    def dequantized_copy(self, func: Any, args: tuple) -> int:
+        """The workspace of ``func(*args)`` in the trace: a product of a 4-bit layer's weight holds its dequantized
+        copy while it runs. A weight autocast has cast first is not matched: the traced cast is that copy."""
+        import torch
+
+        if func not in _PRODUCTS():
+            return 0
+        return max((self.copies.get(arg.untyped_storage()._cdata, 0) for arg in args
+                    if isinstance(arg, torch.Tensor)), default=0)
+
+
+def _PRODUCTS() -> tuple:  # noqa: N802 - a constant, looked up when torch is imported
+    import torch
+
+    aten = torch.ops.aten
+    return aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default
 
 
 def quantized_base(model: Any, compute_bytes: int) -> QuantizedBase:
@@ -39,4 +59,5 @@ def quantized_base(model: Any, compute_bytes: int) -> QuantizedBase:
     weights = [module.weight for module in quantized_layers(model).values()]
     return QuantizedBase(layers=len(weights), traced_bytes=sum(w.numel() * w.element_size() for w in weights),
                          quantized_bytes=int(sum(w.numel() for w in weights) * BYTES_PER_WEIGHT),
-                         dequantized_bytes=max((w.numel() for w in weights), default=0) * compute_bytes)
+                         dequantized_bytes=max((w.numel() for w in weights), default=0) * compute_bytes,
+                         copies={w.untyped_storage()._cdata: w.numel() * compute_bytes for w in weights})

@@ -90,19 +90,26 @@ class Tracer:
             if param.requires_grad:
                 param.grad = torch.zeros_like(param)
         with fake_tensor_errors(self.spec):
-            breakdown = measure_breakdown(workload, micro_batch, micro_steps=micro_steps,
-                                           workspace=self.device.workspace())
+            breakdown = measure_breakdown(workload, micro_batch, micro_steps=micro_steps, workspace=self._workspace())
         categories = {category: getattr(breakdown, category) for category in BREAKDOWN_CATEGORIES}
         total = breakdown.tracked_total
-        if self.quantized is not None:  # 4-bit weights, and one layer's dequantized copy while it computes
-            copy = self.quantized.dequantized_bytes if micro_batch > 0 else 0
+        if self.quantized is not None:  # the base's weights at 4 bits (their dequantized copies are workspaces)
             categories["parameters"] -= self.quantized.saved_bytes
-            categories["other"] += copy
-            total += copy - self.quantized.saved_bytes
+            total -= self.quantized.saved_bytes
         row = TracedRow(micro_batch=breakdown.micro_batch, phase=phase, **categories, tracked_total=total,
                         peak_bytes=total + self.overhead())
         self.rows.append(row)
         return row
+
+    def _workspace(self):
+        """What an operator holds only while it runs: the device's (MKL's buffer on CPU) and a 4-bit layer's
+        dequantized copy."""
+        device, quantized = self.device.workspace(), self.quantized
+        if quantized is None:
+            return device
+        if device is None:
+            return quantized.dequantized_copy
+        return lambda func, args: device(func, args) + quantized.dequantized_copy(func, args)
 
     def optimizer_step(self) -> TracedRow:
         return self._trace(self.workload, 0, 0, "optimizer-step")

@@ -84,8 +84,34 @@ def test_qlora_counts_the_base_in_4_bit_and_one_layers_dequantized_copy():
     assert lora.static_bytes - qlora.static_bytes == values["traced_bytes"] - values["quantized_bytes"]
     lora_micro = next(r for r in lora.rows if r.phase == "micro-steps" and r.micro_batch == 1)
     qlora_micro = next(r for r in qlora.rows if r.phase == "micro-steps" and r.micro_batch == 1)
-    assert qlora_micro.other - lora_micro.other == values["dequantized_bytes"]
+    # 4 bits save their bytes; a dequantized copy adds to the peak only if the peak is inside a 4-bit product
+    saved = lora_micro.tracked_total - qlora_micro.tracked_total
+    assert values["traced_bytes"] - values["quantized_bytes"] - values["dequantized_bytes"] <= saved
+    assert saved <= values["traced_bytes"] - values["quantized_bytes"]
     assert abs(BYTES_PER_WEIGHT - (0.5 + 1 / 64 + 4 / (64 * 256))) < 1e-12
+
+
+def test_a_4_bit_layers_products_hold_its_dequantized_copy_and_nothing_else_does():
+    """The trace's workspace: a product whose operand is a quantized weight (or a view of it, as F.linear's
+    transpose) holds that layer's copy in the compute dtype; the adapters', the head's and other ops hold none."""
+    import torch
+
+    from gaplan.estimate.quantized import quantized_base
+
+    model = build_workload(WorkloadSpec(model="tiny-llama", seq_len=32, lora=True), "meta").model
+    base = quantized_base(model, compute_bytes=2)
+    aten = torch.ops.aten
+    layers = dict(model.named_modules())
+    down = layers["base_model.model.model.layers.0.mlp.down_proj"].weight
+    x = torch.empty(4, 688, device="meta")
+    assert base.dequantized_copy(aten.mm.default, (x, down.t())) == 2 * 688 * 256
+    assert base.dequantized_copy(aten.addmm.default, (torch.empty(256, device="meta"), x, down.t())) == 2 * 688 * 256
+    assert base.dequantized_copy(aten.mm.default, (torch.empty(4, 256, device="meta"), down)) == 2 * 688 * 256
+    assert base.dequantized_copy(aten.add.Tensor, (down, down)) == 0  # not a product
+    adapter = next(p for n, p in model.named_parameters() if "lora_A" in n)
+    head = layers["base_model.model.lm_head"].weight
+    for other in (adapter, head, torch.empty(688, 256, device="meta")):
+        assert base.dequantized_copy(aten.mm.default, (x[:, :other.shape[-1]], other.t())) == 0
 
 
 @pytest.mark.parametrize("fields, message", [
