@@ -173,6 +173,7 @@ def test_the_launch_command_of_a_lora_plan_rebuilds_its_workload():
     assert "--lora" not in workload_flags(WorkloadSpec(model="tiny-llama").to_dict())
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_lora_over_two_ddp_ranks_and_over_fsdp2_trains_the_adapter_one_process_trains(tmp_path):

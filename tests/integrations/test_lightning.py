@@ -91,6 +91,7 @@ def fresh_process(*options):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_fit_trains_at_the_probed_edge_with_the_effective_batch_kept_and_one_more_sample_fails_in_a_fresh_fit():
     # The budget is set half a sample above the edge of a first probe, from its memory line: a fresh process's

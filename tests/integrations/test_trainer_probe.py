@@ -17,6 +17,7 @@ from ..probing.test_loop import edge_holds_in_fresh_processes, probed_edge
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_the_edge_of_trainer_train_holds_in_fresh_processes_and_lora_fits_more():
     edge = edge_holds_in_fresh_processes("trainer", "hf_trainer_loop.py")["max_micro_batch"]
