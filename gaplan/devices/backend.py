@@ -101,3 +101,12 @@ def make_backend(device: str) -> Backend:
     from gaplan.devices.cuda import CudaBackend
 
     return CudaBackend(device)
+
+
+def cuda_initialized() -> bool:
+    """Whether this process has initialized CUDA (then it cannot fork trials that use it). Imports nothing: a process
+    without torch loaded has not."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())

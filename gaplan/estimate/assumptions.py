@@ -239,8 +239,8 @@ def quantized_weights(quantized, spec) -> Assumption:
     return Assumption(
         "quantization",
         f"QLoRA (--quantize 4bit): the {quantized.layers} frozen linear layers of the base (GPT-2's Conv1D too) in "
-        f"bitsandbytes' nf4 with "
-        f"double quantization, {BYTES_PER_WEIGHT:.4f} bytes per weight (a 4-bit code, an 8-bit absmax per "
+        f"bitsandbytes' nf4 with double quantization, {BYTES_PER_WEIGHT:.4f} bytes per weight (a 4-bit code, an "
+        f"8-bit absmax per "
         f"{NF4_BLOCK}, an fp32 scale per {NESTED_BLOCK} absmaxes): {format_bytes(quantized.quantized_bytes)} instead "
         f"of {format_bytes(quantized.traced_bytes)} in {spec.weights_dtype}; embeddings, norms, the output head and "
         f"the adapters stay as traced. Each 4-bit layer dequantizes its weight to the compute dtype for each of its "

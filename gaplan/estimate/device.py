@@ -82,17 +82,26 @@ def mkl_panel_bytes(k: int, n: int) -> int:
     return 4 * min(k, MKL_PANEL_K) * min(n, MKL_PANEL_N)
 
 
-def gemm_panel_bytes(func: Any, args: tuple) -> int:
-    """MKL's packing buffer while the operator ``func(*args)`` runs: a float32 matrix product's, else 0."""
+def product_operands(func: Any, args: tuple) -> tuple[Any, Any] | None:
+    """The two matrices of a matrix-product operator's call (``mm``, ``bmm``, ``addmm``, ``baddbmm``), else None."""
     import torch
 
     aten = torch.ops.aten
     if func in (aten.mm.default, aten.bmm.default):
-        a, b = args[0], args[1]
-    elif func in (aten.addmm.default, aten.baddbmm.default):
-        a, b = args[1], args[2]
-    else:
+        return args[0], args[1]
+    if func in (aten.addmm.default, aten.baddbmm.default):
+        return args[1], args[2]
+    return None
+
+
+def gemm_panel_bytes(func: Any, args: tuple) -> int:
+    """MKL's packing buffer while the operator ``func(*args)`` runs: a float32 matrix product's, else 0."""
+    import torch
+
+    operands = product_operands(func, args)
+    if operands is None:
         return 0
+    a, b = operands
     # MKL sgemm; bf16/fp16 products go to oneDNN, measured without such a buffer
     return mkl_panel_bytes(a.shape[-1], b.shape[-1]) if a.dtype == torch.float32 else 0
 

@@ -37,19 +37,10 @@ class QuantizedBase:
     def dequantized_copy(self, func: Any, args: tuple) -> int:
         """The workspace of ``func(*args)`` in the trace: a product of a 4-bit layer's weight holds its dequantized
         copy while it runs. A weight autocast has cast first is not matched: the traced cast is that copy."""
-        import torch
+        from gaplan.estimate.device import product_operands
 
-        if func not in _PRODUCTS():
-            return 0
-        return max((self.copies.get(arg.untyped_storage()._cdata, 0) for arg in args
-                    if isinstance(arg, torch.Tensor)), default=0)
-
-
-def _PRODUCTS() -> tuple:  # noqa: N802 - a constant, looked up when torch is imported
-    import torch
-
-    aten = torch.ops.aten
-    return aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default
+        operands = product_operands(func, args)
+        return 0 if operands is None else max(self.copies.get(m.untyped_storage()._cdata, 0) for m in operands)
 
 
 def quantized_base(model: Any, compute_bytes: int) -> QuantizedBase:

@@ -27,9 +27,10 @@ from typing import Any
 from gaplan.core.errors import DoesNotFit, GaplanError
 from gaplan.core.trial import Trial
 from gaplan.core.units import format_bytes
+from gaplan.devices.backend import cuda_initialized
 from gaplan.plan.search import find_edge
 from gaplan.plan.split import default_search_cap, make_plan
-from gaplan.probing.loop import LoopProbeResult, cuda_initialized, forks_start_threads, resolve_budget, trial_from
+from gaplan.probing.loop import LoopProbeResult, forks_start_threads, resolve_budget, trial_from
 from gaplan.worker.fork import run_in_child
 
 MICRO_STEPS = OPTIMIZER_STEPS = 2

@@ -27,6 +27,7 @@ from gaplan.core.constants import DEFAULT_CPU_BUDGET, DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import DoesNotFit, GaplanError, one_line
 from gaplan.core.trial import Trial
 from gaplan.core.units import format_bytes, parse_bytes
+from gaplan.devices.backend import cuda_initialized
 from gaplan.plan.search import find_edge
 from gaplan.plan.split import Plan, default_search_cap, make_plan
 from gaplan.worker.fork import run_in_child
@@ -155,12 +156,6 @@ def forks_start_threads(seconds: int = 3) -> bool:
         return {"ok": True}
 
     return bool(run_in_child(check).get("ok"))
-
-
-def cuda_initialized() -> bool:
-    """Whether this process has initialized CUDA (then it cannot fork trials that use it)."""
-    torch = sys.modules.get("torch")
-    return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
 
 
 def trial_from(message: dict, micro_batch: int) -> Trial:

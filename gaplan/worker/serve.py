@@ -246,7 +246,9 @@ def _serve(requests, reply) -> None:
     except GaplanError as exc:
         reply({"error": "user", "message": str(exc)})
         return
-    if setup.device.startswith("cuda") and _cuda_initialized():
+    from gaplan.devices.backend import cuda_initialized
+
+    if setup.device.startswith("cuda") and cuda_initialized():
         reply({"error": "user", "message": "the probe's worker initialized CUDA before forking its trials, so no "
                                            "trial could use the card (a library imported with the model's code did)"})
         return
@@ -298,12 +300,6 @@ def _imports_initialize_cuda(device: str, spec) -> bool:
     import importlib.util
 
     return device.startswith("cuda") and spec.lora and importlib.util.find_spec("bitsandbytes") is not None
-
-
-def _cuda_initialized() -> bool:
-    import torch
-
-    return torch.cuda.is_initialized()
 
 
 def _resolved_device() -> dict:
