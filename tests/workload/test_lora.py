@@ -8,13 +8,11 @@ import torch
 peft = pytest.importorskip("peft")
 
 from gaplan import GaplanError  # noqa: E402
-from gaplan.data import SyntheticCorpus, collate  # noqa: E402
-from gaplan.training.step import accumulate_gradients  # noqa: E402
 from gaplan.workload.build import build_workload  # noqa: E402
 from gaplan.workload.lora import is_peft_model, read_adapter_config  # noqa: E402
 from gaplan.workload.spec import WorkloadSpec  # noqa: E402
 
-TASK = "causal-lm"
+from .adapter_runs import assert_accumulated_adapter_grads_equal_one_batch, assert_same_weights, cut_and_resumed  # noqa: E402, I001
 
 
 def lora_spec(**fields):
@@ -67,26 +65,7 @@ def test_bad_lora_settings_are_refused_before_anything_is_built(fields, message)
 
 
 def test_accumulated_adapter_gradients_equal_one_full_batch_on_padded_uneven_micro_batches():
-    corpus = SyntheticCorpus(32, seed=0)
-    samples = [corpus[i] for i in range(11)]
-    spec = lora_spec(lora_dropout=0.0, lora_targets="all-linear")
-
-    def adapter_grads(splits):
-        workload = build_workload(spec, seed=0)
-        # B starts at zero in peft (the adapter adds nothing at first); a seeded non-zero B gives A a gradient too.
-        with torch.no_grad():
-            for name, p in workload.model.named_parameters():
-                if "lora_B" in name:
-                    p.normal_(0, 0.02, generator=torch.Generator().manual_seed(len(name)))
-        starts = [sum(splits[:i]) for i in range(len(splits))]
-        batches = [collate(samples[s:s + n], TASK) for s, n in zip(starts, splits, strict=True)]
-        accumulate_gradients(workload.model, batches, workload.raw_loss, TASK)
-        return {n: p.grad.clone() for n, p in workload.model.named_parameters() if p.requires_grad}
-
-    full, split = adapter_grads([11]), adapter_grads([4, 4, 3])
-    assert set(full) == set(split) and any("lora_A" in n for n in full)
-    for name, grad in full.items():
-        torch.testing.assert_close(split[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    assert_accumulated_adapter_grads_equal_one_batch(lora_spec(lora_dropout=0.0, lora_targets="all-linear"))
 
 
 def test_an_adapter_config_file_or_folder_gives_the_lora_fields(tmp_path):
@@ -112,30 +91,6 @@ def test_a_bad_adapter_config_is_one_line(tmp_path, content, message):
 
 
 def test_a_lora_run_cut_after_step_2_resumes_to_the_uninterrupted_weights_bitwise(tmp_path):
-    from gaplan import make_plan
-    from gaplan.training.checkpoint import load_checkpoint
-    from gaplan.training.config import TrainConfig
-    from gaplan.training.loop import train
-
-    spec = lora_spec(seq_len=16, lora_dropout=0.0)
-
-    def run(name, resume=False, stop_after=None):
-        workload = build_workload(spec, "cpu", seed=0)
-
-        def on_step(log):
-            if stop_after is not None and log.step == stop_after + 1:
-                raise KeyboardInterrupt  # the process dies mid-run, after the checkpoint of step `stop_after`
-
-        config = TrainConfig(steps=4, seed=0, checkpoint_every=1, run_dir=str(tmp_path / name))
-        train(workload, make_plan(8, 4), SyntheticCorpus(16, seed=0), config, resume=resume, on_step=on_step)
-        return workload.model
-
-    reference = run("straight")
-    with pytest.raises(KeyboardInterrupt):
-        run("cut", stop_after=2)
-    assert load_checkpoint(str(tmp_path / "cut"))["step"] == 2
-    resumed = run("cut", resume=True)
-    adapters = {n: p for n, p in reference.named_parameters() if p.requires_grad}
-    assert adapters
-    for name, value in resumed.named_parameters():
-        assert torch.equal(value, dict(reference.named_parameters())[name]), name
+    reference, cut, resumed = cut_and_resumed(lora_spec(seq_len=16, lora_dropout=0.0), tmp_path)
+    assert cut["step"] == 2
+    assert_same_weights(resumed, reference)

@@ -7,14 +7,12 @@ peft = pytest.importorskip("peft")
 bnb = pytest.importorskip("bitsandbytes")
 
 from gaplan import GaplanError  # noqa: E402
-from gaplan.data import SyntheticCorpus, collate  # noqa: E402
-from gaplan.training.checkpoint import load_checkpoint, model_state  # noqa: E402
-from gaplan.training.step import accumulate_gradients  # noqa: E402
+from gaplan.training.checkpoint import model_state  # noqa: E402
 from gaplan.workload.build import build_workload, full_precision_twin  # noqa: E402
 from gaplan.workload.quantize import is_quantized  # noqa: E402
 from gaplan.workload.spec import WorkloadSpec  # noqa: E402
 
-TASK = "causal-lm"
+from .adapter_runs import assert_accumulated_adapter_grads_equal_one_batch, assert_same_weights, cut_and_resumed  # noqa: E402, I001
 
 
 def qlora_spec(**fields):
@@ -60,56 +58,14 @@ def test_every_linear_layer_of_the_base_but_the_head_is_nf4_and_encodes_its_full
 
 
 def test_accumulated_adapter_gradients_on_a_4_bit_base_equal_one_full_batch():
-    corpus = SyntheticCorpus(32, seed=0)
-    samples = [corpus[i] for i in range(11)]
-    spec = qlora_spec(lora_dropout=0.0, lora_targets="all-linear")
-
-    def adapter_grads(splits):
-        workload = build_workload(spec, seed=0)
-        with torch.no_grad():  # a non-zero B gives A a gradient too (peft starts B at zero)
-            for name, p in workload.model.named_parameters():
-                if "lora_B" in name:
-                    p.normal_(0, 0.02, generator=torch.Generator().manual_seed(len(name)))
-        starts = [sum(splits[:i]) for i in range(len(splits))]
-        batches = [collate(samples[s:s + n], TASK) for s, n in zip(starts, splits, strict=True)]
-        accumulate_gradients(workload.model, batches, workload.raw_loss, TASK)
-        return {n: p.grad.clone() for n, p in workload.model.named_parameters() if p.requires_grad}
-
-    full, split = adapter_grads([11]), adapter_grads([4, 4, 3])
-    assert set(full) == set(split) and any("lora_A" in n for n in full)
-    for name, grad in full.items():
-        torch.testing.assert_close(split[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    assert_accumulated_adapter_grads_equal_one_batch(qlora_spec(lora_dropout=0.0, lora_targets="all-linear"))
 
 
 def test_a_qlora_checkpoint_holds_the_adapters_and_a_cut_run_resumes_to_the_uninterrupted_weights_bitwise(tmp_path):
-    from gaplan import make_plan
-    from gaplan.training.config import TrainConfig
-    from gaplan.training.loop import train
-
-    spec = qlora_spec(seq_len=16, lora_dropout=0.0)
-
-    def run(name, resume=False, stop_after=None):
-        workload = build_workload(spec, "cpu", seed=0)
-
-        def on_step(log):
-            if stop_after is not None and log.step == stop_after + 1:
-                raise KeyboardInterrupt
-
-        config = TrainConfig(steps=4, seed=0, checkpoint_every=1, run_dir=str(tmp_path / name))
-        train(workload, make_plan(8, 4), SyntheticCorpus(16, seed=0), config, resume=resume, on_step=on_step)
-        return workload.model
-
-    reference = run("straight")
-    with pytest.raises(KeyboardInterrupt):
-        run("cut", stop_after=2)
-    saved = load_checkpoint(str(tmp_path / "cut"))
+    reference, saved, resumed = cut_and_resumed(qlora_spec(seq_len=16, lora_dropout=0.0), tmp_path)
     assert saved["step"] == 2 and saved["model"] and all("lora_" in key for key in saved["model"])
     assert set(saved["model"]) == set(model_state(reference))
-    resumed = run("cut", resume=True)
-    reference_params = dict(reference.named_parameters())
-    assert any(p.requires_grad for p in reference_params.values())
-    for name, value in resumed.named_parameters():
-        assert torch.equal(value, reference_params[name]), name
+    assert_same_weights(resumed, reference)
 
 
 def test_a_checkpoint_of_other_adapters_is_one_line():
