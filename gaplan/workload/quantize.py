@@ -81,8 +81,7 @@ def quantize_base(model: nn.Module, compute_dtype: torch.dtype, device: torch.de
     The model is marked ``is_loaded_in_4bit`` and its config carries the quantization config, as after
     ``from_pretrained(quantization_config=...)``: peft then wraps the 4-bit layers with its own ``Linear4bit``.
     """
-    import_bitsandbytes()
-    import bitsandbytes as bnb
+    bnb = import_bitsandbytes()
     from transformers.integrations import replace_with_bnb_linear
     from transformers.pytorch_utils import Conv1D
     from transformers.quantizers.base import get_keys_to_not_convert
