@@ -42,11 +42,17 @@ def largest_first(dataset: Any, scan: int = DEFAULT_SCAN) -> list[int]:
     return sorted(range(count), key=lambda i: -sizes[i])
 
 
-def largest_batches(dataset: Any, collate: Callable[[list], Any] | None, order: list[int]) -> Callable[[int], Any]:
+@dataclasses.dataclass(frozen=True)
+class LargestBatches:
     """``(b) -> batch``: the first ``b`` samples of ``order`` (:func:`largest_first`; repeated when ``b`` is more
-    than it holds), collated by ``collate`` (a list of samples as it is, without one)."""
-    def make_batch(size: int) -> Any:
-        samples = [dataset[order[i % len(order)]] for i in range(size)]
-        return collate(samples) if collate is not None else samples
+    than it holds), collated by ``collate`` (a list of samples as it is, without one). Picklable with its dataset
+    and collate function, for a trial in a new process."""
 
-    return make_batch
+    dataset: Any
+    collate: Callable[[list], Any] | None
+    order: list[int]
+
+    def __call__(self, size: int) -> Any:
+        samples = [self.dataset[self.order[i % len(self.order)]] for i in range(size)]
+        return self.collate(samples) if self.collate is not None else samples
+

@@ -11,7 +11,7 @@ from typing import Protocol
 from gaplan.core.constants import DEFAULT_CPU_BUDGET
 from gaplan.core.errors import GaplanError
 
-__all__ = ["DEFAULT_CPU_BUDGET", "Backend", "is_out_of_memory", "make_backend", "resolve_device"]
+__all__ = ["DEFAULT_CPU_BUDGET", "Backend", "cuda_total_bytes", "is_out_of_memory", "make_backend", "resolve_device"]
 
 # Only the allocators' own out-of-memory errors can be cured by a smaller batch. A CUDA error raised by a
 # kernel launch or cuBLAS init ("CUDA error: out of memory", CUBLAS_STATUS_ALLOC_FAILED) leaves the CUDA
@@ -66,30 +66,33 @@ def release_after_oom(device) -> None:
 
 
 def resolve_device(name: str = "auto") -> str:
-    """``auto`` -> ``cuda:0`` when a GPU is usable, else ``cpu``; checks that ``cuda[:N]`` exists."""
+    """``auto`` -> ``cuda:0`` when a GPU is usable, else ``cpu``; checks that ``cuda[:N]`` exists.
+
+    The cards are asked in a child (:func:`gaplan.devices.card.cuda_cards`): this process may fork trials after."""
     name = (name or "auto").strip().lower()
     if name == "cpu":
         return "cpu"  # without importing torch: a probe's caller need not (its worker does, at the same time)
-    import torch
+    if name != "auto" and name != "cuda" and not name.startswith("cuda:"):
+        raise GaplanError(f"--device must be auto, cpu, cuda or cuda:N (got {name!r})")
+    from gaplan.devices.card import cuda_cards
 
+    cards = cuda_cards()
     if name == "auto":
-        return "cuda:0" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" or name.startswith("cuda:"):
-        if not torch.cuda.is_available():
-            build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
-            raise GaplanError(f"--device {name}: no CUDA device is available (torch {torch.__version__}, {build})")
-        index = 0 if name == "cuda" else _device_index(name)
-        if index >= torch.cuda.device_count():
-            raise GaplanError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here")
-        return f"cuda:{index}"
-    raise GaplanError(f"--device must be auto, cpu, cuda or cuda:N (got {name!r})")
+        return "cuda:0" if cards.count else "cpu"
+    if not cards.count:
+        import torch
+
+        build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
+        raise GaplanError(f"--device {name}: no CUDA device is available (torch {torch.__version__}, {build})")
+    return f"cuda:{cards.index_of(name)}"
 
 
-def _device_index(name: str) -> int:
-    try:
-        return int(name.split(":", 1)[1])
-    except ValueError:
-        raise GaplanError(f"--device must be auto, cpu, cuda or cuda:N (got {name!r})") from None
+def cuda_total_bytes(device: str) -> int:
+    """The card's memory as the driver reports it (asked in a child)."""
+    from gaplan.devices.card import cuda_cards
+
+    cards = cuda_cards()
+    return cards.total_bytes[cards.index_of(device)]
 
 
 def make_backend(device: str) -> Backend:
@@ -101,12 +104,3 @@ def make_backend(device: str) -> Backend:
     from gaplan.devices.cuda import CudaBackend
 
     return CudaBackend(device)
-
-
-def cuda_initialized() -> bool:
-    """Whether this process has initialized CUDA (then it cannot fork trials that use it). Imports nothing: a process
-    without torch loaded has not."""
-    import sys
-
-    torch = sys.modules.get("torch")
-    return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())

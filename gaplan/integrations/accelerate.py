@@ -22,7 +22,7 @@ the budget, at steady state, under the Accelerator's mixed precision), plans the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gaplan.plan.split import make_even_plan
@@ -33,6 +33,35 @@ def accelerator_device(accelerator: Any) -> str:
     """``cpu`` or ``cuda:N``: where this process of the Accelerator trains."""
     device = accelerator.device
     return "cpu" if device.type == "cpu" else f"{device.type}:{device.index or 0}"
+
+
+@dataclass(frozen=True)
+class AutocastStep:
+    """Your ``micro_step`` under the Accelerator's mixed precision. It holds ``torch.autocast``'s arguments, not the
+    Accelerator: picklable with your step, for a trial spawned where this process cannot fork."""
+
+    micro_step: Callable[[Any, Any], Any]
+    autocast: dict[str, Any] | None  # torch.autocast's arguments; None: the Accelerator trains without autocast
+
+    def __call__(self, model: Any, batch: Any) -> Any:
+        if self.autocast is None:
+            return self.micro_step(model, batch)
+        import torch
+
+        with torch.autocast(**self.autocast):
+            return self.micro_step(model, batch)
+
+
+def accelerator_autocast(accelerator: Any) -> dict[str, Any] | None:
+    """The ``torch.autocast`` arguments of ``accelerator.autocast()``, as accelerate itself chooses them."""
+    import torch
+    from accelerate.utils import get_mixed_precision_context_manager
+
+    context = get_mixed_precision_context_manager(accelerator.native_amp, accelerator.autocast_handler)
+    if not isinstance(context, torch.autocast):
+        return None
+    handler = accelerator.autocast_handler
+    return dict(device_type=context.device, dtype=context.fast_dtype, **(handler.to_kwargs() if handler else {}))
 
 
 def plan_accelerator(accelerator: Any, setup: Callable[[], tuple[Any, Any]], make_batch: Callable[[int], Any],
@@ -47,13 +76,10 @@ def plan_accelerator(accelerator: Any, setup: Callable[[], tuple[Any, Any]], mak
     ``result.plan.micro_batch`` is the per-process micro-batch for your DataLoader, a divisor of the effective
     batch's share, so that ``micro x steps x processes`` is the effective batch exactly.
     """
-    def autocast_step(model: Any, batch: Any) -> Any:
-        with accelerator.autocast():  # fp16/bf16 as the Accelerator trains, else nothing
-            return micro_step(model, batch)
-
     world = accelerator.num_processes
     result = None
     if accelerator.is_main_process:
+        autocast_step = AutocastStep(micro_step, accelerator_autocast(accelerator))
         result = probe_loop(setup, make_batch, autocast_step, device=accelerator_device(accelerator),
                             memory_limit=memory_limit, effective_batch=effective_batch, world_size=world,
                             search_cap=search_cap, threads=threads, on_trial=on_trial)

@@ -13,8 +13,11 @@ probes its own device and all take the smallest edge. Then it sets your module's
     trainer = Trainer(callbacks=[GaplanBatchSize(effective_batch=256, memory_limit="8GiB"), TokenExactLoss()])
 
 The micro-batch divides the effective batch (:func:`gaplan.plan.split.make_even_plan`): one loader batch size,
-``micro x accumulate x world == effective`` exactly. Trials fork, and a process whose CUDA is initialized cannot
-fork: on CUDA use :func:`gaplan.probe_loop` with importable functions (the callback says so in one line).
+``micro x accumulate x world == effective`` exactly. On CPU the trials fork. On CUDA the Trainer has initialized
+the card before any callback runs (``strategy.setup_environment()`` sets the device), and such a process cannot
+fork: the trials are spawned, and get your module pickled as Lightning's ``ddp_spawn`` sends it (without its
+trainer: ``configure_optimizers`` must not need one), the precision plugin, and the largest samples with the
+loader's ``collate_fn``; a ``make_batch`` you pass must be picklable then. One line says what is not.
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ from typing import Any
 from pytorch_lightning import Callback
 
 from gaplan.core.errors import GaplanError, one_line
-from gaplan.data.longest import DEFAULT_SCAN, largest_batches, largest_first
+from gaplan.core.fork import run_in_child
+from gaplan.data.longest import DEFAULT_SCAN, LargestBatches, largest_first
 from gaplan.plan.split import Plan, make_even_plan
 from gaplan.probing.loop import LoopProbeResult, probe_loop
-from gaplan.worker.fork import run_in_child
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +48,7 @@ class GaplanBatchSize(Callback):
         batch_arg_name: the field that holds the batch size (on the module, its ``hparams`` or the datamodule).
         make_batch: ``(b) -> batch`` of ``b`` samples at your longest; default: the ``b`` largest of the first
             ``scan`` samples of your training set, collated by its DataLoader's ``collate_fn``.
-        search_cap, threads, on_trial: :func:`gaplan.probing.loop.probe_loop`'s.
+        search_cap, threads, on_trial, start: :func:`gaplan.probing.loop.probe_loop`'s.
 
     After ``fit`` starts: ``plan`` (the split), ``max_micro_batch`` (B*, the smallest over the ranks) and
     ``result`` (this rank's probe).
@@ -54,7 +57,7 @@ class GaplanBatchSize(Callback):
     def __init__(self, effective_batch: int, memory_limit: int | str | None = None, *,
                  batch_arg_name: str = "batch_size", make_batch: Callable[[int], Any] | None = None,
                  scan: int = DEFAULT_SCAN, search_cap: int | None = None, threads: int | None = None,
-                 on_trial: Callable[[Any], None] | None = None) -> None:
+                 on_trial: Callable[[Any], None] | None = None, start: str = "auto") -> None:
         if not isinstance(effective_batch, int) or isinstance(effective_batch, bool) or effective_batch < 1:
             raise GaplanError(f"effective_batch must be a positive integer (got {effective_batch!r})")
         self.effective_batch = effective_batch
@@ -65,6 +68,7 @@ class GaplanBatchSize(Callback):
         self.search_cap = search_cap
         self.threads = threads
         self.on_trial = on_trial
+        self.start = start
         self.result: LoopProbeResult | None = None
         self.plan: Plan | None = None
         self.max_micro_batch: int | None = None
@@ -77,10 +81,11 @@ class GaplanBatchSize(Callback):
         make_batch = self.make_batch or training_set_batches(trainer, self.scan)
         error: Exception | None = None
         try:
-            self.result = probe_loop(module_setup(trainer, pl_module), make_batch, training_micro_step(trainer),
-                                     device="cpu", memory_limit=self.memory_limit,
-                                     effective_batch=self.effective_batch, world_size=world,
-                                     search_cap=self.search_cap, threads=self.threads, on_trial=self.on_trial)
+            self.result = probe_loop(ModuleSetup(trainer, pl_module), make_batch,
+                                     TrainingMicroStep(trainer.precision_plugin), device=module_device(pl_module),
+                                     memory_limit=self.memory_limit, effective_batch=self.effective_batch,
+                                     world_size=world, search_cap=self.search_cap, threads=self.threads,
+                                     on_trial=self.on_trial, start=self.start)
             edge = self.result.max_micro_batch
         except Exception as exc:  # noqa: BLE001 - DoesNotFit or any other: the other ranks must hear of it first
             error, edge = exc, 0
@@ -108,11 +113,8 @@ def check_probeable(trainer: Any, pl_module: Any, batch_arg_name: str) -> None:
     """One line for what the callback cannot do, before any trial."""
     from pytorch_lightning.utilities.parsing import lightning_hasattr
 
-    if pl_module.device.type != "cpu":
-        raise GaplanError(f"GaplanBatchSize probes on CPU only: its trials fork from the Trainer's process, which "
-                          f"cannot fork once {pl_module.device.type} is initialized; on a GPU probe your step with "
-                          f"gaplan.probe_loop and importable functions, then set batch size and "
-                          f"accumulate_grad_batches from its plan")
+    if pl_module.device.type not in ("cpu", "cuda"):
+        raise GaplanError(f"GaplanBatchSize probes on CPU and CUDA (this module is on {pl_module.device.type})")
     if not pl_module.automatic_optimization:
         raise GaplanError("GaplanBatchSize probes automatic optimization (training_step returns the loss); with "
                           "manual optimization probe your step with gaplan.probe_loop")
@@ -124,39 +126,58 @@ def check_probeable(trainer: Any, pl_module: Any, batch_arg_name: str) -> None:
                           f"sets the batch size there (batch_arg_name= names another)")
 
 
-def module_setup(trainer: Any, pl_module: Any) -> Callable[[], tuple[Any, Any]]:
-    """A trial's ``setup``: a copy of the module (its weights allocated under the budget) and its optimizer."""
-    from pytorch_lightning.core.optimizer import _init_optimizers_and_lr_schedulers
+class ModuleSetup:
+    """A trial's ``setup``: a copy of the module (its weights allocated under the budget) and its optimizer.
 
-    def setup() -> tuple[Any, Any]:
-        # The copy shares the trainer (configure_optimizers and hooks may read it), not its weights; Lightning's
-        # pickling drops the trainer, so it is attached again.
-        model = copy.deepcopy(pl_module, memo={id(trainer): trainer})
-        model.trainer = trainer
+    Picklable for a spawned trial (on CUDA, where the Trainer's process cannot fork): the module goes as Lightning
+    pickles it (without its trainer, as ``ddp_spawn`` sends it), and the spawned child trains that copy."""
+
+    def __init__(self, trainer: Any, pl_module: Any) -> None:
+        self.trainer = trainer
+        self.module = pl_module
+
+    def __getstate__(self) -> dict:
+        return {"trainer": None, "module": self.module}
+
+    def __call__(self) -> tuple[Any, Any]:
+        from pytorch_lightning.core.optimizer import _configure_optimizers, _init_optimizers_and_lr_schedulers
+
+        if self.trainer is None:  # a spawned trial: the unpickled module is this process's own copy already
+            model = self.module
+            optimizers = _configure_optimizers(model.configure_optimizers())[0]
+        else:
+            # The copy shares the trainer (configure_optimizers and hooks may read it), not its weights; Lightning's
+            # pickling drops the trainer, so it is attached again.
+            model = copy.deepcopy(self.module, memo={id(self.trainer): self.trainer})
+            model.trainer = self.trainer
+            optimizers = _init_optimizers_and_lr_schedulers(model)[0]
         # self.log needs the fit loop's results, which exist once training runs; logging is not training memory.
-        model.log = model.log_dict = lambda *args, **kwargs: None
-        optimizers, _ = _init_optimizers_and_lr_schedulers(model)
+        model.log = model.log_dict = _no_log
         return model, optimizers[0]
 
-    return setup
+
+def _no_log(*args: Any, **kwargs: Any) -> None:
+    return None
 
 
-def training_micro_step(trainer: Any) -> Callable[[Any, Any], None]:
+class TrainingMicroStep:
     """A trial's ``micro_step``: the batch through your transfer hooks, ``training_step`` under the Trainer's
-    precision, then backward."""
-    def micro_step(model: Any, batch: Any) -> None:
+    precision plugin (``train_step_context()``), then backward. Picklable with the plugin, for a spawned trial."""
+
+    def __init__(self, precision_plugin: Any) -> None:
+        self.precision_plugin = precision_plugin
+
+    def __call__(self, model: Any, batch: Any) -> None:
         batch = model.on_before_batch_transfer(batch, 0)
         batch = model.transfer_batch_to_device(batch, model.device, 0)
         batch = model.on_after_batch_transfer(batch, 0)
-        with trainer.precision_plugin.train_step_context():
+        with self.precision_plugin.train_step_context():
             output = model.training_step(batch, 0)
         loss = output["loss"] if isinstance(output, Mapping) else output
         if loss is None:
             raise GaplanError("training_step returned None on the probe's batch (Lightning skips such a batch): "
                               "it must return the loss for the largest samples")
         loss.backward()
-
-    return micro_step
 
 
 def training_set_batches(trainer: Any, scan: int) -> Callable[[int], Any]:
@@ -179,7 +200,13 @@ def training_set_batches(trainer: Any, scan: int) -> Callable[[int], Any]:
     if "order" not in message:
         raise GaplanError(f"GaplanBatchSize cannot draw the probe's batches from train_dataloader(): "
                           f"{one_line(str(message.get('message', message)).strip().splitlines()[-1])}")
-    return largest_batches(dataset, getattr(loader, "collate_fn", None), message["order"])
+    return LargestBatches(dataset, getattr(loader, "collate_fn", None), message["order"])
+
+
+def module_device(pl_module: Any) -> str:
+    """``cpu`` or ``cuda:N``: where the Trainer put this rank's module."""
+    device = pl_module.device
+    return "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"
 
 
 def smallest_over_ranks(trainer: Any, value: int) -> int:

@@ -1,6 +1,6 @@
 """The edge of ``trainer.train()`` itself: each probe trial builds the user's Trainer and trains two steps.
 
-A trial is a fresh process forked from the caller (:mod:`gaplan.worker.fork`) that takes the budget
+A trial is a fresh process forked from the caller (:mod:`gaplan.core.fork`) that takes the budget
 (:func:`gaplan.devices.cpu.cpu_budget`'s semantics), builds the user's model under it (``model_init()``, the
 Trainer's own hook, or a copy of the model given) so weights, gradients and optimizer states count (PEFT's frozen
 base and its adapters as they are), builds ``trainer_class`` with the user's
@@ -19,19 +19,20 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 from gaplan.core.errors import DoesNotFit, GaplanError
+from gaplan.core.fork import run_in_child
 from gaplan.core.trial import Trial
 from gaplan.core.units import format_bytes
-from gaplan.devices.backend import cuda_initialized
+from gaplan.devices.card import cuda_initialized
 from gaplan.plan.search import find_edge
 from gaplan.plan.split import default_search_cap, make_plan
 from gaplan.probing.loop import LoopProbeResult, forks_start_threads, resolve_budget, trial_from
-from gaplan.worker.fork import run_in_child
 
 MICRO_STEPS = OPTIMIZER_STEPS = 2
 
@@ -75,14 +76,16 @@ def probe_trainer(model: Any, args: Any, train_dataset: Any, *, effective_batch:
     """The largest ``per_device_train_batch_size`` at which ``trainer_class(model, args, ...).train()`` trains at
     steady state under ``memory_limit`` (default 1 GiB on CPU, the card on CUDA), and the plan for
     ``effective_batch``. ``model``: the model, or a function that builds it (``model_init``: see the module's
-    note). ``trainer_kwargs`` go to the trainer as given (``processing_class``, ``compute_loss_func``,
-    ``peft_config`` for TRL, ...)."""
-    import torch
+    note). ``args``: the ``TrainingArguments`` (or TRL's config), or a function that builds them: on a CUDA
+    machine building them sets the device, after which no trial can fork, so pass the function there.
+    ``world_size``: default the launch's ``WORLD_SIZE``. ``trainer_kwargs`` go to the trainer as given
+    (``processing_class``, ``compute_loss_func``, ``peft_config`` for TRL, ...)."""
     from transformers import Trainer
 
     trainer_class = trainer_class or Trainer
-    world_size = int(args.world_size) if world_size is None else world_size
-    device = "cpu" if getattr(args, "use_cpu", False) or not torch.cuda.is_available() else "cuda:0"
+    # Read from the launch, not from args.world_size: building or asking TrainingArguments sets the CUDA device.
+    world_size = launch_world_size() if world_size is None else world_size
+    device = trainer_device(args)
     limit = resolve_budget(device, memory_limit)
     if cuda_initialized():
         import sys
@@ -91,7 +94,8 @@ def probe_trainer(model: Any, args: Any, train_dataset: Any, *, effective_batch:
         # compute capability): importing peft inside model_init, which runs in the trials, keeps this process clean.
         cause = (" (bitsandbytes, imported here, did: import peft and bitsandbytes inside a model_init function, "
                  "which each trial runs)" if "bitsandbytes" in sys.modules else
-                 " (build the model on the CPU; the Trainer moves it)")
+                 " (TrainingArguments built here on a CUDA machine set the device: pass a function that builds them, "
+                 "args=lambda: TrainingArguments(...), and build the model on the CPU or in model_init)")
         raise GaplanError("this process has initialized CUDA, so trials cannot fork from it: probe the Trainer "
                           f"before anything touches the GPU{cause}")
     cap = search_cap or default_search_cap(effective_batch, world_size)
@@ -120,6 +124,34 @@ def probe_trainer(model: Any, args: Any, train_dataset: Any, *, effective_batch:
     return LoopProbeResult(result.edge, result.capped, result.trials, make_plan(effective_batch, result.edge,
                                                                                 world_size),
                            device, limit, time.perf_counter() - started, False, notes)
+
+
+def launch_world_size() -> int:
+    """The data-parallel processes of this launch (torchrun's and accelerate's ``WORLD_SIZE``; 1 without one)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def built_arguments(args: Any) -> Any:
+    """``args`` as ``TrainingArguments``: given so, or built by the function given (``args_init``)."""
+    return args() if _is_init(args) else args
+
+
+def trainer_device(args: Any) -> str:
+    """Where the trials train: ``cpu`` when the arguments say ``use_cpu``, else CUDA when there is a card.
+
+    A function that builds the arguments is called in a child, which answers ``use_cpu``: building them sets the
+    CUDA device, and this process must stay able to fork."""
+    from gaplan.devices.backend import resolve_device
+
+    if _is_init(args):
+        answer = run_in_child(lambda: {"use_cpu": bool(getattr(args(), "use_cpu", False))})
+        if "use_cpu" not in answer:
+            raise GaplanError(f"args(), the function that builds the TrainingArguments, failed: "
+                              f"{str(answer.get('message', answer)).strip().splitlines()[-1]}")
+        use_cpu = answer["use_cpu"]
+    else:
+        use_cpu = bool(getattr(args, "use_cpu", False))
+    return "cpu" if use_cpu else resolve_device("auto")
 
 
 def _is_init(model: Any) -> bool:
@@ -158,7 +190,7 @@ def _trial(model: Any, args: Any, sample: Any, collator: Any, trainer_class: typ
     error = None
     with tempfile.TemporaryDirectory(prefix="gaplan-trainer-trial-") as output_dir:
         trial_args = dataclasses.replace(
-            args, output_dir=output_dir, per_device_train_batch_size=micro_batch,
+            built_arguments(args), output_dir=output_dir, per_device_train_batch_size=micro_batch,
             gradient_accumulation_steps=MICRO_STEPS, max_steps=OPTIMIZER_STEPS, num_train_epochs=1,
             save_strategy="no", eval_strategy="no", logging_strategy="no", report_to=[], disable_tqdm=True,
             auto_find_batch_size=False, load_best_model_at_end=False, push_to_hub=False, dataloader_num_workers=0)

@@ -160,7 +160,9 @@ def plan_training_arguments(
             For a model or a string, precision, optimizer, learning rate and gradient checkpointing come
             from ``args`` (``bf16``/``fp16`` -> autocast; an ``optim`` with ``sgd`` in its name -> SGD, any
             other -> AdamW's two states per parameter, the conservative count).
-        args: the ``TrainingArguments`` to copy (``dataclasses.replace``; ``args`` is not changed).
+        args: the ``TrainingArguments`` to copy (``dataclasses.replace``; ``args`` is not changed), or a function
+            that builds them: with ``probe="trainer"`` on a CUDA machine pass the function, since building the
+            arguments sets the CUDA device and the trials could no longer fork.
         effective_batch: samples per optimizer step over all devices.
         plan: use this instead of probing: the path of a ``plan.json`` (``gaplan probe --out``), a
             :class:`~gaplan.runs.probe_result.ProbeResult` (its tuner's micro-batch when it has one, else B*) or a
@@ -170,7 +172,7 @@ def plan_training_arguments(
         device: the probe's device; ``auto`` means ``cpu`` when ``args.use_cpu`` is set, else CUDA if any.
         seq_len: the (padded) sequence length to probe at. Memory grows with it: pass your real length
             (default: the preset's, or 512 for a model or directory).
-        world_size: data-parallel processes (default: ``args.world_size``, the launch this runs in).
+        world_size: data-parallel processes (default: the launch's ``WORLD_SIZE``, 1 without a launcher).
         probe: ``"workload"`` (gaplan's own step on the model rebuilt from its config, as above) or ``"trainer"``:
             each trial runs ``trainer_class(model, args, train_dataset=..., data_collator=...).train()`` itself
             for two steps (:func:`gaplan.integrations.trainer_probe.probe_trainer`): your arguments (precision,
@@ -190,7 +192,9 @@ def plan_training_arguments(
     even = even_plan(chosen)
     if even is not chosen:
         warnings.warn(_uneven_message(chosen, even), UnevenPlanWarning, stacklevel=2)
-    return dataclasses.replace(args, per_device_train_batch_size=even.micro_batch,
+    from gaplan.integrations.trainer_probe import built_arguments
+
+    return dataclasses.replace(built_arguments(args), per_device_train_batch_size=even.micro_batch,
                                gradient_accumulation_steps=even.grad_accum_steps, auto_find_batch_size=False)
 
 
@@ -215,7 +219,9 @@ def resolve_plan(
     Useful to probe once and then both build the arguments (``plan=`` the result) and show the plan
     (:func:`hf_snippet`).
     """
-    world_size = int(args.world_size) if world_size is None else world_size
+    from gaplan.integrations.trainer_probe import built_arguments, launch_world_size
+
+    world_size = launch_world_size() if world_size is None else world_size
     if probe not in ("workload", "trainer"):
         raise GaplanError(f"probe must be 'workload' or 'trainer' (got {probe!r})")
     if probe == "trainer" and plan is None:
@@ -231,6 +237,7 @@ def resolve_plan(
                                data_collator=data_collator, trainer_class=trainer_class, memory_limit=memory_limit,
                                world_size=world_size, **dict(trainer_kwargs or {}))
         return result.plan
+    args = built_arguments(args)  # the workload's trials run in a new process, not forked from this one
     if device == "auto" and getattr(args, "use_cpu", False):
         device = "cpu"
     return _resolve_plan(model_or_spec, args, effective_batch, world_size, plan, memory_limit, device, seq_len)

@@ -15,7 +15,7 @@ from gaplan.core.errors import DoesNotFit, GaplanError
 from gaplan.core.options import OptionError
 from gaplan.core.trial import Trial
 from gaplan.core.units import format_bytes
-from gaplan.devices.backend import resolve_device
+from gaplan.devices.backend import cuda_total_bytes, resolve_device
 from gaplan.devices.cpu import available_bytes
 from gaplan.plan.search import find_edge
 from gaplan.plan.split import default_search_cap, make_plan
@@ -52,9 +52,9 @@ def check_gpus_for_ranks(device: str, ranks: int) -> None:
     """On CUDA a trial of ``ranks`` ranks runs one per local GPU, cuda:0 to cuda:ranks-1 (on CPU: processes here)."""
     if ranks < 2 or not device.startswith("cuda"):
         return
-    import torch
+    from gaplan.devices.card import cuda_cards
 
-    count = torch.cuda.device_count()
+    count = cuda_cards().count  # asked in a child: this process forks the ranks' trials after
     if count < ranks:
         raise GaplanError(f"--parallel fsdp --world-size {ranks}: a trial runs every rank on its own GPU of "
                           f"this machine (cuda:0 to cuda:{ranks - 1}), and it has {count}")
@@ -170,13 +170,6 @@ def check_in_fresh_process(spec: WorkloadSpec, device: str, limit_bytes: int | N
         if worker.info.get("error") == "does-not-fit":
             return False
         return worker.trial(micro_batch, optimizer_steps=optimizer_steps).fits
-
-
-def cuda_total_bytes(device: str) -> int:
-    """The card's memory as the driver reports it."""
-    import torch
-
-    return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
 
 
 def check_cpu_budget(memory_limit: int, ranks: int = 1) -> None:

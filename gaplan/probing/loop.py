@@ -7,8 +7,11 @@ each trial, under the same budget and search as ``gaplan probe``.
 Each trial is a fresh process forked from this one (closures and lambdas work: the child has them), which takes
 the budget at once (:func:`gaplan.devices.cpu.cpu_budget`'s semantics), calls ``setup()``, makes the optimizer's
 states, then trains two optimizer steps of two or more micro-steps: B* fits there and B*+1 does not, past the
-first step. A process whose CUDA is initialized cannot fork; there each trial is spawned instead and the functions
-must be importable (``module:function``), else one line says so.
+first step. On CUDA this process stays fork-safe: it asks the card its questions in a child
+(:mod:`gaplan.devices.card`) and never starts the driver itself. A process whose CUDA was initialized before the
+probe (a model moved to the GPU, ``TrainingArguments`` built) cannot fork; there each trial is spawned instead and
+the functions go pickled (module-level functions and picklable objects, your script's own included), else one line
+says which one a new process cannot have.
 """
 
 from __future__ import annotations
@@ -25,12 +28,12 @@ from typing import Any
 
 from gaplan.core.constants import DEFAULT_CPU_BUDGET, DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import DoesNotFit, GaplanError, one_line
+from gaplan.core.fork import run_in_child
 from gaplan.core.trial import Trial
 from gaplan.core.units import format_bytes, parse_bytes
-from gaplan.devices.backend import cuda_initialized
+from gaplan.devices.card import cuda_initialized
 from gaplan.plan.search import find_edge
 from gaplan.plan.split import Plan, default_search_cap, make_plan
-from gaplan.worker.fork import run_in_child
 from gaplan.worker.loop_trial import LoopFunctions, loop_trial
 
 
@@ -60,7 +63,7 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
                *, device: str = "cpu", memory_limit: int | str | None = None,
                effective_batch: int = DEFAULT_EFFECTIVE_BATCH, world_size: int = 1, search_cap: int | None = None,
                micro_steps: int = 2, optimizer_steps: int = 2, threads: int | None = None,
-               on_trial: Callable[[Trial], None] | None = None) -> LoopProbeResult:
+               on_trial: Callable[[Trial], None] | None = None, start: str = "auto") -> LoopProbeResult:
     """The largest micro-batch your loop trains at steady state under ``memory_limit``, and the plan.
 
     Args:
@@ -74,6 +77,8 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
         effective_batch, world_size: what the plan splits; the search stops at a device's share.
         micro_steps, optimizer_steps: per trial (at least 2 each: the edge holds past the first step).
         on_trial: called after each trial, for progress.
+        start: how trials start: ``fork`` (closures work), ``spawn`` (new interpreters, pickled functions), or
+            ``auto``: fork, unless this process has initialized CUDA (then it cannot).
 
     Raises:
         DoesNotFit: when even micro-batch 1 does not fit. GaplanError: bad input, or a trial of your loop failed
@@ -89,9 +94,13 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
     cap = search_cap if search_cap is not None else default_search_cap(effective_batch, world_size)
     if cap < 1:
         raise GaplanError(f"search_cap must be a positive integer (got {cap})")
+    if start not in ("auto", "fork", "spawn"):
+        raise GaplanError(f"start must be 'auto', 'fork' or 'spawn' (got {start!r})")
     device = resolve_device(device)
     limit = resolve_budget(device, memory_limit)
-    spawned = cuda_initialized()
+    if start == "fork" and cuda_initialized():
+        raise GaplanError("start='fork': this process has initialized CUDA, and a forked trial could not use it")
+    spawned = start == "spawn" or cuda_initialized()
     notes = []
     if not spawned and threads != 1 and not forks_start_threads():
         # OpenMP's pool was started here: a forked child that enters a parallel region waits on threads it does
@@ -126,7 +135,8 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
 
 def resolve_budget(device: str, memory_limit: int | str | None) -> int | None:
     """The trials' budget in bytes: ``memory_limit`` (bytes or text) checked, else 1 GiB on CPU, the card on CUDA."""
-    from gaplan.probing.edge import check_cpu_budget, cuda_total_bytes
+    from gaplan.devices.backend import cuda_total_bytes
+    from gaplan.probing.edge import check_cpu_budget
 
     limit = parse_bytes(memory_limit) if isinstance(memory_limit, str) else memory_limit
     if limit is not None and limit <= 0:
@@ -180,18 +190,22 @@ def _forker(functions: dict[str, Callable], device: str, limit: int | None, micr
 
 def _spawner(functions: LoopFunctions, device: str, limit: int | None, micro_steps: int,
              threads: int | None) -> Callable[[int, int], Trial]:
+    from gaplan.devices.card import NVML_CHECK
     from gaplan.devices.cpu import budget_environment
+    from gaplan.worker.loop_trial import spawn_request
 
-    references = functions.references()  # a one-line error here for a function a new process cannot import
+    functions.pickled()  # a one-line error here, before any trial, for a function a new process cannot have
+    env = dict(budget_environment(os.environ), **{NVML_CHECK: "1"})
 
     def run(micro_batch: int, steps: int) -> Trial:
-        request = {"functions": references, "device": device, "limit_bytes": limit, "micro_batch": micro_batch,
-                   "micro_steps": micro_steps, "optimizer_steps": steps, "threads": threads}
-        completed = subprocess.run([sys.executable, "-m", "gaplan.worker.loop_trial"], input=json.dumps(request),
-                                   capture_output=True, text=True, env=budget_environment(os.environ))
-        lines = completed.stdout.strip().splitlines()
+        request = spawn_request(functions, device=device, limit_bytes=limit, micro_batch=micro_batch,
+                                micro_steps=micro_steps, optimizer_steps=steps, threads=threads)
+        completed = subprocess.run([sys.executable, "-m", "gaplan.worker.loop_trial"], input=request,
+                                   capture_output=True, env=env)
+        lines = completed.stdout.decode(errors="replace").strip().splitlines()
         if completed.returncode != 0 or not lines:
-            return trial_from({"error": "crash", "message": completed.stderr or "no output"}, micro_batch)
+            message = completed.stderr.decode(errors="replace") or "no output"
+            return trial_from({"error": "crash", "message": message}, micro_batch)
         return trial_from(json.loads(lines[-1]), micro_batch)
 
     return run

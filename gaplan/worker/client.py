@@ -10,6 +10,7 @@ import time
 
 from gaplan.core.errors import GaplanError
 from gaplan.core.trial import Trial
+from gaplan.devices.card import NVML_CHECK
 from gaplan.devices.cpu import budget_environment, native_environment
 from gaplan.worker.protocol import TrialRequest, WorkerSetup
 from gaplan.workload.spec import WorkloadSpec
@@ -27,6 +28,8 @@ class WorkerProcess:
         (``unbounded``); else pinned as a budget needs (:mod:`gaplan.devices.cpu`)."""
         env = native_environment(os.environ) if native_allocator else budget_environment(os.environ)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        if device != "cpu":  # the worker forks its trials: nothing in it may start the driver (gaplan.devices.card)
+            env.setdefault(NVML_CHECK, "1")
         # The worker must import this very gaplan, installed or not.
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)

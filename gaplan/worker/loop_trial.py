@@ -3,20 +3,23 @@ run under the budget at steady state (the optimizer's states made first, then op
 micro-steps), measured by the same loop as gaplan's own trials (:func:`gaplan.worker.trial.measure_steps`).
 
 Forked from the caller (closures work), or, where the caller's CUDA is initialized and cannot fork, spawned as
-``python -m gaplan.worker.loop_trial`` with the functions named ``module:function`` (a JSON request on stdin, the
-trial on stdout).
+``python -m gaplan.worker.loop_trial``: the request pickled on stdin, the trial as JSON on stdout. A spawned trial
+gets the functions pickled (module-level functions and picklable objects, ``module:function`` names), after it
+has loaded the caller's main script as ``multiprocessing``'s spawn does (``__mp_main__``, its ``if __name__ ==
+"__main__":`` block not run), so a script's own functions work there too; a lambda or a closure cannot.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import pickle
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gaplan.core.errors import GaplanError
+from gaplan.core.errors import GaplanError, one_line
 from gaplan.core.trial import Trial
 
 FUNCTION_NAMES = ("setup", "make_batch", "micro_step", "optimizer_step")
@@ -43,10 +46,18 @@ class LoopFunctions:
                                        if self.optimizer_step is not None else default_optimizer_step)
         return functions
 
-    def references(self) -> dict[str, str | None]:
-        """Every function as ``module:function``, for a spawned trial; a one-line error for one that is not importable."""
-        return {name: None if getattr(self, name) is None else _reference(getattr(self, name), name)
-                for name in FUNCTION_NAMES}
+    def pickled(self) -> bytes:
+        """The functions for a spawned trial; a one-line error for one that a new process cannot have."""
+        for name in FUNCTION_NAMES:
+            function = getattr(self, name)
+            try:
+                pickle.dumps(function)
+            except Exception as exc:  # noqa: BLE001 - PicklingError, AttributeError, TypeError: all say the same
+                qualname = getattr(function, "__qualname__", repr(function))
+                raise GaplanError(f"this process has initialized CUDA, so trials cannot fork from it and run in new "
+                                  f"processes: {name} must be picklable there (a module-level function, a picklable "
+                                  f"object or 'module:function'), not {qualname} ({one_line(str(exc))})") from None
+        return pickle.dumps(self)
 
 
 def _resolve(function: Callable | str, name: str) -> Callable:
@@ -64,17 +75,6 @@ def _resolve(function: Callable | str, name: str) -> Callable:
     if not callable(value):
         raise GaplanError(f"{name}={function!r} is not callable")
     return value
-
-
-def _reference(function: Callable | str, name: str) -> str:
-    if isinstance(function, str):
-        return function
-    module, qualname = getattr(function, "__module__", None), getattr(function, "__qualname__", "")
-    if not module or module == "__main__" or "<" in qualname:
-        raise GaplanError(f"this process has initialized CUDA, so trials cannot fork from it: {name} must be "
-                          f"importable in a new process (a module-level function or 'module:function'), "
-                          f"not {qualname or function!r} of {module}")
-    return f"{module}:{qualname}"
 
 
 def _tokens(batch: Any) -> int:
@@ -119,12 +119,26 @@ def loop_trial(functions: dict[str, Callable], device: str, limit_bytes: int | N
     return trial.to_dict()
 
 
+def spawn_request(functions: LoopFunctions, **trial: Any) -> bytes:
+    """What a spawned trial reads on stdin: how to load the caller's main script, the functions, the trial's fields."""
+    from multiprocessing import spawn
+
+    preparation = spawn.get_preparation_data("gaplan-trial")
+    preparation.pop("authkey", None)  # this child talks through its pipes, not multiprocessing's connections
+    return pickle.dumps({"preparation": preparation, "functions": functions.pickled(), "trial": trial})
+
+
 def main() -> None:
-    """A spawned trial: the request (functions by name, device, budget, size) on stdin, the trial on stdout."""
-    request = json.load(sys.stdin)
-    functions = LoopFunctions(**request.pop("functions")).resolved()
+    """A spawned trial: the pickled request (:func:`spawn_request`) on stdin, the trial as JSON on stdout."""
+    from multiprocessing import spawn
+
+    request = pickle.loads(sys.stdin.buffer.read())
+    own_path = list(sys.path)
     try:
-        message = loop_trial(functions, **request)
+        spawn.prepare(request["preparation"])  # the caller's sys.path and main script: its functions unpickle here
+        sys.path.extend(entry for entry in own_path if entry not in sys.path)  # and this child's PYTHONPATH still
+        functions = pickle.loads(request["functions"]).resolved()
+        message = loop_trial(functions, **request["trial"])
     except GaplanError as exc:
         message = {"error": "user", "message": str(exc)}
     print(json.dumps(message), flush=True)

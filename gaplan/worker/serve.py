@@ -36,8 +36,8 @@ import time
 import traceback
 from collections.abc import Callable
 
+from gaplan.core.fork import die_with_parent, run_in_child
 from gaplan.core.trial import Trial
-from gaplan.worker.fork import die_with_parent, run_in_child
 from gaplan.worker.protocol import TrialRequest, WorkerSetup
 from gaplan.worker.ranks import merge_ready, merge_trials, run_ranks
 
@@ -246,7 +246,7 @@ def _serve(requests, reply) -> None:
     except GaplanError as exc:
         reply({"error": "user", "message": str(exc)})
         return
-    from gaplan.devices.backend import cuda_initialized
+    from gaplan.devices.card import cuda_initialized
 
     if setup.device.startswith("cuda") and cuda_initialized():
         reply({"error": "user", "message": "the probe's worker initialized CUDA before forking its trials, so no "

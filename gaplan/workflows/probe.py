@@ -116,9 +116,9 @@ def estimate_start(spec: WorkloadSpec, device: str, memory_limit: int | None, ma
     kind = "cpu" if device == "cpu" else "cuda"
     limit = memory_limit or (DEFAULT_CPU_BUDGET if kind == "cpu" else None)
     if limit is None:
-        import torch
+        from gaplan.devices.backend import cuda_total_bytes
 
-        limit = torch.cuda.get_device_properties(torch.device(device)).total_memory
+        limit = cuda_total_bytes(device)
     limit = int(limit * (1 - margin))
     predicted = estimate(spec, memory_limit=limit, device_kind=kind, effective_batch=1, threads=threads,
                          search_cap=search_cap or SEARCH_CAP)

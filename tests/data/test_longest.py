@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from gaplan.data.longest import largest_batches, largest_first, sample_size
+from gaplan.data.longest import LargestBatches, largest_first, sample_size
 
 
 @dataclass
@@ -26,9 +26,9 @@ def test_the_largest_come_first_ties_in_order_and_a_batch_repeats_them_past_the_
     data = [torch.zeros(n) for n in (3, 9, 5, 9, 1)]
     order = largest_first(data, scan=4)  # the fifth is not scanned
     assert order == [1, 3, 2, 0]
-    batch = largest_batches(data, lambda s: torch.stack([x[:1] for x in s]), order)(6)
+    batch = LargestBatches(data, lambda s: torch.stack([x[:1] for x in s]), order)(6)
     assert batch.shape == (6, 1)
-    assert largest_batches(data, None, order)(2)[1].numel() == 9
+    assert LargestBatches(data, None, order)(2)[1].numel() == 9
 
 
 @pytest.mark.parametrize("dataset, error", [([], ValueError), (iter([1, 2]), TypeError)])

@@ -13,7 +13,7 @@ FORKED = textwrap.dedent("""
     import ctypes, ctypes.util, json, os
     from gaplan.devices.cpu import read_status
     from gaplan.devices.heap import free_heap_bytes, seal_free_heap
-    from gaplan.worker.fork import run_in_child
+    from gaplan.core.fork import run_in_child
 
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     libc.malloc.restype = ctypes.c_void_p
