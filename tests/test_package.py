@@ -32,3 +32,26 @@ def test_the_pure_parts_and_the_cli_import_no_torch():
             "gaplan.runs.probe_result, gaplan.probing.cache, gaplan.report.write; "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_floors_are_what_the_code_calls_and_the_readme_says_them():
+    """torch 2.8 for FSDP2's set_force_sum_reduction_for_comms, transformers 5.0 for the QLoRA layer rule's imports;
+    the README names the same floors. (The installed versions meet them, and have what the floors are for.)"""
+    import importlib.metadata
+    import pathlib
+    import re
+
+    import torch
+    from packaging.version import Version
+    from torch.distributed.fsdp import FSDPModule
+    from transformers.quantizers.base import get_keys_to_not_convert  # noqa: F401
+    from transformers.quantizers.quantizers_utils import should_convert_module  # noqa: F401
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    pyproject, readme = (root / "pyproject.toml").read_text(), (root / "README.md").read_text()
+    floors = dict(re.findall(r'"(torch|transformers)>=([\d.]+)"', pyproject))
+    assert floors == {"torch": "2.8", "transformers": "5.0"}
+    for name, floor in floors.items():
+        assert f"`{name}>={floor}`" in readme
+        assert Version(importlib.metadata.version(name)) >= Version(floor)
+    assert hasattr(FSDPModule, "set_force_sum_reduction_for_comms") and hasattr(torch, "OutOfMemoryError")

@@ -67,8 +67,8 @@ def cuda_initialized() -> bool:
 def cuda_cards() -> CudaCards:
     """The cards, asked once per process: in a forked child, unless this process's CUDA is initialized already."""
     global _asked
+    keep_fork_safe()
     if _asked is None:
-        keep_fork_safe()
         import torch
 
         if torch.version.cuda is None or not torch.backends.cuda.is_built():

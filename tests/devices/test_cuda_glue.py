@@ -78,28 +78,6 @@ def test_each_process_trains_on_its_local_gpu_not_its_global_rank(monkeypatch):
     assert local_device("cuda:1") == "cuda:1"  # one process: the device asked for
 
 
-def test_the_margin_applies_to_the_whole_card_when_no_limit_is_given(monkeypatch):
-    """The probe's budget on CUDA without --memory-limit is the card; --margin keeps its share of it free."""
-    import pytest
-
-    import gaplan.probing.edge as probing
-    from gaplan.workload.spec import WorkloadSpec
-
-    seen = {}
-
-    class WorkerStandIn:  # records the budget the probe would give its trials, then stops the probe
-        def __init__(self, spec, device, limit_bytes, **options):
-            seen.update(device=device, limit=limit_bytes)
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(probing, "resolve_device", lambda name: "cuda:0")
-    monkeypatch.setattr(probing, "cuda_total_bytes", lambda device: 80 * GiB)
-    monkeypatch.setattr(probing, "WorkerProcess", WorkerStandIn)
-    with pytest.raises(KeyboardInterrupt):
-        probing.probe(WorkloadSpec(seq_len=16), device="cuda", margin=0.1)
-    assert seen == {"device": "cuda:0", "limit": int(80 * GiB * 0.9)}
-
-
 def test_a_checkpoint_is_loaded_onto_this_ranks_device(tmp_path):
     from gaplan.runs.folder import CHECKPOINT
     from gaplan.training.checkpoint import load_checkpoint, save_checkpoint

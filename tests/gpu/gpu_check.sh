@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
-# The GPU acceptance run: every gpu-marked test on one CUDA device, then a table of what each measured.
-# Usage (from the repository root, in the venv with a CUDA build of torch): bash tests/gpu/gpu_check.sh
-# Takes a few minutes on one GPU; exits non-zero when a check fails (the table still prints).
+# The GPU acceptance run: every gpu-marked check once, on one CUDA device, and one row per check.
+# Usage (from anywhere, with a CUDA build of torch): bash tests/gpu/gpu_check.sh [TABLE.md]
+# Refuses a machine without CUDA (exit 2, one line). Writes the table to TABLE.md (default gpu_check.md in the
+# current folder) and to stdout; exits non-zero when a check fails, after the table.
 set -uo pipefail
+table=$(realpath -m "${1:-gpu_check.md}")
 cd "$(dirname "$0")/../.."
-log=$(mktemp)
-python - <<'PY'
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+header=$(python3 - <<'PY'
+import sys
+
 import torch
-print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
-      f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device'}")
+
+if not torch.cuda.is_available():
+    build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}, no device visible"
+    print(f"gpu_check: no CUDA device here (torch {torch.__version__}, {build}): nothing was checked", file=sys.stderr)
+    sys.exit(2)
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)}")
 PY
-timeout 480 python -m pytest -q -s -m gpu -p no:cacheprovider tests/gpu tests/devices 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
+) || exit 2
+{ echo "$header"; echo; echo "| check | result | measured |"; echo "|---|---|---|"; } > "$table"
+GAPLAN_GPU_TABLE="$table" timeout 480 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/gpu > "$table.log" 2>&1
+status=$?
+if [ "$status" -eq 124 ]; then echo "| the run | FAIL | stopped after 480 s: the checks without a row did not finish |" >> "$table"; fi
+if ! grep -q '^| test' "$table"; then echo "| the run | FAIL | no check ran (exit $status): see $table.log |" >> "$table"; status=1; fi
+cat "$table"
 echo
-echo "| check | result |"
-echo "|---|---|"
-grep '^GPU-CHECK |' "$log" | sed 's/^GPU-CHECK //'
-grep -E '^(FAILED|ERROR) ' "$log" | sed 's/^/| failed | /; s/$/ |/'
+echo "log: $table.log"
 exit "$status"

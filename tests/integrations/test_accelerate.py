@@ -127,3 +127,24 @@ def test_the_recipe_over_two_ddp_ranks_gives_the_gradient_of_both_ranks_samples_
     assert result["micro_batch"] * result["accumulation"] * result["world"] == 64
     assert result["accelerator_steps"] == result["accumulation"] > 1
     assert result["planned_worst"] < 1e-5, result
+
+
+def _bf16_micro_step(model, batch):
+    return model(batch).dtype
+
+
+def test_the_step_goes_to_a_spawned_trial_with_the_accelerators_autocast_not_the_accelerator():
+    """Where the process cannot fork, the step is pickled: it carries torch.autocast's arguments as accelerate chose
+    them (bf16 here), and autocasts with them in the new process as accelerator.autocast() does."""
+    import pickle
+
+    from gaplan.integrations.accelerate import AutocastStep, accelerator_autocast
+
+    accelerator = accelerate.Accelerator(cpu=True, mixed_precision="bf16")
+    step = pickle.loads(pickle.dumps(AutocastStep(_bf16_micro_step, accelerator_autocast(accelerator))))
+    assert step.autocast["device_type"] == "cpu" and step.autocast["dtype"] == torch.bfloat16
+    assert step(torch.nn.Linear(4, 4), torch.randn(2, 4)) == torch.bfloat16
+    with accelerator.autocast():
+        assert _bf16_micro_step(torch.nn.Linear(4, 4), torch.randn(2, 4)) == torch.bfloat16
+    accelerate.state.AcceleratorState._reset_state(True)
+    assert accelerator_autocast(accelerate.Accelerator(cpu=True)) is None  # no mixed precision: no autocast

@@ -125,6 +125,22 @@ def test_in_a_long_lived_process_the_callback_sets_the_split_of_the_effective_ba
 
 
 @pytest.mark.slow
+def test_where_the_trainer_cannot_fork_the_trials_are_spawned_with_the_module_pickled():
+    """The CUDA path (Lightning sets the card before any callback runs, so its process cannot fork), run on CPU:
+    each trial is a new interpreter that gets the module, the precision plugin and the largest samples pickled."""
+    trials = []
+    callback = GaplanBatchSize(8, memory_limit=SMALL_BUDGET // 4, threads=1, start="spawn", on_trial=trials.append)
+    module = GptModule(samples=32)
+    trainer = quiet_trainer(max_steps=1, callbacks=[callback])
+    trainer.fit(module)
+    assert callback.result.spawned and trials and all(t.fits and t.peak_bytes > 0 for t in trials)
+    assert callback.plan.micro_batch * trainer.accumulate_grad_batches == 8 and trainer.global_step == 1
+    with pytest.raises(GaplanError, match="make_batch must be picklable there"):
+        quiet_trainer(max_steps=1, callbacks=[GaplanBatchSize(8, start="spawn", make_batch=lambda b: None)]).fit(
+            GptModule(samples=32))
+
+
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_under_two_ddp_ranks_every_rank_takes_the_smallest_edge_and_the_step_is_one_full_batch():
     """torchrun, 2 CPU ranks (gloo): rank 1 has the smaller budget; both train at its edge, the effective batch kept,

@@ -44,17 +44,26 @@ def _tiny():
 
 
 @pytest.mark.slow
-def test_plan_training_arguments_in_trainer_mode_plans_from_the_trainers_own_edge(tmp_path):
+@pytest.mark.parametrize("given", ["arguments", "a function that builds them"])
+def test_plan_training_arguments_in_trainer_mode_plans_from_the_trainers_own_edge(tmp_path, given):
+    """The arguments as built, or (as on a CUDA machine, where building them sets the device) the function that
+    builds them, called in the trials and at the end only."""
     from gaplan.integrations.transformers import plan_training_arguments
 
     rows = [{"input_ids": torch.randint(0, 300, (32,)), "labels": torch.randint(0, 300, (32,))} for _ in range(8)]
-    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], save_strategy="no",
-                                          disable_tqdm=True, remove_unused_columns=False, dataloader_pin_memory=False)
+
+    def build():
+        return transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[],
+                                              save_strategy="no", disable_tqdm=True, remove_unused_columns=False,
+                                              dataloader_pin_memory=False)
+
+    args = build() if given == "arguments" else build
     planned = plan_training_arguments(_tiny, args, 64, probe="trainer", train_dataset=rows, memory_limit="256MiB",
                                       data_collator=lambda batch: {k: torch.stack([r[k] for r in batch])
                                                                    for k in ("input_ids", "labels")})
     assert planned.per_device_train_batch_size * planned.gradient_accumulation_steps == 64
     assert planned.per_device_train_batch_size >= 1 and not planned.auto_find_batch_size
+    assert isinstance(planned, transformers.TrainingArguments) and planned.use_cpu
 
 
 def test_trainer_mode_needs_the_model_and_the_data(tmp_path):
