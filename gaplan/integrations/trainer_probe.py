@@ -132,7 +132,7 @@ def launch_world_size() -> int:
 
 
 def built_arguments(args: Any) -> Any:
-    """``args`` as ``TrainingArguments``: given so, or built by the function given (``args_init``)."""
+    """``args`` as ``TrainingArguments``: given so, or built by the function given."""
     return args() if _is_init(args) else args
 
 

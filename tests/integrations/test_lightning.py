@@ -124,6 +124,7 @@ def test_in_a_long_lived_process_the_callback_sets_the_split_of_the_effective_ba
     assert trainer.global_step == 1 and trainer.train_dataloader.batch_size == module.batch_size
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_where_the_trainer_cannot_fork_the_trials_are_spawned_with_the_module_pickled():
     """The CUDA path (Lightning sets the card before any callback runs, so its process cannot fork), run on CPU:

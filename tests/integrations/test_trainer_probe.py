@@ -44,7 +44,7 @@ def _tiny():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("given", ["arguments", "a function that builds them"])
+@pytest.mark.parametrize("given", [pytest.param("arguments", marks=pytest.mark.heavy), "a function that builds them"])
 def test_plan_training_arguments_in_trainer_mode_plans_from_the_trainers_own_edge(tmp_path, given):
     """The arguments as built, or (as on a CUDA machine, where building them sets the device) the function that
     builds them, called in the trials and at the end only."""
