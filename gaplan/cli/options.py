@@ -14,7 +14,7 @@ from gaplan.core.disk import FAULTS
 from gaplan.core.errors import GaplanError
 from gaplan.core.units import parse_bytes
 
-WORKLOAD_HELP = "Presets: tiny-gpt2 (default), small-gpt2, tiny-llama, tiny-bert-mlm, tiny-bert-cls."
+WORKLOAD_HELP = "Presets: tiny-gpt2 (default), small-gpt2, tiny-llama, tiny-bert-mlm, tiny-bert-cls, tiny-t5."
 
 
 def workload_options(func: Callable) -> Callable:
@@ -24,8 +24,13 @@ def workload_options(func: Callable) -> Callable:
                      help="A preset, a Hugging Face model directory or cached id, or module:function. "
                           + WORKLOAD_HELP),
         click.option("--task", default=None, metavar="TASK",
-                     help="causal-lm, masked-lm or classification (default: the model's own)."),
-        click.option("--seq-len", type=int, default=None, help="Sequence length of every sample (default: preset's)."),
+                     help="causal-lm, masked-lm, classification or seq2seq-lm (default: the model's own; an "
+                          "encoder-decoder such as T5 or BART is seq2seq-lm)."),
+        click.option("--seq-len", "--source-len", "seq_len", type=int, default=None,
+                     help="Sequence length of every sample; for seq2seq-lm the source (encoder) length "
+                          "(default: preset's)."),
+        click.option("--target-len", type=int, default=None,
+                     help="seq2seq-lm: the target (decoder) length (default: half the source length)."),
         click.option("--dtype", default="fp32", show_default=True, metavar="fp32|bf16|fp16",
                      help="Compute dtype (autocast; weights keep --weights-dtype)."),
         click.option("--optimizer", default="adamw", show_default=True, metavar="adamw|sgd"),
@@ -256,6 +261,16 @@ def given_on_command_line(ctx: click.Context) -> set[str]:
 
 def check_by_tokens(spec: Any, options: dict[str, Any], command: str) -> None:
     """What every ``--batch-by tokens`` probe needs: the data's lengths, one device."""
+    from gaplan.core.tasks import SEQ2SEQ_LM
+    from gaplan.workload.spec import model_source_kind
+
+    if model_source_kind(spec.model) != "function":
+        from gaplan.workload.build import model_shape
+
+        task = model_shape(spec)[0]
+    if spec.target_len is not None or (model_source_kind(spec.model) != "function" and task == SEQ2SEQ_LM):
+        raise GaplanError("--batch-by tokens budgets one length per sample; a seq2seq-lm sample has two (source and "
+                          "target), so it is not supported there: batch by samples (the default)")
     if not options["data"]:
         raise GaplanError(f"--batch-by tokens probes the token budget from the data's lengths: give --data "
                           f"(gaplan {command} --data FILE --batch-by tokens)")

@@ -9,6 +9,7 @@ import click
 from gaplan.core.lines import trial_line
 from gaplan.core.units import format_bytes
 from gaplan.plan.split import Plan
+from gaplan.workload.spec import lengths_text
 
 
 def print_probe(result, trials_shown_live: bool) -> None:
@@ -16,7 +17,7 @@ def print_probe(result, trials_shown_live: bool) -> None:
     spec = result.workload
     note = " (default CPU budget; set --memory-limit to change it)" if result.budget_is_default else ""
     click.echo(f"model      {spec.model}  ({result.task}, {result.param_count / 1e6:.1f}M parameters, "
-               f"seq len {result.seq_len}, {spec.dtype}, {spec.optimizer})")
+               f"{lengths_text(result.task, result.seq_len, spec.target_len)}, {spec.dtype}, {spec.optimizer})")
     ranks = getattr(result, "trial_ranks", 1)
     per_rank = " per rank" if ranks > 1 else ""
     click.echo(f"device     {result.device}, budget {format_bytes(result.memory_limit_bytes)}{per_rank}{note}")
@@ -148,7 +149,8 @@ def print_estimate(result) -> None:
     where = result.target or ("a CPU process" if result.device_kind == "cpu" else "the given limit")
     sharded = spec.get("parallel") == "fsdp"
     click.echo(f"model      {spec['model']}  ({result.task}, {result.param_count / 1e6:.1f}M parameters, "
-               f"seq len {result.seq_len}, {spec['dtype']}, {spec['optimizer']})")
+               f"{lengths_text(result.task, result.seq_len, spec.get('target_len'))}, {spec['dtype']}, "
+               f"{spec['optimizer']})")
     per_rank = " per rank" if result.world_size > 1 else ""
     click.echo(f"device     {where}: {format_bytes(result.memory_limit_bytes)}, usable "
                f"{format_bytes(result.usable_bytes)}{per_rank}")

@@ -7,5 +7,6 @@ IGNORE_INDEX = -100  # a label position without a target (padding, unmasked MLM 
 CAUSAL_LM = "causal-lm"
 MASKED_LM = "masked-lm"
 CLASSIFICATION = "classification"
+SEQ2SEQ_LM = "seq2seq-lm"  # an encoder-decoder (T5, BART, Pegasus): the loss is over the decoder's target tokens
 CUSTOM = "custom"  # a module:function workload: its own loss
-TASKS = (CAUSAL_LM, MASKED_LM, CLASSIFICATION)
+TASKS = (CAUSAL_LM, MASKED_LM, CLASSIFICATION, SEQ2SEQ_LM)

@@ -25,16 +25,16 @@ import torch
 from torch import nn
 
 from gaplan.core.errors import GaplanError
-from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, CUSTOM, IGNORE_INDEX, MASKED_LM
+from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, CUSTOM, IGNORE_INDEX, MASKED_LM, SEQ2SEQ_LM
 from gaplan.workload.loss import summed_token_loss
 from gaplan.workload.model_io import load_pretrained, quiet_transformers, weights_files
-from gaplan.workload.spec import DEFAULT_MODEL, PRESETS, WorkloadSpec, model_source_kind
+from gaplan.workload.spec import DEFAULT_MODEL, PRESETS, WorkloadSpec, default_target_len, model_source_kind
 
 __all__ = ["DEFAULT_MODEL", "PRESETS", "WorkloadSpec", "model_source_kind"]  # re-exported: the spec is data
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # the names of DTYPE_NAMES
 _AUTO_CLASS = {CAUSAL_LM: "AutoModelForCausalLM", MASKED_LM: "AutoModelForMaskedLM",
-               CLASSIFICATION: "AutoModelForSequenceClassification"}
+               CLASSIFICATION: "AutoModelForSequenceClassification", SEQ2SEQ_LM: "AutoModelForSeq2SeqLM"}
 _MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
@@ -144,7 +144,8 @@ def load_model_config(spec: WorkloadSpec) -> tuple[Any, str, int]:
         known = ", ".join(PRESETS)
         raise GaplanError(f"unknown model {spec.model!r}: not a preset ({known}), not a directory, "
                           "not in the local Hugging Face cache, and not module:function") from None
-    task = spec.task or _task_from_architectures(getattr(config, "architectures", None) or [])
+    task = spec.task or (SEQ2SEQ_LM if getattr(config, "is_encoder_decoder", False) else
+                         _task_from_architectures(getattr(config, "architectures", None) or []))
     return config, task, 512
 
 
@@ -153,6 +154,23 @@ def model_shape(spec: WorkloadSpec) -> tuple[str, int, int, int]:
     config, task, default_seq_len = load_model_config(spec)
     seq_len = spec.seq_len or min(default_seq_len, _max_positions(config) or default_seq_len)
     return task, seq_len, int(config.vocab_size), int(getattr(config, "num_labels", 2))
+
+
+def target_length(spec: WorkloadSpec, task: str, seq_len: int) -> int | None:
+    """A seq2seq-lm workload's target (decoder) length: ``spec.target_len``, else half the source; None otherwise."""
+    if task != SEQ2SEQ_LM:
+        if spec.target_len is not None:
+            raise GaplanError(f"--target-len applies to seq2seq-lm models; {spec.model} trains as {task}")
+        return None
+    return spec.target_len or default_target_len(seq_len)
+
+
+def decoder_inputs(module: nn.Module, labels: torch.Tensor) -> torch.Tensor:
+    """The decoder's inputs for ``labels``, by the model's own shift (``prepare_decoder_input_ids_from_labels``:
+    the start token, then the labels less the last, -100 as padding), through DDP's and peft's wrappers."""
+    while not hasattr(module, "prepare_decoder_input_ids_from_labels") and hasattr(module, "module"):
+        module = module.module
+    return module.prepare_decoder_input_ids_from_labels(labels=labels)
 
 
 def _task_from_architectures(architectures: list[str]) -> str:
@@ -193,8 +211,10 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
     config, task, default_seq_len = load_model_config(spec)
     seq_len = spec.seq_len or min(default_seq_len, _max_positions(config) or default_seq_len)
     max_positions = _max_positions(config)
-    if max_positions is not None and seq_len > max_positions:
-        raise GaplanError(f"--seq-len {seq_len} is longer than the model's {max_positions} positions")
+    target_len = target_length(spec, task, seq_len)
+    for name, length in (("--seq-len", seq_len), ("--target-len", target_len)):
+        if max_positions is not None and length is not None and length > max_positions:
+            raise GaplanError(f"{name} {length} is longer than the model's {max_positions} positions")
     use_cache = getattr(config, "use_cache", True)
     config.use_cache = False  # HF models return a KV cache in training otherwise (save_model restores it)
     folder = _weights_folder(spec)
@@ -224,15 +244,17 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
     model.to(model_device).train()
     vocab_size = int(config.vocab_size)
     num_labels = int(getattr(config, "num_labels", 2))
-    make_batch = _lm_batch_maker(task, seq_len, vocab_size, num_labels, device)
+    make_batch = _lm_batch_maker(task, seq_len, vocab_size, num_labels, device, target_len)
 
     def raw_loss(module: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k in _MODEL_INPUTS}
+        if task == SEQ2SEQ_LM:  # the labels stay out of the call: the model would compute a mean loss of its own
+            inputs["decoder_input_ids"] = decoder_inputs(module, batch["labels"])
         logits = module(**inputs).logits
         return summed_token_loss(logits, batch, task)
 
     info = {"model_type": getattr(config, "model_type", "?"), "weights": "pretrained" if pretrained else "random",
-            "weights_path": folder if pretrained else None, "use_cache": use_cache}
+            "weights_path": folder if pretrained else None, "use_cache": use_cache, "target_len": target_len}
     return Workload(spec, model, make_optimizer(model, spec.optimizer, spec.learning_rate), task, seq_len, make_batch,
                     raw_loss, None, device, vocab_size, num_labels, info=info)
 
@@ -307,9 +329,10 @@ def _cached_snapshot(model_id: str) -> str | None:
         return None
 
 
-def _lm_batch_maker(task: str, seq_len: int, vocab_size: int, num_labels: int,
-                    device: torch.device) -> Callable[[int], dict[str, torch.Tensor]]:
-    """Full-length random batches: the longest a batch can be, so the probe sees the worst case."""
+def _lm_batch_maker(task: str, seq_len: int, vocab_size: int, num_labels: int, device: torch.device,
+                    target_len: int | None = None) -> Callable[[int], dict[str, torch.Tensor]]:
+    """Full-length random batches: the longest a batch can be, so the probe sees the worst case (for seq2seq-lm,
+    sources of ``seq_len`` and targets of ``target_len`` tokens)."""
     generator = torch.Generator().manual_seed(1234)
 
     def make_batch(size: int) -> dict[str, torch.Tensor]:
@@ -322,6 +345,8 @@ def _lm_batch_maker(task: str, seq_len: int, vocab_size: int, num_labels: int,
             masked = torch.rand(ids.shape, generator=generator) < 0.15
             labels[masked] = ids[masked]
             batch["labels"] = labels
+        elif task == SEQ2SEQ_LM:
+            batch["labels"] = torch.randint(0, vocab_size, (size, target_len or seq_len), generator=generator)
         else:
             batch["labels"] = torch.randint(0, num_labels, (size,), generator=generator)
         return {k: v.to(device) for k, v in batch.items()}

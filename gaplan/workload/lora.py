@@ -14,10 +14,10 @@ import os
 from typing import Any
 
 from gaplan.core.errors import GaplanError
-from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION
+from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, SEQ2SEQ_LM
 
 # peft's task types: they decide the wrapper class (and so what save_pretrained writes and from_pretrained loads).
-_TASK_TYPES = {CAUSAL_LM: "CAUSAL_LM", CLASSIFICATION: "SEQ_CLS"}
+_TASK_TYPES = {CAUSAL_LM: "CAUSAL_LM", CLASSIFICATION: "SEQ_CLS", SEQ2SEQ_LM: "SEQ_2_SEQ_LM"}
 
 
 def lora_config(spec: Any, task: str) -> Any:

@@ -10,7 +10,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 
 from gaplan.core.errors import GaplanError
-from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, MASKED_LM, TASKS
+from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, MASKED_LM, SEQ2SEQ_LM, TASKS
 
 DTYPE_NAMES = ("fp32", "bf16", "fp16")
 QUANTIZE = ("4bit",)
@@ -22,6 +22,7 @@ DEFAULT_MODEL = "tiny-gpt2"
 # then gives the same gradient as one large batch, which the tests check bit for bit.
 _NO_DROPOUT_GPT2 = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 _NO_DROPOUT_BERT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+_NO_DROPOUT_T5 = dict(dropout_rate=0.0)
 # Llama-2's published config (meta-llama/Llama-2-*-hf config.json), less its shape.
 _LLAMA_2 = dict(vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
                 pad_token_id=0, tie_word_embeddings=False)
@@ -47,6 +48,11 @@ PRESETS: dict[str, tuple[str, dict, str, int, str]] = {
                                          intermediate_size=1024, vocab_size=8192, max_position_embeddings=512,
                                          num_labels=4, **_NO_DROPOUT_BERT),
                       CLASSIFICATION, 128, "BERT style sequence classifier (4 classes), 4 layers x 256"),
+    "tiny-t5": ("T5Config", dict(d_model=256, d_kv=64, d_ff=1024, num_layers=4, num_decoder_layers=4, num_heads=4,
+                                 vocab_size=8192, feed_forward_proj="gated-gelu", decoder_start_token_id=0,
+                                 pad_token_id=0, eos_token_id=1, tie_word_embeddings=False, **_NO_DROPOUT_T5),
+                SEQ2SEQ_LM, 128, "T5 v1.1 style encoder-decoder (gated GELU), 4 + 4 layers x 256, 12M parameters; "
+                                   "targets half the source length by default"),
     # Published shapes, for planning (gaplan estimate / gaplan plan): a random init from the config, no download.
     "llama-2-7b": ("LlamaConfig", dict(_LLAMA_2, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                                        num_attention_heads=32, num_key_value_heads=32),
@@ -80,7 +86,7 @@ class WorkloadSpec:
 
     model: str = DEFAULT_MODEL
     task: str | None = None
-    seq_len: int | None = None
+    seq_len: int | None = None  # for seq2seq-lm: the source (encoder) length
     dtype: str = "fp32"
     optimizer: str = "adamw"
     # probe_key=False: no effect on memory, so a cached probe of another value still holds (same_workload).
@@ -101,6 +107,7 @@ class WorkloadSpec:
     lora_dropout: float = 0.05
     lora_targets: str | None = None
     quantize: str | None = None
+    target_len: int | None = None  # seq2seq-lm: the target (decoder) length; None: half the source length
 
     @property
     def learning_rate(self) -> float:
@@ -154,6 +161,11 @@ class WorkloadSpec:
             raise GaplanError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if self.seq_len is not None and self.seq_len < 2:
             raise GaplanError(f"--seq-len must be at least 2 (got {self.seq_len})")
+        if self.target_len is not None and self.target_len < 1:
+            raise GaplanError(f"--target-len must be a positive integer (got {self.target_len})")
+        task = self.task or (PRESETS[self.model][2] if self.model in PRESETS else None)
+        if self.target_len is not None and task not in (None, SEQ2SEQ_LM):
+            raise GaplanError(f"--target-len applies to seq2seq-lm models; {self.model} trains as {task}")
         if self.lr is not None and not self.lr > 0:
             raise GaplanError(f"--lr must be positive (got {self.lr})")
         if kind == "function" and self.task is not None:
@@ -196,6 +208,18 @@ class WorkloadSpec:
         if self.lora_targets.strip() == "all-linear":
             return "all-linear"
         return [t.strip() for t in self.lora_targets.split(",") if t.strip()]
+
+
+def lengths_text(task: str | None, seq_len: int | None, target_len: int | None) -> str:
+    """``seq len 128``, or for seq2seq-lm ``source 128, target 64`` (the target's default: half the source)."""
+    if task == SEQ2SEQ_LM and seq_len:
+        return f"source {seq_len}, target {target_len or default_target_len(seq_len)}"
+    return f"seq len {seq_len}"
+
+
+def default_target_len(seq_len: int) -> int:
+    """A seq2seq-lm target's length when none is given: half the source's."""
+    return max(1, seq_len // 2)
 
 
 def model_source_kind(model: str) -> str:
