@@ -59,6 +59,28 @@ def gpt2_config(vocab_size: int, **overrides):
     return transformers.GPT2Config(**kwargs)
 
 
+def bart_config(vocab_size: int, **overrides):
+    """A small BART (encoder-decoder, learned positions, ``shift_tokens_right``), without dropout."""
+    import transformers
+
+    kwargs = dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                  decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=vocab_size,
+                  max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                  decoder_start_token_id=2, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                  architectures=["BartForConditionalGeneration"])
+    kwargs.update(overrides)
+    return transformers.BartConfig(**kwargs)
+
+
+def make_bart_folder(path: str, with_tokenizer: bool = False, vocab_size: int = 300, **overrides) -> str:
+    """A BART seq2seq folder (config only: probes and estimates need no weights)."""
+    os.makedirs(path, exist_ok=True)
+    if with_tokenizer:
+        vocab_size = len(make_tokenizer(path))
+    bart_config(vocab_size, **overrides).save_pretrained(path)
+    return str(path)
+
+
 def _make_folder(path: str, make_config, with_weights: bool, with_tokenizer: bool, sharded: bool, seed: int,
                  vocab_size: int) -> str:
     import torch

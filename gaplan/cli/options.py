@@ -111,6 +111,8 @@ def data_options(func: Callable) -> Callable:
         click.option("--text-field", default="text", show_default=True,
                      help="The text field of JSONL, datasets or parquet data."),
         click.option("--label-field", default="label", show_default=True, help="The label field (classification)."),
+        click.option("--target-field", default="target", show_default=True,
+                     help="The target text's field (seq2seq-lm; --text-field is the source's)."),
         click.option("--long-samples", type=click.Choice(["split", "truncate"]), default="split", show_default=True,
                      help="Samples longer than --seq-len: split into seq-len chunks, or truncate them."),
         click.option("--tokenizer", default=None, metavar="bytes|DIR",

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, IGNORE_INDEX, MASKED_LM
+from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, IGNORE_INDEX, MASKED_LM, SEQ2SEQ_LM
 from gaplan.data.corpus import SYNTHETIC_MASK_ID, Sample
 
 PAD_ID = 0
@@ -95,6 +95,8 @@ def collate(samples: Sequence[Sample], task: str, seed: int = 0, mask_id: int | 
 
     Masked LM replaces 15% of each sample's tokens (at least one, seeded per sample) by ``mask_id``:
     the tokenizer's mask token (:attr:`TextCorpus.mask_id`); the default suits the synthetic corpus.
+    seq2seq-lm: the labels are the targets padded with -100 to the longest target; the model's own shift makes the
+    decoder's inputs from them (:func:`gaplan.workload.build.decoder_inputs`).
     """
     longest = max(len(s.ids) for s in samples)
     ids = torch.full((len(samples), longest), pad_id, dtype=torch.long)
@@ -119,4 +121,9 @@ def collate(samples: Sequence[Sample], task: str, seed: int = 0, mask_id: int | 
         batch["input_ids"], batch["labels"] = inputs, labels
     elif task == CLASSIFICATION:
         batch["labels"] = torch.tensor([s.label for s in samples])
+    elif task == SEQ2SEQ_LM:
+        labels = torch.full((len(samples), max(len(s.target) for s in samples)), IGNORE_INDEX, dtype=torch.long)
+        for row, sample in enumerate(samples):
+            labels[row, : len(sample.target)] = torch.tensor(sample.target, dtype=torch.long)
+        batch["labels"] = labels
     return batch

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gaplan.core.errors import GaplanError
-from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION
+from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, SEQ2SEQ_LM
 from gaplan.data.readers import Record, read_records
 from gaplan.data.tokenizer import Tokenizer, byte_tokenizer, has_tokenizer, load_tokenizer
 
@@ -26,24 +26,28 @@ _ALPHABET = 250  # synthetic tokens are 1..250: small enough for a tiny model to
 
 @dataclass(frozen=True)
 class Sample:
-    """One example: token ids (no padding) and, for classification, a label."""
+    """One example: token ids (no padding), for classification a label, for seq2seq-lm the target's token ids."""
 
     ids: tuple[int, ...]
     label: int = 0
+    target: tuple[int, ...] = ()
 
 
 class SyntheticCorpus:
     """Arithmetic sequences of varied length: token t = 1 + (a + d*t) mod 250, class = which stride d.
 
     Learnable (the stride shows after two tokens), with lengths from a quarter of
-    ``seq_len`` to all of it, so batches really need padding.
+    ``seq_len`` to all of it, so batches really need padding. With ``target_len`` (seq2seq-lm) each sample's target is
+    the sequence's continuation, from a quarter of ``target_len`` tokens to all of it.
     """
 
     pad_id = 0
     mask_id = SYNTHETIC_MASK_ID
 
-    def __init__(self, seq_len: int, num_labels: int = 4, size: int = 1 << 20, seed: int = 0) -> None:
+    def __init__(self, seq_len: int, num_labels: int = 4, size: int = 1 << 20, seed: int = 0,
+                 target_len: int | None = None) -> None:
         self.seq_len, self.num_labels, self.size, self.seed = seq_len, min(num_labels, len(_STRIDES)), size, seed
+        self.target_len = target_len
 
     def __len__(self) -> int:
         return self.size
@@ -53,7 +57,9 @@ class SyntheticCorpus:
         length = rng.randint(max(2, self.seq_len // 4), self.seq_len)
         label = rng.randrange(self.num_labels)
         start, stride = rng.randrange(_ALPHABET), _STRIDES[label]
-        return Sample(tuple(1 + (start + stride * t) % _ALPHABET for t in range(length)), label)
+        targets = rng.randint(max(1, self.target_len // 4), self.target_len) if self.target_len else 0
+        tokens = tuple(1 + (start + stride * t) % _ALPHABET for t in range(length + targets))
+        return Sample(tokens[:length], label, tokens[length:])
 
 
 @dataclass
@@ -105,7 +111,8 @@ class TextCorpus:
     def __init__(self, path: str | None, seq_len: int, vocab_size: int | None = None,
                  tokenizer_dir: str | None = None, *, records: Sequence[Record] | None = None,
                  tokenizer: Tokenizer | None = None, task: str = CAUSAL_LM, num_labels: int | None = None,
-                 long_samples: str = "split", text_field: str = "text", label_field: str = "label") -> None:
+                 long_samples: str = "split", text_field: str = "text", label_field: str = "label",
+                 target_len: int | None = None, target_field: str = "target") -> None:
         if long_samples not in LONG_SAMPLES:
             raise GaplanError(f"long samples: '{long_samples}' is not one of {', '.join(LONG_SAMPLES)}")
         if seq_len < MIN_TOKENS:
@@ -123,11 +130,18 @@ class TextCorpus:
         if records is None:
             if path is None:
                 raise GaplanError("TextCorpus needs a path or records")
-            records = read_records(path, text_field, label_field if task == CLASSIFICATION else None)
+            records = read_records(path, text_field, *_second_field(task, label_field, target_field))
         if not records:
             raise GaplanError(f"--data {self.source}: no text in it")
         self.text_tokenizer, self.tokenizer = tokenizer, tokenizer.name
         self.pad_id, self.mask_id = tokenizer.pad_id, tokenizer.mask_id
+        if task == SEQ2SEQ_LM:
+            self.stats = CorpusStats(read=len(records))
+            self.samples = self._pairs(records, seq_len, target_len or seq_len, long_samples, target_field)
+            self.stats.samples = len(self.samples)
+            if not self.samples:
+                raise GaplanError(f"--data {self.source}: every source is empty")
+            return
         labels = [_label(r, self.source, num_labels) for r in records] if task == CLASSIFICATION \
             else [0] * len(records)
         self.stats = CorpusStats(read=len(records))
@@ -157,6 +171,33 @@ class TextCorpus:
                     samples.append(Sample(tuple(chunk), label))
         return samples
 
+    def _pairs(self, records: Sequence[Record], seq_len: int, target_len: int, long_samples: str,
+               target_field: str) -> list[Sample]:
+        """Source/target pairs; a pair longer than its lengths is truncated, or refused: it cannot be split."""
+        for record in records:
+            if not isinstance(record.label, str) or not record.label.strip():
+                raise GaplanError(f"--data {self.source}: {record.where}: the target ('{target_field}') is "
+                                  f"{'empty' if isinstance(record.label, str) else type(record.label).__name__}: "
+                                  "a seq2seq-lm sample needs a target text")
+        sources = self.text_tokenizer.encode([r.text for r in records])
+        targets = self.text_tokenizer.encode([r.label for r in records])
+        samples, stats = [], self.stats
+        for record, source, target in zip(records, sources, targets, strict=True):
+            if not source:
+                stats.too_short += 1
+                continue
+            if len(source) > seq_len or len(target) > target_len:
+                if long_samples != "truncate":
+                    side, length, limit = (("target", len(target), f"--target-len {target_len}")
+                                           if len(target) > target_len else
+                                           ("source", len(source), f"--source-len {seq_len}"))
+                    raise GaplanError(f"--data {self.source}: {record.where}: its {side} has {length} tokens, more "
+                                      f"than {limit}; a source/target pair cannot be split: pass --long-samples "
+                                      "truncate to cut it, or a longer length")
+                stats.truncated += 1
+            samples.append(Sample(tuple(source[:seq_len]), 0, tuple(target[:target_len])))
+        return samples
+
     def __len__(self) -> int:
         return len(self.samples)
 
@@ -166,6 +207,14 @@ class TextCorpus:
     def describe(self) -> str:
         """One line: what was read, what became of it, and which tokenizer."""
         return f"data: {self.stats.describe()} in {self.source}, tokenizer {self.tokenizer}"
+
+
+def _second_field(task: str, label_field: str, target_field: str) -> tuple[str | None, str]:
+    """What :func:`read_records` reads besides the text (classification's label, seq2seq's target, or nothing), and
+    the option that names it."""
+    if task == SEQ2SEQ_LM:
+        return target_field, "--target-field"
+    return label_field if task == CLASSIFICATION else None, "--label-field"
 
 
 def _label(record: Record, source: str, num_labels: int | None) -> int:
@@ -183,7 +232,8 @@ def _label(record: Record, source: str, num_labels: int | None) -> int:
 def load_corpus(path: str, *, seq_len: int, vocab_size: int | None, task: str = CAUSAL_LM,
                 num_labels: int | None = None, tokenizer_dir: str | None = None, tokenizer_choice: str | None = None,
                 text_field: str = "text", label_field: str = "label", long_samples: str = "split",
-                trust_remote_code: bool = False) -> TextCorpus:
+                trust_remote_code: bool = False, target_len: int | None = None,
+                target_field: str = "target") -> TextCorpus:
     """Read and check ``--data`` without a model run: call it before probing.
 
     ``tokenizer_dir`` is the model folder (``None`` for a preset), ``tokenizer_choice`` the
@@ -198,6 +248,7 @@ def load_corpus(path: str, *, seq_len: int, vocab_size: int | None, task: str = 
         raise GaplanError(f"--data {path}: cannot read it (no such file or folder)")
     tokenizer = load_tokenizer(tokenizer_dir, tokenizer_choice, trust_remote_code)
     tokenizer.check_fits(vocab_size, task)  # before reading: a wrong tokenizer is found fast
-    records = read_records(path, text_field, label_field if task == CLASSIFICATION else None)
+    records = read_records(path, text_field, *_second_field(task, label_field, target_field))
     return TextCorpus(path, seq_len, vocab_size, records=records, tokenizer=tokenizer, task=task,
-                      num_labels=num_labels, long_samples=long_samples)
+                      num_labels=num_labels, long_samples=long_samples, target_len=target_len,
+                      target_field=target_field)

@@ -44,8 +44,10 @@ def data_format(path: str) -> str:
     return "text"
 
 
-def read_records(path: str, text_field: str = "text", label_field: str | None = None) -> list[Record]:
-    """Every record of ``path``, with its ``label_field`` when given (classification), else no label.
+def read_records(path: str, text_field: str = "text", label_field: str | None = None,
+                 label_option: str = "--label-field") -> list[Record]:
+    """Every record of ``path``, with its ``label_field`` when given (classification's label, seq2seq's target, named
+    ``label_option`` in the messages), else no label.
 
     Raises :class:`GaplanError` with one line for anything wrong with the data: unreadable, a JSONL
     line that is not an object with the field (naming the line), a folder or parquet file without the
@@ -54,9 +56,9 @@ def read_records(path: str, text_field: str = "text", label_field: str | None = 
     """
     kind = data_format(path)
     if kind == "datasets":
-        return _read_dataset_folder(path, text_field, label_field)
+        return _read_dataset_folder(path, text_field, label_field, label_option)
     if kind == "parquet":
-        return _read_parquet(path, text_field, label_field)
+        return _read_parquet(path, text_field, label_field, label_option)
     try:
         with open(path, encoding="utf-8") as handle:
             lines = handle.read().splitlines()
@@ -64,13 +66,15 @@ def read_records(path: str, text_field: str = "text", label_field: str | None = 
         raise GaplanError(f"--data {path}: cannot read it ({exc.__class__.__name__}: {one_line(exc)})") from None
     if kind == "text":
         if label_field is not None:
-            raise GaplanError(f"--data {path}: a text file has no labels; classification reads JSONL, a datasets "
-                              f"folder or a parquet file with a '{label_field}' field")
+            raise GaplanError(f"--data {path}: a text file has no '{label_field}' field ({label_option}); give JSONL, "
+                              f"a datasets folder or a parquet file with one")
         return [Record(line, None, f"line {n}") for n, line in enumerate(lines, 1) if line.strip()]
-    return [_json_record(line, path, n, text_field, label_field) for n, line in enumerate(lines, 1) if line.strip()]
+    return [_json_record(line, path, n, text_field, label_field, label_option)
+            for n, line in enumerate(lines, 1) if line.strip()]
 
 
-def _json_record(line: str, path: str, number: int, text_field: str, label_field: str | None) -> Record:
+def _json_record(line: str, path: str, number: int, text_field: str, label_field: str | None,
+                 label_option: str) -> Record:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -84,14 +88,15 @@ def _json_record(line: str, path: str, number: int, text_field: str, label_field
     if label_field is None:
         return Record(text, None, f"line {number}")
     if label_field not in record:
-        raise GaplanError(f"--data {path}: line {number} has no '{label_field}' field (classification needs one; "
+        raise GaplanError(f"--data {path}: line {number} has no '{label_field}' field ({label_option} names it; "
                           f"it has: {', '.join(map(str, record))})")
     return Record(text, record[label_field], f"line {number}")
 
 
-def _columns(path: str, available: list[str], text_field: str, label_field: str | None) -> list[str]:
+def _columns(path: str, available: list[str], text_field: str, label_field: str | None,
+             label_option: str) -> list[str]:
     wanted = [text_field] + ([label_field] if label_field is not None else [])
-    for field, option in zip(wanted, ("--text-field", "--label-field"), strict=False):
+    for field, option in zip(wanted, ("--text-field", label_option), strict=False):
         if field not in available:
             raise GaplanError(f"--data {path} has no column '{field}' (its columns: {', '.join(available)}); "
                               f"name the one to use with {option}")
@@ -122,7 +127,7 @@ def _quiet_datasets(datasets: Any) -> Iterator[None]:
             utils.enable_progress_bars()
 
 
-def _read_dataset_folder(path: str, text_field: str, label_field: str | None) -> list[Record]:
+def _read_dataset_folder(path: str, text_field: str, label_field: str | None, label_option: str) -> list[Record]:
     try:
         import datasets
     except ImportError:
@@ -142,18 +147,18 @@ def _read_dataset_folder(path: str, text_field: str, label_field: str | None) ->
             else:
                 raise GaplanError(f"--data {path} holds the splits {', '.join(splits)} and none is 'train': "
                                   f"give the one to train on as --data {os.path.join(path, splits[0])} (or another)")
-        wanted = _columns(path, list(loaded.column_names), text_field, label_field)
+        wanted = _columns(path, list(loaded.column_names), text_field, label_field, label_option)
         return _rows(path, loaded.select_columns(wanted).to_dict(), text_field, label_field)
 
 
-def _read_parquet(path: str, text_field: str, label_field: str | None) -> list[Record]:
+def _read_parquet(path: str, text_field: str, label_field: str | None, label_option: str) -> list[Record]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise GaplanError(f"reading {path} needs the datasets extra: {DATA_EXTRA}") from None
     try:
         names = list(pq.read_schema(path).names)
-        wanted = _columns(path, names, text_field, label_field)
+        wanted = _columns(path, names, text_field, label_field, label_option)
         table = pq.read_table(path, columns=wanted)
     except GaplanError:
         raise

@@ -17,6 +17,7 @@ class DataSource:
     path: str | None = option(None, resume="fixed", name="data")
     text_field: str = option("text", resume="fixed")
     label_field: str = option("label", resume="fixed")
+    target_field: str = option("target", resume="fixed")  # seq2seq-lm: the target text's field
     long_samples: str = option("split", resume="fixed")  # or "truncate"
     tokenizer: str | None = option(None, resume="fixed")  # None: the model folder's own; "bytes"; or a folder
 

@@ -248,7 +248,8 @@ def _check_corpus(corpus: Any, spec: WorkloadSpec, options: TrainOptions, worklo
     from gaplan.workload.spec import model_source_kind
 
     if corpus is None and model_source_kind(spec.model) != "function":
-        corpus = SyntheticCorpus(workload.seq_len, workload.num_labels or 4, seed=options.seed)
+        corpus = SyntheticCorpus(workload.seq_len, workload.num_labels or 4, seed=options.seed,
+                                 target_len=workload.info.get("target_len"))
     # The longest sample the steps can hold: the data's (read already), else a full-length synthetic one.
     longest = max(map(len, (s.ids for s in corpus.samples))) if isinstance(corpus, TextCorpus) else workload.seq_len
     if options.token_budget and longest and options.token_budget < longest:

@@ -18,7 +18,7 @@ def read_training_data(spec: WorkloadSpec, source: DataSource, say: Say):
     """
     from gaplan.data import load_corpus
     from gaplan.data.lengths import DataLengths, save_lengths
-    from gaplan.workload.build import model_shape
+    from gaplan.workload.build import model_shape, target_length
 
     if not source.path:
         return None
@@ -27,7 +27,8 @@ def read_training_data(spec: WorkloadSpec, source: DataSource, say: Say):
     corpus = load_corpus(source.path, seq_len=seq_len, vocab_size=vocab_size, task=task, num_labels=num_labels,
                          tokenizer_dir=_tokenizer_dir(spec), tokenizer_choice=source.tokenizer,
                          text_field=source.text_field, label_field=source.label_field,
-                         long_samples=source.long_samples, trust_remote_code=spec.trust_remote_code)
+                         long_samples=source.long_samples, trust_remote_code=spec.trust_remote_code,
+                         target_len=target_length(spec, task, seq_len), target_field=source.target_field)
     say(corpus.describe())
     save_lengths(_lengths_cache(spec, source, task, seq_len),
                  DataLengths([len(sample.ids) for sample in corpus.samples], corpus.stats, corpus.tokenizer,

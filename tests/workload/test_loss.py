@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, IGNORE_INDEX, MASKED_LM
+from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, IGNORE_INDEX, MASKED_LM, SEQ2SEQ_LM
 from gaplan.data import SyntheticCorpus, collate
 from gaplan.training.step import accumulate_gradients
 from gaplan.workload.build import WorkloadSpec, build_workload
@@ -25,7 +25,7 @@ def step_gradient(workload, batches, loss_is_scaled_for_ga=None, raw_loss=None):
 
 
 def padded_batches(task, sizes, seq_len=24, seed=0):
-    corpus = SyntheticCorpus(seq_len, num_labels=4, seed=seed)
+    corpus = SyntheticCorpus(seq_len, num_labels=4, seed=seed, target_len=12 if task == SEQ2SEQ_LM else None)
     samples = [corpus[i] for i in range(sum(sizes))]
     whole = collate(samples, task)
     parts, offset = [], 0
@@ -44,14 +44,14 @@ def assert_equivalent(big, accumulated, name):
 def models():
     torch.manual_seed(0)
     built = {}
-    for name, seq in (("tiny-gpt2", 24), ("tiny-bert-mlm", 24), ("tiny-bert-cls", 24)):
+    for name, seq in (("tiny-gpt2", 24), ("tiny-bert-mlm", 24), ("tiny-bert-cls", 24), ("tiny-t5", 24)):
         workload = build_workload(WorkloadSpec(model=name, seq_len=seq, optimizer="sgd"), "cpu")
         workload.model.eval()  # no dropout: the same function on both sides
         built[workload.task] = workload
     return built
 
 
-@pytest.mark.parametrize("task", [CAUSAL_LM, MASKED_LM, CLASSIFICATION])
+@pytest.mark.parametrize("task", [CAUSAL_LM, MASKED_LM, CLASSIFICATION, SEQ2SEQ_LM])
 @pytest.mark.parametrize("sizes", [(4, 4, 4, 4), (6, 5, 5), (9, 7)])
 def test_accumulation_equals_big_batch(models, task, sizes):
     workload = models[task]
@@ -85,6 +85,27 @@ def test_causal_loss_is_transformers_own_loss_summed(models):
         output = workload.model(**whole)
         summed = summed_token_loss(output.logits, whole, CAUSAL_LM)
     torch.testing.assert_close(summed / count_targets(whole, CAUSAL_LM), output.loss, rtol=1e-6, atol=0)
+
+
+def test_seq2seq_loss_is_the_models_own_loss_summed_over_decoder_targets(models, tmp_path):
+    """T5's and BART's own loss (labels given, the model shifting them itself) is gaplan's summed loss over the
+    targets (-100 padding excluded) divided by their count: the same decoder inputs, the same targets."""
+    from gaplan.workload.loss import summed_token_loss
+
+    from ..model_folders import make_bart_folder
+
+    bart = build_workload(WorkloadSpec(model=make_bart_folder(str(tmp_path / "bart"), vocab_size=256), seq_len=24),
+                          "cpu")
+    bart.model.eval()
+    for workload in (models[SEQ2SEQ_LM], bart):
+        whole, _ = padded_batches(SEQ2SEQ_LM, (7,))
+        assert (whole["labels"] == IGNORE_INDEX).any()  # uneven targets: padding is in the batch
+        with torch.no_grad():
+            own = workload.model(**whole).loss
+            summed = workload.raw_loss(workload.model, whole)
+        torch.testing.assert_close(summed / count_targets(whole, SEQ2SEQ_LM), own, rtol=1e-5, atol=0)
+        assert count_targets(whole, SEQ2SEQ_LM) == int((whole["labels"] != IGNORE_INDEX).sum())
+    assert bart.task == SEQ2SEQ_LM and bart.info["target_len"] == 12  # from is_encoder_decoder; half the source
 
 
 def test_causal_count_skips_position_zero():
