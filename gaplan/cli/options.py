@@ -261,18 +261,23 @@ def given_on_command_line(ctx: click.Context) -> set[str]:
             if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
 
 
-def check_by_tokens(spec: Any, options: dict[str, Any], command: str) -> None:
-    """What every ``--batch-by tokens`` probe needs: the data's lengths, one device."""
+def check_tokens_apply(spec: Any) -> None:
+    """A token budget is one length per sample: a seq2seq-lm sample has two, so ``--batch-by tokens`` is refused."""
     from gaplan.core.tasks import SEQ2SEQ_LM
     from gaplan.workload.spec import model_source_kind
 
-    if model_source_kind(spec.model) != "function":
-        from gaplan.workload.build import model_shape
+    if model_source_kind(spec.model) == "function":
+        return
+    from gaplan.workload.build import model_shape
 
-        task = model_shape(spec)[0]
-    if spec.target_len is not None or (model_source_kind(spec.model) != "function" and task == SEQ2SEQ_LM):
+    if spec.target_len is not None or model_shape(spec)[0] == SEQ2SEQ_LM:
         raise GaplanError("--batch-by tokens budgets one length per sample; a seq2seq-lm sample has two (source and "
                           "target), so it is not supported there: batch by samples (the default)")
+
+
+def check_by_tokens(spec: Any, options: dict[str, Any], command: str) -> None:
+    """What every ``--batch-by tokens`` probe needs: the data's lengths, one device, one length per sample."""
+    check_tokens_apply(spec)
     if not options["data"]:
         raise GaplanError(f"--batch-by tokens probes the token budget from the data's lengths: give --data "
                           f"(gaplan {command} --data FILE --batch-by tokens)")

@@ -90,7 +90,6 @@ def test_causal_loss_is_transformers_own_loss_summed(models):
 def test_seq2seq_loss_is_the_models_own_loss_summed_over_decoder_targets(models, tmp_path):
     """T5's and BART's own loss (labels given, the model shifting them itself) is gaplan's summed loss over the
     targets (-100 padding excluded) divided by their count: the same decoder inputs, the same targets."""
-    from gaplan.workload.loss import summed_token_loss
 
     from ..model_folders import make_bart_folder
 
