@@ -17,20 +17,33 @@ from gaplan.core.units import parse_bytes
 WORKLOAD_HELP = "Presets: tiny-gpt2 (default), small-gpt2, tiny-llama, tiny-bert-mlm, tiny-bert-cls, tiny-t5."
 
 
+# The task and the lengths, shared by the commands that build a model and by gaplan plan.
+TASK_AND_LENGTHS = (
+    click.option("--task", default=None, metavar="TASK",
+                 help="causal-lm, masked-lm, classification or seq2seq-lm (default: the model's own; an "
+                      "encoder-decoder such as T5 or BART is seq2seq-lm)."),
+    click.option("--seq-len", "--source-len", "seq_len", type=int, default=None,
+                 help="Sequence length of every sample; for seq2seq-lm the source (encoder) length "
+                      "(default: the model's)."),
+    click.option("--target-len", type=int, default=None,
+                 help="seq2seq-lm: the target (decoder) length (default: half the source length)."),
+)
+
+
+def task_and_lengths(func: Callable) -> Callable:
+    """``--task``, ``--seq-len``/``--source-len`` and ``--target-len``."""
+    for option in reversed(TASK_AND_LENGTHS):
+        func = option(func)
+    return func
+
+
 def workload_options(func: Callable) -> Callable:
     """Options that describe what is trained, shared by every command that builds a model."""
     options = [
         click.option("--model", default="tiny-gpt2", show_default=True, metavar="NAME|DIR|MODULE:FUNC",
                      help="A preset, a Hugging Face model directory or cached id, or module:function. "
                           + WORKLOAD_HELP),
-        click.option("--task", default=None, metavar="TASK",
-                     help="causal-lm, masked-lm, classification or seq2seq-lm (default: the model's own; an "
-                          "encoder-decoder such as T5 or BART is seq2seq-lm)."),
-        click.option("--seq-len", "--source-len", "seq_len", type=int, default=None,
-                     help="Sequence length of every sample; for seq2seq-lm the source (encoder) length "
-                          "(default: preset's)."),
-        click.option("--target-len", type=int, default=None,
-                     help="seq2seq-lm: the target (decoder) length (default: half the source length)."),
+        *TASK_AND_LENGTHS,
         click.option("--dtype", default="fp32", show_default=True, metavar="fp32|bf16|fp16",
                      help="Compute dtype (autocast; weights keep --weights-dtype)."),
         click.option("--optimizer", default="adamw", show_default=True, metavar="adamw|sgd"),

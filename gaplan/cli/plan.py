@@ -15,6 +15,7 @@ from gaplan.cli.options import (
     memory_limit_from_options,
     positive,
     stderr_printer,
+    task_and_lengths,
 )
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import GaplanError
@@ -26,8 +27,7 @@ from gaplan.plan.layouts import MACHINERY, resolve_world
 @click.option("--model", default="tiny-gpt2", show_default=True, metavar="NAME|DIR|MODULE:FUNC",
               help="A preset, a Hugging Face model directory or cached id, or module:function. " + WORKLOAD_HELP
               + " Shapes to plan for: llama-2-7b, llama-2-13b, llama-2-70b.")
-@click.option("--task", default=None, metavar="TASK", help="causal-lm, masked-lm or classification (default: the model's).")
-@click.option("--seq-len", type=int, default=None, help="Sequence length of every sample (default: the model's).")
+@task_and_lengths
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True,
               help="Compute dtype; the layouts try fp32 weights with it (autocast) and pure low-precision weights.")
 @click.option("--optimizer", type=click.Choice(["adamw", "sgd"]), default="adamw", show_default=True)

@@ -33,27 +33,29 @@ from gaplan.core.errors import GaplanError
 NOT_INPUTS = ("labels", "shift_labels", "num_items_in_batch")
 
 
-@functools.lru_cache(maxsize=1)
-def trainer_class() -> type:
-    """Define ``GaplanTrainer`` (importing transformers and torch) on first use."""
+@functools.lru_cache(maxsize=2)
+def trainer_class(base: str = "Trainer") -> type:
+    """Define ``GaplanTrainer`` over transformers' ``Trainer`` (or ``GaplanSeq2SeqTrainer`` over ``Seq2SeqTrainer``,
+    ``base="Seq2SeqTrainer"``: its generation in evaluation kept) on first use, importing transformers and torch."""
     import torch
+    import transformers
     from torch import nn
-    from transformers import Trainer
     from transformers.utils import logging
 
-    from gaplan.core.tasks import TASKS
+    from gaplan.core.tasks import SEQ2SEQ_LM, TASKS
     from gaplan.integrations.transformers import infer_task
     from gaplan.training.noise_scale import NoiseScaleMeter
+    from gaplan.workload.build import decoder_inputs
     from gaplan.workload.loss import batch_size, count_step_targets, count_targets, summed_token_loss
 
     logger = logging.get_logger("gaplan")
 
-    class GaplanTrainer(Trainer):
+    class GaplanTrainer(getattr(transformers, base)):
         """A ``Trainer`` with gaplan's token-exact loss under gradient accumulation (see
         :mod:`gaplan.integrations.hf_trainer`).
 
         Args:
-            task: ``causal-lm``, ``masked-lm`` or ``classification``; default: from the model's class.
+            task: ``causal-lm``, ``masked-lm``, ``classification`` or ``seq2seq-lm``; default: from the model's class.
             noise_scale: measure and log the gradient noise scale of each step.
             Everything else as ``transformers.Trainer``. Batches need ``labels`` (or ``shift_labels``).
         """
@@ -113,7 +115,12 @@ def trainer_class() -> type:
                          num_items_in_batch: torch.Tensor | int | None = None) -> Any:
             if not self.loss_is_scaled_for_ga:
                 num_items_in_batch = None  # the Trainer's path without a count: this micro-batch's mean
-            outputs = model(**{k: v for k, v in inputs.items() if k not in NOT_INPUTS})
+            model_inputs = {k: v for k, v in inputs.items() if k not in NOT_INPUTS}
+            if self.gaplan_task == SEQ2SEQ_LM and "decoder_input_ids" not in model_inputs:
+                # The decoder's inputs by the model's own shift (DataCollatorForSeq2Seq makes them when given the
+                # model); the labels stay out of the call, as for the other tasks.
+                model_inputs["decoder_input_ids"] = decoder_inputs(model, inputs["labels"])
+            outputs = model(**model_inputs)
             if self.compute_loss_func is not None:
                 loss = self.compute_loss_func(outputs, inputs["labels"], num_items_in_batch=num_items_in_batch)
             else:
@@ -178,6 +185,7 @@ def trainer_class() -> type:
                         "grad_var": reading.grad_var}
             super().log(logs, *args, **kwargs)
 
+    name = "GaplanTrainer" if base == "Trainer" else f"Gaplan{base}"
     GaplanTrainer.__module__ = "gaplan.integrations.transformers"
-    GaplanTrainer.__qualname__ = "GaplanTrainer"
+    GaplanTrainer.__qualname__ = GaplanTrainer.__name__ = name
     return GaplanTrainer

@@ -112,9 +112,11 @@ def hf_snippet(plan: Plan, output_dir: str = "out") -> str:
 
 def infer_task(model: Any) -> str:
     """gaplan's task for a transformers model, from its class name (PEFT wrappers are looked through)."""
-    from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, MASKED_LM, TASKS
+    from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, MASKED_LM, SEQ2SEQ_LM, TASKS
 
     base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    if getattr(getattr(base, "config", None), "is_encoder_decoder", False):
+        return SEQ2SEQ_LM
     names = [type(base).__name__, *(getattr(getattr(base, "config", None), "architectures", None) or [])]
     for name in names:
         if name.endswith("ForMaskedLM"):
@@ -302,8 +304,8 @@ def _workload_spec(model_or_spec: Any, args: TrainingArguments, seq_len: int | N
 
 
 def __getattr__(name: str) -> Any:
-    if name == "GaplanTrainer":
+    if name in ("GaplanTrainer", "GaplanSeq2SeqTrainer"):
         from gaplan.integrations.hf_trainer import trainer_class
 
-        return trainer_class()
+        return trainer_class("Trainer" if name == "GaplanTrainer" else "Seq2SeqTrainer")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

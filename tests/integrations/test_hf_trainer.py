@@ -243,3 +243,58 @@ def test_gaplan_trainer_logs_the_noise_scale_of_a_step_as_computed_by_hand(tmp_p
                                   max_steps=1), train_dataset=_Stream(samples), data_collator=_collate,
                   callbacks=[quiet], noise_scale=False).train()
     assert "noise_scale" not in quiet.logs[0]
+
+
+def _t5():
+    torch.manual_seed(SEED)
+    config = transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                                   dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    return transformers.T5ForConditionalGeneration(config)
+
+
+def _pairs(count: int) -> list[dict]:
+    """Sources of 6 tokens; targets of 2 and of 12 tokens in turn: micro-batches with very different target counts."""
+    generator = torch.Generator().manual_seed(SEED)
+    return [{"input_ids": torch.randint(2, VOCAB, (6,), generator=generator),
+             "labels": torch.randint(2, VOCAB, (2 if (index // 3) % 2 == 0 else 12,), generator=generator)}
+            for index in range(count)]
+
+
+def _collate_pairs(samples):
+    ids = torch.stack([s["input_ids"] for s in samples])
+    labels = torch.full((len(samples), max(len(s["labels"]) for s in samples)), IGNORE_INDEX, dtype=torch.long)
+    for row, sample in enumerate(samples):
+        labels[row, : len(sample["labels"])] = sample["labels"]
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+
+
+def _seq2seq_step(tmp_path, micro, steps, broken=False):
+    from gaplan.integrations.transformers import GaplanSeq2SeqTrainer
+
+    model = _t5()
+    args = transformers.Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True, max_steps=1,
+        learning_rate=1.0, optim="sgd", lr_scheduler_type="constant", seed=SEED, remove_unused_columns=False,
+        dataloader_pin_memory=False, per_device_train_batch_size=micro, gradient_accumulation_steps=steps,
+        max_grad_norm=0.0)
+    trainer = GaplanSeq2SeqTrainer(model, args, train_dataset=_Stream(_pairs(6)), data_collator=_collate_pairs,
+                                   noise_scale=False)
+    if broken:
+        trainer.model_accepts_loss_kwargs = False
+    before = torch.cat([p.detach().flatten() for p in model.parameters()])
+    trainer.train()
+    return before - torch.cat([p.detach().flatten() for p in model.parameters()])  # lr 1: the step's gradient
+
+
+def test_gaplan_seq2seq_trainer_steps_as_one_batch_over_uneven_targets(tmp_path):
+    """Seq2SeqTrainer's subclass: 3 + 3 samples whose targets are 2 and 12 tokens long train the same SGD step as
+    the 6 at once (the loss over the decoder's targets of the whole step); each micro-batch's mean does not."""
+    from gaplan.integrations.transformers import GaplanSeq2SeqTrainer, infer_task
+
+    assert issubclass(GaplanSeq2SeqTrainer, transformers.Seq2SeqTrainer) and infer_task(_t5()) == "seq2seq-lm"
+    whole = _seq2seq_step(tmp_path / "whole", 6, 1)
+    accumulated = _seq2seq_step(tmp_path / "ga", 3, 2)
+    means = _seq2seq_step(tmp_path / "means", 3, 2, broken=True)
+    scale = whole.abs().max()
+    assert (accumulated - whole).abs().max() <= 1e-5 * scale
+    assert (means - whole).abs().max() > 0.05 * scale
