@@ -80,6 +80,33 @@ def fake_workload(spec: WorkloadSpec, device: DeviceModel, mode) -> Workload:
                                device=torch.device("cpu"))
 
 
+@contextlib.contextmanager
+def readable_values() -> Iterator[None]:
+    """Let transformers read the fake batch's values, as it reads a real batch's.
+
+    transformers takes a fake tensor for a trace it cannot read (``is_tracing``), and then keeps what a real run would
+    drop after reading the values: the 4-D attention mask (a padding mask of ones is dropped, and a packed-sequence
+    check of the positions finds none), and with it SDPA's grouped-query heads repeated (``repeat_kv``) and kept for
+    backward, 0.5 MiB a sample on a 4 x 128 Llama with 2 key-value heads. The trace answers every value read as a full,
+    unpacked batch does (:class:`gaplan.estimate.trace.TraceHelper`: ``True`` for a boolean), so it may read them.
+    Without transformers' ``is_fake_tensor`` (another version) nothing is changed.
+    """
+    try:
+        from transformers.utils import import_utils
+    except ImportError:
+        yield
+        return
+    original = getattr(import_utils, "is_fake_tensor", None)
+    if original is None:
+        yield
+        return
+    import_utils.is_fake_tensor = lambda tensor: False
+    try:
+        yield
+    finally:
+        import_utils.is_fake_tensor = original
+
+
 def fake_batch_maker(meta: Workload, mode):
     """Fake batches shaped like the workload's own (read from real batches of one and two samples)."""
     import torch

@@ -40,7 +40,7 @@ from gaplan.core.errors import GaplanError
 from gaplan.estimate.assumptions import Assumption, sharded_assumptions, trace_assumptions
 from gaplan.estimate.depth import extrapolate, truncated_copy, uniform_stack
 from gaplan.estimate.device import DeviceModel
-from gaplan.estimate.fake import fake_batch_maker, fake_tensor_errors, fake_tensor_mode
+from gaplan.estimate.fake import fake_batch_maker, fake_tensor_errors, fake_tensor_mode, readable_values
 from gaplan.estimate.result import TracedRow
 from gaplan.estimate.shard_tracking import (
     by_category,
@@ -205,6 +205,7 @@ class ShardedTracer:
         self.mode = fake_tensor_mode()
         self.helper = ShardedTraceHelper()
         self._stack.enter_context(fast_peak_tracking())
+        self._stack.enter_context(readable_values())
         self._stack.enter_context(self.device.allocator())
         self._stack.enter_context(self.mode)
         self._stack.enter_context(self.helper)

@@ -27,7 +27,13 @@ from gaplan.estimate.assumptions import (
     trace_assumptions,
 )
 from gaplan.estimate.device import DeviceModel, gemm_panel_bytes
-from gaplan.estimate.fake import fake_tensor_errors, fake_tensor_mode, fake_workload, no_step_optimizer
+from gaplan.estimate.fake import (
+    fake_tensor_errors,
+    fake_tensor_mode,
+    fake_workload,
+    no_step_optimizer,
+    readable_values,
+)
 from gaplan.estimate.result import TracedRow
 from gaplan.estimate.torch_private import private, private_attr, private_module
 
@@ -63,6 +69,7 @@ class Tracer:
                                         if p.requires_grad)
             self.helper = TraceHelper()
             self._stack.enter_context(fast_peak_tracking())
+            self._stack.enter_context(readable_values())
             self._stack.enter_context(self.device.allocator())
             self._stack.enter_context(self.mode)
             self._stack.enter_context(self.helper)
