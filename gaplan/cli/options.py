@@ -27,6 +27,9 @@ TASK_AND_LENGTHS = (
                       "(default: the model's)."),
     click.option("--target-len", type=int, default=None,
                  help="seq2seq-lm: the target (decoder) length (default: half the source length)."),
+    click.option("--attention", type=click.Choice(["eager", "sdpa"]), default=None,
+                 help="transformers' attention implementation where the model has both (default: the model's, sdpa "
+                      "where it has it): eager keeps the seq x seq probabilities for backward, sdpa does not."),
 )
 
 

@@ -157,8 +157,11 @@ def _attention(ops) -> Assumption:
     """The attention kernel the trace took, and how it compares with CUDA's."""
     if any("flash" in op or "efficient" in op for op in ops):
         return Assumption("attention", "Attention: traced through PyTorch's fused scaled_dot_product_attention kernel "
-                          "(flash on CPU), which keeps the same tensors as CUDA's flash and memory-efficient kernels "
-                          "(the output and an fp32 log-sum-exp, no seq x seq probabilities): no correction applied.",
+                          "(flash on CPU). On CUDA, PyTorch takes flash for fp16/bf16 with a head size up to 256 and no "
+                          "mask tensor, else memory-efficient (fp32 and masks too), else math; both fused kernels keep "
+                          "what the CPU's flash keeps (the output and an fp32 log-sum-exp, no seq x seq probabilities): "
+                          "no correction applied. The trace reads the batch as full length, so transformers drops its "
+                          "padding mask as on a real run (--attention eager keeps the probabilities instead).",
                           {"kernel": "fused"})
     if any("math" in op for op in ops):
         return Assumption("attention", "Attention: the trace took scaled_dot_product_attention's math path, which keeps "

@@ -228,7 +228,7 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
     build_device = torch.device("cpu") if quantize else model_device
     if pretrained:
         model = load_pretrained(folder, _AUTO_CLASS[task], config, DTYPES[spec.weights_dtype], build_device,
-                                spec.trust_remote_code)
+                                spec.trust_remote_code, spec.attention)
     else:
         model = _from_config(spec, config, task, build_device)
     if quantize:
@@ -305,9 +305,11 @@ def _from_config(spec: WorkloadSpec, config: Any, task: str, device: torch.devic
     import transformers
 
     auto = getattr(transformers, _AUTO_CLASS[task])
+    chosen = {"attn_implementation": spec.attention} if spec.attention else {}
     try:
         with torch.device(device), quiet_transformers():
-            return auto.from_config(config, dtype=DTYPES[spec.weights_dtype], trust_remote_code=spec.trust_remote_code)
+            return auto.from_config(config, dtype=DTYPES[spec.weights_dtype], trust_remote_code=spec.trust_remote_code,
+                                    **chosen)
     except ValueError as exc:
         raise GaplanError(f"{spec.model} cannot be built for task {task}: {str(exc).splitlines()[0]}") from None
 

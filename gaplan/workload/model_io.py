@@ -80,7 +80,7 @@ def _check_safetensors(file: str) -> None:
 
 
 def load_pretrained(folder: str, auto_class: str, config: Any, dtype: Any, device: Any,
-                    trust_remote_code: bool = False) -> Any:
+                    trust_remote_code: bool = False, attention: str | None = None) -> Any:
     """``auto_class.from_pretrained(folder)`` with ``config``, as ``dtype``, onto ``device`` (directly when CUDA).
 
     The weights must be this config's: a tensor of another shape, or a weight of the model's body
@@ -96,6 +96,8 @@ def load_pretrained(folder: str, auto_class: str, config: Any, dtype: Any, devic
             _check_safetensors(file)
     device = torch.device(device)
     kwargs: dict[str, Any] = {"device_map": {"": device}} if device.type == "cuda" else {}
+    if attention:
+        kwargs["attn_implementation"] = attention
     auto = getattr(transformers, auto_class)
     try:
         with quiet_transformers():

@@ -14,6 +14,7 @@ from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, MASKED_LM, SEQ2SEQ_LM, 
 
 DTYPE_NAMES = ("fp32", "bf16", "fp16")
 QUANTIZE = ("4bit",)
+ATTENTIONS = ("eager", "sdpa")  # transformers' attn_implementation: None keeps the model's default (sdpa where it has it)
 INITS = ("auto", "pretrained", "random")  # auto: the folder's weights when it has them, else a random init
 OPTIMIZERS = ("adamw", "sgd")
 DEFAULT_MODEL = "tiny-gpt2"
@@ -108,6 +109,7 @@ class WorkloadSpec:
     lora_targets: str | None = None
     quantize: str | None = None
     target_len: int | None = None  # seq2seq-lm: the target (decoder) length; None: half the source length
+    attention: str | None = None  # eager | sdpa: transformers' attn_implementation (None: the model's default)
 
     @property
     def learning_rate(self) -> float:
@@ -161,6 +163,8 @@ class WorkloadSpec:
             raise GaplanError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if self.seq_len is not None and self.seq_len < 2:
             raise GaplanError(f"--seq-len must be at least 2 (got {self.seq_len})")
+        if self.attention is not None and self.attention not in ATTENTIONS:
+            raise GaplanError(f"unknown --attention {self.attention!r}; choose one of {', '.join(ATTENTIONS)}")
         if self.target_len is not None and self.target_len < 1:
             raise GaplanError(f"--target-len must be a positive integer (got {self.target_len})")
         task = self.task or (PRESETS[self.model][2] if self.model in PRESETS else None)
@@ -173,6 +177,8 @@ class WorkloadSpec:
         if kind in ("function", "preset") and self.init == "pretrained":
             raise GaplanError(f"--init pretrained needs a model folder with weights; {self.model} is a "
                               f"{'built-in preset' if kind == 'preset' else 'module:function model'} without any")
+        if kind == "function" and self.attention is not None:
+            raise GaplanError("--attention does not apply to a module:function model (its function builds it)")
         if kind == "function" and self.weights_dtype != "fp32":
             raise GaplanError("--weights-dtype does not apply to a module:function model (its function builds it)")
         return self

@@ -93,3 +93,4 @@ def test_the_edge_of_tiny_t5_holds_in_fresh_processes():
     assert edge >= 2 and result.task == "seq2seq-lm"
     assert check_in_fresh_process(spec, "cpu", budget, edge, optimizer_steps=2, threads=1)
     assert not check_in_fresh_process(spec, "cpu", budget, edge + 1, optimizer_steps=2, threads=1)
+

@@ -69,3 +69,20 @@ def test_seq2seq_estimate_is_within_3_percent_of_real_trials(model, tmp_path):
     errors = {size: (rows[size] - measured[size]) / measured[size] for size in sizes}
     print(f"{spec.model}: " + ", ".join(f"{size}: {100 * error:+.2f}%" for size, error in errors.items()))
     assert all(abs(error) <= 0.03 for error in errors.values()), errors
+
+
+def test_attention_chooses_transformers_implementation_and_eager_keeps_more(tmp_path):
+    """--attention eager|sdpa reaches transformers (attn_implementation), and the estimate sees the difference:
+    eager keeps the seq x seq probabilities for backward, SDPA does not."""
+    from click.testing import CliRunner
+
+    from gaplan.cli.main import main
+    from gaplan.workload.build import build_workload
+
+    assert build_workload(WorkloadSpec(model="tiny-llama", seq_len=16, attention="eager"),
+                          "meta").model.config._attn_implementation == "eager"
+    eager, sdpa = (trace_steps(WorkloadSpec(model="tiny-llama", seq_len=128, attention=kind), [4])[0].activations
+                   for kind in ("eager", "sdpa"))
+    assert eager > sdpa
+    result = CliRunner().invoke(main, ["probe", "--attention", "flash"])
+    assert result.exit_code == 2 and "--attention" in result.output

@@ -1,0 +1,81 @@
+"""The estimate's zoo: small models of twelve architectures, built from their transformers configs, none of them a
+preset the estimate was tuned on. ``python -m tests.estimate.zoo`` prints the estimate against real CPU trials for
+each, full fine-tuning and LoRA, at a small micro-batch and a larger one (``tests/estimate/test_zoo.py`` holds them
+to 3%)."""
+
+from __future__ import annotations
+
+import sys
+
+HIDDEN, LAYERS, VOCAB, SEQ_LEN = 128, 4, 256, 128
+SIZES = (2, 16)
+
+
+def zoo_configs() -> dict:
+    """Architecture family (transformers' ``model_type``) -> a config of 4 layers x 128, vocab 256, no dropout."""
+    import transformers
+
+    decoder = dict(hidden_size=HIDDEN, intermediate_size=344, num_hidden_layers=LAYERS, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=512)
+    no_dropout = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return {
+        "llama": transformers.LlamaConfig(**decoder),
+        "mistral": transformers.MistralConfig(**decoder, sliding_window=64),
+        "qwen2": transformers.Qwen2Config(**decoder),
+        "gemma": transformers.GemmaConfig(**dict(decoder, num_key_value_heads=1), head_dim=32),
+        "phi3": transformers.Phi3Config(**decoder, pad_token_id=0),
+        "gpt_neox": transformers.GPTNeoXConfig(hidden_size=HIDDEN, intermediate_size=512, num_hidden_layers=LAYERS,
+                                               num_attention_heads=4, vocab_size=VOCAB, max_position_embeddings=512),
+        "opt": transformers.OPTConfig(hidden_size=HIDDEN, ffn_dim=512, num_hidden_layers=LAYERS, num_attention_heads=4,
+                                      vocab_size=VOCAB, max_position_embeddings=512, word_embed_proj_dim=HIDDEN,
+                                      dropout=0.0, attention_dropout=0.0),
+        "gpt2": transformers.GPT2Config(n_embd=HIDDEN, n_layer=LAYERS, n_head=4, vocab_size=VOCAB, n_positions=512,
+                                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+        "bert": transformers.BertConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=4,
+                                        intermediate_size=512, vocab_size=VOCAB, max_position_embeddings=512,
+                                        **no_dropout, architectures=["BertForMaskedLM"]),
+        "roberta": transformers.RobertaConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=4,
+                                              intermediate_size=512, vocab_size=VOCAB, max_position_embeddings=514,
+                                              pad_token_id=1, **no_dropout, architectures=["RobertaForMaskedLM"]),
+        "t5": transformers.T5Config(d_model=HIDDEN, d_kv=32, d_ff=512, num_layers=LAYERS, num_heads=4,
+                                    vocab_size=VOCAB, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0),
+        "bart": transformers.BartConfig(d_model=HIDDEN, encoder_layers=LAYERS, decoder_layers=LAYERS,
+                                        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=512,
+                                        decoder_ffn_dim=512, vocab_size=VOCAB, max_position_embeddings=512,
+                                        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0),
+    }
+
+
+def zoo_measurements(family: str, folder: str, lora: bool) -> tuple[dict[int, int], dict[int, int]]:
+    """The estimated and the measured peak (a real CPU trial: fresh process, 2 threads) at each of :data:`SIZES`."""
+    from gaplan.estimate import trace_steps
+    from gaplan.worker.client import WorkerProcess
+    from gaplan.workload.spec import WorkloadSpec
+
+    zoo_configs()[family].save_pretrained(folder)
+    spec = WorkloadSpec(model=folder, seq_len=SEQ_LEN, lora=lora, lora_targets="all-linear" if lora else None)
+    estimated = {row.micro_batch: row.peak_bytes for row in trace_steps(spec, list(SIZES), device_kind="cpu", threads=2)}
+    with WorkerProcess(spec, "cpu", 4 * 2**30, threads=2) as worker:
+        measured = {size: worker.trial(size, optimizer_steps=2).peak_bytes for size in SIZES}
+    return estimated, measured
+
+
+def main(families: list[str]) -> None:
+    import tempfile
+
+    print(f"| family | fine-tuning | {' | '.join(f'peak at micro-batch {size}' for size in SIZES)} | "
+          "activations per sample, estimated vs measured |")
+    print(f"|---|---|{'--:|' * len(SIZES)}---|")
+    with tempfile.TemporaryDirectory(prefix="gaplan-zoo-") as directory:
+        for family in families or list(zoo_configs()):
+            for lora in (False, True):
+                estimated, measured = zoo_measurements(family, f"{directory}/{family}", lora)
+                cells = " | ".join(f"{100 * (estimated[s] - measured[s]) / measured[s]:+.2f}%" for s in SIZES)
+                small, large = SIZES
+                slopes = [(peaks[large] - peaks[small]) / (large - small) / 2**20 for peaks in (estimated, measured)]
+                print(f"| {family} | {'LoRA' if lora else 'full'} | {cells} | {slopes[0]:.3f} vs {slopes[1]:.3f} MiB |",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
