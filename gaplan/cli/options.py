@@ -22,15 +22,24 @@ TASK_AND_LENGTHS = (
     click.option("--task", default=None, metavar="TASK",
                  help="causal-lm, masked-lm, classification or seq2seq-lm (default: the model's own; an "
                       "encoder-decoder such as T5 or BART is seq2seq-lm)."),
-    click.option("--seq-len", "--source-len", "seq_len", type=int, default=None,
+    click.option("--seq-len", type=int, default=None,
                  help="Sequence length of every sample; for seq2seq-lm the source (encoder) length "
                       "(default: the model's)."),
+    click.option("--source-len", type=int, default=None, help="seq2seq-lm: the source length (--seq-len's other name)."),
     click.option("--target-len", type=int, default=None,
                  help="seq2seq-lm: the target (decoder) length (default: half the source length)."),
     click.option("--attention", type=click.Choice(["eager", "sdpa"]), default=None,
                  help="transformers' attention implementation where the model has both (default: the model's, sdpa "
                       "where it has it): eager keeps the seq x seq probabilities for backward, sdpa does not."),
 )
+
+
+def length_fields(options: dict[str, Any]) -> dict[str, Any]:
+    """``seq_len`` from ``--seq-len`` or its other name ``--source-len`` (one of them), for the spec's fields."""
+    seq_len, source_len = options.get("seq_len"), options.get("source_len")
+    if seq_len is not None and source_len is not None and seq_len != source_len:
+        raise GaplanError(f"--seq-len {seq_len} and --source-len {source_len} are one length: give one")
+    return {"seq_len": seq_len if seq_len is not None else source_len}
 
 
 def task_and_lengths(func: Callable) -> Callable:
@@ -213,7 +222,7 @@ def spec_from_options(options: dict[str, Any]):
 
     # --grad-checkpointing is on|off|auto: the spec holds on or off (auto is the tuner's to decide, with it off).
     spec = from_options(WorkloadSpec, options, grad_checkpointing=options["grad_checkpointing"] == "on",
-                        **lora_fields(options))
+                        **lora_fields(options), **length_fields(options))
     return spec.validate().check_device(options.get("device") or "auto")
 
 

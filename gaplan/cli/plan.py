@@ -10,6 +10,7 @@ import click
 from gaplan.cli.options import (
     WORKLOAD_HELP,
     check_writable,
+    length_fields,
     lora_fields,
     lora_options,
     memory_limit_from_options,
@@ -108,7 +109,8 @@ def plan_command(**options: Any) -> None:
     if options["device"] == "cpu" and options["target"]:
         raise GaplanError("--target is a GPU: it does not go with --device cpu")
     # By the spec's fields; plan's --grad-sync (auto|last|every) is a choice per layout, not the spec's.
-    spec = from_options(WorkloadSpec, options, grad_sync="last", **lora_fields(options)).validate()
+    spec = from_options(WorkloadSpec, options, grad_sync="last", **lora_fields(options),
+                        **length_fields(options)).validate()
     if options["measure"] and options["target"]:
         raise GaplanError("--measure probes this machine's device: give --memory-limit per rank (or nothing: the "
                           "whole card), not --target")

@@ -96,7 +96,7 @@ def collate(samples: Sequence[Sample], task: str, seed: int = 0, mask_id: int | 
     Masked LM replaces 15% of each sample's tokens (at least one, seeded per sample) by ``mask_id``:
     the tokenizer's mask token (:attr:`TextCorpus.mask_id`); the default suits the synthetic corpus.
     seq2seq-lm: the labels are the targets padded with -100 to the longest target; the model's own shift makes the
-    decoder's inputs from them (:func:`gaplan.workload.build.decoder_inputs`).
+    decoder's inputs from them (:func:`gaplan.workload.seq2seq.decoder_inputs`).
     """
     longest = max(len(s.ids) for s in samples)
     ids = torch.full((len(samples), longest), pad_id, dtype=torch.long)

@@ -18,7 +18,8 @@ def read_training_data(spec: WorkloadSpec, source: DataSource, say: Say):
     """
     from gaplan.data import load_corpus
     from gaplan.data.lengths import DataLengths, save_lengths
-    from gaplan.workload.build import model_shape, target_length
+    from gaplan.workload.build import model_shape
+    from gaplan.workload.seq2seq import target_length
 
     if not source.path:
         return None

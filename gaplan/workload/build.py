@@ -28,7 +28,8 @@ from gaplan.core.errors import GaplanError
 from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, CUSTOM, IGNORE_INDEX, MASKED_LM, SEQ2SEQ_LM
 from gaplan.workload.loss import summed_token_loss
 from gaplan.workload.model_io import load_pretrained, quiet_transformers, weights_files
-from gaplan.workload.spec import DEFAULT_MODEL, PRESETS, WorkloadSpec, default_target_len, model_source_kind
+from gaplan.workload.seq2seq import decoder_inputs, target_length
+from gaplan.workload.spec import DEFAULT_MODEL, PRESETS, WorkloadSpec, model_source_kind
 
 __all__ = ["DEFAULT_MODEL", "PRESETS", "WorkloadSpec", "model_source_kind"]  # re-exported: the spec is data
 
@@ -154,23 +155,6 @@ def model_shape(spec: WorkloadSpec) -> tuple[str, int, int, int]:
     config, task, default_seq_len = load_model_config(spec)
     seq_len = spec.seq_len or min(default_seq_len, _max_positions(config) or default_seq_len)
     return task, seq_len, int(config.vocab_size), int(getattr(config, "num_labels", 2))
-
-
-def target_length(spec: WorkloadSpec, task: str, seq_len: int) -> int | None:
-    """A seq2seq-lm workload's target (decoder) length: ``spec.target_len``, else half the source; None otherwise."""
-    if task != SEQ2SEQ_LM:
-        if spec.target_len is not None:
-            raise GaplanError(f"--target-len applies to seq2seq-lm models; {spec.model} trains as {task}")
-        return None
-    return spec.target_len or default_target_len(seq_len)
-
-
-def decoder_inputs(module: nn.Module, labels: torch.Tensor) -> torch.Tensor:
-    """The decoder's inputs for ``labels``, by the model's own shift (``prepare_decoder_input_ids_from_labels``:
-    the start token, then the labels less the last, -100 as padding), through DDP's and peft's wrappers."""
-    while not hasattr(module, "prepare_decoder_input_ids_from_labels") and hasattr(module, "module"):
-        module = module.module
-    return module.prepare_decoder_input_ids_from_labels(labels=labels)
 
 
 def _task_from_architectures(architectures: list[str]) -> str:

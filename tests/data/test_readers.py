@@ -85,7 +85,8 @@ def test_jsonl_errors_name_the_line(tmp_path):
 
 
 def test_a_text_file_has_no_labels_for_classification(data_files):
-    assert "a text file has no labels" in one_line_error(read_records, data_files["text"], label_field="label")
+    assert "a text file has no 'label' field (--label-field)" in one_line_error(read_records, data_files["text"],
+                                                                              label_field="label")
 
 
 def test_unreadable_data_is_one_line(tmp_path):
