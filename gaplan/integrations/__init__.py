@@ -2,7 +2,7 @@
 
 * :mod:`gaplan.integrations.transformers`: a plan as Hugging Face ``TrainingArguments``
   (``plan_training_arguments``, ``hf_snippet``) and ``GaplanTrainer``, a ``Trainer`` with
-  gaplan's token-exact loss.
+  gaplan's token-exact loss (``GaplanSeq2SeqTrainer``: the same over ``Seq2SeqTrainer``).
 * :mod:`gaplan.integrations.accelerate`: ``plan_accelerator`` (a probe of your step, the accumulation steps set on
   your ``Accelerator``), ``count_step_items`` and ``step_loss`` (the token-exact loss over ``accumulate``).
 * :mod:`gaplan.integrations.lightning`: ``GaplanBatchSize``, a callback that probes your LightningModule's step and
