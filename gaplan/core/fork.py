@@ -57,3 +57,11 @@ def die_with_parent() -> None:
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass  # not Linux: a trial child then outlives a killed worker until its trial ends
+
+
+def failure_line(message: dict) -> str:
+    """The last line of what a child that failed sent back (:func:`run_in_child`'s ``message``), on one line."""
+    from gaplan.core.errors import one_line
+
+    lines = str(message.get("message", "")).strip().splitlines()
+    return one_line(lines[-1] if lines else message.get("error", message))

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from gaplan.core.errors import GaplanError
-from gaplan.core.fork import run_in_child
+from gaplan.core.fork import failure_line, run_in_child
 
 __all__ = ["CudaCards", "cuda_cards", "cuda_initialized", "keep_fork_safe"]
 
@@ -78,7 +78,7 @@ def cuda_cards() -> CudaCards:
         else:
             answer = run_in_child(_ask_cards)
             if "names" not in answer:
-                raise GaplanError(f"asking the CUDA cards in a child failed: {_last_line(answer)}")
+                raise GaplanError(f"asking the CUDA cards in a child failed: {failure_line(answer)}")
             _asked = _cards_from(answer)
     return _asked
 
@@ -101,7 +101,3 @@ def _ask_cards() -> dict:
         free.append(int(torch.cuda.mem_get_info(index)[0]))
     return {"names": names, "total_bytes": totals, "free_bytes": free, "cuda_version": torch.version.cuda}
 
-
-def _last_line(answer: dict) -> str:
-    lines = str(answer.get("message", answer)).strip().splitlines()
-    return lines[-1] if lines else str(answer)

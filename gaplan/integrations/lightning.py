@@ -30,8 +30,8 @@ from typing import Any
 
 from pytorch_lightning import Callback
 
-from gaplan.core.errors import GaplanError, one_line
-from gaplan.core.fork import run_in_child
+from gaplan.core.errors import GaplanError
+from gaplan.core.fork import failure_line, run_in_child
 from gaplan.data.longest import DEFAULT_SCAN, LargestBatches, largest_first
 from gaplan.plan.split import Plan, make_even_plan
 from gaplan.probing.loop import LoopProbeResult, probe_loop
@@ -199,7 +199,7 @@ def training_set_batches(trainer: Any, scan: int) -> Callable[[int], Any]:
     message = run_in_child(measure)
     if "order" not in message:
         raise GaplanError(f"GaplanBatchSize cannot draw the probe's batches from train_dataloader(): "
-                          f"{one_line(str(message.get('message', message)).strip().splitlines()[-1])}")
+                          f"{failure_line(message)}")
     return LargestBatches(dataset, getattr(loader, "collate_fn", None), message["order"])
 
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gaplan.core.errors import DoesNotFit, GaplanError
-from gaplan.core.fork import run_in_child
+from gaplan.core.fork import failure_line, run_in_child
 from gaplan.core.trial import Trial
 from gaplan.core.units import format_bytes
 from gaplan.devices.card import cuda_initialized
@@ -146,8 +146,7 @@ def trainer_device(args: Any) -> str:
     if _is_init(args):
         answer = run_in_child(lambda: {"use_cpu": bool(getattr(args(), "use_cpu", False))})
         if "use_cpu" not in answer:
-            raise GaplanError(f"args(), the function that builds the TrainingArguments, failed: "
-                              f"{str(answer.get('message', answer)).strip().splitlines()[-1]}")
+            raise GaplanError(f"args(), the function that builds the TrainingArguments, failed: {failure_line(answer)}")
         use_cpu = answer["use_cpu"]
     else:
         use_cpu = bool(getattr(args, "use_cpu", False))

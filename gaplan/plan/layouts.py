@@ -243,9 +243,8 @@ _DEFAULTS = {"task": None, "seq_len": None, "target_len": None, "attention": Non
              "lr": None, "weights_dtype": "fp32", "parallel": "ddp", "grad_sync": "last", "init": "auto", "lora_r": 16,
              "lora_alpha": 32.0, "lora_dropout": 0.05, "lora_targets": None, "quantize": None}
 _FLAGS = (("task", "--task"), ("seq_len", "--seq-len"), ("target_len", "--target-len"), ("attention", "--attention"),
-          ("dtype", "--dtype"),
-          ("weights_dtype", "--weights-dtype"), ("optimizer", "--optimizer"), ("lr", "--lr"), ("init", "--init"),
-          ("parallel", "--parallel"), ("grad_sync", "--grad-sync"))
+          ("dtype", "--dtype"), ("weights_dtype", "--weights-dtype"), ("optimizer", "--optimizer"), ("lr", "--lr"),
+          ("init", "--init"), ("parallel", "--parallel"), ("grad_sync", "--grad-sync"))
 _LORA_FLAGS = (("lora_r", "--lora-r"), ("lora_alpha", "--lora-alpha"), ("lora_dropout", "--lora-dropout"),
                ("lora_targets", "--lora-targets"), ("quantize", "--quantize"))
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gaplan.core.constants import DEFAULT_CPU_BUDGET, DEFAULT_EFFECTIVE_BATCH
-from gaplan.core.errors import DoesNotFit, GaplanError, one_line
-from gaplan.core.fork import run_in_child
+from gaplan.core.errors import DoesNotFit, GaplanError
+from gaplan.core.fork import failure_line, run_in_child
 from gaplan.core.trial import Trial
 from gaplan.core.units import format_bytes, parse_bytes
 from gaplan.devices.card import cuda_initialized
@@ -170,8 +170,7 @@ def forks_start_threads(seconds: int = 3) -> bool:
 
 def trial_from(message: dict, micro_batch: int) -> Trial:
     if "error" in message and "micro_batch" not in message:
-        lines = str(message.get("message", "")).strip().splitlines()
-        last = one_line(lines[-1] if lines else message["error"])
+        last = failure_line(message)
         if message["error"] == "killed":  # the kernel's OOM killer: past the machine's memory, not the budget
             return Trial(micro_batch, False, error=last)
         raise GaplanError(f"a trial of your loop failed at micro-batch {micro_batch} for another reason than memory: "

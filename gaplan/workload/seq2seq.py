@@ -6,16 +6,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gaplan.core.errors import GaplanError
 from gaplan.core.tasks import SEQ2SEQ_LM
 from gaplan.workload.spec import WorkloadSpec, default_target_len
 
 
 def target_length(spec: WorkloadSpec, task: str, seq_len: int) -> int | None:
     """A seq2seq-lm workload's target (decoder) length: ``spec.target_len``, else half the source; None otherwise."""
+    spec.check_target_len(task)
     if task != SEQ2SEQ_LM:
-        if spec.target_len is not None:
-            raise GaplanError(f"--target-len applies to seq2seq-lm models; {spec.model} trains as {task}")
         return None
     return spec.target_len or default_target_len(seq_len)
 

@@ -168,8 +168,8 @@ class WorkloadSpec:
         if self.target_len is not None and self.target_len < 1:
             raise GaplanError(f"--target-len must be a positive integer (got {self.target_len})")
         task = self.task or (PRESETS[self.model][2] if self.model in PRESETS else None)
-        if self.target_len is not None and task not in (None, SEQ2SEQ_LM):
-            raise GaplanError(f"--target-len applies to seq2seq-lm models; {self.model} trains as {task}")
+        if task is not None:  # a folder's task is known once its config is read (gaplan.workload.seq2seq)
+            self.check_target_len(task)
         if self.lr is not None and not self.lr > 0:
             raise GaplanError(f"--lr must be positive (got {self.lr})")
         if kind == "function" and self.task is not None:
@@ -182,6 +182,11 @@ class WorkloadSpec:
         if kind == "function" and self.weights_dtype != "fp32":
             raise GaplanError("--weights-dtype does not apply to a module:function model (its function builds it)")
         return self
+
+    def check_target_len(self, task: str) -> None:
+        """A one-line error for ``--target-len`` on a model that trains as ``task``, not seq2seq-lm."""
+        if self.target_len is not None and task != SEQ2SEQ_LM:
+            raise GaplanError(f"--target-len applies to seq2seq-lm models; {self.model} trains as {task}")
 
     def _validate_lora(self, kind: str) -> None:
         if self.quantize is not None and self.quantize not in QUANTIZE:
