@@ -178,6 +178,8 @@ def print_estimate(result) -> None:
     click.echo(f"plan: {Plan.from_dict(result.plan).describe()}")
     if result.launch_command:
         click.echo(f"launch: {result.launch_command}")
+    if result.trust is not None:
+        click.echo(f"trust: {result.trust.describe()}")
     click.echo("assumptions:")
     for assumption in result.assumptions:
         click.echo(f"  - {assumption.text}")

@@ -13,6 +13,7 @@ from typing import Any
 from gaplan.core.units import format_bytes
 from gaplan.estimate.device import (
     CPU_HEAP_BYTES,
+    CPU_HEAP_BYTES_PER_NODE,
     CUDA_BLOCK,
     CUDA_LARGE_ALLOC,
     CUDA_ROUND_LARGE,
@@ -20,6 +21,7 @@ from gaplan.estimate.device import (
     MKL_PANEL_N,
     WORKSPACE_BYTES_HOPPER,
     DeviceModel,
+    cpu_heap_bytes,
 )
 
 TOPICS = ("budget", "steady-state", "cpu-process", "allocator", "optimizer", "attention", "mixed-precision",
@@ -77,7 +79,8 @@ def limit_budget(memory_limit: int, usable: int) -> Assumption:
 
 
 def trace_assumptions(spec, device: DeviceModel, observed, static_bytes: int,
-                      optimizer_step_bytes: int | None, panel_at_every_peak: bool = False) -> list[Assumption]:
+                      optimizer_step_bytes: int | None, graph_nodes: int,
+                      panel_at_every_peak: bool = False) -> list[Assumption]:
     """What the traces of ``spec`` assumed on ``device``.
 
     Args:
@@ -87,27 +90,32 @@ def trace_assumptions(spec, device: DeviceModel, observed, static_bytes: int,
         panel_at_every_peak: MKL's buffer was added to every peak (a tracker that counts no workspace).
         static_bytes: weights, gradients and optimizer states.
         optimizer_step_bytes: the optimizer step's traced bytes (None when it was not traced).
+        graph_nodes: a micro-step's autograd nodes (a CPU process's heap grows with them).
     """
     notes = [Assumption("steady-state", "Steady state: optimizer states exist and gradients are held across micro-steps, "
                         "so the peak is the larger of the micro-steps' (weights, gradients, optimizer states, one "
                         "micro-batch's activations) and the optimizer step's; batches are full length.")]
     temporaries = max(0, optimizer_step_bytes - static_bytes) if optimizer_step_bytes is not None else 0
     if device.kind == "cpu":
-        return notes + _cpu_process(spec, device, observed, temporaries, panel_at_every_peak)
+        return notes + _cpu_process(spec, device, observed, temporaries, graph_nodes, panel_at_every_peak)
     return notes + _cuda(spec, observed, static_bytes, temporaries)
 
 
-def _cpu_process(spec, device: DeviceModel, observed, temporaries: int, panel_at_every_peak: bool) -> list[Assumption]:
+def _cpu_process(spec, device: DeviceModel, observed, temporaries: int, graph_nodes: int,
+                 panel_at_every_peak: bool) -> list[Assumption]:
     panel = observed.gemm_panel_bytes
+    heap = cpu_heap_bytes(graph_nodes)
     when = ("at every peak, the largest product's MKL packing buffer" if panel_at_every_peak else
             "while each float32 matrix product runs, its MKL packing buffer")
     notes = [Assumption(
         "cpu-process",
-        f"CPU process: traced tensors plus {format_bytes(CPU_HEAP_BYTES)} of heap (Python objects, autograd), and "
+        f"CPU process: traced tensors plus {format_bytes(heap)} of heap ({format_bytes(CPU_HEAP_BYTES)} and "
+        f"{format_bytes(CPU_HEAP_BYTES_PER_NODE)} for each of a micro-step's {graph_nodes:,} autograd nodes: Python "
+        "objects, autograd's graph), and "
         f"{when} (4 bytes x min(K, {MKL_PANEL_K}) x min(N, {MKL_PANEL_N}), one call's, MKL's pool being off; "
         f"{format_bytes(panel)} for the largest), both measured against gaplan probe's resident-memory peak; no "
         "CUDA adjustment.",
-        {"heap_bytes": CPU_HEAP_BYTES, "threads": device.threads, "mkl_panel_bytes": panel})]
+        {"heap_bytes": heap, "graph_nodes": graph_nodes, "threads": device.threads, "mkl_panel_bytes": panel})]
     if spec.optimizer == "adamw":
         notes.append(Assumption("optimizer", f"AdamW as PyTorch runs it on CPU (single-tensor): its step's temporaries, "
                                 f"{format_bytes(temporaries)}, are traced.",

@@ -55,17 +55,53 @@ CUDA_AUTOCAST_FP32 = frozenset({
 
 # --- CPU process ----------------------------------------------------------------------------------------------------
 # A CPU trial's peak (gaplan.devices.cpu: anonymous resident memory above the baseline) holds two things MemTracker
-# does not see. Measured on the presets at seq 32, micro-batch 2-8, 1 and 2 threads:
-# * the heap: Python objects of the model and optimizer, autograd nodes, glibc bookkeeping: 1.1-2.2 MiB with MKL's
-#   buffer cache off (MKL_DISABLE_FAST_MM=1); 1.5 MiB is taken;
+# does not see:
+# * the heap: Python objects, autograd's graph (a node per operator that needs a gradient, its saved-variable records,
+#   the TensorImpls it keeps), glibc bookkeeping. It grows with the graph's size, not with the batch: measured as the
+#   trial's peak less the traced tensors at micro-batch 2 (tests/estimate/zoo.py, 2 threads), it was 1.3 MiB for
+#   GPT-2 (205 nodes per micro-step) up to 6.0 MiB for T5 with LoRA (1,269 nodes). A least-squares line through
+#   four families (llama, gpt2, t5, opt; full and LoRA) gives 0.29 MiB + 4.4 KiB per node, within 0.26 MiB of each;
+#   the zoo's eight other families were held out to check it (docs/estimate.md, "The zoo"). A flat 1.5 MiB, used
+#   before, read T5 with LoRA 9% low.
 # * MKL's sgemm packing buffers, one per thread, kept by MKL's memory manager after the first step. A lone matmul
 #   (M, K) x (K, N) needed 3.0 MiB per thread at K=256, N>=4096, 1.3 MiB at K=64, 0.2 MiB at N=1024 and at most
 #   4.7 MiB for the largest shapes: 4 bytes x min(K, 256) x min(N, 4096) of the largest product follows it within
 #   about 1 MiB, and put the presets' estimates within 1%. bf16 products (oneDNN, not MKL) showed no such buffer:
 #   only float32 products are counted.
-CPU_HEAP_BYTES = 3 * MiB // 2
+CPU_HEAP_BYTES = 296 * 1024
+CPU_HEAP_BYTES_PER_NODE = 4480
 MKL_PANEL_K = 256
 MKL_PANEL_N = 4096
+
+
+def cpu_heap_bytes(graph_nodes: int) -> int:
+    """A CPU process's heap beyond its tensors when a micro-step's autograd graph has ``graph_nodes`` nodes."""
+    return CPU_HEAP_BYTES + CPU_HEAP_BYTES_PER_NODE * graph_nodes
+
+
+def autograd_nodes(loss: Any) -> int:
+    """The nodes of the autograd graph behind ``loss`` (0 for a tensor that needs no gradient)."""
+    seen: set[int] = set()
+    stack = [getattr(loss, "grad_fn", None)]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.extend(parent for parent, _ in node.next_functions)
+    return len(seen)
+
+
+class GraphCount:
+    """The largest autograd graph among the losses it was shown (``counted``): the CPU heap grows with it."""
+
+    def __init__(self) -> None:
+        self.nodes = 0
+
+    def counted(self, loss: Any) -> Any:
+        """``loss``, its graph's nodes recorded."""
+        self.nodes = max(self.nodes, autograd_nodes(loss))
+        return loss
 
 
 def cuda_block_bytes(nbytes: int) -> int:
@@ -187,9 +223,10 @@ class DeviceModel:
         """CUDA autocast's float32 op list over CPU autocast, for mixed precision on ``cuda``."""
         return CudaAutocastFp32() if self.kind == "cuda" and dtype != "fp32" else contextlib.nullcontext()
 
-    def overhead(self) -> int:
-        """Bytes a CPU process holds besides its tensors (none on CUDA: the target's reserve covers it)."""
-        return CPU_HEAP_BYTES if self.kind == "cpu" else 0
+    def overhead(self, graph_nodes: int) -> int:
+        """Bytes a CPU process holds besides its tensors, with micro-steps of ``graph_nodes`` autograd nodes (none on
+        CUDA: the target's reserve covers it)."""
+        return cpu_heap_bytes(graph_nodes) if self.kind == "cpu" else 0
 
     def workspace(self):
         """What an operator holds only while it runs, for the trace (``measure_breakdown(workspace=)``), or None.
@@ -201,8 +238,9 @@ class DeviceModel:
         """
         return gemm_panel_bytes if self.kind == "cpu" else None
 
-    def extra(self, gemm_panel_bytes: int) -> dict[str, Any]:
+    def extra(self, gemm_panel_bytes: int, graph_nodes: int) -> dict[str, Any]:
         """The model's own figures, for :attr:`EstimateResult.extra`."""
         if self.kind != "cpu":
             return {}
-        return {"threads": self.threads, "cpu_heap_bytes": CPU_HEAP_BYTES, "mkl_panel_bytes": gemm_panel_bytes}
+        return {"threads": self.threads, "cpu_heap_bytes": cpu_heap_bytes(graph_nodes), "graph_nodes": graph_nodes,
+                "mkl_panel_bytes": gemm_panel_bytes}

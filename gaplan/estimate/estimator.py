@@ -15,6 +15,7 @@ from gaplan.estimate.edge import check_sizes, find_edge
 from gaplan.estimate.result import EstimateResult, TracedRow
 from gaplan.estimate.sharded import ShardedTracer, check_world_size
 from gaplan.estimate.trace import Tracer
+from gaplan.estimate.trust import model_family, trust_of
 from gaplan.plan.layouts import check_nodes, launch_command
 from gaplan.plan.split import make_plan
 
@@ -95,6 +96,7 @@ def estimate(
             static_bytes=tracer.static_bytes(), task=workload.task, seq_len=workload.seq_len,
             trace_count=sum(not r.composed for r in rows), extra=tracer.extra(), world_size=world_size, nodes=nodes,
             plan_peak_bytes=step_peak(rows, plan.micro_batch),
+            trust=trust_of(model_family(workload.model), spec.to_dict(), device_kind, world_size),
             launch_command=launch_command(spec.to_dict(), plan.micro_batch, effective_batch, world_size, nodes,
                                           "cpu" if device_kind == "cpu" else None))
 

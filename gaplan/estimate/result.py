@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from gaplan.estimate.assumptions import Assumption
+from gaplan.estimate.trust import Trust
 
 PHASES = ("micro-steps", "optimizer-step", "step")
 
@@ -69,10 +70,13 @@ class EstimateResult:
     launch_command: str | None = None  # the gaplan train (or torchrun) command of the plan
     # Traced peak of the whole step at the plan's micro-batch (its largest, at most B*); None when not traced.
     plan_peak_bytes: int | None = None
+    trust: Trust | None = None  # the zoo's measured error for the model's family (gaplan.estimate.trust)
+
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
         data["rows"] = [row.to_dict() for row in self.rows]
         data["line"] = {"intercept": self.line[0], "slope": self.line[1]}
         data["assumptions"] = [a.to_dict() for a in self.assumptions]
         data["trace_seconds"] = round(self.trace_seconds, 3)
+        data["trust"] = self.trust.to_dict() if self.trust is not None else None
         return data

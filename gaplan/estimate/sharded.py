@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from gaplan.core.errors import GaplanError
 from gaplan.estimate.assumptions import Assumption, sharded_assumptions, trace_assumptions
 from gaplan.estimate.depth import extrapolate, truncated_copy, uniform_stack
-from gaplan.estimate.device import DeviceModel
+from gaplan.estimate.device import DeviceModel, GraphCount
 from gaplan.estimate.fake import fake_batch_maker, fake_tensor_errors, fake_tensor_mode, readable_values
 from gaplan.estimate.result import TracedRow
 from gaplan.estimate.shard_tracking import (
@@ -144,6 +144,7 @@ class _Copy:
 
     depth: int
     workload: Workload  # model sharded, optimizer over the shards, fake batches, device cpu
+    graph: GraphCount = dataclasses.field(default_factory=GraphCount)  # of a micro-step's autograd graph
 
 
 class ShardedTracer:
@@ -247,7 +248,7 @@ class ShardedTracer:
             # the first micro-step's held gradients are re-labelled: it counts them as backward temporaries.
             tracker.reset_mod_stats()
             label_held_gradients(tracker, workload.model)
-            return workload.raw_loss(model, batch)
+            return copy_.graph.counted(workload.raw_loss(model, batch))
 
         with fake_tensor_errors(self.spec), tracker:
             accumulate_gradients(workload.model, batches, raw_loss, workload.task, workload.loss_is_scaled_for_ga,
@@ -318,7 +319,13 @@ class ShardedTracer:
         # FSDPMemTracker counts no operator workspace (measure_breakdown's), so on CPU the largest product's MKL
         # buffer is taken as live at every peak: an upper bound, by up to that buffer.
         panel = self.helper.gemm_panel_bytes if self.device.kind == "cpu" else 0
-        return self.device.overhead() + panel
+        return self.device.overhead(self.graph_nodes()) + panel
+
+    def graph_nodes(self) -> int:
+        """A micro-step's autograd nodes at full depth, on the line through the traced depths (0 before a trace)."""
+        if not all(c.graph.nodes for c in self._copies):
+            return 0
+        return extrapolate({c.depth: {"nodes": c.graph.nodes} for c in self._copies}, self.blocks)["nodes"]
 
     def final_rows(self) -> list[TracedRow]:
         overhead = self.overhead()
@@ -332,7 +339,7 @@ class ShardedTracer:
         data: dict[str, Any] = {"attention_ops": sorted(self.helper.attention_ops), "parallel": "fsdp",
                                 "world_size": self.world_size, "blocks": self.blocks, "traced_depths": list(self.depths),
                                 "grad_sync": self.spec.grad_sync, "cpu_offload": self.spec.cpu_offload}
-        data.update(self.device.extra(self.helper.gemm_panel_bytes))
+        data.update(self.device.extra(self.helper.gemm_panel_bytes, self.graph_nodes()))
         step = next((r for r in self.final_rows() if r.phase == "optimizer-step"), None)
         if step is not None:
             data["optimizer_step_peak_bytes"] = step.peak_bytes
@@ -341,6 +348,7 @@ class ShardedTracer:
     def assumptions(self) -> list[Assumption]:
         step = self._optimizer_row
         notes = trace_assumptions(self.spec, self.device, self.helper, self.static_bytes(),
-                                  step.tracked_total if step is not None else None, panel_at_every_peak=True)
+                                  step.tracked_total if step is not None else None, self.graph_nodes(),
+                                  panel_at_every_peak=True)
         notes += sharded_assumptions(self.spec, self.device.kind, self.world_size, self.blocks, self.depths)
         return notes + ([lora_assumption(self.spec, self.workload.model)] if self.spec.lora else [])

@@ -26,7 +26,7 @@ from gaplan.estimate.assumptions import (
     quantized_weights,
     trace_assumptions,
 )
-from gaplan.estimate.device import DeviceModel, gemm_panel_bytes
+from gaplan.estimate.device import DeviceModel, GraphCount, gemm_panel_bytes
 from gaplan.estimate.fake import (
     fake_tensor_errors,
     fake_tensor_mode,
@@ -58,7 +58,8 @@ class Tracer:
     def __enter__(self) -> Tracer:
         self.mode = fake_tensor_mode()
         try:
-            self.workload = fake_workload(self.spec, self.device, self.mode)
+            self.helper = TraceHelper()
+            self.workload = self.helper.counting_graphs(fake_workload(self.spec, self.device, self.mode))
             self._no_step = dataclasses.replace(self.workload, optimizer=no_step_optimizer(self.workload.optimizer))
             if self.spec.quantize:
                 from gaplan.estimate.quantized import quantized_base
@@ -67,7 +68,6 @@ class Tracer:
             if self.world_size > 1:  # DDP's buckets: a flat copy of the gradients, held through every step
                 self.bucket_bytes = sum(p.numel() * p.element_size() for p in self.workload.model.parameters()
                                         if p.requires_grad)
-            self.helper = TraceHelper()
             self._stack.enter_context(fast_peak_tracking())
             self._stack.enter_context(readable_values())
             self._stack.enter_context(self.device.allocator())
@@ -143,7 +143,7 @@ class Tracer:
 
         MKL's GEMM buffers are traced, as a workspace at the moment of each product (``DeviceModel.workspace``).
         """
-        return self.device.overhead() + self.bucket_bytes
+        return self.device.overhead(self.helper.graph.nodes) + self.bucket_bytes
 
     def static_bytes(self) -> int:
         """Weights (4-bit ones at their quantized size), gradients and optimizer states."""
@@ -156,7 +156,7 @@ class Tracer:
 
     def extra(self) -> dict[str, Any]:
         data: dict[str, Any] = {"attention_ops": sorted(self.helper.attention_ops)}
-        data.update(self.device.extra(self.helper.gemm_panel_bytes))
+        data.update(self.device.extra(self.helper.gemm_panel_bytes, self.helper.graph.nodes))
         if self.world_size > 1:
             data.update(parallel="ddp", world_size=self.world_size, ddp_bucket_bytes=self.bucket_bytes)
         step = next((r for r in self.final_rows() if r.phase == "optimizer-step"), None)
@@ -167,7 +167,7 @@ class Tracer:
     def assumptions(self) -> list[Assumption]:
         step = next((r for r in self.rows if r.phase == "optimizer-step"), None)
         notes = trace_assumptions(self.spec, self.device, self.helper, self.static_bytes(),
-                                  step.tracked_total if step is not None else None)
+                                  step.tracked_total if step is not None else None, self.helper.graph.nodes)
         if self.world_size > 1:
             notes.append(data_parallel_buckets(self.bucket_bytes, self.world_size))
         if self.spec.lora:
@@ -190,6 +190,7 @@ class TraceHelper:
 
     Attributes (what the traces saw, read by the device model and the assumptions):
         gemm_panel_bytes: MKL's packing buffer per thread for the largest float32 product.
+        graph: the largest autograd graph of a micro-step (the CPU heap grows with it).
         attention_ops: names of the attention operators run.
         convolutions: whether any convolution ran.
     """
@@ -204,8 +205,14 @@ class TraceHelper:
 
         self._mode = _Mode()
         self.gemm_panel_bytes = 0
+        self.graph = GraphCount()
         self.attention_ops: set[str] = set()
         self.convolutions = False
+
+    def counting_graphs(self, workload: Workload) -> Workload:
+        """``workload`` with a loss whose graph is counted on every micro-step."""
+        raw_loss = workload.raw_loss
+        return dataclasses.replace(workload, raw_loss=lambda model, batch: self.graph.counted(raw_loss(model, batch)))
 
     def __enter__(self) -> TraceHelper:
         self._mode.__enter__()

@@ -44,3 +44,5 @@ def test_json_estimate_for_a_target():
     assert data["max_micro_batch"] >= 1 and data["plan"]["effective_batch"] == 64
     assert {"parameters", "gradients", "optimizer_states", "activations"} <= set(data["rows"][0])
     assert data["assumptions"]
+    trust = data["trust"]  # the zoo's measured error for BERT, and that a T4 is not what it measured
+    assert trust["family"] == "bert" and trust["measured"] and "a CUDA target" in trust["differences"][0]

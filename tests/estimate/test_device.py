@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from gaplan.core.constants import MiB
-from gaplan.estimate.device import CPU_HEAP_BYTES, DeviceModel, cuda_block_bytes, mkl_panel_bytes
+from gaplan.estimate.device import (
+    CPU_HEAP_BYTES,
+    CPU_HEAP_BYTES_PER_NODE,
+    DeviceModel,
+    GraphCount,
+    cuda_block_bytes,
+    mkl_panel_bytes,
+)
 
 
 def test_cuda_block_rounding():
@@ -42,8 +49,9 @@ def test_a_cpu_process_holds_heap_and_a_gemm_buffer_while_a_product_runs_cuda_no
     panel = mkl_panel_bytes(1024, 100_000)
     assert panel == 4 * 256 * 4096 and mkl_panel_bytes(64, 1024) == 4 * 64 * 1024
     cpu = DeviceModel("cpu", threads=2)
-    assert cpu.overhead() == CPU_HEAP_BYTES
-    assert cpu.extra(panel) == {"threads": 2, "cpu_heap_bytes": CPU_HEAP_BYTES, "mkl_panel_bytes": panel}
+    assert cpu.overhead(0) == CPU_HEAP_BYTES and cpu.overhead(1000) == CPU_HEAP_BYTES + 1000 * CPU_HEAP_BYTES_PER_NODE
+    assert cpu.extra(panel, 10) == {"threads": 2, "cpu_heap_bytes": CPU_HEAP_BYTES + 10 * CPU_HEAP_BYTES_PER_NODE,
+                                    "graph_nodes": 10, "mkl_panel_bytes": panel}
     workspace = cpu.workspace()
     aten = torch.ops.aten
     a, b = torch.empty(8, 64), torch.empty(64, 1024)
@@ -53,4 +61,19 @@ def test_a_cpu_process_holds_heap_and_a_gemm_buffer_while_a_product_runs_cuda_no
     assert workspace(aten.mm.default, (a.bfloat16(), b.bfloat16())) == 0  # oneDNN, no such buffer
     assert workspace(aten.add.Tensor, (a, a)) == 0
     cuda = DeviceModel("cuda", threads=2)
-    assert cuda.overhead() == 0 and cuda.workspace() is None and cuda.extra(panel) == {}
+    assert cuda.overhead(1000) == 0 and cuda.workspace() is None and cuda.extra(panel, 1000) == {}
+
+
+def test_the_graph_count_keeps_the_largest_autograd_graph_it_was_shown():
+    import torch
+
+    count = GraphCount()
+    weight = torch.ones(3, requires_grad=True)
+    assert count.counted(torch.ones(3).sum()) is not None and count.nodes == 0  # no gradient, no graph
+    loss = (weight * 2).exp().sum()  # AccumulateGrad, Mul, Exp, Sum
+    assert count.counted(loss) is loss and count.nodes == 4
+    count.counted(weight.sum())  # a smaller graph leaves the largest
+    assert count.nodes == 4
+    shared, once = weight * 2, GraphCount()
+    once.counted((shared + shared).sum())  # a node reached twice counts once: AccumulateGrad, Mul, Add, Sum
+    assert once.nodes == 4

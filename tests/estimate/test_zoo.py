@@ -1,10 +1,10 @@
 """The estimate on twelve architectures it was not tuned on (``tests/estimate/zoo.py``), full fine-tuning and LoRA.
 
 Each case traces micro-batches 2 and 16 on fake tensors and runs both in a fresh process on a real CPU budget. The
-activations per sample (the slope between the two) must agree within 3%: that is the part that scales to a real
-model and batch, and the one the trace had wrong before it let transformers read the batch (docs/estimate.md, "The
-zoo"). The peaks themselves are printed; at micro-batch 2 these 4 x 128 models peak at 20-50 MiB, where the CPU
-process's own heap beyond its tensors (1-4 MiB, growing with the number of operators) is a few percent.
+peaks must agree within 3% at both, and the activations per sample (the slope between the two) within 3%: that is
+the part that scales to a real model and batch, and the one the trace had wrong before it let transformers read the
+batch (docs/estimate.md, "The zoo"). At micro-batch 2 these 4 x 128 models peak at 20-50 MiB, where the CPU process's
+heap beyond its tensors (1-6 MiB, counted per autograd node) is a few percent.
 """
 
 from __future__ import annotations
@@ -26,3 +26,7 @@ def test_the_estimate_has_the_activations_per_sample_of_real_trials(family, lora
     print(f"{family} {'LoRA' if lora else 'full'}: peak " + ", ".join(f"{size}: {100 * e:+.2f}%" for size, e in errors.items())
           + f"; per sample {slopes[0] / 2**20:.3f} vs {slopes[1] / 2**20:.3f} MiB")
     assert abs(slopes[0] - slopes[1]) <= 0.03 * slopes[1], (family, lora, slopes)
+    # GPT-NeoX's trial holds 0.7 MiB outside its tensors that its graph does not account for (docs/estimate.md,
+    # "What is left"): its small peak reads 2.9-3.2% low, held at 4% here, every other at 3%.
+    assert abs(errors[SIZES[0]]) <= (0.04 if family == "gpt_neox" else 0.03), (family, lora, errors)
+    assert abs(errors[SIZES[1]]) <= 0.03, (family, lora, errors)
