@@ -106,8 +106,10 @@ def main() -> None:
 @click.option("--report", is_flag=True, help="Also time the splits against a true large batch, break memory down "
                                              "by category, and write report.md/html, CSVs and PNGs to the run folder.")
 @timing_options
-@click.option("--seed-from-estimate", is_flag=True, help="Start the search at gaplan estimate's predicted edge "
-                                                         "(traced on fake tensors first) and verify both sides.")
+@click.option("--seed-from-estimate/--no-seed-from-estimate", default=None,
+              help="Start the search at gaplan estimate's predicted edge (traced on fake tensors first) and verify "
+                   "both sides. Default: on where the model's family is in the estimate's zoo of measured "
+                   "architectures (one process), off elsewhere.")
 @click.option("--emit", type=click.Choice(["hf"]), default=None,
               help="Also print the plan as code to paste: hf = transformers TrainingArguments.")
 @batch_by_options
@@ -217,7 +219,7 @@ def _probe_by_tokens(spec: Any, memory_limit: int | None, options: dict[str, Any
 
     check_by_tokens(spec, options, "probe")
     for name, default, flag in (("report", False, "--report"), ("objective", "max-micro-batch", "--objective"),
-                                ("seed_from_estimate", False, "--seed-from-estimate"), ("emit", None, "--emit"),
+                                ("seed_from_estimate", None, "--seed-from-estimate"), ("emit", None, "--emit"),
                                 ("search_cap", None, "--search-cap"), ("margin", 0.0, "--margin")):
         if options[name] != default:
             raise GaplanError(f"{flag} applies to a probe by samples, not to --batch-by tokens")

@@ -67,7 +67,7 @@ def probe(
     margin: float = 0.0,
     effective_batch: int = DEFAULT_EFFECTIVE_BATCH,
     world_size: int = 1,
-    start: int = 1,
+    start: int | Callable[[], int] = 1,
     search_cap: int | None = None,
     threads: int | None = None,
     ddp: bool | None = None,
@@ -88,6 +88,7 @@ def probe(
             (``spec.parallel == "fsdp"``): each of its trials runs ``world_size`` ranks in one process group
             (processes on this machine, gloo, each under ``memory_limit``; on CUDA cuda:0 to cuda:W-1),
             and a size fits only if it fits on every rank (:mod:`gaplan.worker.ranks`).
+        start: the search's first micro-batch, or a function that returns it, called while the worker starts.
         optimizer_steps: accumulated optimizer steps per trial (each in a fresh process); two by
             default, so the answer is checked past the first step, not only at it. The doublings that only
             draw the memory line run one (sketches: :func:`gaplan.plan.search.find_edge`).
@@ -124,6 +125,8 @@ def probe(
     probe_limit = None if memory_limit is None else int(memory_limit * (1 - margin))
     ddp = (world_size > 1 if ddp is None else ddp) and ranks == 1
     with WorkerProcess(spec, device, probe_limit, threads=threads, ddp=ddp, ranks=ranks) as worker:
+        if callable(start):  # worked out while the worker starts (its imports take seconds): an estimate's edge
+            start = start()
         info = worker.info
         memory_limit = memory_limit or info["limit_bytes"]
         probe_limit = info["limit_bytes"]

@@ -40,10 +40,20 @@ class WorkerProcess:
             stderr=subprocess.PIPE, text=True, env=env, bufsize=1)
         self._send(WorkerSetup(spec.to_dict(), device, limit_bytes, threads, seed, warm_optimizer, ddp, ranks,
                                timeout_s).to_dict())
-        self.info = self._receive()
-        # How long the caller waited for the worker, and the worker's own parts of it (the probe's profile).
-        self.start_seconds = {"start to ready": round(time.perf_counter() - started, 4),
-                              **(self.info.pop("phase_seconds", None) or {})}
+        self._started = started
+        self._info: dict | None = None
+        self.start_seconds: dict = {}
+
+    @property
+    def info(self) -> dict:
+        """The worker's ready message (device, budget, static bytes), waited for on first use: the caller may work
+        meanwhile (a probe traces its estimate while the worker imports torch)."""
+        if self._info is None:
+            self._info = self._receive()
+            # How long the caller waited for the worker, and the worker's own parts of it (the probe's profile).
+            self.start_seconds = {"start to ready": round(time.perf_counter() - self._started, 4),
+                                  **(self._info.pop("phase_seconds", None) or {})}
+        return self._info
 
     def _send(self, message: dict) -> None:
         assert self.process.stdin is not None
@@ -68,11 +78,13 @@ class WorkerProcess:
     def trial(self, micro_batch: int, micro_steps: int = 2, optimizer_steps: int = 1,
               sizes: list[int] | None = None, unbounded: bool = False) -> Trial:
         """One trial in a fresh child; ``sizes`` is one step's uneven split, ``unbounded`` lifts the budget."""
+        self.info  # noqa: B018 - the ready message comes first
         self._send(TrialRequest(micro_batch, micro_steps, optimizer_steps, sizes, unbounded).to_dict())
         return Trial.from_dict(self._receive())
 
     def breakdown(self, micro_batch: int) -> dict:
         """Peak bytes by category of one steady-state step (:mod:`gaplan.training.breakdown`), measured without the budget."""
+        self.info  # noqa: B018 - the ready message comes first
         self._send(TrialRequest(micro_batch, unbounded=True, breakdown=True).to_dict())
         return self._receive()
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from gaplan.benchmark.measurement import BenchSettings
 from gaplan.core.constants import DEFAULT_CPU_BUDGET, DEFAULT_EFFECTIVE_BATCH, SEARCH_CAP
+from gaplan.core.errors import GaplanError
 from gaplan.core.options import OptionError, nested
 from gaplan.core.progress import Say, quiet
 from gaplan.core.trial import Trial
@@ -52,7 +53,7 @@ class ProbeOptions:
     report: bool = False
     bench: BenchSettings = nested(BenchSettings)  # how --report and --objective throughput time the splits
     goodput: GoodputOptions = nested(GoodputOptions)  # --objective goodput: its range and measuring run
-    seed_from_estimate: bool = False
+    seed_from_estimate: bool | None = None  # None: where the zoo measured the model's family (estimate_is_trusted)
     threads: int | None = None
     command: str | None = None
 
@@ -78,9 +79,24 @@ def run_probe(spec: WorkloadSpec, out: str, options: ProbeOptions | None = None,
     from gaplan.workflows.bench import write_measurements
 
     o = dataclasses.replace(options or ProbeOptions(), **fields)
-    start = 1
-    if o.seed_from_estimate:
-        start = estimate_start(spec, device, memory_limit, o.margin, o.search_cap, o.threads, say)
+    seeds: list[int] = []  # the estimate's B*, once the probe has asked for it
+
+    def seed() -> int:
+        """Where the search starts, worked out while the worker starts (the probe calls it; twice when tuning)."""
+        if seeds:
+            return seeds[0]
+        by_default = o.seed_from_estimate is None
+        try:
+            if by_default and not estimate_is_trusted(spec, device, o.world_size):
+                return 1
+            seeds.append(estimate_start(spec, device, memory_limit, o.margin, o.search_cap, o.threads, say))
+        except GaplanError as exc:
+            if not by_default:  # asked for by name: its error is the answer
+                raise
+            say(f"estimate: {exc}; searching from 1")  # the probe itself says what fits; the seed was a head start
+            return 1
+        return seeds[0]
+
     by_goodput = o.objective == "goodput"
     # By goodput the search reaches the range's top (B* may be needed there); the plan is chosen after it.
     searched = max(o.effective_batch, o.goodput.bounds(o.effective_batch)[1]) if by_goodput else o.effective_batch
@@ -90,7 +106,8 @@ def run_probe(spec: WorkloadSpec, out: str, options: ProbeOptions | None = None,
                  bench_settings=o.bench, on_trial=on_trial, on_row=on_row, on_stage=lambda text: say(text + " ..."),
                  on_bench_trial=on_bench_trial,
                  on_bench_start=on_bench_start or (lambda outlook: say(outlook.describe() + " ...")),
-                 margin=o.margin, world_size=o.world_size, search_cap=o.search_cap, threads=o.threads, start=start)
+                 margin=o.margin, world_size=o.world_size, search_cap=o.search_cap, threads=o.threads,
+                 start=1 if o.seed_from_estimate is False else seed)
     result = dataclasses.replace(tuned.result, command=o.command)
     reason = tuned.decision.reason if result.tuner else None
     if by_goodput:
@@ -103,7 +120,20 @@ def run_probe(spec: WorkloadSpec, out: str, options: ProbeOptions | None = None,
     written = write_measurements(out, result, tuned.benches, on_row, say) if o.report else None
     verdict = tuned.benches[0].verdict if o.report and tuned.benches else None
     return ProbeRun(result, plan_path, written, reason,
-                    start if o.seed_from_estimate else None, verdict or None)
+                    seeds[0] if seeds else None, verdict or None)
+
+
+def estimate_is_trusted(spec: WorkloadSpec, device: str, world_size: int) -> bool:
+    """Whether a probe starts from the estimate by default: one process of a family the zoo measured
+    (:mod:`gaplan.estimate.trust`). Elsewhere the estimate may be further off, and a seed that misses costs trials."""
+    from gaplan.estimate.trust import trust_of
+    from gaplan.workload.build import load_model_config, model_source_kind
+
+    if world_size > 1 or spec.parallel == "fsdp" or model_source_kind(spec.model) == "function":
+        return False
+    config, _, _ = load_model_config(spec)
+    kind = "cpu" if device == "cpu" else "cuda"
+    return trust_of(getattr(config, "model_type", None), spec.to_dict(), kind).measured
 
 
 def estimate_start(spec: WorkloadSpec, device: str, memory_limit: int | None, margin: float, search_cap: int | None,
