@@ -22,6 +22,11 @@ class LoopOptions:
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise OptionError(f"steps must be a positive integer (got {self.steps})", "steps")
+        norm = self.max_grad_norm
+        if norm is not None and not (isinstance(norm, (int, float)) and 0 < norm < float("inf")):
+            # clip_grad_norm_ with a negative norm flips every gradient: gradient ascent, with no word
+            raise OptionError(f"max_grad_norm must be a positive number (got {norm}); leave it out for no clipping",
+                              "max_grad_norm")
         for name in ("warmup_steps", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise OptionError(f"{name} must be 0 or more (got {getattr(self, name)})", name)

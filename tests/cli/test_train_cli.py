@@ -103,6 +103,10 @@ def test_bad_input(tmp_path):
         (["--plan", str(other_plan)], "was made for tiny-bert-cls"),
         (["--micro-batch", "4", "--data", str(tmp_path / "nope.txt")], "cannot read it"),
         (["--resume", str(tmp_path)], "no checkpoint.pt in it"),
+        # clip_grad_norm_ with -1 would flip every gradient (gradient ascent); 0 would zero them
+        (["--micro-batch", "4", "--max-grad-norm", "-1"], "--max-grad-norm must be a positive number (got -1.0)"),
+        (["--micro-batch", "4", "--max-grad-norm", "0"], "--max-grad-norm must be a positive number (got 0.0)"),
+        (["--micro-batch", "4", "--max-grad-norm", "nan"], "--max-grad-norm must be a positive number (got nan)"),
     ]
     for args, message in cases:
         out = tmp_path / "never-written"
