@@ -8,7 +8,7 @@ from gaplan.core.constants import LARGE_BATCH_KIND as LARGE_BATCH
 from gaplan.core.constants import LARGEST_FIT_KIND as LARGEST_FIT
 from gaplan.core.constants import PLAN_KIND as PLAN
 from gaplan.core.constants import SPLIT_KIND as SPLIT
-from gaplan.core.options import OptionError, option
+from gaplan.core.options import OptionError, option, positive_finite
 from gaplan.plan.split import split_text
 
 
@@ -41,7 +41,7 @@ class BenchSettings:
         if not 0 < self.ci_target < 1:
             raise OptionError(f"ci_target must be between 0 and 1, e.g. 0.05 for ±5% (got {self.ci_target})",
                               "ci_target")
-        if self.time_budget_s <= 0:
+        if not positive_finite(self.time_budget_s):
             raise OptionError(f"time_budget must be positive, in seconds (got {self.time_budget_s})", "time_budget")
 
 

@@ -218,8 +218,14 @@ SEARCH_CAP_OPTION = click.option("--search-cap", "--max-micro-batch", "search_ca
 def spec_from_options(options: dict[str, Any]):
     """The workload of the parsed options, by :class:`WorkloadSpec`'s fields, checked."""
     from gaplan.core.options import from_options
-    from gaplan.workload.spec import WorkloadSpec
+    from gaplan.workload.spec import LORA_SETTINGS, WorkloadSpec
 
+    if not options.get("lora") and not options.get("lora_config"):  # given at its default, it is still ignored
+        given = sorted(given_on_command_line(click.get_current_context()) & set(LORA_SETTINGS))
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise GaplanError(f"{flags} {'sets' if len(given) == 1 else 'set'} LoRA adapters, and --lora is off: add "
+                              "--lora, or leave it out")
     # --grad-checkpointing is on|off|auto: the spec holds on or off (auto is the tuner's to decide, with it off).
     spec = from_options(WorkloadSpec, options, grad_checkpointing=options["grad_checkpointing"] == "on",
                         **lora_fields(options), **length_fields(options))

@@ -38,6 +38,12 @@ class OptionError(GaplanError):
         return text
 
 
+def positive_finite(value: object) -> bool:
+    """Whether ``value`` is a number above zero and finite (NaN, inf, a bool, a string are not)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+            and value < float("inf"))
+
+
 def flag(name: str) -> str:
     """The command-line flag of an option name: ``micro_batch`` -> ``--micro-batch``."""
     return "--" + name.replace("_", "-")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from gaplan.core.errors import GaplanError
+from gaplan.core.options import OptionError
 
 _UNITS = {
     "": 1, "b": 1,
@@ -16,16 +16,23 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_bytes(text: str, what: str = "--memory-limit") -> int:
-    """Parse ``2GiB``/``1.5GB``/``800M``/``1073741824`` into a positive byte count."""
-    match = _SIZE.match(str(text))
+def parse_bytes(value: int | str, name: str = "memory_limit") -> int:
+    """A positive byte count from bytes (an int) or text (``2GiB``/``1.5GB``/``800M``/``1073741824``).
+
+    A bad value raises an :class:`OptionError` that names ``name`` as the caller wrote it (``memory_limit`` in
+    Python; the command line shows its flag, ``--memory-limit``)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value <= 0:
+            raise OptionError(f"{name} must be larger than zero (got {value})", name)
+        return value
+    match = _SIZE.match(value) if isinstance(value, str) else None
     unit = match.group(2).lower() if match else ""
     if not match or unit not in _UNITS:
-        raise GaplanError(f"{what} must be a size such as 2GiB, 512MiB or 1.5GB (got {text!r})")
-    value = int(float(match.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise GaplanError(f"{what} must be larger than zero (got {text!r})")
-    return value
+        raise OptionError(f"{name} must be a size such as 2GiB, 512MiB or 1.5GB, or bytes (got {value!r})", name)
+    count = int(float(match.group(1)) * _UNITS[unit])
+    if count <= 0:
+        raise OptionError(f"{name} must be larger than zero (got {value!r})", name)
+    return count
 
 
 def format_bytes(count: float | None) -> str:

@@ -216,7 +216,7 @@ def cpu_budget(limit: int | str | None = None) -> CpuBackend:
 
     from gaplan.core.units import parse_bytes
 
-    if isinstance(limit, str):
+    if limit is not None:
         limit = parse_bytes(limit)
     if "torch" in sys.modules and any(os.environ.get(k) != v for k, v in MKL_ALLOCATOR_ENV.items()):
         warnings.warn("torch was imported before gaplan: MKL's pooled GEMM workspace is on, so this budget's edge "

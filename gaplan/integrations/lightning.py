@@ -32,6 +32,7 @@ from pytorch_lightning import Callback
 
 from gaplan.core.errors import GaplanError
 from gaplan.core.fork import failure_line, run_in_child
+from gaplan.core.units import parse_bytes
 from gaplan.data.longest import DEFAULT_SCAN, LargestBatches, largest_first
 from gaplan.plan.split import Plan, make_even_plan
 from gaplan.probing.loop import LoopProbeResult, probe_loop
@@ -61,7 +62,7 @@ class GaplanBatchSize(Callback):
         if not isinstance(effective_batch, int) or isinstance(effective_batch, bool) or effective_batch < 1:
             raise GaplanError(f"effective_batch must be a positive integer (got {effective_batch!r})")
         self.effective_batch = effective_batch
-        self.memory_limit = memory_limit
+        self.memory_limit = parse_bytes(memory_limit) if memory_limit is not None else None  # refused here, not later
         self.batch_arg_name = batch_arg_name
         self.make_batch = make_batch
         self.scan = scan

@@ -267,7 +267,7 @@ def _resolve_plan(model_or_spec: Any, args: TrainingArguments, effective_batch: 
     if model_or_spec is None:
         raise GaplanError("give a model, a WorkloadSpec or a preset to probe, or plan= to use an existing plan")
     make_plan(effective_batch, max(1, effective_batch // max(world_size, 1)), world_size)  # a bad batch fails here
-    if isinstance(memory_limit, str):
+    if memory_limit is not None:
         from gaplan.core.units import parse_bytes
 
         memory_limit = parse_bytes(memory_limit)

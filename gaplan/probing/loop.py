@@ -138,9 +138,7 @@ def resolve_budget(device: str, memory_limit: int | str | None) -> int | None:
     from gaplan.devices.backend import cuda_total_bytes
     from gaplan.probing.edge import check_cpu_budget
 
-    limit = parse_bytes(memory_limit) if isinstance(memory_limit, str) else memory_limit
-    if limit is not None and limit <= 0:
-        raise GaplanError(f"memory_limit must be larger than zero (got {limit})")
+    limit = parse_bytes(memory_limit) if memory_limit is not None else None
     if device == "cpu":
         limit = limit or DEFAULT_CPU_BUDGET
         check_cpu_budget(limit)

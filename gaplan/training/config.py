@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gaplan.core.constants import DEFAULT_TRAIN_STEPS
-from gaplan.core.options import OptionError, option
+from gaplan.core.options import OptionError, option, positive_finite
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class LoopOptions:
         if self.steps < 1:
             raise OptionError(f"steps must be a positive integer (got {self.steps})", "steps")
         norm = self.max_grad_norm
-        if norm is not None and not (isinstance(norm, (int, float)) and 0 < norm < float("inf")):
+        if norm is not None and not positive_finite(norm):
             # clip_grad_norm_ with a negative norm flips every gradient: gradient ascent, with no word
             raise OptionError(f"max_grad_norm must be a positive number (got {norm}); leave it out for no clipping",
                               "max_grad_norm")

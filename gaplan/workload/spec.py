@@ -10,6 +10,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 
 from gaplan.core.errors import GaplanError
+from gaplan.core.options import OptionError, positive_finite
 from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, MASKED_LM, SEQ2SEQ_LM, TASKS
 
 DTYPE_NAMES = ("fp32", "bf16", "fp16")
@@ -129,8 +130,8 @@ class WorkloadSpec:
         if self.quantize:
             _check_bitsandbytes(str(device))
         if self.cpu_offload and str(device).startswith("cpu"):
-            raise GaplanError("--cpu-offload moves FSDP's shards and optimizer states off a GPU to the CPU; on "
-                              "--device cpu they are on the CPU already: leave it out")
+            raise OptionError("cpu_offload moves FSDP's shards and optimizer states off a GPU to the CPU; on "
+                              "device cpu they are on the CPU already: leave it out", "cpu_offload", "device")
         return self
 
     def validate(self) -> WorkloadSpec:
@@ -140,21 +141,21 @@ class WorkloadSpec:
         if self.dtype not in DTYPE_NAMES:
             raise GaplanError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPE_NAMES)}")
         if self.init not in INITS:
-            raise GaplanError(f"unknown --init {self.init!r}; choose one of {', '.join(INITS)}")
+            raise OptionError(f"unknown init {self.init!r}; choose one of {', '.join(INITS)}", "init")
         if self.weights_dtype not in DTYPE_NAMES:
             raise GaplanError(f"unknown weights dtype {self.weights_dtype!r}; choose one of {', '.join(DTYPE_NAMES)}")
         if self.weights_dtype == "fp16" and self.dtype == "fp16":
-            raise GaplanError("--weights-dtype fp16 cannot train with --dtype fp16: the loss scaler needs fp32 or "
-                              "bf16 master weights (fp16 gradients cannot be unscaled)")
+            raise OptionError("weights_dtype fp16 cannot train with dtype fp16: the loss scaler needs fp32 or "
+                              "bf16 master weights (fp16 gradients cannot be unscaled)", "weights_dtype", "dtype")
         if self.parallel not in PARALLEL_LAYOUTS:
-            raise GaplanError(f"unknown --parallel {self.parallel!r}; choose one of {', '.join(PARALLEL_LAYOUTS)}")
+            raise OptionError(f"unknown parallel {self.parallel!r}; choose one of {', '.join(PARALLEL_LAYOUTS)}", "parallel")
         if self.grad_sync not in GRAD_SYNCS:
-            raise GaplanError(f"unknown --grad-sync {self.grad_sync!r}; choose one of {', '.join(GRAD_SYNCS)}")
+            raise OptionError(f"unknown grad_sync {self.grad_sync!r}; choose one of {', '.join(GRAD_SYNCS)}", "grad_sync")
         if self.parallel != "fsdp" and self.cpu_offload:
-            raise GaplanError("--cpu-offload needs --parallel fsdp (it offloads FSDP's sharded parameters and "
-                              "optimizer states)")
+            raise OptionError("cpu_offload needs parallel fsdp (it offloads FSDP's sharded parameters and "
+                              "optimizer states)", "cpu_offload", "parallel")
         if self.parallel != "fsdp" and self.grad_sync != "last":
-            raise GaplanError("--grad-sync every needs --parallel fsdp (DDP syncs on the last micro-step)")
+            raise OptionError("grad_sync every needs parallel fsdp (DDP syncs on the last micro-step)", "grad_sync", "parallel")
         if not isinstance(self.trust_remote_code, bool):
             raise GaplanError(f"trust_remote_code must be true or false (got {self.trust_remote_code!r})")
         kind = model_source_kind(self.model)
@@ -162,54 +163,61 @@ class WorkloadSpec:
         if self.optimizer not in OPTIMIZERS:
             raise GaplanError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if self.seq_len is not None and self.seq_len < 2:
-            raise GaplanError(f"--seq-len must be at least 2 (got {self.seq_len})")
+            raise OptionError(f"seq_len must be at least 2 (got {self.seq_len})", "seq_len")
         if self.attention is not None and self.attention not in ATTENTIONS:
-            raise GaplanError(f"unknown --attention {self.attention!r}; choose one of {', '.join(ATTENTIONS)}")
+            raise OptionError(f"unknown attention {self.attention!r}; choose one of {', '.join(ATTENTIONS)}", "attention")
         if self.target_len is not None and self.target_len < 1:
-            raise GaplanError(f"--target-len must be a positive integer (got {self.target_len})")
+            raise OptionError(f"target_len must be a positive integer (got {self.target_len})", "target_len")
         task = self.task or (PRESETS[self.model][2] if self.model in PRESETS else None)
         if task is not None:  # a folder's task is known once its config is read (gaplan.workload.seq2seq)
             self.check_target_len(task)
-        if self.lr is not None and not self.lr > 0:
-            raise GaplanError(f"--lr must be positive (got {self.lr})")
+        if self.lr is not None and not positive_finite(self.lr):
+            raise OptionError(f"lr must be a positive number (got {self.lr})", "lr")
         if kind == "function" and self.task is not None:
-            raise GaplanError("--task does not apply to a module:function model (its function defines the loss)")
+            raise OptionError("task does not apply to a module:function model (its function defines the loss)", "task")
         if kind in ("function", "preset") and self.init == "pretrained":
-            raise GaplanError(f"--init pretrained needs a model folder with weights; {self.model} is a "
-                              f"{'built-in preset' if kind == 'preset' else 'module:function model'} without any")
+            raise OptionError(f"init pretrained needs a model folder with weights; {self.model} is a "
+                              f"{'built-in preset' if kind == 'preset' else 'module:function model'} without any", "init")
         if kind == "function" and self.attention is not None:
-            raise GaplanError("--attention does not apply to a module:function model (its function builds it)")
+            raise OptionError("attention does not apply to a module:function model (its function builds it)", "attention")
         if kind == "function" and self.weights_dtype != "fp32":
-            raise GaplanError("--weights-dtype does not apply to a module:function model (its function builds it)")
+            raise OptionError("weights_dtype does not apply to a module:function model (its function builds it)", "weights_dtype")
         return self
 
     def check_target_len(self, task: str) -> None:
         """A one-line error for ``--target-len`` on a model that trains as ``task``, not seq2seq-lm."""
         if self.target_len is not None and task != SEQ2SEQ_LM:
-            raise GaplanError(f"--target-len applies to seq2seq-lm models; {self.model} trains as {task}")
+            raise OptionError(f"target_len applies to seq2seq-lm models; {self.model} trains as {task}", "target_len")
 
     def _validate_lora(self, kind: str) -> None:
         if self.quantize is not None and self.quantize not in QUANTIZE:
-            raise GaplanError(f"unknown --quantize {self.quantize!r}; choose {', '.join(QUANTIZE)}")
+            raise OptionError(f"unknown quantize {self.quantize!r}; choose {', '.join(QUANTIZE)}", "quantize")
         if not self.lora:
+            # The adapters' settings without adapters would train a full fine-tune and ignore them.
+            defaults = {f.name: f.default for f in fields(self) if f.name in LORA_SETTINGS}
+            changed = [name for name in LORA_SETTINGS if getattr(self, name) != defaults[name]]
+            if changed:
+                raise OptionError(f"{', '.join(changed)} {'sets' if len(changed) == 1 else 'set'} LoRA adapters, and "
+                                  "lora is off: add lora, or leave it out", *changed, "lora")
             if self.quantize:
-                raise GaplanError("--quantize 4bit is QLoRA: it quantizes the frozen base under --lora adapters; "
-                                  "add --lora")
+                raise OptionError("quantize 4bit is QLoRA: it quantizes the frozen base under lora adapters; "
+                                  "add lora", "quantize", "lora")
             return
         if self.quantize and self.parallel == "fsdp":
-            raise GaplanError("--quantize 4bit with --parallel fsdp is not supported: bitsandbytes' 4-bit weights "
-                              "shard only with their own storage dtype setup; use QLoRA on one card, or LoRA with fsdp")
+            raise OptionError("quantize 4bit with parallel fsdp is not supported: bitsandbytes' 4-bit weights "
+                              "shard only with their own storage dtype setup; use QLoRA on one card, or LoRA with fsdp",
+                              "quantize", "parallel")
         if kind == "function":
-            raise GaplanError("--lora does not apply to a module:function model (its function builds it): wrap it "
-                              "with peft.get_peft_model there")
+            raise OptionError("lora does not apply to a module:function model (its function builds it): wrap it "
+                              "with peft.get_peft_model there", "lora")
         if not isinstance(self.lora_r, int) or isinstance(self.lora_r, bool) or self.lora_r < 1:
-            raise GaplanError(f"--lora-r must be a positive integer (got {self.lora_r})")
-        if not self.lora_alpha > 0:
-            raise GaplanError(f"--lora-alpha must be positive (got {self.lora_alpha})")
+            raise OptionError(f"lora_r must be a positive integer (got {self.lora_r})", "lora_r")
+        if not positive_finite(self.lora_alpha):
+            raise OptionError(f"lora_alpha must be a positive number (got {self.lora_alpha})", "lora_alpha")
         if not 0 <= self.lora_dropout < 1:
-            raise GaplanError(f"--lora-dropout must be in [0, 1) (got {self.lora_dropout})")
+            raise OptionError(f"lora_dropout must be in [0, 1) (got {self.lora_dropout})", "lora_dropout")
         if self.lora_targets is not None and not self.lora_target_modules:
-            raise GaplanError("--lora-targets names no module: give all-linear or names such as q_proj,v_proj")
+            raise OptionError("lora_targets names no module: give all-linear or names such as q_proj,v_proj", "lora_targets")
 
     @property
     def lora_target_modules(self) -> str | list[str] | None:
@@ -246,6 +254,9 @@ def model_source_kind(model: str) -> str:
 
 BITSANDBYTES_CPU = (0, 46)  # the first bitsandbytes release whose nf4 quantization and matmul run on the CPU
 NEEDS_BITSANDBYTES = "--quantize 4bit needs bitsandbytes: pip install 'gaplan[qlora]'"
+
+
+LORA_SETTINGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")  # what only LoRA reads
 
 
 def _check_bitsandbytes(device: str) -> None:

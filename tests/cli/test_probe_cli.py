@@ -73,6 +73,22 @@ def test_default_budget_is_announced(tmp_path):
     (["--seq-len", "4096"], "longer than the model's 1024 positions"),
     (["--margin", "1.5"], "--margin must be a fraction"),
     (["--out", "/proc/gaplan-cannot-write-here"], "is not writable"),
+    # the numeric sweep: negative, zero, NaN, inf each refused, named by its flag
+    (["--memory-limit", "-5"], "--memory-limit must be a size"),
+    (["--margin", "nan"], "--margin must be a fraction"),
+    (["--margin", "-0.1"], "--margin must be a fraction"),
+    (["--time-budget", "nan"], "--time-budget must be positive"),
+    (["--time-budget", "inf"], "--time-budget must be positive"),
+    (["--ci-target", "nan"], "--ci-target must be between 0 and 1"),
+    (["--lr", "inf"], "--lr must be a positive number (got inf)"),
+    (["--lr", "-1"], "--lr must be a positive number (got -1.0)"),
+    (["--lora", "--lora-alpha", "inf"], "--lora-alpha must be a positive number (got inf)"),
+    (["--lora", "--lora-dropout", "nan"], "--lora-dropout must be in [0, 1)"),
+    (["--lora", "--lora-r", "0"], "--lora-r must be a positive integer (got 0)"),
+    # LoRA's settings without --lora would train a full fine-tune and ignore them
+    (["--lora-r", "8"], "--lora-r sets LoRA adapters, and --lora is off"),
+    (["--lora-r", "16", "--lora-targets", "all-linear"], "--lora-r, --lora-targets set LoRA adapters"),
+    (["--quantize", "4bit"], "add --lora"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, args, message):
     if not any(a == "--out" for a in args):

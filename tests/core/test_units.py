@@ -1,6 +1,7 @@
 import pytest
 
 from gaplan.core.errors import GaplanError
+from gaplan.core.options import OptionError
 from gaplan.core.units import format_bytes, parse_bytes
 
 
@@ -10,10 +11,23 @@ def test_parse(text, value):
     assert parse_bytes(text) == value
 
 
-@pytest.mark.parametrize("text", ["0", "abc", "-1GiB", "2XB", "", "0.0001"])
-def test_parse_rejects(text):
-    with pytest.raises(GaplanError, match="--memory-limit"):
+@pytest.mark.parametrize("text", ["0", "abc", "-1GiB", "2XB", "", "0.0001", "nanGiB", "inf", 0, -1, True, 1.5, None])
+def test_parse_rejects_naming_the_argument_as_the_caller_wrote_it(text):
+    with pytest.raises(OptionError, match="^memory_limit must be") as caught:
         parse_bytes(text)
+    assert caught.value.for_cli().startswith("--memory-limit must be")  # what the command line prints
+
+
+def test_the_cpu_budget_and_the_lightning_callback_refuse_a_bad_limit_when_called():
+    import gaplan
+    from gaplan.integrations.lightning import GaplanBatchSize
+
+    for bad in (-1, 0, "abc"):
+        with pytest.raises(GaplanError, match="^memory_limit must be"):
+            gaplan.cpu_budget(bad)
+    with pytest.raises(GaplanError, match=r"^memory_limit must be a size .* \(got 'lots'\)"):
+        GaplanBatchSize(effective_batch=8, memory_limit="lots")  # at construction, not at the first fit
+    assert GaplanBatchSize(effective_batch=8, memory_limit="1GiB").memory_limit == 2**30
 
 
 def test_format():

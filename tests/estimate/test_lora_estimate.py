@@ -115,7 +115,7 @@ def test_a_4_bit_layers_products_hold_its_dequantized_copy_and_nothing_else_does
 
 
 @pytest.mark.parametrize("fields, message", [
-    (dict(parallel="fsdp"), "--quantize 4bit with --parallel fsdp is not supported"),
+    (dict(parallel="fsdp"), "quantize 4bit with parallel fsdp is not supported"),
 ])
 def test_what_qlora_cannot_be_estimated_for_is_one_line(fields, message):
     with pytest.raises(GaplanError, match=message):

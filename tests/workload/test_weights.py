@@ -134,7 +134,7 @@ def test_old_plan_files_without_the_new_keys_get_the_defaults():
 
 
 @pytest.mark.parametrize("bad, match", [
-    (dict(init="warm"), "unknown --init"),
+    (dict(init="warm"), "unknown init .warm."),
     (dict(weights_dtype="fp8"), "unknown weights dtype"),
     (dict(weights_dtype="fp16", dtype="fp16"), "loss scaler"),
     (dict(model="examples.custom_model:make_cnn", weights_dtype="bf16"), "does not apply"),
