@@ -24,6 +24,7 @@ from gaplan.benchmark.splits import (
     candidate_splits,
 )
 from gaplan.core.errors import GaplanError
+from gaplan.core.options import OptionError
 from gaplan.core.trial import Trial
 from gaplan.plan.split import make_plan
 from gaplan.probing.edge import probe
@@ -61,7 +62,7 @@ class TunedProbe:
 def choose(objective: str, candidates: list[tuple[ProbeResult, BenchResult | None]]) -> tuple[ProbeResult, TunerDecision]:
     """Pick among probes (checkpointing off and/or on) and their benches. No measuring here."""
     if objective not in OBJECTIVES:
-        raise GaplanError(f"--objective must be one of {', '.join(OBJECTIVES)} (got {objective!r})")
+        raise OptionError(f"objective must be one of {', '.join(OBJECTIVES)} (got {objective!r})", "objective")
     baseline, baseline_bench = candidates[0]
     plan_row = _plan_row(baseline_bench)
     if objective == "max-micro-batch" and len(candidates) == 1:
@@ -120,9 +121,10 @@ def tune(
 
     ``bench_settings``: how splits are timed; choosing by throughput times every split (``all_splits``)."""
     if grad_checkpointing not in CHECKPOINTING:
-        raise GaplanError(f"--grad-checkpointing must be one of {', '.join(CHECKPOINTING)} (got {grad_checkpointing!r})")
+        raise OptionError(f"grad_checkpointing must be one of {', '.join(CHECKPOINTING)} (got {grad_checkpointing!r})",
+                          "grad_checkpointing")
     if objective not in OBJECTIVES:
-        raise GaplanError(f"--objective must be one of {', '.join(OBJECTIVES)} (got {objective!r})")
+        raise OptionError(f"objective must be one of {', '.join(OBJECTIVES)} (got {objective!r})", "objective")
     stage = on_stage or (lambda text: None)
     settings = {"off": [False], "on": [True], "auto": [False, True]}[grad_checkpointing]
     probes = []

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from gaplan.core.constants import SEARCH_CAP
 from gaplan.core.errors import DoesNotFit, GaplanError
-from gaplan.core.units import format_bytes
+from gaplan.core.units import format_bytes, parse_bytes
 from gaplan.estimate.budget import budget, check_device_kind
 from gaplan.estimate.edge import check_sizes, find_edge
 from gaplan.estimate.result import EstimateResult, TracedRow
@@ -63,8 +63,8 @@ def estimate(
     """
     spec = spec.validate()
     check_device_kind(device_kind)
-    if memory_limit is not None and (not isinstance(memory_limit, int) or memory_limit <= 0):
-        raise GaplanError(f"--memory-limit must be larger than zero (got {memory_limit})")
+    if memory_limit is not None:
+        memory_limit = parse_bytes(memory_limit)
     if not isinstance(search_cap, int) or search_cap < 1:
         raise GaplanError(f"the search cap must be a positive integer (got {search_cap})")
     sizes = check_sizes(sizes)

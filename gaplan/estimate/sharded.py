@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from gaplan.core.errors import GaplanError
+from gaplan.core.options import OptionError
 from gaplan.estimate.assumptions import Assumption, sharded_assumptions, trace_assumptions
 from gaplan.estimate.depth import extrapolate, truncated_copy, uniform_stack
 from gaplan.estimate.device import DeviceModel, GraphCount
@@ -85,10 +86,10 @@ OFFLOADED = ("sharded_parameters", "sharded_gradients", "optimizer_states")
 def check_world_size(spec: WorkloadSpec, world_size: int) -> None:
     """A sharded estimate needs two ranks or more; a replicated one any positive number."""
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise GaplanError(f"--world-size must be a positive integer (got {world_size})")
+        raise OptionError(f"world_size must be a positive integer (got {world_size})", "world_size")
     if spec.parallel == "fsdp" and world_size < 2:
-        raise GaplanError("--parallel fsdp shards the model over ranks: give --world-size 2 or more "
-                          "(one rank holds everything: use --parallel ddp)")
+        raise OptionError("parallel fsdp shards the model over ranks: give world_size 2 or more "
+                          "(one rank holds everything: use parallel ddp)", "parallel", "world_size")
 
 
 def sharded_static_bytes(model: nn.Module, optimizer: str, world_size: int) -> int:

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from gaplan.core.errors import GaplanError
+from gaplan.core.options import OptionError
 
 # Machinery, from the least to the most memory-saving (and the most costly in time).
 MACHINERY = ("ddp", "fsdp", "fsdp+ckpt", "fsdp+offload")
@@ -114,7 +115,7 @@ def layouts_for(world_size: int, dtype: str = "bf16",
     left out and why.
     """
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise GaplanError(f"--world-size must be a positive integer (got {world_size})")
+        raise OptionError(f"world_size must be a positive integer (got {world_size})", "world_size")
     if dtype not in ("fp32", "bf16", "fp16"):
         raise GaplanError(f"unknown dtype {dtype!r}; choose one of fp32, bf16, fp16")
     unknown = [m for m in machinery if m not in MACHINERY]
@@ -273,11 +274,11 @@ def workload_flags(workload: dict) -> list[str]:
 
 def check_nodes(world_size: int, nodes: int) -> int:
     """Processes per node: the world size split evenly over ``nodes``."""
-    for name, value in (("--world-size", world_size), ("--nodes", nodes)):
+    for name, value in (("world_size", world_size), ("nodes", nodes)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise GaplanError(f"{name} must be a positive integer (got {value})")
+            raise OptionError(f"{name} must be a positive integer (got {value})", name)
     if world_size % nodes:
-        raise GaplanError(f"--world-size {world_size} does not split evenly over --nodes {nodes}")
+        raise OptionError(f"world_size {world_size} does not split evenly over nodes {nodes}", "world_size", "nodes")
     return world_size // nodes
 
 
@@ -306,15 +307,16 @@ DEFAULT_GPUS_PER_NODE = 8  # an HGX / DGX node
 def resolve_world(world_size: int | None, nodes: int | None, gpus_per_node: int | None) -> tuple[int, int]:
     """``(world_size, nodes)`` from what was given: ``--world-size`` alone, or ``--nodes`` x ``--gpus-per-node``
     (8 per node when only ``--nodes`` is given), or all three when they agree."""
-    for name, value in (("--world-size", world_size), ("--nodes", nodes), ("--gpus-per-node", gpus_per_node)):
+    for name, value in (("world_size", world_size), ("nodes", nodes), ("gpus_per_node", gpus_per_node)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise GaplanError(f"{name} must be a positive integer (got {value})")
+            raise OptionError(f"{name} must be a positive integer (got {value})", name)
     nodes = nodes or 1
     if world_size is None:
         per_node = gpus_per_node or (DEFAULT_GPUS_PER_NODE if nodes > 1 else 1)
         return nodes * per_node, nodes
     if gpus_per_node is not None and world_size != nodes * gpus_per_node:
-        raise GaplanError(f"--world-size {world_size} is not --nodes {nodes} x --gpus-per-node {gpus_per_node}")
+        raise OptionError(f"world_size {world_size} is not nodes {nodes} x gpus_per_node {gpus_per_node}",
+                          "world_size", "nodes", "gpus_per_node")
     check_nodes(world_size, nodes)
     return world_size, nodes
 

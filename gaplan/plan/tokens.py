@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from gaplan.core.errors import GaplanError
+from gaplan.core.options import OptionError
 
 DEFAULT_GRANULE = 64  # tokens: budgets are multiples of it
 
@@ -92,7 +93,7 @@ LONG_SEARCH_CAP = 4096  # samples of the longest length the probe tries at most 
 
 def check_granule(granule: int) -> int:
     if not isinstance(granule, int) or granule < 1:
-        raise GaplanError(f"--granule must be a positive number of tokens (got {granule})")
+        raise OptionError(f"granule must be a positive number of tokens (got {granule})", "granule")
     return granule
 
 

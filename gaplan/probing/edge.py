@@ -43,8 +43,8 @@ def trial_ranks(spec: WorkloadSpec, world_size: int) -> int:
     if spec.parallel != "fsdp":
         return 1
     if world_size < 2:
-        raise GaplanError(f"--parallel fsdp: FSDP shards over at least 2 ranks; give --world-size 2 or more "
-                          f"(got {world_size})")
+        raise OptionError(f"parallel fsdp: FSDP shards over at least 2 ranks; give world_size 2 or more "
+                          f"(got {world_size})", "parallel", "world_size")
     return world_size
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from gaplan.core.errors import GaplanError
+from gaplan.core.options import OptionError
 from gaplan.core.tasks import IGNORE_INDEX
 from gaplan.data import Sample, collate, permuted_indices, step_indices
 from gaplan.parallel.process_group import Distributed
@@ -59,7 +60,8 @@ class TokenSteps:
 
     def __init__(self, corpus: Sequence[Sample], tokens: int, seed: int, min_samples: int = 1) -> None:
         if tokens < 1:
-            raise GaplanError(f"--effective-tokens must be a positive number of tokens (got {tokens})")
+            raise OptionError(f"effective_tokens must be a positive number of tokens (got {tokens})",
+                              "effective_tokens")
         self.corpus, self.tokens, self.seed, self.min_samples = corpus, tokens, seed, min_samples
         self._starts = [0]  # position (in the endless order) where each step starts
         self._lengths: list[int] = []  # lengths of the positions walked so far

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, SAMPLES_PLAN_KIND, TOKEN_PLAN_KIND
-from gaplan.core.errors import GaplanError, one_line
-from gaplan.core.options import to_flat
+from gaplan.core.errors import one_line
+from gaplan.core.options import OptionError, to_flat
 from gaplan.core.progress import Say, quiet
 from gaplan.core.trial import Trial
 from gaplan.data.source import DataSource
@@ -62,8 +62,8 @@ def run_token_bench(spec: WorkloadSpec, out: str, data: DataSource, *, device: s
     from gaplan.runs.schema import THROUGHPUT, write_table
 
     if warmup < 0 or repeats < 1 or rounds < 1:
-        raise GaplanError(f"--warmup must be 0 or more, --repeats and --rounds 1 or more "
-                          f"(got {warmup}, {repeats}, {rounds})")
+        raise OptionError(f"warmup must be 0 or more, repeats and rounds 1 or more "
+                          f"(got {warmup}, {repeats}, {rounds})", "warmup", "repeats", "rounds")
     device = resolve_device(device)
     probe = run_token_probe(spec, out, data, device=device, memory_limit=memory_limit, granule=granule,
                             effective_batch=effective_batch, threads=threads, command=command, say=say,

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from gaplan.core.errors import DoesNotFit, GaplanError, one_line
+from gaplan.core.options import OptionError
 from gaplan.plan.layouts import (
     MACHINERY,
     Layout,
@@ -69,11 +70,11 @@ def compare_layouts(
 
     check_device_kind(device_kind)
     if grad_sync not in GRAD_SYNC_CHOICES:
-        raise GaplanError(f"--grad-sync must be one of {', '.join(GRAD_SYNC_CHOICES)} (got {grad_sync!r})")
+        raise OptionError(f"grad_sync must be one of {', '.join(GRAD_SYNC_CHOICES)} (got {grad_sync!r})", "grad_sync")
     check_nodes(world_size, nodes)
     make_plan(effective_batch, 1, world_size)  # a bad effective batch, before any work
     if not isinstance(margin, int | float) or isinstance(margin, bool) or not 0 <= margin < 1:
-        raise GaplanError(f"--margin must be a fraction in [0, 1) (got {margin})")
+        raise OptionError(f"margin must be a fraction in [0, 1) (got {margin})", "margin")
     requested_limit = memory_limit
     the_budget = budget(device_kind, memory_limit, target)
     if margin:

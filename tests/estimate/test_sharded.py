@@ -141,7 +141,7 @@ def test_the_estimate_plans_over_the_world_and_gives_the_torchrun_command():
 def test_fsdp_over_one_rank_is_refused_in_one_line():
     with pytest.raises(GaplanError) as exc:
         estimate(fsdp(), device_kind="cpu", world_size=1)
-    assert "--parallel fsdp shards the model over ranks: give --world-size 2 or more" in one_line(exc)
+    assert "parallel fsdp shards the model over ranks: give world_size 2 or more" in one_line(exc)
     with pytest.raises(GaplanError):
         trace_steps(fsdp(), [1], world_size=1)
 

@@ -82,7 +82,7 @@ def test_fp16_weights_with_fp16_compute_and_fp32_compute_are_explained():
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    ((0,), "--world-size must be a positive integer"),
+    ((0,), "world_size must be a positive integer"),
     ((2, "int8"), "unknown dtype"),
     ((2, "bf16", ["zero3"]), "unknown layout 'zero3'"),
     ((2, "bf16", []), "unknown layout"),
@@ -225,10 +225,10 @@ def test_world_size_from_nodes_and_gpus_per_node(given, expected):
 
 
 @pytest.mark.parametrize(("given", "message"), [
-    ((0, None, None), "--world-size must be a positive integer"),
-    ((None, 0, None), "--nodes must be a positive integer"),
+    ((0, None, None), "world_size must be a positive integer"),
+    ((None, 0, None), "nodes must be a positive integer"),
     ((12, 8, None), "does not split evenly"),
-    ((64, 8, 4), "is not --nodes 8 x --gpus-per-node 4"),
+    ((64, 8, 4), "is not nodes 8 x gpus_per_node 4"),
 ])
 def test_bad_world_is_one_line(given, message):
     with pytest.raises(GaplanError, match=message):

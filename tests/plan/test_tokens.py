@@ -50,5 +50,5 @@ def test_a_long_tailed_profile():
 
 
 def test_bad_granule():
-    with pytest.raises(GaplanError, match="--granule must be a positive"):
+    with pytest.raises(GaplanError, match="^granule must be a positive"):
         budget_from_edges(8, 10, 32, 4, 0)
