@@ -44,6 +44,13 @@ def positive_finite(value: object) -> bool:
             and value < float("inf"))
 
 
+def check_positive_ints(**values: object) -> None:
+    """An :class:`OptionError` naming the first argument that is given (not None) and not a positive integer."""
+    for name, value in values.items():
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise OptionError(f"{name} must be a positive integer (got {value!r})", name)
+
+
 def flag(name: str) -> str:
     """The command-line flag of an option name: ``micro_batch`` -> ``--micro-batch``."""
     return "--" + name.replace("_", "-")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from gaplan.core.constants import SEARCH_CAP
 from gaplan.core.errors import DoesNotFit, GaplanError
+from gaplan.core.options import check_positive_ints
 from gaplan.core.units import format_bytes, parse_bytes
 from gaplan.estimate.budget import budget, check_device_kind
 from gaplan.estimate.edge import check_sizes, find_edge
@@ -65,6 +66,7 @@ def estimate(
     check_device_kind(device_kind)
     if memory_limit is not None:
         memory_limit = parse_bytes(memory_limit)
+    check_positive_ints(threads=threads)
     if not isinstance(search_cap, int) or search_cap < 1:
         raise GaplanError(f"the search cap must be a positive integer (got {search_cap})")
     sizes = check_sizes(sizes)

@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 from gaplan.core.constants import DEFAULT_CPU_BUDGET, DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import DoesNotFit, GaplanError
-from gaplan.core.options import OptionError
+from gaplan.core.options import OptionError, check_positive_ints
 from gaplan.core.trial import Trial
-from gaplan.core.units import format_bytes
+from gaplan.core.units import format_bytes, parse_bytes
 from gaplan.devices.backend import cuda_total_bytes, resolve_device
 from gaplan.devices.cpu import available_bytes
 from gaplan.plan.search import find_edge
@@ -63,7 +63,7 @@ def check_gpus_for_ranks(device: str, ranks: int) -> None:
 def probe(
     spec: WorkloadSpec | None = None,
     device: str = "auto",
-    memory_limit: int | None = None,
+    memory_limit: int | str | None = None,
     margin: float = 0.0,
     effective_batch: int = DEFAULT_EFFECTIVE_BATCH,
     world_size: int = 1,
@@ -101,8 +101,9 @@ def probe(
     ranks = trial_ranks(spec, world_size)
     if not 0 <= margin < 1:
         raise OptionError(f"margin must be a fraction in [0, 1) (got {margin})", "margin")
-    if memory_limit is not None and memory_limit <= 0:
-        raise OptionError(f"memory_limit must be larger than zero (got {memory_limit})", "memory_limit")
+    if memory_limit is not None:
+        memory_limit = parse_bytes(memory_limit)
+    check_positive_ints(threads=threads, optimizer_steps=optimizer_steps, start=None if callable(start) else start)
     make_plan(effective_batch, default_search_cap(effective_batch, world_size), world_size)  # a bad batch fails here
     if search_cap is None:
         search_cap = default_search_cap(effective_batch, world_size)

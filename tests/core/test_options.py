@@ -56,3 +56,14 @@ def test_a_field_inside_a_longer_name_is_not_replaced():
 @pytest.mark.parametrize("name", ["dtype", "steps"])
 def test_a_name_not_listed_stays_as_it_is(name):
     assert OptionError(f"{name} is wrong").for_cli() == f"{name} is wrong"
+
+
+def test_the_number_checks_refuse_nan_inf_bools_and_text():
+    from gaplan.core.options import check_positive_ints, positive_finite
+
+    assert positive_finite(1e-9) and positive_finite(3)
+    assert not any(positive_finite(v) for v in (0, -1.0, float("nan"), float("inf"), True, "1", None))
+    check_positive_ints(a=1, b=None)
+    for bad in (0, -2, 1.0, True, "3"):
+        with pytest.raises(OptionError, match=f"^b must be a positive integer \\(got {bad!r}\\)"):
+            check_positive_ints(a=1, b=bad)

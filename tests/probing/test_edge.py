@@ -3,8 +3,9 @@
 import pytest
 
 from gaplan.core.constants import SEARCH_CAP
+from gaplan.core.errors import GaplanError
 from gaplan.plan.search import trial_bound
-from gaplan.probing.edge import check_in_fresh_process
+from gaplan.probing.edge import check_in_fresh_process, probe
 from gaplan.runs.probe_result import load_probe, save_probe
 from gaplan.worker.client import WorkerProcess
 from gaplan.workload.build import WorkloadSpec
@@ -114,3 +115,18 @@ def test_a_cpu_budget_above_the_free_memory_is_refused(monkeypatch):
     monkeypatch.setattr(gaplan.probing.edge, "available_bytes", lambda: 8 * 2**30)  # this machine, shrunk to 8 GiB free
     with pytest.raises(GaplanError, match="more than this machine's available memory"):
         probe(WorkloadSpec(**SMALL_SPEC), device="cpu", memory_limit=100 * 2**40)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(threads=-1), r"^threads must be a positive integer \(got -1\)"),
+    (dict(optimizer_steps=0), r"^optimizer_steps must be a positive integer \(got 0\)"),
+    (dict(start=0), r"^start must be a positive integer \(got 0\)"),
+    (dict(memory_limit=-1), r"^memory_limit must be larger than zero \(got -1\)"),
+    (dict(memory_limit="lots"), r"^memory_limit must be a size"),
+    (dict(margin=float("nan")), r"^margin must be a fraction in \[0, 1\) \(got nan\)"),
+])
+def test_a_bad_number_is_refused_before_any_trial_naming_the_argument(fields, message):
+    trials = []
+    with pytest.raises(GaplanError, match=message):
+        probe(WorkloadSpec(seq_len=16), device="cpu", **{"memory_limit": "256MiB", **fields}, on_trial=trials.append)
+    assert trials == []
