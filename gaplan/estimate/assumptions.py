@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gaplan.core.units import format_bytes
+from gaplan.estimate.attention import describe_calls
 from gaplan.estimate.device import (
     CPU_HEAP_BYTES,
     CPU_HEAP_BYTES_PER_NODE,
@@ -145,7 +146,7 @@ def _cuda(spec, observed, static: int, temporaries: int) -> list[Assumption]:
     else:
         notes.append(Assumption("optimizer", "SGD traced with foreach=True, PyTorch's default for CUDA parameters (no "
                                 "momentum: no temporaries).", {"implementation": "foreach"}))
-    notes.append(_attention(observed.attention_ops))
+    notes.append(_attention(observed.attention_ops, observed.cuda_attention_calls))
     if spec.dtype != "fp32":
         notes.append(Assumption(
             "mixed-precision",
@@ -161,20 +162,31 @@ def _cuda(spec, observed, static: int, temporaries: int) -> list[Assumption]:
     return notes
 
 
-def _attention(ops) -> Assumption:
-    """The attention kernel the trace took, and how it compares with CUDA's."""
+def _attention(ops, calls) -> Assumption:
+    """The attention kernel each SDPA call takes on CUDA (``calls``, :mod:`gaplan.estimate.attention`), else the
+    kernel the trace took."""
+    if calls:
+        backends = sorted({call.backend for call in calls})
+        text = (f"Attention on CUDA, call by call by PyTorch's rule (flash for fp16/bf16 with a head size up to 256 and "
+                f"no mask tensor; else memory-efficient, which takes fp32 and masks but not grouped-query heads; else "
+                f"math): {describe_calls(calls)}. Flash and memory-efficient keep the output and an fp32 log-sum-exp "
+                "(traced through the CPU's flash kernel, which keeps the same)")
+        if "math" in backends:
+            text += ("; math keeps the seq x seq probabilities, and is traced so: no fused CUDA kernel takes fp32 "
+                     "with grouped-query heads (transformers passes enable_gqa when the batch needs no mask; bf16 "
+                     "runs flash)")
+        text += (". The trace reads the batch as full length, so transformers drops its padding mask as on a real "
+                 "run (--attention eager keeps the probabilities instead).")
+        return Assumption("attention", text, {"kernel": "+".join(backends), "calls": [vars(c) for c in sorted(
+            calls, key=lambda c: (c.backend, c.head_size, c.dtype, c.mask, c.grouped))]})
     if any("flash" in op or "efficient" in op for op in ops):
         return Assumption("attention", "Attention: traced through PyTorch's fused scaled_dot_product_attention kernel "
-                          "(flash on CPU). On CUDA, PyTorch takes flash for fp16/bf16 with a head size up to 256 and no "
-                          "mask tensor, else memory-efficient (fp32 and masks too), else math; both fused kernels keep "
-                          "what the CPU's flash keeps (the output and an fp32 log-sum-exp, no seq x seq probabilities): "
-                          "no correction applied. The trace reads the batch as full length, so transformers drops its "
-                          "padding mask as on a real run (--attention eager keeps the probabilities instead).",
-                          {"kernel": "fused"})
+                          "(flash on CPU), which keeps the output and an fp32 log-sum-exp, no seq x seq probabilities. "
+                          "The trace reads the batch as full length, so transformers drops its padding mask as on a "
+                          "real run (--attention eager keeps the probabilities instead).", {"kernel": "fused"})
     if any("math" in op for op in ops):
         return Assumption("attention", "Attention: the trace took scaled_dot_product_attention's math path, which keeps "
-                          "seq x seq probabilities that CUDA's fused kernels do not: the estimate is an upper bound for "
-                          "attention.", {"kernel": "math"})
+                          "seq x seq probabilities.", {"kernel": "math"})
     return Assumption("attention", "Attention: the model computes it eagerly (seq x seq probabilities kept), as it would "
                       "on CUDA.", {"kernel": "eager"})
 

@@ -215,6 +215,15 @@ class DeviceModel:
         optimizer_class = torch.optim.AdamW if spec.optimizer == "adamw" else torch.optim.SGD
         return optimizer_class(params, lr=spec.learning_rate, foreach=True)
 
+    def attention(self, calls: set) -> contextlib.AbstractContextManager:
+        """On ``cuda``, each SDPA call traced by the backend CUDA would take (:mod:`gaplan.estimate.attention`), the
+        calls recorded in ``calls``; on ``cpu``, as the CPU runs it."""
+        if self.kind != "cuda":
+            return contextlib.nullcontext()
+        from gaplan.estimate.attention import CudaAttention
+
+        return CudaAttention(calls)
+
     def allocator(self) -> contextlib.AbstractContextManager:
         """How MemTracker counts a storage: at the CUDA allocator's block size on ``cuda``, as is on ``cpu``."""
         return cuda_block_rounding() if self.kind == "cuda" else contextlib.nullcontext()

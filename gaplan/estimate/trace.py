@@ -74,6 +74,7 @@ class Tracer:
             self._stack.enter_context(self.mode)
             self._stack.enter_context(self.helper)
             self._stack.enter_context(self.device.autocast(self.spec.dtype))
+            self._stack.enter_context(self.device.attention(self.helper.cuda_attention_calls))
             with fake_tensor_errors(self.spec):
                 from gaplan.worker.trial import materialize_optimizer_state
 
@@ -191,6 +192,7 @@ class TraceHelper:
     Attributes (what the traces saw, read by the device model and the assumptions):
         gemm_panel_bytes: MKL's packing buffer per thread for the largest float32 product.
         graph: the largest autograd graph of a micro-step (the CPU heap grows with it).
+        cuda_attention_calls: under the cuda device model, each distinct SDPA call and the backend CUDA would take.
         attention_ops: names of the attention operators run.
         convolutions: whether any convolution ran.
     """
@@ -206,6 +208,7 @@ class TraceHelper:
         self._mode = _Mode()
         self.gemm_panel_bytes = 0
         self.graph = GraphCount()
+        self.cuda_attention_calls: set = set()  # on cuda: each distinct SDPA call and its backend (estimate.attention)
         self.attention_ops: set[str] = set()
         self.convolutions = False
 
