@@ -26,9 +26,10 @@ def run_in_child(work: Callable[[], dict]) -> dict:
             message = work()
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent as data
             from gaplan.core.errors import GaplanError
+            from gaplan.core.options import error_reply
 
             if isinstance(exc, GaplanError):
-                message = {"error": "user", "message": str(exc)}
+                message = error_reply(exc)
             else:
                 message = {"error": "crash", "message": traceback.format_exc(limit=6)}
             status = 1

@@ -51,6 +51,19 @@ def check_positive_ints(**values: object) -> None:
             raise OptionError(f"{name} must be a positive integer (got {value!r})", name)
 
 
+def error_reply(exc: GaplanError) -> dict:
+    """A user error as the data a child process sends back: its line, and an :class:`OptionError`'s field names."""
+    fields = list(exc.fields) if isinstance(exc, OptionError) else []
+    return {"error": "user", "message": str(exc), **({"fields": fields} if fields else {})}
+
+
+def user_error(reply: dict) -> GaplanError:
+    """The error an :func:`error_reply` stands for, raised again in the parent: an option named by its field stays
+    one, so the command line still shows its flag."""
+    fields = reply.get("fields") or ()
+    return OptionError(reply["message"], *fields) if fields else GaplanError(reply["message"])
+
+
 def flag(name: str) -> str:
     """The command-line flag of an option name: ``micro_batch`` -> ``--micro-batch``."""
     return "--" + name.replace("_", "-")

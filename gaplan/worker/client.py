@@ -9,6 +9,7 @@ import sys
 import time
 
 from gaplan.core.errors import GaplanError
+from gaplan.core.options import user_error
 from gaplan.core.trial import Trial
 from gaplan.devices.card import NVML_CHECK
 from gaplan.devices.cpu import budget_environment, native_environment
@@ -70,7 +71,7 @@ class WorkerProcess:
             raise GaplanError(f"the trial worker died (exit {self.process.returncode}): {tail}")
         message = json.loads(line)
         if message.get("error") == "user":
-            raise GaplanError(message["message"])
+            raise user_error(message)
         if message.get("error") == "crash":
             raise RuntimeError("the trial worker failed:\n" + message["message"])
         return message

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gaplan.core.errors import GaplanError, one_line
+from gaplan.core.options import error_reply
 from gaplan.core.trial import Trial
 
 FUNCTION_NAMES = ("setup", "make_batch", "micro_step", "optimizer_step")
@@ -140,7 +141,7 @@ def main() -> None:
         functions = pickle.loads(request["functions"]).resolved()
         message = loop_trial(functions, **request["trial"])
     except GaplanError as exc:
-        message = {"error": "user", "message": str(exc)}
+        message = error_reply(exc)
     print(json.dumps(message), flush=True)
 
 

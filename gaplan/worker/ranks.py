@@ -103,9 +103,10 @@ def _rank_child(work: Callable[[int], dict], rank: int, write_end: int) -> None:
         message = work(rank)
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent as data
         from gaplan.core.errors import GaplanError
+        from gaplan.core.options import error_reply
 
         if isinstance(exc, GaplanError):
-            message = {"error": "user", "message": str(exc)}
+            message = error_reply(exc)
         else:
             message = {"error": "crash", "message": f"rank {rank}: " + traceback.format_exc(limit=6)}
     try:

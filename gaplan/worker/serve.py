@@ -37,6 +37,7 @@ import traceback
 from collections.abc import Callable
 
 from gaplan.core.fork import die_with_parent, run_in_child
+from gaplan.core.options import error_reply
 from gaplan.core.trial import Trial
 from gaplan.worker.protocol import TrialRequest, WorkerSetup
 from gaplan.worker.ranks import merge_ready, merge_trials, run_ranks
@@ -244,7 +245,7 @@ def _serve(requests, reply) -> None:
         # initialize CUDA in this process (then no trial could fork): the children import them.
         built = None if _imports_initialize_cuda(setup.device, spec) else load_model_code(spec)
     except GaplanError as exc:
-        reply({"error": "user", "message": str(exc)})
+        reply(error_reply(exc))
         return
     from gaplan.devices.card import cuda_initialized
 
