@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
 from typing import Any
 
 import click
@@ -49,6 +50,8 @@ class GaplanGroup(click.Group):
         try:
             return super().invoke(ctx)
         except GaplanError as exc:
+            if ctx.params.get("debug"):  # what raised it, through the exceptions chained to it (a disk fault's writer)
+                click.echo("".join(traceback.format_exception(exc)).rstrip(), err=True)
             click.echo(f"gaplan: {self._message(exc, ctx)}", err=True)
             ctx.exit(2)
         except KeyboardInterrupt:
@@ -67,7 +70,10 @@ class GaplanGroup(click.Group):
 
 @click.group(cls=GaplanGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="gaplan")
-def main() -> None:
+@click.option("--debug", is_flag=True, envvar="GAPLAN_DEBUG",
+              help="On an error, print its traceback and the exceptions chained to it before its one line "
+                   "(also GAPLAN_DEBUG=1).")
+def main(debug: bool) -> None:
     """gaplan: the largest micro-batch that fits, the accumulation plan, and training with the exact loss.
 
     \b

@@ -5,9 +5,11 @@ Every large file gaplan writes (checkpoints and their shards, ``--save-weights``
 images) is checked first: :func:`ensure_room` compares what it will take with the free space of its file system and
 with ``RLIMIT_FSIZE``. An atomic write needs room for its temporary file while the old file still exists, so the old
 file is not counted as free. When a write fails anyway (another process filled the disk), :func:`disk_errno` reads
-the cause out of whatever the writer raised: Python's ``OSError``, torch's serializer (a ``RuntimeError`` from its
-zip writer), safetensors (``SafetensorError`` with the OS error inside), distributed checkpoint
-(``CheckpointException`` holding every rank's failure). Anything else is a bug and is raised as it is.
+the cause out of whatever the writer raised, by type first: Python's ``OSError`` by its errno, distributed
+checkpoint's ``CheckpointException`` by every rank's failure. Only the two serializers that give no errno are read by
+their text: safetensors (``SafetensorError``, the OS error in its message) and torch's zip writer (a
+``RuntimeError`` naming the stream writer). Anything else is a bug and is raised as it is, with its traceback; the
+one line of a fault keeps the writer's exception chained (``gaplan --debug`` shows it).
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ _STRERRORS = {os.strerror(code).lower(): code for code in FAULTS}
 _OS_ERROR_CODE = re.compile(r"(?:os error|code:)\s*(\d+)", re.IGNORECASE)
 # torch's zip writer (caffe2's PyTorchStreamWriter) reports a failed write without its errno.
 _TORCH_WRITE_FAILED = ("file write failed", "unexpected pos", "failed writing", "PytorchStreamWriter failed")
+# The writers whose exceptions carry the OS error only in their text, by class name (no import of theirs here).
+_MESSAGE_ONLY_WRITERS = ("SafetensorError",)
+_CHECKPOINT_EXCEPTION = "CheckpointException"  # distributed checkpoint's: a BaseException that is no interrupt
 # Slack over a file's payload: a zip's or safetensors' headers, file system blocks.
 ROOM_SLACK = 1 << 20
 
@@ -131,6 +136,8 @@ def disk_errno(exc: BaseException, path: str | None = None, needed: int | None =
     reports no errno: its failure is put down to the disk being full when ``path``'s file system has less than
     ``needed`` free, else to the file-size limit when that is below ``needed``, else to a failed write (EIO).
     """
+    if not isinstance(exc, Exception) and type(exc).__name__ != _CHECKPOINT_EXCEPTION:
+        return None  # KeyboardInterrupt, SystemExit, GeneratorExit: never a disk fault
     seen: set[int] = set()
     pending: list[BaseException] = [exc]
     while pending:
@@ -151,19 +158,22 @@ def disk_errno(exc: BaseException, path: str | None = None, needed: int | None =
 
 
 def _own_errno(exc: BaseException, path: str | None, needed: int | None) -> int | None:
-    if isinstance(exc, OSError) and exc.errno in FAULTS:
-        return exc.errno
+    """The fault of ``exc`` itself: by errno for an ``OSError``; by text only for a writer that gives nothing else
+    (so a bug whose message happens to read "code: 1" or "permission denied" stays a bug)."""
     if isinstance(exc, OSError):
-        return None
+        return exc.errno if exc.errno in FAULTS else None
     text = str(exc)
     lowered = text.lower()
+    torch_writer = isinstance(exc, RuntimeError) and any(marker.lower() in lowered for marker in _TORCH_WRITE_FAILED)
+    if not torch_writer and type(exc).__name__ not in _MESSAGE_ONLY_WRITERS:
+        return None
     for match in _OS_ERROR_CODE.finditer(text):
         if int(match.group(1)) in FAULTS:
             return int(match.group(1))
     for words, code in _STRERRORS.items():
         if words in lowered:
             return code
-    if isinstance(exc, RuntimeError) and any(marker.lower() in lowered for marker in _TORCH_WRITE_FAILED):
+    if torch_writer:
         free = free_bytes(path) if path else None
         limit = file_size_limit()
         if needed is not None and free is not None and needed + ROOM_SLACK > free:
@@ -176,14 +186,15 @@ def _own_errno(exc: BaseException, path: str | None, needed: int | None) -> int 
 
 @contextlib.contextmanager
 def disk_faults_as_one_line(path: str, needed: int | None = None, what: str | None = None) -> Iterator[None]:
-    """Turn a disk fault raised inside into :class:`WriteFailed` for ``path``; anything else goes through."""
+    """Turn a disk fault raised inside into :class:`WriteFailed` for ``path`` (the writer's exception chained to it);
+    anything else goes through untouched: a bug with its type and traceback, an interrupt as an interrupt."""
     try:
         yield
     except WriteFailed:
         raise
     except BaseException as exc:  # distributed checkpoint's CheckpointException is a BaseException
-        code = None if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)) else disk_errno(exc, path, needed)
+        code = disk_errno(exc, path, needed)  # None for a bug and for KeyboardInterrupt / SystemExit
         if code is None:
             raise
-        raise WriteFailed(describe(path, code, needed, what), code) from None
+        raise WriteFailed(describe(path, code, needed, what), code) from exc
 

@@ -64,6 +64,7 @@ def trainer_class(base: str = "Trainer") -> type:
             super().__init__(*args, **kwargs)
             self.gaplan_noise_scale = noise_scale
             self.noise_meter: NoiseScaleMeter | None = None  # during train(), when measured
+            self._noise_pending = False  # train() started and its meter not yet (see train)
             self._noise_samples = 0
             if task is not None and task not in TASKS:
                 raise GaplanError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
@@ -135,15 +136,18 @@ def trainer_class(base: str = "Trainer") -> type:
         # -- the gradient noise scale ------------------------------------------------------------------------
 
         def train(self, *args: Any, **kwargs: Any) -> Any:
-            self.noise_meter = self._start_noise_meter() if self.gaplan_noise_scale else None
+            # The meter starts at the first training step, on the model that trains: with model_init, train()
+            # replaces self.model first, and hooks on the one given to __init__ would never fire.
+            self.noise_meter, self._noise_pending = None, self.gaplan_noise_scale
             self._noise_samples = 0
             try:
                 return super().train(*args, **kwargs)
             finally:  # no hooks left on the model after training
+                self._noise_pending = False
                 if self.noise_meter is not None:
                     self.noise_meter.close()
 
-        def _start_noise_meter(self) -> NoiseScaleMeter | None:
+        def _start_noise_meter(self, model: nn.Module) -> NoiseScaleMeter | None:
             why = ("fp16's loss scaling (the Trainer unscales inside its clipping)" if self.args.fp16 else
                    "FSDP (each rank holds a shard of every gradient)" if self.is_fsdp_enabled else
                    "DeepSpeed" if self.is_deepspeed_enabled else None)
@@ -155,10 +159,13 @@ def trainer_class(base: str = "Trainer") -> type:
                 def reduce(values: list[float]) -> list[float]:  # one collective a step, over the ranks
                     total = torch.tensor(values, dtype=torch.float64, device=self.args.device)
                     return self.accelerator.reduce(total, reduction="sum").tolist()
-            return NoiseScaleMeter(self.model, reduce=reduce)
+            return NoiseScaleMeter(model, reduce=reduce)
 
         def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None,
                           *args: Any, **kwargs: Any) -> torch.Tensor:
+            if self._noise_pending:
+                self._noise_pending = False
+                self.noise_meter = self._start_noise_meter(model)
             meter = self.noise_meter
             if meter is None:
                 return super().training_step(model, inputs, num_items_in_batch, *args, **kwargs)
@@ -166,13 +173,12 @@ def trainer_class(base: str = "Trainer") -> type:
             self._noise_samples += batch_size(inputs)
             meter.start_micro_step()
             loss = super().training_step(model, inputs, num_items_in_batch, *args, **kwargs)
-            # Its contribution to .grad, back to its own mean gradient: the summed loss over the step's targets on
-            # all ranks (times the ranks, undoing DDP's average), or its mean over the accumulation steps.
+            # Its loss: the summed loss over the step's targets on all ranks (times the ranks, undoing DDP's average),
+            # or its mean over the accumulation steps.
             if self.loss_is_scaled_for_ga and num_items_in_batch is not None:
-                factor = int(num_items_in_batch) / (max(items, 1) * self.accelerator.num_processes)
+                meter.end_micro_step(items, int(num_items_in_batch), self.accelerator.num_processes)
             else:
-                factor = self.current_gradient_accumulation_steps
-            meter.end_micro_step(factor, items)
+                meter.end_micro_step(items, items * self.current_gradient_accumulation_steps)
             if self.accelerator.sync_gradients:  # the step's last micro-batch: .grad is reduced, not yet clipped
                 samples, self._noise_samples = self._noise_samples, 0
                 meter.finish(samples)
@@ -182,7 +188,7 @@ def trainer_class(base: str = "Trainer") -> type:
             reading = self.noise_meter.last if self.noise_meter is not None else None
             if reading is not None and "loss" in logs and reading.noise_scale is not None:
                 logs = {**logs, "noise_scale": reading.noise_scale, "grad_sq": reading.grad_sq,
-                        "grad_var": reading.grad_var}
+                        "grad_var": reading.grad_var, "noise_scale_items": reading.noise_scale_items}
             super().log(logs, *args, **kwargs)
 
     name = "GaplanTrainer" if base == "Trainer" else f"Gaplan{base}"

@@ -98,8 +98,7 @@ class TokenExactLoss(Callback):
         # before DDP averages it), and fp16 multiplied it by the loss scale: back to its own mean gradient.
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         scale = float(scaler.get_scale()) if scaler is not None else 1.0
-        self.meter.end_micro_step(trainer.accumulate_grad_batches / (max(self._batch_items, 1) * scale),
-                                  self._batch_items)
+        self.meter.end_micro_step(self._batch_items, trainer.accumulate_grad_batches, loss_scale=scale)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         import torch
@@ -115,5 +114,6 @@ class TokenExactLoss(Callback):
             self.reading = self.meter.finish(samples)
             if self.reading is not None and self.reading.noise_scale is not None:
                 pl_module.log_dict({"noise_scale": self.reading.noise_scale, "grad_sq": self.reading.grad_sq,
-                                    "grad_var": self.reading.grad_var}, on_step=True, on_epoch=False,
+                                    "grad_var": self.reading.grad_var,
+                                    "noise_scale_items": self.reading.noise_scale_items}, on_step=True, on_epoch=False,
                                    batch_size=samples)

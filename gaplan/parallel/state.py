@@ -67,14 +67,18 @@ def ensure_shard_room(folder: str, mine: int, what: str, dist: Distributed, note
 
 def _shard_write_failure(exc: BaseException, rank: int, temp: str, mine: int, what: str) -> WriteFailed:
     """The line for a failed ``dcp.save``: this rank's own disk fault, or which ranks had one; a bug is raised."""
-    code = None if isinstance(exc, (KeyboardInterrupt, SystemExit)) else disk_errno(exc, temp, mine)
+    code = disk_errno(exc, temp, mine)  # None for a bug and for KeyboardInterrupt / SystemExit
     if code is None:
         raise exc
     failed = getattr(exc, "failures", None)
     if isinstance(failed, dict) and failed and rank not in failed:
         ranks = ", ".join(str(r) for r in sorted(failed))
-        return WriteFailed(f"rank {ranks} could not write {what} to {os.path.dirname(temp)} (its line says why)", code)
-    return WriteFailed(describe(temp, code, mine, what), code)
+        failure = WriteFailed(f"rank {ranks} could not write {what} to {os.path.dirname(temp)} (its line says why)",
+                              code)
+    else:
+        failure = WriteFailed(describe(temp, code, mine, what), code)
+    failure.__cause__ = exc  # the writer's own exception, for --debug
+    return failure
 
 
 def load_sharded_state(run_dir: str, name: str, model: nn.Module, optimizer: Optimizer) -> None:

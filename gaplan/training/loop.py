@@ -188,12 +188,13 @@ def _check(inputs: StepInputs, plan: Plan, start_step: int, token_budget: int | 
     return check_first_step(inputs.workload, plan, inputs.corpus, inputs.seed, indices, token_budget)
 
 
-def _noise_columns(noise: NoiseScaleMeter | None) -> tuple[float | None, float | None, float | None]:
-    """``noise_scale`` (samples), ``grad_sq`` and ``grad_var`` (per item) of the step just done, else empty."""
+def _noise_columns(noise: NoiseScaleMeter | None) -> tuple[float | None, ...]:
+    """``noise_scale`` (samples), ``grad_sq`` and ``grad_var`` (per item) and ``noise_scale_items`` of the step just
+    done, else empty."""
     reading = noise.last if noise is not None else None
     if reading is None:
-        return None, None, None
-    return reading.noise_scale, reading.grad_sq, reading.grad_var
+        return None, None, None, None
+    return reading.noise_scale, reading.grad_sq, reading.grad_var, reading.noise_scale_items
 
 
 def _above_baseline(peak: Callable[[], int | None] | None) -> int | None:

@@ -10,10 +10,16 @@ the items the loss averages over (targets for the language-model tasks, samples 
     tr(S)  ~ (|G_small|^2 - |G_big|^2) / (1 / B_small - 1 / B_big)
 
 Micro-batches of different sizes are pooled: ``|G_small|^2`` is their item-weighted mean and ``B_small`` their
-mean size, which keeps ``E|G_small|^2 = |G|^2 + tr(S) / B_small`` exact. Both estimates are smoothed by
-debiased exponential moving averages; ``B_noise = tr(S) / |G|^2``, in items and, divided by the items per sample,
-in samples (the unit of the effective batch). The training itself is not changed: each micro-step's gradient is
-rescaled from its share of the step's loss to its own mean.
+mean size, which keeps ``E|G_small|^2 = |G|^2 + tr(S) / B_small`` exact. ``B_big`` is what makes
+``E|G_big|^2 = |G|^2 + tr(S) / B_big`` exact for the mean ``.grad`` really is: with ``w_m`` the weight of micro-batch
+``m``'s own mean gradient in ``.grad`` (``sum w_m = 1``), ``B_big = 1 / sum(w_m^2 / n_m)``. A loss summed over the step's
+targets has ``w_m = n_m / sum n`` and ``B_big = sum n``; a per-batch mean divided by the ``K`` steps has ``w_m = 1 / K``
+and ``B_big = K^2 / sum(1 / n_m)``, less than ``sum n`` when the micro-batches are uneven (counting ``sum n`` there
+biased the estimate). Both estimates are smoothed by debiased exponential moving averages; ``B_noise = tr(S) /
+|G|^2``, in items and, divided by the step's items per sample, in samples (the unit of the effective batch; exact in
+samples only when every sample has the same items, as a language-model task's do not: the items figure is the
+measured one). The training itself is not changed: each micro-step's gradient is rescaled from its share of the
+step's loss to its own mean.
 """
 
 from __future__ import annotations
@@ -37,15 +43,15 @@ class NoiseReading:
     noise_scale: float | None  # B_noise in samples
     noise_scale_items: float | None  # B_noise in items (targets)
     small_batch: float  # B_small of this step, in items
-    big_batch: float  # B_big of this step, in items
+    big_batch: float  # B_big of this step, in items (the batch whose variance the step's mean gradient has)
 
 
 class NoiseScaleMeter:
     """Hooks on ``model``'s trainable parameters that measure the gradient noise scale of each optimizer step.
 
-    Per step: :meth:`start_micro_step` before a micro-step's backward, :meth:`end_micro_step` after it (with the
-    factor that turns its contribution to ``.grad`` into its own mean gradient, and its items), then :meth:`finish`
-    once ``.grad`` holds the reduced, unscaled step gradient. :meth:`skip` drops a step that cannot be measured.
+    Per step: :meth:`start_micro_step` before a micro-step's backward, :meth:`end_micro_step` after it (with its
+    items and how its loss was scaled), then :meth:`finish` once ``.grad`` holds the reduced, unscaled step gradient.
+    :meth:`skip` drops a step that cannot be measured.
     """
 
     def __init__(self, model: nn.Module, smoothing: float = DEFAULT_SMOOTHING, reduce: Any = None) -> None:
@@ -62,14 +68,22 @@ class NoiseScaleMeter:
     def _add(self, grad: torch.Tensor) -> None:
         # A vector norm reduces without a squared copy of the gradient: no extra peak memory. One op per parameter
         # here; the squares are summed once per micro-step.
-        self._norms.append(torch.linalg.vector_norm(grad, dtype=torch.float32))
+        self._norms.append(torch.linalg.vector_norm(grad, dtype=torch.promote_types(grad.dtype, torch.float32)))
 
     def start_micro_step(self) -> None:
         self._norms = []
 
-    def end_micro_step(self, factor: float, items: float) -> None:
-        """``factor``: the micro-batch's mean gradient over its contribution to ``.grad``; ``items``: its size."""
+    def end_micro_step(self, items: float, divisor: float, multiplier: float = 1.0, loss_scale: float = 1.0) -> None:
+        """The micro-step just backpropagated its loss summed over its ``items``, divided by ``divisor``, times
+        ``multiplier`` (the world size, where the loss undoes DDP's average) and ``loss_scale`` (fp16's scaler).
+
+        The one rescaling rule of every caller: a loss summed over the step's ``N`` targets has ``divisor=N``; a
+        per-batch mean divided by the ``K`` accumulation steps has ``divisor=items * K``; Lightning's summed loss
+        divided by ``accumulate_grad_batches`` has that for ``divisor``.
+        """
         if self._norms and items > 0:
+            # Its contribution to .grad times this factor is its own mean gradient.
+            factor = divisor / (items * multiplier * loss_scale)
             self._steps.append((torch.stack(self._norms).square().sum(), factor, items))
         self._norms = []
 
@@ -84,14 +98,20 @@ class NoiseScaleMeter:
         self.last = None
         # One device sync for the micro-steps' norms: sum over them of n_m |G_m|^2.
         weighted = float(torch.stack([s.double() * (f * f) * n for s, f, n in steps]).sum()) if steps else 0.0
-        local = [weighted, float(sum(n for _, _, n in steps)), float(len(steps)), float(samples)]
-        weighted, items, count, samples = self.reduce(local) if self.reduce is not None else local
+        # Each micro-batch's weight in .grad is 1 / factor up to one constant (DDP's average, the loss scale), which
+        # normalizing by their sum removes: B_big = (sum 1/f)^2 / sum(1 / (f^2 n)).
+        local = [weighted, float(sum(n for _, _, n in steps)), float(len(steps)), float(samples),
+                 sum(1 / f for _, f, _ in steps), sum(1 / (f * f * n) for _, f, n in steps)]
+        weighted, items, count, samples, weight, weight_sq = self.reduce(local) if self.reduce is not None else local
         grads = [p.grad for p in self.parameters if p.grad is not None]
-        big_sq = float(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]).double()
+        big_sq = float(torch.stack([torch.linalg.vector_norm(g, dtype=torch.promote_types(g.dtype, torch.float32))
+                                    .double() for g in grads])
                        .square().sum()) if grads else 0.0
-        if count < 2 or not (math.isfinite(weighted) and math.isfinite(big_sq)) or items <= 0:
+        if count < 2 or not (math.isfinite(weighted) and math.isfinite(big_sq)) or items <= 0 or weight_sq <= 0:
             return None
-        small_sq, b_small, b_big = weighted / items, items / count, items
+        small_sq, b_small, b_big = weighted / items, items / count, weight * weight / weight_sq
+        if b_big <= b_small * (1 + 1e-9):  # one micro-batch outweighs the rest: the two batches do not differ
+            return None
         grad_sq = (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
         grad_var = (small_sq - big_sq) / (1 / b_small - 1 / b_big)
         self._count += 1

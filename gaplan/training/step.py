@@ -93,10 +93,9 @@ def accumulate_gradients(
                 (scale(loss) if scale is not None else loss).backward()
                 if noise is not None:
                     items = items_per_batch[index] if items_per_batch is not None else count_step_targets([batch], task)
-                    # Its contribution is loss_multiplier x (its sum / the step's items), or x (its mean / steps):
-                    # back to its own mean, and out of the loss scale.
-                    share = steps if loss_is_scaled_for_ga is False else num_items_in_batch / max(items, 1)
-                    noise.end_micro_step(share / (loss_multiplier * grad_scale), items)
+                    # Its loss: its sum over the step's items, or its mean over the steps (= its sum / (items x steps)).
+                    divisor = items * steps if loss_is_scaled_for_ga is False else num_items_in_batch
+                    noise.end_micro_step(items, divisor, loss_multiplier, grad_scale)
             except Exception as exc:
                 # Where it failed, for the caller's message (an OOM in a later micro-step's forward or backward).
                 exc.gaplan_phase = f"the {phase} of micro-step {index + 1} of {steps}"  # type: ignore[attr-defined]

@@ -18,7 +18,8 @@ from gaplan.runs.folder import TRAIN_LOG_CSV
 from gaplan.runs.schema import TRAIN_LOG
 
 LOG_FIELDS = ["step", "loss", "lr", "samples_per_s", "tokens_per_s", "peak_bytes", "micro_batch",
-              "grad_accum_steps", "seconds", "step_peak_bytes", "padded_tokens_per_s", "noise_scale", "grad_sq", "grad_var"]
+              "grad_accum_steps", "seconds", "step_peak_bytes", "padded_tokens_per_s", "noise_scale", "grad_sq", "grad_var",
+              "noise_scale_items"]
 assert set(LOG_FIELDS) == set(TRAIN_LOG.columns), "train_log.csv's writer and its schema must agree"
 
 
@@ -36,10 +37,12 @@ class StepLog:
     step_peak_bytes: int | None = None  # above the baseline, as the probe measures its trials
     padded_tokens_per_s: float | None = None  # token positions fed, padding included
     # The gradient noise scale (gaplan.training.noise_scale), smoothed: B_noise in samples; |G|^2 and tr(S) per
-    # item (target). Empty where the step could not be measured.
+    # item (target); B_noise in items, the measured figure (in samples it is divided by the step's mean items per
+    # sample: exact only where every sample has as many). Empty where the step could not be measured.
     noise_scale: float | None = None
     grad_sq: float | None = None
     grad_var: float | None = None
+    noise_scale_items: float | None = None
 
 
 def append_log(run_dir: str, log: StepLog) -> None:
@@ -47,13 +50,22 @@ def append_log(run_dir: str, log: StepLog) -> None:
     it is removed again by :func:`truncate_log`)."""
     path = os.path.join(run_dir, TRAIN_LOG_CSV)
     new = not os.path.exists(path)
+    # A log an older gaplan began (a resumed run) keeps its own columns: a row wider than its header would not read.
+    fields = LOG_FIELDS if new else _header(path) or LOG_FIELDS
     text = io.StringIO()
-    writer = csv.DictWriter(text, LOG_FIELDS)
+    writer = csv.DictWriter(text, fields, extrasaction="ignore")
     if new:
         writer.writeheader()
     writer.writerow({k: getattr(log, k) for k in LOG_FIELDS})
     with disk_faults_as_one_line(path), open(path, "a", newline="") as handle:
         handle.write(text.getvalue())
+
+
+def _header(path: str) -> list[str] | None:
+    """The columns of an existing log (None when it has no header line yet)."""
+    with open(path, newline="") as handle:
+        header = next(csv.reader(handle), None)
+    return header if header and set(header) <= set(LOG_FIELDS) and "step" in header else None
 
 
 def truncate_log(run_dir: str | None, step: int) -> None:

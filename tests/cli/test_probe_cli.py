@@ -116,3 +116,18 @@ def test_python_dash_m_and_help():
     version = subprocess.run([sys.executable, "-m", "gaplan", "--version"], capture_output=True, text=True,
                              check=True)
     assert "gaplan, version" in version.stdout
+
+
+@pytest.mark.parametrize("switch", [["--debug"], "GAPLAN_DEBUG"])
+def test_debug_shows_the_traceback_before_the_one_line(tmp_path, switch):
+    """An error's traceback (and what is chained to it: a disk fault's writer) for a report; its line stays last."""
+    env = {"GAPLAN_DEBUG": "1"} if switch == "GAPLAN_DEBUG" else {}
+    flags = switch if isinstance(switch, list) else []
+    result = CliRunner(env=env).invoke(main, [*flags, "probe", "--quiet", "--effective-batch", "0", "--out",
+                                              str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[0] == "Traceback (most recent call last):" and "OptionError" in lines[-2], result.stderr
+    assert lines[-1] == "gaplan: --effective-batch must be a positive integer (got 0)"
+    quiet = CliRunner(env={"GAPLAN_DEBUG": ""}).invoke(main, ["probe", "--quiet", "--effective-batch", "0"])
+    assert quiet.stderr.strip().splitlines() == [lines[-1]]

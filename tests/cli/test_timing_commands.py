@@ -13,6 +13,7 @@ pytestmark = pytest.mark.slow
 TINY = ["--seq-len", "16", "--threads", "1", "--device", "cpu"]
 
 
+@pytest.mark.heavy
 def test_probe_report_forecasts_the_timing_and_ends_with_the_verdict(tmp_path):
     result = CliRunner().invoke(main, ["probe", *TINY, "--memory-limit", "256MiB", "--effective-batch", "8",
                                        "--search-cap", "4", "--report", "--repeats", "1", "--rounds", "2",
@@ -29,6 +30,7 @@ def test_probe_report_forecasts_the_timing_and_ends_with_the_verdict(tmp_path):
     assert f"**Verdict:** {verdict.removeprefix('throughput: ')}." in (tmp_path / "report.md").read_text()
 
 
+@pytest.mark.heavy
 def test_train_compare_closes_the_training_bar_then_times_and_gives_the_verdict(tmp_path):
     result = CliRunner().invoke(main, ["train", *TINY, "--micro-batch", "2", "--effective-batch", "4", "--steps", "1",
                                        "--compare", "--out", str(tmp_path)])

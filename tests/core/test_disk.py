@@ -14,10 +14,22 @@ def test_an_os_error_of_each_fault_is_that_fault(code):
 
 
 def test_writers_that_pass_on_only_a_message_are_read_by_its_os_error():
-    # safetensors' (Rust's io::Error) and a message that carries only the OS's words
-    assert disk_errno(RuntimeError('IoError(Os { code: 28, kind: StorageFull, message: "No space left" })')) == 28
-    assert disk_errno(Exception("failed: Disk quota exceeded")) == errno.EDQUOT
-    assert disk_errno(ValueError("[Errno 30] Read-only file system: 'x'")) == errno.EROFS
+    from safetensors import SafetensorError
+
+    # safetensors' (Rust's io::Error, as it words it), and torch's zip writer when it names the OS's words
+    assert disk_errno(SafetensorError("Error while serializing: I/O error: File too large (os error 27)")) == 27
+    assert disk_errno(SafetensorError('IoError(Os { code: 28, kind: StorageFull, message: "No space left" })')) == 28
+    assert disk_errno(RuntimeError("PytorchStreamWriter failed writing file data/0: Disk quota exceeded")) == \
+        errno.EDQUOT
+
+
+def test_a_bug_whose_message_reads_like_a_fault_is_a_bug():
+    """Text is read only for the writers that give nothing else: anything else is classified by type and errno."""
+    assert disk_errno(RuntimeError("subprocess failed with exit code: 1")) is None  # once read as EPERM
+    assert disk_errno(ValueError("[Errno 30] Read-only file system: 'x'")) is None
+    assert disk_errno(Exception("failed: Disk quota exceeded")) is None
+    assert disk_errno(KeyError("permission denied")) is None
+    assert disk_errno(KeyboardInterrupt()) is None and disk_errno(SystemExit(1)) is None
 
 
 def test_a_fault_behind_another_exception_is_found_and_a_bug_is_not_a_fault():
@@ -64,3 +76,27 @@ def test_the_context_turns_a_fault_into_one_line_and_lets_a_bug_through(tmp_path
     with pytest.raises(KeyError):
         with disk_faults_as_one_line(path):
             raise KeyError("model.weight")
+
+
+def test_a_fault_keeps_the_writer_s_exception_and_a_bug_keeps_its_type_and_traceback(tmp_path):
+    import traceback
+
+    path = str(tmp_path / "w.safetensors")
+    with pytest.raises(WriteFailed) as fault:
+        with disk_faults_as_one_line(path, 10):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert isinstance(fault.value.__cause__, OSError) and fault.value.__cause__.errno == errno.ENOSPC
+
+    def serializer():  # a bug inside a write, whose message happens to look like an OS error
+        raise RuntimeError("worker exited with code: 1")
+
+    with pytest.raises(RuntimeError) as bug:
+        with disk_faults_as_one_line(path):
+            serializer()
+    assert type(bug.value) is RuntimeError and str(bug.value) == "worker exited with code: 1"
+    frames = [frame.name for frame in traceback.extract_tb(bug.value.__traceback__)]
+    assert frames[-1] == "serializer", frames  # raised where it was, not re-raised from the context
+    for interrupt in (KeyboardInterrupt, SystemExit):
+        with pytest.raises(interrupt):
+            with disk_faults_as_one_line(path):
+                raise interrupt()

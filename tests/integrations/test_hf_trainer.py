@@ -204,7 +204,7 @@ class _Logs(transformers.TrainerCallback):
             self.logs.append(dict(logs))
 
 
-def _by_hand(model, micro_batches):
+def _by_hand(model, micro_batches, mean_loss=False):
     from gaplan.workload.loss import summed_token_loss
 
     def gradient(batches, denominator):
@@ -214,28 +214,41 @@ def _by_hand(model, micro_batches):
             (summed_token_loss(logits, batch, "causal-lm") / denominator).backward()
         return torch.cat([p.grad.flatten() for p in model.parameters()])
 
-    return estimates_by_hand(gradient, micro_batches, "causal-lm")
+    return estimates_by_hand(gradient, micro_batches, "causal-lm", mean_loss=mean_loss)
+
+
+def _logged_noise(tmp_path, mean_loss=False, model_init=False, micro=4):
+    """One step of 4 short samples (2 targets each) and 4 long ones (15 each) in micro-batches of ``micro``, in
+    float64 (the identity is tested, not fp32's rounding, which the estimator's cancellation magnifies to ~3e-4): the
+    log line and the trainer."""
+    from gaplan.integrations.transformers import GaplanTrainer
+
+    logs = _Logs()
+    model = None if model_init else _model().double()
+    trainer = GaplanTrainer(model, _args(tmp_path, per_device_train_batch_size=micro,
+                                         gradient_accumulation_steps=8 // micro, max_steps=1, max_grad_norm=1e-3),
+                            model_init=(lambda: _model().double()) if model_init else None,
+                            train_dataset=_Stream(_samples(8)), data_collator=_collate, callbacks=[logs])
+    if mean_loss:
+        trainer.model_accepts_loss_kwargs = False  # the Trainer's mean path: each micro-batch's mean / 2 steps
+    trainer.train()
+    (logged,) = logs.logs
+    return logged, trainer
 
 
 @pytest.mark.slow
 def test_gaplan_trainer_logs_the_noise_scale_of_a_step_as_computed_by_hand(tmp_path):
-    """One step of 4 short samples (2 targets each) and 4 long ones (15 each): the logged |G|^2 and tr(S) are the
-    two-batch estimates from the micro-batches' own mean gradients, weighted by targets, and the step's gradient
-    before the Trainer clips it (max_grad_norm 1e-3 here)."""
+    """The logged |G|^2 and tr(S) are the two-batch estimates from the micro-batches' own mean gradients, weighted by
+    targets, and the step's gradient before the Trainer clips it (max_grad_norm 1e-3 here), to 1e-5."""
     from gaplan.integrations.transformers import GaplanTrainer
 
     samples = _samples(8)
-    grad_sq, grad_var = _by_hand(_model(), [_collate(samples[:4]), _collate(samples[4:])])
-    logs = _Logs()
-    trainer = GaplanTrainer(_model(), _args(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2,
-                                            max_steps=1, max_grad_norm=1e-3),
-                            train_dataset=_Stream(samples), data_collator=_collate, callbacks=[logs])
-    trainer.train()
-    (logged,) = logs.logs
-    assert logged["grad_sq"] == pytest.approx(grad_sq, rel=1e-4)
-    assert logged["grad_var"] == pytest.approx(grad_var, rel=1e-4)
+    grad_sq, grad_var = _by_hand(_model().double(), [_collate(samples[:4]), _collate(samples[4:])])
+    logged, trainer = _logged_noise(tmp_path)
+    assert logged["grad_sq"] == pytest.approx(grad_sq, rel=1e-5)
+    assert logged["grad_var"] == pytest.approx(grad_var, rel=1e-5)
     # In samples: per target x the step's targets per sample (68 / 8).
-    assert logged["noise_scale"] == pytest.approx(grad_var / grad_sq / (68 / 8), rel=1e-4)
+    assert logged["noise_scale"] == pytest.approx(grad_var / grad_sq / (68 / 8), rel=1e-5)
     assert trainer.noise_meter._handles == []  # the hooks are gone after train()
 
     quiet = _Logs()
@@ -243,6 +256,33 @@ def test_gaplan_trainer_logs_the_noise_scale_of_a_step_as_computed_by_hand(tmp_p
                                   max_steps=1), train_dataset=_Stream(samples), data_collator=_collate,
                   callbacks=[quiet], noise_scale=False).train()
     assert "noise_scale" not in quiet.logs[0]
+
+
+@pytest.mark.slow
+def test_on_the_trainers_mean_loss_path_the_noise_scale_is_that_of_the_mean_of_means(tmp_path):
+    """``model_accepts_loss_kwargs=False``: .grad is the plain mean of the four micro-batches' means (4, 4, 30 and 30
+    targets), whose variance is that of 4^2 / (2/4 + 2/30) = 28.2 targets, not 68. The reading matches the estimates
+    by hand for that gradient to 1e-5 (taking 68 put tr(S) at 0.53x of it)."""
+    samples = _samples(8)
+    micro = [_collate(samples[i:i + 2]) for i in range(0, 8, 2)]
+    grad_sq, grad_var = _by_hand(_model().double(), micro, mean_loss=True)
+    logged, trainer = _logged_noise(tmp_path, mean_loss=True, micro=2)
+    # (Here the short samples' gradients are nearly zero, not a random draw: |G|^2 comes out negative, so no
+    # noise_scale is logged; the reading itself is compared.)
+    reading = trainer.noise_meter.last
+    assert reading.big_batch == pytest.approx(16 / (2 / 4 + 2 / 30), rel=1e-12)
+    assert reading.grad_sq == pytest.approx(grad_sq, rel=1e-5)
+    assert reading.grad_var == pytest.approx(grad_var, rel=1e-5)
+    assert "noise_scale" not in logged
+
+
+@pytest.mark.slow
+def test_with_model_init_the_meter_hooks_the_model_that_trains(tmp_path):
+    """train() replaces the model with model_init's: the meter hooks that one, and logs the same reading."""
+    expected, _ = _logged_noise(tmp_path / "given")
+    logged, trainer = _logged_noise(tmp_path / "init", model_init=True)
+    assert logged["grad_var"] == pytest.approx(expected["grad_var"], rel=1e-9)
+    assert trainer.noise_meter.parameters[0] is next(trainer.model.parameters())
 
 
 def _t5():

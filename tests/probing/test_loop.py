@@ -48,6 +48,7 @@ def edge_holds_in_fresh_processes(what, script):
     return result
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_the_edge_of_a_plain_hf_loop_holds_in_fresh_processes_under_cpu_budget():
     result = edge_holds_in_fresh_processes("loop", "plain_hf_loop.py")

@@ -1,0 +1,31 @@
+"""``train_log.csv``: rows appended in the file's own columns, so a log an older gaplan began still reads."""
+
+import csv
+
+import pandas as pd
+
+from gaplan.training.train_log import LOG_FIELDS, StepLog, append_log
+
+
+def _row(step):
+    return StepLog(step, 2.5, 1e-3, 10.0, 100.0, None, 4, 2, 0.5, noise_scale=3.0, grad_sq=1.0, grad_var=3.0,
+                   noise_scale_items=30.0)
+
+
+def test_a_new_log_has_every_column_and_an_older_one_keeps_its_own(tmp_path):
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    append_log(str(fresh), _row(1))
+    table = pd.read_csv(fresh / "train_log.csv")
+    assert list(table.columns) == LOG_FIELDS and table["noise_scale_items"].tolist() == [30.0]
+
+    older = tmp_path / "older"  # begun before the noise-scale columns, resumed now
+    older.mkdir()
+    columns = LOG_FIELDS[:LOG_FIELDS.index("noise_scale")]
+    with open(older / "train_log.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(columns)
+        writer.writerow([1, 2.6, 1e-3, 10.0, 100.0, "", 4, 2, 0.5, "", ""])
+    append_log(str(older), _row(2))
+    table = pd.read_csv(older / "train_log.csv")
+    assert list(table.columns) == columns and table["step"].tolist() == [1, 2]
