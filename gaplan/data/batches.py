@@ -78,9 +78,14 @@ def permuted_index(position: int, size: int, seed: int = 0, epoch: int = 0) -> i
     return int(permuted_indices([position], size, seed, epoch)[0])
 
 
-def step_indices(step: int, effective_batch: int, corpus_size: int, seed: int = 0) -> list[int]:
-    """The sample indices of optimizer step ``step``: consecutive slices of a seeded permutation per epoch."""
-    positions = np.arange(step * effective_batch, (step + 1) * effective_batch, dtype=np.int64)
+def step_indices(step: int, effective_batch: int, corpus_size: int, seed: int = 0, first: int | None = None
+                 ) -> list[int]:
+    """The sample indices of optimizer step ``step``: consecutive slices of a seeded permutation per epoch.
+
+    ``first``: the step's first position in that order (default ``step * effective_batch``; a schedule whose
+    effective batch changes gives the sum of the earlier steps' batches)."""
+    start = step * effective_batch if first is None else first
+    positions = np.arange(start, start + effective_batch, dtype=np.int64)
     epochs, offsets = np.divmod(positions, corpus_size)
     indices = np.empty_like(positions)
     for epoch in np.unique(epochs).tolist():

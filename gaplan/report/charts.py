@@ -290,14 +290,20 @@ def _memory_over_steps(axes: Any, run: RunData, columns: Sequence[str]) -> None:
 
 
 def _noise_over_steps(axes: Any, run: RunData) -> None:
-    """The smoothed gradient noise scale over the steps, against the effective batch."""
+    """The smoothed gradient noise scale over the steps, against the effective batch: each step's where the log has
+    it (a batch schedule changes it), else the plan's."""
     log = run.train_log
     assert log is not None
     values = log["noise_scale"].astype("float64")
     axes.plot(log["step"], values, marker="o" if len(log) <= 60 else None, markersize=4, color="tab:orange",
               label="gradient noise scale (samples)")
     effective = (run.plan.get("plan") or {}).get("effective_batch")
-    if effective:
+    steps = log["effective_batch"].astype("float64") if "effective_batch" in log.columns else None
+    if steps is not None and steps.notna().any() and steps.nunique() > 1:
+        axes.step(log["step"], steps, where="post", color="tab:blue", linestyle="--", linewidth=1.2,
+                  label="effective batch (schedule)")
+        effective = float(steps.max())
+    elif effective:
         axes.axhline(effective, color="tab:blue", linestyle=":", linewidth=1.2, label=f"effective batch {effective}")
     top = max(float(values.max()) if values.notna().any() else 1.0, float(effective or 0), 1.0)
     axes.set_ylim(0, top * 1.15)

@@ -89,10 +89,11 @@ class RunState:
     dist: Distributed
     run_dir: str | None
     saved_step: int | None = None  # the step the run folder's checkpoint holds (None: none of this run)
+    loop_state: dict[str, Any] | None = None  # what the loop keeps besides (a batch schedule, the noise scale's EMAs)
 
-    def save(self, step: int, plan: Plan) -> None:
-        """Checkpoint ``step`` (a collective). A disk fault on any rank is :class:`WriteFailed` on every rank,
-        with the folder's last good checkpoint (``saved_step``) as it was."""
+    def save(self, step: int, plan: Plan, loop_state: dict[str, Any] | None = None) -> None:
+        """Checkpoint ``step`` (a collective), with the loop's own ``loop_state``. A disk fault on any rank is
+        :class:`WriteFailed` on every rank, with the folder's last good checkpoint (``saved_step``) as it was."""
         if not self.run_dir:
             return
         workload, optimizer, dist = self.workload, self.workload.optimizer, self.dist
@@ -107,6 +108,7 @@ class RunState:
                     **weights, "scheduler": self.scheduler.state_dict(),
                     "scaler": self.scaler.state_dict() if self.scaler else None,
                     "rng": rng, "step": step, "plan": plan.to_dict(), "workload": workload.spec.to_dict(),
+                    "loop_state": loop_state,
                 })
             except WriteFailed as exc:
                 failure = exc
@@ -163,6 +165,7 @@ class RunState:
         _set_rng_state(state["rng"][dist.rank] if isinstance(state["rng"], list) else state["rng"])
         start_step = int(state["step"])
         self.saved_step = start_step
+        self.loop_state = state.get("loop_state")  # None in a checkpoint of an older gaplan
         plan = Plan.from_dict(state["plan"]) if state["plan"]["world_size"] == dist.world_size else plan
         truncate_log(self.run_dir, start_step)
         return start_step, plan

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from gaplan.core.constants import DEFAULT_TRAIN_STEPS
 from gaplan.core.options import OptionError, option, positive_finite
+from gaplan.plan.schedule import BatchSchedule
 
 
 @dataclass(frozen=True)
@@ -42,3 +43,5 @@ class TrainConfig(LoopOptions):
     token_budget: int | None = None  # batch by tokens: micro-batches of at most this many padded tokens
     effective_tokens: int | None = None  # with a token budget: steps of this many real tokens, not E samples
     micro_batch_limit: int | None = None  # no micro-batch above this (the size ranks agreed on after an OOM restart)
+    schedule: BatchSchedule | None = None  # the effective batch over the run (None: the plan's, every step)
+    lr_scaling: str = "none"  # with a schedule: the learning rate scaled from its largest batch to each step's

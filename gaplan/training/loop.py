@@ -27,6 +27,7 @@ from gaplan.data import Sample
 from gaplan.parallel.fsdp import is_sharded
 from gaplan.parallel.process_group import Distributed
 from gaplan.plan.split import Plan, make_plan
+from gaplan.training.batch_schedule import ScheduleFollower, decision_noise_scale
 from gaplan.training.checkpoint import RunState
 from gaplan.training.config import TrainConfig
 from gaplan.training.loss_check import LossCheck, check_first_step, save_loss_check, skip_reason
@@ -34,7 +35,7 @@ from gaplan.training.micro_batches import TokenSteps
 from gaplan.training.noise_scale import NoiseScaleMeter
 from gaplan.training.oom_retry import StepInputs, step_until_it_fits
 from gaplan.training.optimizer_step import grad_scaler
-from gaplan.training.train_log import StepLog, append_log, truncate_log
+from gaplan.training.train_log import StepLog, append_log, remove_log, truncate_log
 from gaplan.workload.build import Workload
 from gaplan.workload.loss import batch_size
 
@@ -59,14 +60,15 @@ class TrainResult:
         return 1 - self.real_tokens / self.padded_tokens if self.padded_tokens else None
 
 
-def _schedule(config: TrainConfig) -> Callable[[int], float]:
-    """Linear warm-up then cosine decay to 10% (a common default)."""
+def _schedule(config: TrainConfig, batch_factor: Callable[[], float] = lambda: 1.0) -> Callable[[int], float]:
+    """Linear warm-up then cosine decay to 10% (a common default), times ``batch_factor()`` (a batch schedule's
+    learning-rate scaling at the current effective batch)."""
     def factor(step: int) -> float:
         if step < config.warmup_steps:
-            return (step + 1) / config.warmup_steps
+            return (step + 1) / config.warmup_steps * batch_factor()
         span = max(1, config.steps - config.warmup_steps)
         progress = min(1.0, (step - config.warmup_steps) / span)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+        return (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))) * batch_factor()
     return factor
 
 
@@ -124,8 +126,11 @@ def train(
 
         model = DistributedDataParallel(workload.model)
     scaler = grad_scaler(workload, shards)
-    run = RunState(workload, torch.optim.lr_scheduler.LambdaLR(workload.optimizer, _schedule(config)), scaler,
-                   shards, dist, config.run_dir)
+    follower = (ScheduleFollower(config.schedule, config.lr_scaling, plan.micro_batch_cap, dist.world_size)
+                if config.schedule is not None and config.schedule.kind != "fixed" else None)
+    batch_factor = follower.lr_factor if follower is not None else (lambda: 1.0)
+    run = RunState(workload, torch.optim.lr_scheduler.LambdaLR(workload.optimizer, _schedule(config, batch_factor)),
+                   scaler, shards, dist, config.run_dir)
     if config.run_dir and dist.rank == 0:
         os.makedirs(config.run_dir, exist_ok=True)
     start_step = 0
@@ -134,10 +139,19 @@ def train(
     else:
         torch.manual_seed(config.seed)
         random.seed(config.seed)
+        if config.run_dir and dist.rank == 0:
+            remove_log(config.run_dir)  # a new run in a used folder: its log starts empty, not after the old one's
     if start_step < config.steps:
         run.check_room()  # a disk with no room for one checkpoint would keep no step of the run
     if config.micro_batch_limit and plan.micro_batch > config.micro_batch_limit:
         plan = make_plan(plan.effective_batch, config.micro_batch_limit, plan.world_size)
+    loop_state = run.loop_state or {}
+    if follower is not None:
+        if loop_state.get("schedule"):
+            follower.load_state_dict(loop_state["schedule"])
+        if config.micro_batch_limit:
+            follower.micro_cap = min(follower.micro_cap, config.micro_batch_limit)
+        plan = follower.plan()
     token_steps = None
     if config.effective_tokens:
         if corpus is None:
@@ -150,11 +164,14 @@ def train(
             on_event("noise scale: not measured under FSDP (each rank holds a shard of every gradient)")
     elif config.noise_scale:
         noise = NoiseScaleMeter(workload.model, reduce=dist.sums if dist.active else None)
+        if loop_state.get("noise"):  # the smoothed estimates go on where the checkpoint left them
+            noise.load_state_dict(loop_state["noise"])
     inputs = StepInputs(workload, model, corpus, dist, scaler, config.max_grad_norm, config.seed, shards,
                         config.run_dir, noise)
     peaks = (peak_bytes, step_peak_bytes)
     try:
-        result = _loop(inputs, run, plan, config, start_step, token_steps, on_step, on_event, peaks, reset_peak)
+        result = _loop(inputs, run, plan, config, start_step, token_steps, on_step, on_event, peaks, reset_peak,
+                       follower)
     except WriteFailed as exc:
         raise _kept_from(exc, run) from None
     finally:
@@ -197,6 +214,24 @@ def _noise_columns(noise: NoiseScaleMeter | None) -> tuple[float | None, ...]:
     return reading.noise_scale, reading.grad_sq, reading.grad_var, reading.noise_scale_items
 
 
+def _follow(follower: ScheduleFollower, step: int, noise: NoiseScaleMeter | None, plan: Plan,
+            on_event: Callable[[str], None] | None) -> Plan:
+    """The schedule's decision after step ``step``: the plan of the next step, and one line when it changes. Every
+    rank decides alike: the reading comes from statistics summed over the ranks."""
+    reading = noise.last if noise is not None else None
+    change = follower.after_step(step, decision_noise_scale(reading.noise_scale, reading.grad_sq, reading.grad_var)
+                                 if reading is not None else None)
+    if change is None:
+        return plan
+    new = follower.plan()
+    if on_event:
+        rate = f"; learning rate x{follower.lr_factor():.3g} of --lr" if follower.lr_scaling != "none" else ""
+        on_event(f"step {change.step}: effective batch {change.before} -> {change.after} ({change.reason}): "
+                 f"micro-batch {new.micro_batch} x {new.grad_accum_steps} accumulation steps x world size "
+                 f"{new.world_size}{rate}")
+    return new
+
+
 def _above_baseline(peak: Callable[[], int | None] | None) -> int | None:
     """The step's peak above the baseline; None where it reads nothing: in a long-lived process (a notebook, a test
     run) freed memory that is still resident is reused without the resident size growing."""
@@ -208,8 +243,9 @@ def _loop(inputs: StepInputs, run: RunState, plan: Plan, config: TrainConfig, st
           token_steps: TokenSteps | None, on_step: Callable[[StepLog], None] | None,
           on_event: Callable[[str], None] | None,
           peaks: tuple[Callable[[], int | None] | None, Callable[[], int | None] | None],
-          reset_peak: Callable[[], None] | None) -> TrainResult:
-    """Steps ``start_step`` to ``config.steps``: train, log, checkpoint; stop cleanly on SIGINT/SIGTERM."""
+          reset_peak: Callable[[], None] | None, follower: ScheduleFollower | None = None) -> TrainResult:
+    """Steps ``start_step`` to ``config.steps``: train, log, checkpoint; stop cleanly on SIGINT/SIGTERM. With a
+    ``follower``, each step's effective batch is its schedule's, decided after the step before."""
     dist, run_dir = inputs.dist, config.run_dir
     logs: list[StepLog] = []
     fallbacks: list[str] = []
@@ -233,19 +269,25 @@ def _loop(inputs: StepInputs, run: RunState, plan: Plan, config: TrainConfig, st
                 reset_peak()
             t0 = time.perf_counter()
             step_samples = len(indices) if indices is not None else plan.effective_batch
-            done_step = step_until_it_fits(inputs, step, plan, token_budget, indices, fell_back)
+            done_step = step_until_it_fits(inputs, step, plan, token_budget, indices, fell_back,
+                                           follower.state.first_sample if follower is not None else None)
+            if follower is not None and done_step.plan is not plan:
+                follower.fell_back_to(done_step.plan)
             plan, token_budget, micro_batches = done_step.plan, done_step.token_budget, done_step.micro_batches
+            step_plan = plan
             padded_total, real_total = padded_total + done_step.padded, real_total + done_step.tokens
             lr = run.scheduler.get_last_lr()[0]
+            if follower is not None:  # before the scheduler's step: the next step's rate follows its batch
+                plan = _follow(follower, step, inputs.noise, plan, on_event)
             run.scheduler.step()
             seconds = time.perf_counter() - t0
             log = StepLog(step + 1, done_step.loss, lr, step_samples / seconds, done_step.tokens / seconds,
                           peaks[0]() if peaks[0] else None,
                           # By tokens: this step's largest micro-batch and its number of micro-steps.
-                          max(map(batch_size, micro_batches)) if token_budget else plan.micro_batch,
-                          len(micro_batches) if token_budget else plan.grad_accum_steps, seconds,
+                          max(map(batch_size, micro_batches)) if token_budget else step_plan.micro_batch,
+                          len(micro_batches) if token_budget else step_plan.grad_accum_steps, seconds,
                           _above_baseline(peaks[1]), done_step.padded / seconds,
-                          *_noise_columns(inputs.noise))
+                          *_noise_columns(inputs.noise), effective_batch=step_samples)
             logs.append(log)
             log_failure = None
             if step == start_step and check is not None:
@@ -274,7 +316,8 @@ def _loop(inputs: StepInputs, run: RunState, plan: Plan, config: TrainConfig, st
             stopping = signalled > 0
             if stopping or (config.checkpoint_every and done % config.checkpoint_every == 0) or \
                     done == config.steps:
-                run.save(done, plan)
+                run.save(done, plan, {"schedule": follower.state_dict() if follower is not None else None,
+                                      "noise": inputs.noise.state_dict() if inputs.noise is not None else None})
             if stopping:
                 interrupted = True
                 if on_event:

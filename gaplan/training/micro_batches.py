@@ -25,8 +25,9 @@ PLACEHOLDER = "gaplan_placeholder"  # marks an empty micro-step's stand-in batch
 
 
 def sample_micro_batches(workload: Workload, plan: Plan, corpus: Sequence[Sample] | None, step: int, rank: int,
-                   seed: int) -> list[dict[str, torch.Tensor]]:
-    """This rank's micro-batches of step ``step``, split by the plan's sizes."""
+                   seed: int, first: int | None = None) -> list[dict[str, torch.Tensor]]:
+    """This rank's micro-batches of step ``step``, split by the plan's sizes (``first``: as for
+    :func:`gaplan.data.step_indices`)."""
     sizes = plan.rank_micro_batch_sizes[rank]
     if corpus is None:  # a custom workload makes its own batches: seed them by step so resume sees the same
         generator_state = torch.get_rng_state()
@@ -34,7 +35,7 @@ def sample_micro_batches(workload: Workload, plan: Plan, corpus: Sequence[Sample
         whole = workload.make_batch(sum(sizes))
         torch.set_rng_state(generator_state)
         return [{k: v[start:end] for k, v in whole.items()} for start, end in _bounds(sizes)]
-    indices = step_indices(step, plan.effective_batch, len(corpus), seed)
+    indices = step_indices(step, plan.effective_batch, len(corpus), seed, first)
     share = plan.effective_batch // plan.world_size
     mine = indices[rank * share:(rank + 1) * share]
     batches = []

@@ -126,6 +126,14 @@ class NoiseScaleMeter:
                                  b_small, b_big)
         return self.last
 
+    def state_dict(self) -> dict[str, float]:
+        """The smoothed estimates, for a checkpoint: a resumed run goes on with them (a batch schedule decides on
+        them, and must decide as the uninterrupted run did)."""
+        return {"ema_sq": self._ema_sq, "ema_var": self._ema_var, "count": self._count}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self._ema_sq, self._ema_var, self._count = float(state["ema_sq"]), float(state["ema_var"]), int(state["count"])
+
     def close(self) -> None:
         for handle in self._handles:
             handle.remove()

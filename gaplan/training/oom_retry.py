@@ -54,14 +54,16 @@ class StepInputs:
 
 
 def step_until_it_fits(inputs: StepInputs, step: int, plan: Plan, token_budget: int | None, indices: list[int] | None,
-                       on_fallback: Callable[[str], None]) -> StepDone:
-    """Train step ``step``; on an OOM, halve and redo it (``on_fallback`` hears why) until it fits."""
+                       on_fallback: Callable[[str], None], first_sample: int | None = None) -> StepDone:
+    """Train step ``step``; on an OOM, halve and redo it (``on_fallback`` hears why) until it fits.
+    ``first_sample``: where the step's samples start in the data's order (a batch schedule's; default by step)."""
     workload, dist = inputs.workload, inputs.dist
     while True:
         micro_batches = (token_micro_batches(workload, plan, inputs.corpus, step, dist, inputs.seed, token_budget,
                                              indices)
                          if token_budget else
-                         sample_micro_batches(workload, plan, inputs.corpus, step, dist.rank, inputs.seed))
+                         sample_micro_batches(workload, plan, inputs.corpus, step, dist.rank, inputs.seed,
+                                              first_sample))
         agreement = OomAgreement(dist)
         try:
             loss, tokens = optimizer_step(workload, inputs.model, micro_batches, dist, inputs.scaler,

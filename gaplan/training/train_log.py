@@ -19,7 +19,7 @@ from gaplan.runs.schema import TRAIN_LOG
 
 LOG_FIELDS = ["step", "loss", "lr", "samples_per_s", "tokens_per_s", "peak_bytes", "micro_batch",
               "grad_accum_steps", "seconds", "step_peak_bytes", "padded_tokens_per_s", "noise_scale", "grad_sq", "grad_var",
-              "noise_scale_items"]
+              "noise_scale_items", "effective_batch"]
 assert set(LOG_FIELDS) == set(TRAIN_LOG.columns), "train_log.csv's writer and its schema must agree"
 
 
@@ -43,6 +43,7 @@ class StepLog:
     grad_sq: float | None = None
     grad_var: float | None = None
     noise_scale_items: float | None = None
+    effective_batch: int | None = None  # the step's samples (a batch schedule changes it; by tokens, each step's)
 
 
 def append_log(run_dir: str, log: StepLog) -> None:
@@ -59,6 +60,13 @@ def append_log(run_dir: str, log: StepLog) -> None:
     writer.writerow({k: getattr(log, k) for k in LOG_FIELDS})
     with disk_faults_as_one_line(path), open(path, "a", newline="") as handle:
         handle.write(text.getvalue())
+
+
+def remove_log(run_dir: str) -> None:
+    """Remove the folder's log (a new run starts there)."""
+    path = os.path.join(run_dir, TRAIN_LOG_CSV)
+    if os.path.exists(path):
+        os.remove(path)
 
 
 def _header(path: str) -> list[str] | None:

@@ -116,6 +116,9 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
     dist = init_distributed(device)
     if options.threads:
         torch.set_num_threads(options.threads)
+    if spec.parallel == "fsdp" and options.batch_schedule != "fixed":
+        raise GaplanError("--batch-schedule with --parallel fsdp is not supported: the noise scale is not measured "
+                          "under FSDP, and a changing batch is tested with one process and DDP only")
     if spec.parallel == "fsdp" and not dist.active:
         raise GaplanError("--parallel fsdp shards the model over ranks: launch it with "
                           "torchrun --nproc-per-node N -m gaplan train ... (N at least 2)")
@@ -132,6 +135,7 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
     spec, probed, plan = plan_for_ranks(spec, options, device, memory_limit, dist, say)
     if restart is not None and restart.micro_batch and plan.micro_batch > restart.micro_batch:
         plan = make_plan(plan.effective_batch, restart.micro_batch, plan.world_size)
+    schedule = _batch_schedule(spec, options, plan, main_say)
     meter = _memory_meter(spec, options, device, memory_limit, main_say)
     workload = _build(spec, options, device, dist, main_say)
     corpus = _check_corpus(corpus, spec, options, workload)
@@ -146,7 +150,8 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
         save_probe(dataclasses.replace(record, plan=plan, command=options.command), path_in(run_dir, PLAN_JSON))
     config = TrainConfig(**dataclasses.asdict(options.loop), run_dir=run_dir, token_budget=options.token_budget,
                          effective_tokens=options.effective_tokens,
-                         micro_batch_limit=restart.micro_batch if restart is not None else None)
+                         micro_batch_limit=restart.micro_batch if restart is not None else None,
+                         schedule=schedule, lr_scaling=options.lr_scaling if schedule is not None else "none")
     if options.token_budget:
         step = (f"samples until their real tokens reach {options.effective_tokens}" if options.effective_tokens
                 else f"{plan.effective_batch} samples")
@@ -175,6 +180,22 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
         del workload
         gc.collect()
     return TrainRun(summary, result.interrupted, is_main, result.plan)
+
+
+def _batch_schedule(spec: WorkloadSpec, options: TrainOptions, plan: Any, say: Say) -> Any:
+    """The run's batch schedule (None: fixed), between ``--effective-batch-min`` (default B* x world size) and the
+    plan's effective batch."""
+    from gaplan.plan.schedule import BatchSchedule, parse_schedule
+
+    kind, _ = parse_schedule(options.batch_schedule)
+    if kind == "fixed":
+        return None
+    minimum = options.effective_batch_min or min(plan.micro_batch_cap * plan.world_size, plan.effective_batch)
+    schedule = BatchSchedule.parse(options.batch_schedule, minimum, plan.effective_batch, plan.world_size)
+    if not options.resume:
+        say(f"batch schedule {options.batch_schedule}: effective batch {' -> '.join(map(str, schedule.levels))}"
+            f"{' (by the noise scale)' if kind == 'adaptive' else ''}, micro-batch at most {plan.micro_batch_cap}")
+    return schedule
 
 
 def _after_an_oom_restart(spec: WorkloadSpec, run_dir: str, options: TrainOptions, dist: Any, say: Say):

@@ -16,6 +16,7 @@ from typing import Any
 from gaplan.core.options import OptionError, from_options, leaf_fields, nested, option, option_name, to_flat
 from gaplan.data.source import DataSource
 from gaplan.plan.goodput import LR_SCALINGS
+from gaplan.plan.schedule import parse_schedule
 from gaplan.plan.tokens import DEFAULT_GRANULE
 from gaplan.training.config import LoopOptions
 
@@ -33,7 +34,9 @@ class TrainOptions:
     token_budget: int | None = option(None, resume="fixed")  # by tokens: given, else probed (T*) from the data's lengths
     granule: int = option(DEFAULT_GRANULE, resume="fixed")  # by tokens: a probed budget is a multiple of it
     plan_file: str | None = option(None, resume="fixed")
-    lr_scaling: str = option("none", resume="fixed")  # a goodput plan: scale the lr to its batch (none|linear|sqrt)
+    lr_scaling: str = option("none", resume="fixed")  # a goodput plan or a schedule: scale the lr to its batch
+    batch_schedule: str = option("fixed", resume="fixed")  # fixed | adaptive | warmup:STEPS (gaplan.plan.schedule)
+    effective_batch_min: int | None = option(None, resume="fixed")  # a schedule's first batch (default B* x ranks)
     grad_checkpointing: str | None = option(None)  # as given: None, "on", "off" or "auto" (auto needs a plan file)
     source: DataSource = nested(DataSource)
     loop: LoopOptions = nested(LoopOptions)
@@ -54,9 +57,12 @@ class TrainOptions:
         if self.lr_scaling not in LR_SCALINGS:
             raise OptionError(f"lr_scaling must be one of {', '.join(LR_SCALINGS)} (got {self.lr_scaling!r})",
                               "lr_scaling")
-        if self.lr_scaling != "none" and self.plan_file is None:
+        scheduled = self._check_schedule()
+        if self.lr_scaling != "none" and self.plan_file is None and not scheduled:
             raise OptionError("lr_scaling scales the learning rate from the batch it was set for to a goodput plan's "
-                              "batch: give plan_file, from gaplan probe --objective goodput", "lr_scaling", "plan_file")
+                              "batch or to each step's batch of a batch_schedule: give plan_file, from gaplan probe "
+                              "--objective goodput, or batch_schedule adaptive|warmup:STEPS", "lr_scaling",
+                              "plan_file", "batch_schedule")
         if self.merge and not self.save_model:
             raise OptionError("merge writes the merged model to save_model: give --save-model DIR", "merge",
                               "save_model")
@@ -80,6 +86,30 @@ class TrainOptions:
         if self.micro_batch is not None or self.plan_file is not None:
             raise OptionError("batch_by tokens packs by token_budget: leave out micro_batch and plan_file",
                               "batch_by", "token_budget", "micro_batch", "plan_file")
+
+    def _check_schedule(self) -> bool:
+        """Whether the effective batch follows a schedule; its options checked (one line each)."""
+        kind, _ = parse_schedule(self.batch_schedule)
+        minimum = self.effective_batch_min
+        if minimum is not None and (not isinstance(minimum, int) or isinstance(minimum, bool) or minimum < 1):
+            raise OptionError(f"effective_batch_min must be a positive integer (got {minimum!r})",
+                              "effective_batch_min")
+        if kind == "fixed":
+            if minimum is not None:
+                raise OptionError("effective_batch_min is where a batch_schedule starts, and the schedule is fixed: "
+                                  "give batch_schedule adaptive or warmup:STEPS, or leave it out",
+                                  "effective_batch_min", "batch_schedule")
+            return False
+        if minimum is not None and self.effective_batch is not None and minimum > self.effective_batch:
+            raise OptionError(f"effective_batch_min {minimum} is above effective_batch {self.effective_batch}: the "
+                              "schedule grows from the first to the second", "effective_batch_min", "effective_batch")
+        if self.batch_by == "tokens":
+            raise OptionError("batch_schedule changes a step's samples; with batch_by tokens a step is packed by "
+                              "tokens: not supported together yet", "batch_schedule", "batch_by")
+        if kind == "adaptive" and not self.loop.noise_scale:
+            raise OptionError("batch_schedule adaptive grows the batch by the measured noise scale: it needs "
+                              "noise_scale on (or use warmup:STEPS)", "batch_schedule", "noise_scale")
+        return True
 
     # Convenience views of the nested options, read all over the run.
     @property

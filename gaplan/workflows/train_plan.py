@@ -51,7 +51,8 @@ def plan_for_ranks(spec: WorkloadSpec, options: TrainOptions, device: str, memor
         raise GaplanError("--grad-checkpointing auto is decided by gaplan probe; give its --plan, or on/off")
     else:
         cap = options.micro_batch
-    if options.lr_scaling != "none" and not options.resume:  # a resumed run's saved spec has the scaled rate
+    if options.lr_scaling != "none" and not options.resume and options.batch_schedule == "fixed":
+        # (a resumed run's saved spec has the scaled rate; a batch schedule scales it at each step instead)
         spec = scaled_for_goodput_plan(spec, probed, effective, options.lr_scaling, say if dist.rank == 0 else quiet)
     if options.micro_batch and probed is not None and options.micro_batch > probed.max_micro_batch:
         raise GaplanError(f"--micro-batch {options.micro_batch} does not fit: the probed maximum is "

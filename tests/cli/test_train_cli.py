@@ -107,6 +107,23 @@ def test_bad_input(tmp_path):
         (["--micro-batch", "4", "--max-grad-norm", "-1"], "--max-grad-norm must be a positive number (got -1.0)"),
         (["--micro-batch", "4", "--max-grad-norm", "0"], "--max-grad-norm must be a positive number (got 0.0)"),
         (["--micro-batch", "4", "--max-grad-norm", "nan"], "--max-grad-norm must be a positive number (got nan)"),
+        # a batch schedule: its bounds, its syntax, and where it does not apply
+        (["--micro-batch", "4", "--batch-schedule", "adaptive", "--effective-batch", "16", "--effective-batch-min",
+          "32"], "--effective-batch-min 32 is above --effective-batch 16"),
+        (["--micro-batch", "4", "--batch-schedule", "adaptive", "--no-noise-scale"],
+         "--batch-schedule adaptive grows the batch by the measured noise scale: it needs --noise-scale on"),
+        (["--micro-batch", "4", "--parallel", "fsdp", "--batch-schedule", "warmup:10"],
+         "--batch-schedule with --parallel fsdp is not supported"),
+        (["--micro-batch", "4", "--batch-schedule", "sometimes"], "--batch-schedule must be fixed, adaptive or warmup"),
+        (["--micro-batch", "4", "--batch-schedule", "warmup:0"], "warmup:STEPS needs a positive number of steps"),
+        (["--micro-batch", "4", "--effective-batch-min", "4"], "--effective-batch-min is where a --batch-schedule "
+                                                                 "starts, and the schedule is fixed"),
+        (["--micro-batch", "4", "--effective-batch-min", "0", "--batch-schedule", "adaptive"],
+         "--effective-batch-min must be a positive integer (got 0)"),
+        (["--batch-by", "tokens", "--token-budget", "64", "--batch-schedule", "adaptive"],
+         "--batch-schedule changes a step's samples; with --batch-by tokens"),
+        (["--micro-batch", "4", "--lr-scaling", "sqrt"], "give --plan, from gaplan probe --objective goodput, or "
+                                                         "--batch-schedule adaptive|warmup:STEPS"),
     ]
     for args, message in cases:
         out = tmp_path / "never-written"

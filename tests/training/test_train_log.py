@@ -29,3 +29,16 @@ def test_a_new_log_has_every_column_and_an_older_one_keeps_its_own(tmp_path):
     append_log(str(older), _row(2))
     table = pd.read_csv(older / "train_log.csv")
     assert list(table.columns) == columns and table["step"].tolist() == [1, 2]
+
+
+def test_a_new_run_in_a_used_folder_starts_its_own_log(tmp_path):
+    """Once appended after the old run's rows: two step 1s in one log."""
+    from gaplan.plan.split import make_plan
+    from gaplan.training.loop import TrainConfig, train
+    from gaplan.workload.build import WorkloadSpec, build_workload
+
+    spec = WorkloadSpec(model="tests.training.linear_regression:make", optimizer="sgd", lr=1e-12)
+    for _ in range(2):
+        train(build_workload(spec, "cpu", seed=0), make_plan(8, 4), None,
+              TrainConfig(steps=3, seed=0, run_dir=str(tmp_path)))
+    assert pd.read_csv(tmp_path / "train_log.csv")["step"].tolist() == [1, 2, 3]

@@ -1,0 +1,136 @@
+"""A batch schedule in the loop: each step token-exact for its own effective batch, the decisions those of
+:mod:`gaplan.plan.schedule` on the logged noise scale, the learning rate scaled with it, and a resume across a
+change bitwise equal to an uninterrupted run."""
+
+import pytest
+import torch
+
+from gaplan.data import SyntheticCorpus
+from gaplan.plan.schedule import BatchSchedule
+from gaplan.plan.split import make_plan
+from gaplan.training.batch_schedule import decision_noise_scale
+from gaplan.training.loop import TrainConfig, train
+from gaplan.workload.build import WorkloadSpec, build_workload
+from tests.training import linear_regression
+
+SPEC = WorkloadSpec(model="tiny-gpt2", seq_len=16, optimizer="adamw", lr=1e-3)
+ADAPTIVE = BatchSchedule("adaptive", minimum=2, maximum=16, patience=3)
+
+
+def run(tmp_path, name, schedule=ADAPTIVE, micro=4, steps=12, spec=SPEC, resume=False, stop_after=None,
+        lr_scaling="sqrt"):
+    workload = build_workload(spec, "cpu", seed=0)
+    corpus = SyntheticCorpus(16, seed=0)
+
+    def on_step(log):
+        if stop_after is not None and log.step == stop_after + 1:
+            raise KeyboardInterrupt  # the process dies mid-run, after the checkpoint of step `stop_after`
+
+    config = TrainConfig(steps=steps, seed=0, checkpoint_every=5, run_dir=str(tmp_path / name), schedule=schedule,
+                         lr_scaling=lr_scaling)
+    events = []
+    result = train(workload, make_plan(schedule.maximum, micro), corpus, config, resume=resume, on_step=on_step,
+                   on_event=events.append)
+    return workload.model, result, events
+
+
+def test_the_loop_follows_the_schedule_on_its_own_readings_and_scales_the_rate(tmp_path):
+    """Replaying the pure schedule over the logged noise scales gives the logged effective batches; each change is
+    one event line; the rate is --lr x sqrt(E / 16) times the cosine schedule's factor."""
+    _, result, events = run(tmp_path, "straight")
+    logs = result.logs
+    batches = [log.effective_batch for log in logs]
+    assert batches[0] == 2 and batches == sorted(batches) and len(set(batches)) >= 3, batches
+    state, replayed = ADAPTIVE.start(), []
+    for step, log in enumerate(logs):
+        replayed.append(state.effective_batch)
+        state, _ = ADAPTIVE.after_step(state, step, decision_noise_scale(log.noise_scale, log.grad_sq, log.grad_var))
+    assert replayed == batches
+    changes = [line for line in events if "effective batch" in line]
+    assert len(changes) == len(set(batches)) - 1 and changes[0].startswith(f"step {batches.index(4)}: effective "
+                                                                           "batch 2 -> 4 (noise scale")
+    for log in logs:  # micro-batches at most 4, and always two or more of them (the noise scale needs two)
+        assert log.micro_batch <= 4 and log.grad_accum_steps >= 2
+        assert log.micro_batch * log.grad_accum_steps >= log.effective_batch
+    import math
+    for step, log in enumerate(logs):
+        cosine = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / 12))
+        assert log.lr == pytest.approx(1e-3 * cosine * math.sqrt(log.effective_batch / 16), rel=1e-9)
+
+
+@pytest.mark.slow
+def test_a_resume_across_a_change_reaches_the_same_weights_bitwise(tmp_path):
+    """Cut after step 5 (its checkpoint), resumed to 12: the schedule's state and the noise scale's averages come
+    back with it, so the same changes happen at the same steps."""
+    reference, straight, _ = run(tmp_path, "straight")
+    batches = [log.effective_batch for log in straight.logs]
+    cut = 5
+    assert batches[cut - 1] != batches[-1], "a change must come after the cut"
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, "cut", stop_after=cut)
+    resumed, result, _ = run(tmp_path, "cut", resume=True)
+    assert [log.effective_batch for log in result.logs] == batches[cut:]
+    assert [log.noise_scale for log in result.logs] == [log.noise_scale for log in straight.logs[cut:]]
+    for a, b in zip(reference.state_dict().values(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_every_step_is_token_exact_for_its_own_effective_batch(tmp_path):
+    """A warmup ramp 4, 4, 8, 8 trained in micro-batches of 1 and as whole steps (micro-batch 8): the same weights
+    to fp32 rounding, SGD, padded uneven samples; the two runs see the same samples at each step."""
+    spec = WorkloadSpec(model="tiny-gpt2", seq_len=16, optimizer="sgd", lr=0.5)
+    ramp = BatchSchedule("warmup", minimum=4, maximum=8, ramp_steps=2)
+    small, small_run, _ = run(tmp_path, "small", ramp, micro=1, steps=4, spec=spec, lr_scaling="none")
+    whole, whole_run, _ = run(tmp_path, "whole", ramp, micro=8, steps=4, spec=spec, lr_scaling="none")
+    assert [log.effective_batch for log in small_run.logs] == [4, 4, 8, 8]
+    assert [log.grad_accum_steps for log in small_run.logs] == [4, 4, 8, 8]
+    assert [log.grad_accum_steps for log in whole_run.logs] == [1, 1, 1, 1]
+    for (name, a), b in zip(small.state_dict().items(), whole.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    moved = max(float((a - b).abs().max()) for a, b in zip(small.state_dict().values(),
+                                                          build_workload(spec, "cpu", seed=0).model.state_dict().values(),
+                                                          strict=True))
+    assert moved > 1e-3, "the steps must move the weights for the comparison to say anything"
+
+
+def test_on_linear_regression_the_batch_grows_to_half_the_known_noise_scale_and_stops():
+    """B_noise = 17 exactly (tests/training/linear_regression.py, held at its weights): from 2 the batch doubles while
+    B_noise >= 2 E, so it reaches 8 (2 x 8 = 16 <= 17) and never 32 (that needs B_noise >= 32 at 16)."""
+    workload = build_workload(WorkloadSpec(model="tests.training.linear_regression:make", optimizer="sgd",
+                                           lr=1e-12), "cpu", seed=0)
+    schedule = BatchSchedule("adaptive", minimum=2, maximum=64)
+    result = train(workload, make_plan(64, 64), None, TrainConfig(steps=120, seed=0, schedule=schedule))
+    batches = [log.effective_batch for log in result.logs]
+    assert linear_regression.noise_scale() == 17.0
+    assert batches == sorted(batches) and 8 <= batches[-1] <= 16 and 32 not in batches, batches
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_ddp_ranks_follow_the_schedule_one_process_follows(tmp_path):
+    """The same adaptive run in one process and over 2 ranks (gloo): the decision comes from statistics summed over
+    the ranks, so both ranks change together (a rank that did not would hang DDP) and at the steps one process does."""
+    import csv
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import free_port
+
+    common = ["-m", "gaplan", "train", "--seq-len", "16", "--micro-batch", "2", "--effective-batch", "16",
+              "--effective-batch-min", "4", "--batch-schedule", "adaptive", "--steps", "12", "--optimizer", "sgd",
+              "--lr", "0.1", "--device", "cpu", "--quiet", "--threads", "1"]
+    env = dict(os.environ, GAPLAN_CACHE_DIR=str(tmp_path / "cache"))
+    for name, launch in (("one", []), ("two", ["-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                               "--master-port", str(free_port())])):
+        done = subprocess.run([sys.executable, *launch, *common, "--out", str(tmp_path / name)], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    def batches(name):
+        with open(tmp_path / name / "train_log.csv") as handle:
+            return [int(row["effective_batch"]) for row in csv.DictReader(handle)]
+
+    one, two = batches("one"), batches("two")
+    assert one == two and len(set(one)) >= 2, (one, two)
