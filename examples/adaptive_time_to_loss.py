@@ -10,9 +10,10 @@ averaged over the last --window steps, reaches --target:
   5 steps in a row (``gaplan train --batch-schedule adaptive``);
 - ``warmup:STEPS``: the same doublings at evenly spaced steps, whatever the noise scale.
 
-The micro-batch is the same for all three: only the accumulation steps change. One optimizer and learning rate for
-all (AdamW, --lr, not rescaled unless --lr-scaling says so). Prints each schedule's mean samples, steps and seconds
-to the target with a 95% interval over the seeds (t distribution); asserts nothing.
+The micro-batch is the same for all three: only the accumulation steps change. One optimizer for all: AdamW, --lr set
+for the asked-for batch, which the schedules scale by the square root of their batch's ratio to it (--lr-scaling).
+Prints each schedule's mean samples, steps and seconds to the target with a 95% interval over the seeds (t
+distribution); asserts nothing.
 """
 
 from __future__ import annotations
@@ -42,13 +43,13 @@ def time_to_loss(schedule: BatchSchedule, seed: int, args: argparse.Namespace) -
     workload = build_workload(spec, "cpu", seed=seed)
     corpus = SyntheticCorpus(args.seq_len, seed=seed)
     losses: list[float] = []
-    samples = 0
+    samples = batch = 0
     started = time.perf_counter()
 
     def on_step(log) -> None:
-        nonlocal samples
+        nonlocal samples, batch
         losses.append(log.loss)
-        samples += log.effective_batch
+        samples, batch = samples + log.effective_batch, log.effective_batch
         recent = losses[-args.window:]
         if len(recent) == args.window and sum(recent) / len(recent) <= args.target:
             raise Reached
@@ -61,7 +62,8 @@ def time_to_loss(schedule: BatchSchedule, seed: int, args: argparse.Namespace) -
         reached = False
     except Reached:
         pass
-    return {"samples": samples, "steps": len(losses), "seconds": time.perf_counter() - started, "reached": reached}
+    return {"samples": samples, "steps": len(losses), "seconds": time.perf_counter() - started, "reached": reached,
+            "last_batch": batch}
 
 
 def interval(values: list[float]) -> str:
@@ -81,10 +83,12 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--warmup-steps", type=int, default=30, help="the warmup ramp's length")
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--lr-scaling", default="none", choices=["none", "linear", "sqrt"])
+    parser.add_argument("--lr-scaling", default="sqrt", choices=["none", "linear", "sqrt"],
+                        help="the schedules' learning rate at a smaller batch (--lr is for --effective-batch)")
     parser.add_argument("--target", type=float, default=3.0, help="the loss to reach (mean of the last --window)")
     parser.add_argument("--window", type=int, default=5)
-    parser.add_argument("--max-steps", type=int, default=400)
+    parser.add_argument("--max-steps", type=int, default=400, help="a run that has not reached it by then stops (the "
+                        "cosine decay spans these steps)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -104,7 +108,8 @@ def main() -> None:
             result = time_to_loss(schedule, seed, args)
             results[name].append(result)
             print(f"  seed {seed} {name:>12}: {result['samples']:>6} samples, {result['steps']:>4} steps, "
-                  f"{result['seconds']:6.1f} s{'' if result['reached'] else '  (target not reached)'}", flush=True)
+                  f"{result['seconds']:6.1f} s, last effective batch {result['last_batch']}"
+                  f"{'' if result['reached'] else '  (target not reached)'}", flush=True)
     print(f"\n{'schedule':>12} | {'samples to target':>24} | {'steps':>22} | {'seconds':>22}")
     for name, runs in results.items():
         print(f"{name:>12} | {interval([r['samples'] for r in runs]):>24} | {interval([r['steps'] for r in runs]):>22}"

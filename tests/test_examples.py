@@ -173,3 +173,16 @@ def test_train_speed_example_puts_three_loops_side_by_side():
     assert rows["plain loop"][2] == "1.00x (1.00-1.00)"
     for name, (step, rounds, versus) in rows.items():
         assert float(step) > 0 and rounds == "2" and versus.endswith(")"), (name, versus)
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_adaptive_time_to_loss_prints_each_schedule_to_the_target():
+    """One seed, a near target: every schedule reaches it and has its row (samples, steps, seconds)."""
+    out = run_example("adaptive_time_to_loss.py", "--seeds", "1", "--target", "7.5", "--max-steps", "40",
+                      "--warmup-steps", "6", "--threads", "1", timeout=600)
+    assert "target not reached" not in out, out
+    rows = {line.split("|")[0].strip(): line for line in out.splitlines() if line.count("|") == 3}
+    assert {"fixed", "adaptive", "warmup:6"} <= set(rows), out
+    fixed_samples = float(rows["fixed"].split("|")[1])
+    assert fixed_samples % 64 == 0, rows["fixed"]  # whole steps of the asked-for batch

@@ -183,6 +183,9 @@ def train_command(**options: Any) -> None:
             from gaplan.training.loss_check import LossCheck
 
             click.echo(LossCheck.from_dict(summary["loss_check"]).describe())
+        if len(summary.get("effective_batches") or []) > 1:
+            click.echo("effective batch: " + ", ".join(f"{run['effective_batch']} from step {run['from_step']}"
+                                                       for run in summary["effective_batches"]))
         if summary.get("noise_scale"):
             click.echo(f"noise scale: {summary['noise_scale']['summary']}")
         if summary.get("verdict"):

@@ -140,7 +140,7 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
     workload = _build(spec, options, device, dist, main_say)
     corpus = _check_corpus(corpus, spec, options, workload)
     if not options.token_budget:  # by tokens, the micro-batches are packed anew each step (said below)
-        main_say(f"plan: {plan.describe()}")
+        main_say(f"plan{' at the top of the schedule' if schedule is not None else ''}: {plan.describe()}")
     if is_main:
         os.makedirs(run_dir, exist_ok=True)
         if not options.resume:
@@ -365,7 +365,18 @@ def _summary(run_dir: str, result: Any) -> dict[str, Any]:
         "seconds": round(result.seconds, 2), "oom_fallbacks": result.oom_fallbacks, "interrupted": result.interrupted,
         "padding_fraction": result.padding_fraction,
         "noise_scale": _noise_scale(result),
+        "effective_batches": _effective_batches(logs),
     }
+
+
+def _effective_batches(logs: list[Any]) -> list[dict[str, int]]:
+    """Each run of steps at one effective batch, as ``{"from_step", "effective_batch"}`` (one entry for a fixed
+    batch; a batch schedule adds one per change)."""
+    runs: list[dict[str, int]] = []
+    for log in logs:
+        if log.effective_batch is not None and (not runs or runs[-1]["effective_batch"] != log.effective_batch):
+            runs.append({"from_step": log.step, "effective_batch": log.effective_batch})
+    return runs
 
 
 def _noise_scale(result: Any) -> dict[str, Any] | None:

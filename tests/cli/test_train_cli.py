@@ -191,3 +191,28 @@ def test_mixed_precision_trains(tmp_path, dtype, extra):
     assert summary["steps"] == 4 and summary["plan"]["grad_accum_steps"] == 2
     assert torch.isfinite(torch.tensor([summary["loss_first"], summary["loss_last"]])).all()
     assert summary["loss_last"] < summary["loss_first"]
+
+
+def test_a_warmup_schedule_says_each_change_and_the_summary_lists_the_batches(tmp_path):
+    """warmup:2 from 4 to 8: steps 1-2 at 4 (2 x 2), steps 3-4 at 8 (2 x 4); one stderr line for the change, the
+    batches in --json and in the log."""
+    import csv
+
+    args = ["train", "--seq-len", "16", "--micro-batch", "2", "--effective-batch", "8", "--effective-batch-min", "4",
+            "--batch-schedule", "warmup:2", "--steps", "4", "--threads", "1", "--device", "cpu", "--quiet", "--json",
+            "--out", str(tmp_path / "run")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["effective_batches"] == [{"from_step": 1, "effective_batch": 4},
+                                            {"from_step": 3, "effective_batch": 8}]
+    with open(tmp_path / "run" / "train_log.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(int(r["effective_batch"]), int(r["grad_accum_steps"])) for r in rows] == [(4, 2), (4, 2), (8, 4), (8, 4)]
+    result = CliRunner().invoke(main, [a for a in args if a not in ("--quiet", "--json")] + ["--out",
+                                                                                              str(tmp_path / "again")])
+    assert result.exit_code == 0, result.output
+    changes = [line for line in result.stderr.splitlines() if "effective batch 4 -> 8" in line]
+    assert len(changes) == 1 and changes[0].endswith("step 2: effective batch 4 -> 8 (warmup ramp to 8 by step 2): "
+                                                     "micro-batch 2 x 4 accumulation steps x world size 1"), changes
+    assert "effective batch: 4 from step 1, 8 from step 3" in result.stdout
