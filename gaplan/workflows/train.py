@@ -31,7 +31,7 @@ from gaplan.workflows.bench import run_bench
 from gaplan.workflows.probe import plan_without_probe
 from gaplan.workflows.train_data import read_training_data
 from gaplan.workflows.train_options import TrainOptions, resume_marks
-from gaplan.workflows.train_plan import plan_for_ranks, probe_token_budget_for_ranks
+from gaplan.workflows.train_plan import batch_schedule_for, plan_for_ranks, probe_token_budget_for_ranks
 from gaplan.workload.spec import WorkloadSpec
 
 __all__ = ["TrainOptions", "TrainRun", "resume_settings", "run_train"]
@@ -135,7 +135,7 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
     spec, probed, plan = plan_for_ranks(spec, options, device, memory_limit, dist, say)
     if restart is not None and restart.micro_batch and plan.micro_batch > restart.micro_batch:
         plan = make_plan(plan.effective_batch, restart.micro_batch, plan.world_size)
-    schedule = _batch_schedule(spec, options, plan, main_say)
+    schedule = batch_schedule_for(spec, options, plan, main_say)
     meter = _memory_meter(spec, options, device, memory_limit, main_say)
     workload = _build(spec, options, device, dist, main_say)
     corpus = _check_corpus(corpus, spec, options, workload)
@@ -180,22 +180,6 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
         del workload
         gc.collect()
     return TrainRun(summary, result.interrupted, is_main, result.plan)
-
-
-def _batch_schedule(spec: WorkloadSpec, options: TrainOptions, plan: Any, say: Say) -> Any:
-    """The run's batch schedule (None: fixed), between ``--effective-batch-min`` (default B* x world size) and the
-    plan's effective batch."""
-    from gaplan.plan.schedule import BatchSchedule, parse_schedule
-
-    kind, _ = parse_schedule(options.batch_schedule)
-    if kind == "fixed":
-        return None
-    minimum = options.effective_batch_min or min(plan.micro_batch_cap * plan.world_size, plan.effective_batch)
-    schedule = BatchSchedule.parse(options.batch_schedule, minimum, plan.effective_batch, plan.world_size)
-    if not options.resume:
-        say(f"batch schedule {options.batch_schedule}: effective batch {' -> '.join(map(str, schedule.levels))}"
-            f"{' (by the noise scale)' if kind == 'adaptive' else ''}, micro-batch at most {plan.micro_batch_cap}")
-    return schedule
 
 
 def _after_an_oom_restart(spec: WorkloadSpec, run_dir: str, options: TrainOptions, dist: Any, say: Say):

@@ -2,6 +2,7 @@
 
 B* (:func:`plan_for_ranks`) or, batching by tokens, T* (:func:`probe_token_budget_for_ranks`): the first process of
 each node probes on its device while the others wait; every node says its own edge and all take the smallest.
+With ``--batch-schedule``, the schedule between ``--effective-batch-min`` and that plan (:func:`batch_schedule_for`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import GaplanError
 from gaplan.core.lines import trial_line
 from gaplan.core.progress import Say, quiet
+from gaplan.plan.schedule import BatchSchedule, parse_schedule
 from gaplan.plan.split import Plan, default_search_cap, make_plan
 from gaplan.runs.probe_result import ProbeResult
 from gaplan.workflows.train_options import TrainOptions
@@ -74,6 +76,20 @@ def scaled_for_goodput_plan(spec: WorkloadSpec, probed: ProbeResult | None, effe
     say(f"learning rate {spec.learning_rate:g} set for effective batch {reference}, {rule} scaling to {effective}: "
         f"{rate:.4g}")
     return dataclasses.replace(spec, lr=rate)
+
+
+def batch_schedule_for(spec: WorkloadSpec, options: TrainOptions, plan: Plan, say: Say) -> BatchSchedule | None:
+    """The run's batch schedule (None: fixed), between ``--effective-batch-min`` (default B* x world size) and the
+    plan's effective batch."""
+    kind, _ = parse_schedule(options.batch_schedule)
+    if kind == "fixed":
+        return None
+    minimum = options.effective_batch_min or min(plan.micro_batch_cap * plan.world_size, plan.effective_batch)
+    schedule = BatchSchedule.parse(options.batch_schedule, minimum, plan.effective_batch, plan.world_size)
+    if not options.resume:
+        say(f"batch schedule {options.batch_schedule}: effective batch {' -> '.join(map(str, schedule.levels))}"
+            f"{' (by the noise scale)' if kind == 'adaptive' else ''}, micro-batch at most {plan.micro_batch_cap}")
+    return schedule
 
 
 def probe_token_budget_for_ranks(spec: WorkloadSpec, corpus: Any, options: TrainOptions, device: str,

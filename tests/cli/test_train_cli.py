@@ -212,7 +212,7 @@ def test_a_warmup_schedule_says_each_change_and_the_summary_lists_the_batches(tm
     result = CliRunner().invoke(main, [a for a in args if a not in ("--quiet", "--json")] + ["--out",
                                                                                               str(tmp_path / "again")])
     assert result.exit_code == 0, result.output
-    changes = [line for line in result.stderr.splitlines() if "effective batch 4 -> 8" in line]
+    changes = [line for line in result.stderr.splitlines() if "step 2: effective batch 4 -> 8" in line]
     assert len(changes) == 1 and changes[0].endswith("step 2: effective batch 4 -> 8 (warmup ramp to 8 by step 2): "
                                                      "micro-batch 2 x 4 accumulation steps x world size 1"), changes
     assert "effective batch: 4 from step 1, 8 from step 3" in result.stdout

@@ -30,7 +30,8 @@ def test_the_flat_options_fill_the_nested_data_source_and_loop():
 
 
 # Options added since, each with the default an older folder's run had (their behaviour before the option existed).
-ADDED_SINCE = {"merge": False, "noise_scale": True, "lr_scaling": "none", "target_field": "target"}
+ADDED_SINCE = {"merge": False, "noise_scale": True, "lr_scaling": "none", "target_field": "target",
+               "batch_schedule": "fixed", "effective_batch_min": None}
 
 
 def test_saved_flat_is_the_shape_older_run_folders_have():
