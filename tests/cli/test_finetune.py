@@ -14,6 +14,7 @@ TEXTS = [f"sample {i}: the quick brown fox jumps over the lazy dog " * (1 + i % 
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_finetune_a_pretrained_folder_on_a_dataset_and_load_it_back(tmp_path):
     """gaplan train --model ./my-llama --data ./my-dataset --text-field content --effective-batch 64 --save-model ..."""
     import datasets

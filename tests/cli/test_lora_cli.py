@@ -53,6 +53,7 @@ def adapter_outputs(tmp_path, adapter):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_train_lora_saves_an_adapter_peft_loads_and_leaves_the_base_folder_as_it_was(tmp_path, llama_and_data):
     done = gaplan(tmp_path, "train", "--model", "./my-llama", "--data", "./my-data.txt", "--lora", "--lora-r", "4",
                   "--lora-targets", "all-linear", "--micro-batch", "4", "--effective-batch", "8", "--steps", "2",

@@ -56,6 +56,7 @@ def test_plan_bad_input_is_one_line_exit_2(tmp_path, args, message):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_estimate_fsdp_on_cpu_prints_the_sharded_categories_and_the_torchrun_command():
     result = CliRunner().invoke(main, ["estimate", "--device", "cpu", "--parallel", "fsdp", "--world-size", "2",
                                        "--model", "tiny-gpt2", "--seq-len", "16", "--memory-limit", "120MiB",
@@ -144,6 +145,7 @@ def test_plan_measure_probes_and_times_each_layout_that_fits_and_picks_the_faste
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_plan_shows_the_peak_at_the_planned_micro_batch_and_keeps_the_margin_free(tmp_path):
     """An effective batch of 61 on one rank splits unevenly; the pick's peak is the step traced at its largest
     micro-batch (below B*), the peak at B* is beside it, and --margin 0.1 plans against 90% of the limit."""

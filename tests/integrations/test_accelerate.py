@@ -104,6 +104,7 @@ def test_plan_accelerator_probes_the_users_step_under_its_mixed_precision_and_se
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.heavy
 def test_the_recipe_over_two_ddp_ranks_gives_the_gradient_of_both_ranks_samples_as_one_batch():
     """torchrun, 2 CPU ranks (gloo): each rank's 7 padded samples as 3 + 2 + 2; the synced gradient is that of all 14
     as one batch (the step's targets counted over both ranks). Then plan_accelerator inside the launch, and one step

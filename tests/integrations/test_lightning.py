@@ -145,6 +145,7 @@ def test_where_the_trainer_cannot_fork_the_trials_are_spawned_with_the_module_pi
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.heavy
 def test_under_two_ddp_ranks_every_rank_takes_the_smallest_edge_and_the_step_is_one_full_batch():
     """torchrun, 2 CPU ranks (gloo): rank 1 has the smaller budget; both train at its edge, the effective batch kept,
     and the synced gradient of the first step is that of its samples of both ranks as one batch."""

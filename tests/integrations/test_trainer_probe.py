@@ -79,6 +79,7 @@ def test_trainer_mode_needs_the_model_and_the_data(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_trl_sft_trainer_is_probed_the_same_way(tmp_path):
     """TRL's SFTTrainer (an optional extra): its own tokenizing, collator and loss run in each trial."""
     trl = pytest.importorskip("trl")

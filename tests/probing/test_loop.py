@@ -118,6 +118,7 @@ def test_spawned_trials_need_picklable_functions():
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_spawned_trial_runs_the_functions_by_name(monkeypatch):
     """The spawn path itself (what a CUDA-initialized process uses), run here on CPU with functions by name."""
     from gaplan.probing.loop import _spawner

@@ -31,6 +31,7 @@ def gaplan(*args: str, cwd) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.heavy
 def test_a_plan_too_big_for_the_budget_falls_back_to_the_weights_of_the_smaller_plan(tmp_path):
     summary = gaplan("--micro-batch", "256", "--memory-limit", "256MiB", "--enforce-memory-limit",
                      "--out", str(tmp_path / "big"), "--save-weights", str(tmp_path / "big.st"), cwd=tmp_path)
