@@ -260,6 +260,7 @@ def _loop(inputs: StepInputs, run: RunState, plan: Plan, config: TrainConfig, st
     token_budget = config.token_budget
     padded_total = real_total = 0
     check: LossCheck | None = None
+    step_plan = plan  # the plan of the last step trained (a schedule may have planned the next one already)
     with _StopRequested() as stop:
         for step in range(start_step, config.steps):
             indices = token_steps.indices(step) if token_steps else None  # else the plan's E samples
@@ -323,5 +324,5 @@ def _loop(inputs: StepInputs, run: RunState, plan: Plan, config: TrainConfig, st
                 if on_event:
                     on_event(f"stopped after step {done}; checkpoint saved in {run_dir} (resume with --resume)")
                 break
-    return TrainResult(logs, plan, fallbacks, interrupted, time.perf_counter() - started, padded_total, real_total,
-                       check)
+    return TrainResult(logs, step_plan, fallbacks, interrupted, time.perf_counter() - started, padded_total,
+                       real_total, check)

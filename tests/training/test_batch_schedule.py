@@ -46,6 +46,7 @@ def test_the_loop_follows_the_schedule_on_its_own_readings_and_scales_the_rate(t
         replayed.append(state.effective_batch)
         state, _ = ADAPTIVE.after_step(state, step, decision_noise_scale(log.noise_scale, log.grad_sq, log.grad_var))
     assert replayed == batches
+    assert result.plan.effective_batch == batches[-1]  # the plan of the last step trained, not the next one's
     changes = [line for line in events if "effective batch" in line]
     assert len(changes) == len(set(batches)) - 1 and changes[0].startswith(f"step {batches.index(4)}: effective "
                                                                            "batch 2 -> 4 (noise scale")
