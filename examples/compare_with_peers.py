@@ -114,7 +114,7 @@ def run_finder(task: dict) -> dict:
 
     spec = WorkloadSpec(**task["workload"])
     if task["tool"] == "gaplan":
-        result = probe(spec, device="cpu", memory_limit=task["limit_bytes"], threads=task["threads"])
+        result = probe(spec, device="cpu", memory_limit=task["limit_bytes"], threads=task["threads"] or None)
         return {"found": result.max_micro_batch, "trials": [[t.micro_batch, t.fits] for t in result.trials]}
     from gaplan import build_workload
     from gaplan.devices.cpu import CpuBackend
@@ -405,7 +405,7 @@ def compare_finders(settings: Settings, spec: dict, limit: int) -> tuple[list[di
     def trains(micro_batch: int) -> bool:
         if micro_batch not in fits:
             fits[micro_batch] = check_in_fresh_process(WorkloadSpec(**spec), "cpu", limit, micro_batch,
-                                                       optimizer_steps=TRIAL_OPTIMIZER_STEPS, threads=settings.threads)
+                                                       optimizer_steps=TRIAL_OPTIMIZER_STEPS, threads=settings.threads or None)
             say(f"  fresh process: micro-batch {micro_batch} {'trains 2 steps' if fits[micro_batch] else 'runs out of memory'}")
         return fits[micro_batch]
 

@@ -37,7 +37,9 @@ def main() -> None:
     results = {}
     runs = [("LoRA", ["--lora"]), ("full", [])] + ([("QLoRA", ["--lora", "--quantize", "4bit"])] if args.qlora else [])
     for name, extra in runs:
-        probe = gaplan("probe", *common, *extra, "--device", "cpu")
+        # The full search (not seeded from the estimate, which would measure B* and B*+1 alone) measures a ladder
+        # of sizes to set the estimate beside.
+        probe = gaplan("probe", *common, *extra, "--device", "cpu", "--no-seed-from-estimate")
         fits = sorted((t["micro_batch"], t["peak_bytes"]) for t in probe["trials"] if t["fits"])
         picked = [fits[0], fits[len(fits) // 2], fits[-1]]
         # The line is drawn through the first two; the estimate traces its own B* (and B*+1) as well.
