@@ -45,7 +45,9 @@ def _rank_main(rank: int, store_path: str, folder: str, out: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("with_weights", [False, True], ids=["random-init", "pretrained"])
+# The pretrained variant (a folder read by every rank, 14 s) runs in -m heavy: the default run stays under 10 minutes.
+@pytest.mark.parametrize("with_weights", [False, pytest.param(True, marks=pytest.mark.heavy)],
+                         ids=["random-init", "pretrained"])
 def test_every_rank_gets_rank_zeros_weights_and_no_other_rank_holds_the_whole_model(tmp_path, with_weights):
     import torch
 
