@@ -31,6 +31,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def train_logs_of_one_process_and_two_ranks(tmp_path, args: list[str]) -> tuple[list[dict], list[dict]]:
+    """``gaplan train ARGS`` in one process and over 2 ranks under torchrun (gloo): each run's train_log.csv rows."""
+    import csv
+    import subprocess
+    import sys
+
+    env = dict(os.environ, GAPLAN_CACHE_DIR=str(tmp_path / "cache"))
+    logs = []
+    for name, launch in (("one", []), ("two", ["-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                               "--master-port", str(free_port())])):
+        done = subprocess.run([sys.executable, *launch, "-m", "gaplan", "train", *args, "--out", str(tmp_path / name)],
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        with open(tmp_path / name / "train_log.csv") as handle:
+            logs.append(list(csv.DictReader(handle)))
+    return logs[0], logs[1]
+
+
 @pytest.fixture(scope="session")
 def small_probe():
     from gaplan.probing.edge import probe

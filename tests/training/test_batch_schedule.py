@@ -112,26 +112,11 @@ def test_on_linear_regression_the_batch_grows_to_half_the_known_noise_scale_and_
 def test_two_ddp_ranks_follow_the_schedule_one_process_follows(tmp_path):
     """The same adaptive run in one process and over 2 ranks (gloo): the decision comes from statistics summed over
     the ranks, so both ranks change together (a rank that did not would hang DDP) and at the steps one process does."""
-    import csv
-    import os
-    import subprocess
-    import sys
+    from tests.conftest import train_logs_of_one_process_and_two_ranks
 
-    from tests.conftest import free_port
-
-    common = ["-m", "gaplan", "train", "--seq-len", "16", "--micro-batch", "2", "--effective-batch", "16",
-              "--effective-batch-min", "4", "--batch-schedule", "adaptive", "--steps", "12", "--optimizer", "sgd",
-              "--lr", "0.1", "--device", "cpu", "--quiet", "--threads", "1"]
-    env = dict(os.environ, GAPLAN_CACHE_DIR=str(tmp_path / "cache"))
-    for name, launch in (("one", []), ("two", ["-m", "torch.distributed.run", "--nproc-per-node", "2",
-                                               "--master-port", str(free_port())])):
-        done = subprocess.run([sys.executable, *launch, *common, "--out", str(tmp_path / name)], env=env,
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-
-    def batches(name):
-        with open(tmp_path / name / "train_log.csv") as handle:
-            return [int(row["effective_batch"]) for row in csv.DictReader(handle)]
-
-    one, two = batches("one"), batches("two")
+    logs = train_logs_of_one_process_and_two_ranks(tmp_path, [
+        "--seq-len", "16", "--micro-batch", "2", "--effective-batch", "16", "--effective-batch-min", "4",
+        "--batch-schedule", "adaptive", "--steps", "12", "--optimizer", "sgd", "--lr", "0.1", "--device", "cpu",
+        "--quiet", "--threads", "1"])
+    one, two = ([int(row["effective_batch"]) for row in log] for log in logs)
     assert one == two and len(set(one)) >= 2, (one, two)

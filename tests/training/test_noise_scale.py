@@ -141,27 +141,12 @@ def test_on_uneven_micro_batches_both_loss_paths_are_unbiased(mean_loss):
 def test_two_ddp_ranks_log_the_noise_scale_one_process_logs(tmp_path):
     """The same step of 32 samples as 8 micro-batches of 4, in one process and over 2 ranks (gloo): the logged
     columns agree to 1e-5 (the norms are summed over the ranks, the big gradient is the reduced one)."""
-    import csv
-    import os
-    import subprocess
-    import sys
+    from tests.conftest import train_logs_of_one_process_and_two_ranks
 
-    from tests.conftest import free_port
-
-    common = ["-m", "gaplan", "train", "--seq-len", "32", "--micro-batch", "4", "--effective-batch", "32", "--steps",
-              "3", "--optimizer", "sgd", "--lr", "1e-12", "--device", "cpu", "--quiet"]
-    env = dict(os.environ, GAPLAN_CACHE_DIR=str(tmp_path / "cache"))
-    for name, launch in (("one", []), ("two", ["-m", "torch.distributed.run", "--nproc-per-node", "2",
-                                               "--master-port", str(free_port())])):
-        done = subprocess.run([sys.executable, *launch, *common, "--out", str(tmp_path / name)], env=env,
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-
-    def columns(name):
-        with open(tmp_path / name / "train_log.csv") as handle:
-            return [[float(row[k]) for k in ("noise_scale", "grad_sq", "grad_var")] for row in csv.DictReader(handle)]
-
-    one, two = columns("one"), columns("two")
+    logs = train_logs_of_one_process_and_two_ranks(tmp_path, [
+        "--seq-len", "32", "--micro-batch", "4", "--effective-batch", "32", "--steps", "3", "--optimizer", "sgd",
+        "--lr", "1e-12", "--device", "cpu", "--quiet"])
+    one, two = ([[float(row[k]) for k in ("noise_scale", "grad_sq", "grad_var")] for row in log] for log in logs)
     assert len(one) == len(two) == 3
     for a, b in zip(one, two, strict=True):
         for x, y in zip(a, b, strict=True):
