@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gaplan.estimate.trust import ZOO_ERRORS, ZOO_SIZES, model_family, trust_of
+from gaplan.estimate.trust import ZOO_ERRORS, ZOO_RUN_TO_RUN, ZOO_SIZES, model_family, trust_of
 
 from .zoo import SIZES, zoo_configs
 
@@ -34,11 +34,17 @@ def test_the_docs_table_is_the_table_the_estimate_reports():
                            for family, kinds in ZOO_ERRORS.items()}
 
 
+def test_the_run_to_run_spread_the_estimate_reports_is_the_one_the_docs_measured():
+    paragraph = " ".join(DOCS.read_text().split("**Run to run.**")[1].split("\n\n")[0].split())
+    assert f"moved by up to {100 * ZOO_RUN_TO_RUN:.1f} points" in paragraph
+
+
 def test_a_family_in_the_zoo_reports_its_measured_error_and_how_the_run_differs():
     full = trust_of("llama", {"model": "x", "dtype": "fp32"}, "cpu")
     assert full.measured and full.errors == ZOO_ERRORS["llama"]["full"] and full.differences == ()
     low, high = sorted(full.errors)
     assert f"the zoo measured llama (full fine-tuning) within {100 * low:+.1f}% to {100 * high:+.1f}%" in full.describe()
+    assert "one run: at 2 a trial's own peak moves by up to 2 points between runs" in full.describe()
     lora = trust_of("gpt2", {"lora": True, "dtype": "bf16", "grad_checkpointing": True}, "cuda", world_size=2)
     assert lora.errors == ZOO_ERRORS["gpt2"]["lora"]
     assert len(lora.differences) == 4 and "a CUDA target" in lora.describe() and "bf16 autocast" in lora.describe()
