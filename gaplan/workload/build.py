@@ -269,11 +269,16 @@ def load_model_code(spec: WorkloadSpec) -> Workload | None:
     A CPU budget (RLIMIT_DATA over the process's data size when it is set) taken after this counts what training
     holds, not the libraries: the probe's worker does it before its trials fork, and a training run under
     ``--enforce-memory-limit`` must do it before its budget too, or it has less room than the trials had (about
-    90 MiB less for tiny-gpt2: transformers' GPT-2 modules). A sharded workload imports FSDP2 here too. None for a
-    ``module:function`` model, which may not build on meta (its code is imported by then).
+    90 MiB less for tiny-gpt2: transformers' GPT-2 modules). A sharded workload imports FSDP2 and the distributed
+    checkpoint's state-dict API (which fills the shards from rank 0) here too. None for a ``module:function``
+    model, which may not build on meta (its code is imported by then).
     """
     if spec.parallel == "fsdp":
-        import torch.distributed.fsdp  # noqa: F401 - FSDP2 and DTensor: ~40 MiB of library, not of training
+        # FSDP2 and DTensor: ~40 MiB of library, not of training. The checkpoint's 70-odd modules are ~2.4 MiB
+        # more: transformers 5.24 imported them with itself, 5.25 no longer does, and imported in each rank's
+        # trial they read as 2.4 MiB of training memory (the FSDP estimate fell to -3.2% at micro-batch 4).
+        import torch.distributed.checkpoint.state_dict  # noqa: F401
+        import torch.distributed.fsdp  # noqa: F401
     if model_source_kind(spec.model) == "function":
         return None
     return build_workload(spec, "meta")

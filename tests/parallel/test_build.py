@@ -15,12 +15,12 @@ WIDE_LLAMA = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=8, n
 
 
 def _rank_main(rank: int, store_path: str, folder: str, out: str) -> None:
+    import sys
+
     import torch
     import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from gaplan.devices.backend import make_backend
-    from gaplan.parallel.build import build_sharded_workload
     from gaplan.workload.build import load_model_code
     from gaplan.workload.spec import WorkloadSpec
 
@@ -31,15 +31,24 @@ def _rank_main(rank: int, store_path: str, folder: str, out: str) -> None:
     meter = make_backend("cpu")
     meter.activate(None, enforce=False)
     meter.reset_peak()
+    before = set(sys.modules)
+    from gaplan.parallel.build import build_sharded_workload
+
     build = build_sharded_workload(spec, "cpu", seed=3)
     peak = meter.peak_bytes()
+    # Library code a trial imports after its baseline reads as training memory (transformers 5.25 stopped
+    # importing torch's distributed checkpoint: 70-odd modules, 2.4 MiB in every FSDP trial's peak).
+    late_imports = sorted(name for name in set(sys.modules) - before if name.startswith("torch"))
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     model = build.workload.model
     # Gathered on every rank (no CPU offload: that keeps it on rank 0 only), so each rank's shards are checked.
     state = {k: v.clone() for k, v in get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)).items()}
     buffers = {name: buffer.clone() for name, buffer in model.named_buffers()}
     torch.save({"state": state, "buffers": buffers}, os.path.join(out, f"rank{rank}.pt"))
     with open(os.path.join(out, f"rank{rank}.json"), "w") as file:
-        json.dump({"build_peak": peak, "blocks": build.block_count, "weights": build.workload.info["weights"]}, file)
+        json.dump({"build_peak": peak, "blocks": build.block_count, "weights": build.workload.info["weights"],
+                   "late_imports": late_imports}, file)
     dist.destroy_process_group()
 
 
@@ -71,6 +80,7 @@ def test_every_rank_gets_rank_zeros_weights_and_no_other_rank_holds_the_whole_mo
         assert all(torch.equal(got["buffers"][k], expected_buffers[k]) for k in expected_buffers), "buffers differ"
         report = json.loads((out / f"rank{rank}.json").read_text())
         assert report["blocks"] == 8 and report["weights"] == ("pretrained" if with_weights else "random")
+        assert report["late_imports"] == [], report["late_imports"]
     # Rank 1 holds its half and one whole tensor in flight: 14.7 MiB measured. Building the whole model and then
     # sharding it (before) peaked at 38.8 MiB. Rank 0 builds the whole model on the CPU by design: it is the source.
     rank1_peak = json.loads((out / "rank1.json").read_text())["build_peak"]
