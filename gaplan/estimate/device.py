@@ -58,18 +58,19 @@ CUDA_AUTOCAST_FP32 = frozenset({
 # does not see:
 # * the heap: Python objects, autograd's graph (a node per operator that needs a gradient, its saved-variable records,
 #   the TensorImpls it keeps), glibc bookkeeping. It grows with the graph's size, not with the batch: measured as the
-#   trial's peak less the traced tensors at micro-batch 2 (tests/estimate/zoo.py, 2 threads), it was 1.3 MiB for
-#   GPT-2 (205 nodes per micro-step) up to 6.0 MiB for T5 with LoRA (1,269 nodes). A least-squares line through
-#   four families (llama, gpt2, t5, opt; full and LoRA) gives 0.29 MiB + 4.4 KiB per node, within 0.26 MiB of each;
-#   the zoo's eight other families were held out to check it (docs/estimate.md, "The zoo"). A flat 1.5 MiB, used
-#   before, read T5 with LoRA 9% low.
+#   trial's peak less the traced tensors at micro-batch 2 (tests/estimate/zoo.py, 4 x 256, 2 threads, three runs),
+#   it was 1.5 MiB for GPT-2 (205 nodes per micro-step) up to 4.8 MiB for T5 with LoRA (1,269 nodes). A least-squares
+#   line through four families (llama, gpt2, t5, opt; full and LoRA; 24 trials) gives 0.55 MiB + 3.3 KiB per node;
+#   the zoo's eight other families were held out to check it (docs/estimate.md, "The zoo"). Fitted on the 4 x 128
+#   zoo it was 0.29 MiB + 4.4 KiB, but a trial there moves by 0.5 MiB from one process to the next (a quarter of
+#   what it measures); a flat 1.5 MiB, used before that, read T5 with LoRA 9% low.
 # * MKL's sgemm packing buffers, one per thread, kept by MKL's memory manager after the first step. A lone matmul
 #   (M, K) x (K, N) needed 3.0 MiB per thread at K=256, N>=4096, 1.3 MiB at K=64, 0.2 MiB at N=1024 and at most
 #   4.7 MiB for the largest shapes: 4 bytes x min(K, 256) x min(N, 4096) of the largest product follows it within
 #   about 1 MiB, and put the presets' estimates within 1%. bf16 products (oneDNN, not MKL) showed no such buffer:
 #   only float32 products are counted.
-CPU_HEAP_BYTES = 296 * 1024
-CPU_HEAP_BYTES_PER_NODE = 4480
+CPU_HEAP_BYTES = 564 * 1024
+CPU_HEAP_BYTES_PER_NODE = 3368
 MKL_PANEL_K = 256
 MKL_PANEL_N = 4096
 

@@ -43,8 +43,8 @@ def test_a_family_in_the_zoo_reports_its_measured_error_and_how_the_run_differs(
     full = trust_of("llama", {"model": "x", "dtype": "fp32"}, "cpu")
     assert full.measured and full.errors == ZOO_ERRORS["llama"]["full"] and full.differences == ()
     low, high = sorted(full.errors)
-    assert f"the zoo measured llama (full fine-tuning) within {100 * low:+.1f}% to {100 * high:+.1f}%" in full.describe()
-    assert "one run: at 2 a trial's own peak moves by up to 2 points between runs" in full.describe()
+    assert f"the zoo measured llama (full fine-tuning) within {100 * low:+.2f}% to {100 * high:+.2f}%" in full.describe()
+    assert "one run: at 2 a trial's own peak moves by up to 1.0 points between runs" in full.describe()
     lora = trust_of("gpt2", {"lora": True, "dtype": "bf16", "grad_checkpointing": True}, "cuda", world_size=2)
     assert lora.errors == ZOO_ERRORS["gpt2"]["lora"]
     assert len(lora.differences) == 4 and "a CUDA target" in lora.describe() and "bf16 autocast" in lora.describe()
