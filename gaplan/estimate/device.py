@@ -59,7 +59,7 @@ CUDA_AUTOCAST_FP32 = frozenset({
 # * the heap: Python objects, autograd's graph (a node per operator that needs a gradient, its saved-variable records,
 #   the TensorImpls it keeps), glibc bookkeeping. It grows with the graph's size, not with the batch: measured as the
 #   trial's peak less the traced tensors at micro-batch 2 (tests/estimate/zoo.py, 4 x 256, 2 threads, three runs),
-#   it was 1.5 MiB for GPT-2 (205 nodes per micro-step) up to 4.8 MiB for T5 with LoRA (1,269 nodes). A least-squares
+#   it was 1.5 MiB for GPT-2 (205 nodes per micro-step) up to 4.7 MiB for T5 with LoRA (1,269 nodes). A least-squares
 #   line through four families (llama, gpt2, t5, opt; full and LoRA; 24 trials) gives 0.55 MiB + 3.3 KiB per node;
 #   the zoo's eight other families were held out to check it (docs/estimate.md, "The zoo"). Fitted on the 4 x 128
 #   zoo it was 0.29 MiB + 4.4 KiB, but a trial there moves by 0.5 MiB from one process to the next (a quarter of
