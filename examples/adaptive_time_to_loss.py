@@ -6,8 +6,8 @@ Each schedule trains the same model on the same data order (gaplan's synthetic c
 averaged over the last --window steps, reaches --target:
 
 - ``fixed``: the asked-for effective batch every step (16 x 4);
-- ``adaptive``: from --effective-batch-min, doubling while the measured noise scale is at least twice the batch for
-  5 steps in a row (``gaplan train --batch-schedule adaptive``);
+- ``adaptive``: from --effective-batch-min, doubling when the steps measured at the batch show the noise scale at
+  least twice the batch by a confidence bound (``gaplan train --batch-schedule adaptive``, docs/adaptive.md);
 - ``warmup:STEPS``: the same doublings at evenly spaced steps, whatever the noise scale.
 
 The micro-batch is the same for all three: only the accumulation steps change. One optimizer for all: AdamW, --lr set

@@ -1,5 +1,6 @@
 """The examples run as written (each as its own process, as a user would) and print their key lines."""
 
+import json
 import os
 import subprocess
 import sys
@@ -186,3 +187,16 @@ def test_adaptive_time_to_loss_prints_each_schedule_to_the_target():
     assert {"fixed", "adaptive", "warmup:6"} <= set(rows), out
     fixed_samples = float(rows["fixed"].split("|")[1])
     assert fixed_samples % 64 == 0, rows["fixed"]  # whole steps of the asked-for batch
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_adaptive_rule_check_prints_its_two_tables(tmp_path):
+    """A short run of both parts: the replay's six rows and a rates row per level, and the JSON with the same."""
+    out = run_example("adaptive_rule_check.py", "--seeds", "2", "--steps", "30", "--margins", "3", "--json",
+                      str(tmp_path / "rule.json"), timeout=600)
+    rows = [line for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 6 + 2, out
+    data = json.loads((tmp_path / "rule.json").read_text())
+    assert [row["noise_scale"] for row in data["replay"]] == [3, 17, 23, 3, 17, 23]
+    assert all(row["past"] <= row["seeds"] for row in data["replay"]) and len(data["rates"]) == 2

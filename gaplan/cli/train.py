@@ -47,15 +47,16 @@ from gaplan.runs.folder import REPORT_HTML, REPORT_MD, default_run_dir, path_in
 @click.option("--token-plan", default=None, metavar="TOKENS.JSON",
               help="With --batch-by tokens: take T* from a tokens.json written by gaplan probe --batch-by tokens.")
 @click.option("--plan", "plan_file", default=None, metavar="PLAN.JSON", help="Use a plan written by gaplan probe.")
-@click.option("--lr-scaling", type=click.Choice(["none", "linear", "sqrt"]), default="none", show_default=True,
+@click.option("--lr-scaling", type=click.Choice(["none", "linear", "sqrt"]), default=None,
               help="With a --plan from gaplan probe --objective goodput: scale --lr from the effective batch the "
                    "noise scale was measured at to the plan's (linearly or by the square root of their ratio). With "
-                   "--batch-schedule: --lr is for --effective-batch, scaled to each step's batch.")
+                   "--batch-schedule: --lr is for --effective-batch, scaled to each step's batch.  [default: sqrt "
+                   "with --batch-schedule adaptive|warmup, else none]")
 @click.option("--batch-schedule", default="fixed", show_default=True, metavar="fixed|adaptive|warmup:STEPS",
               help="The effective batch over the run, the micro-batch staying at B*: fixed; adaptive (from "
-                   "--effective-batch-min, doubling while the measured noise scale is at least 2x the batch for 5 "
-                   "steps in a row, never shrinking, up to --effective-batch); or warmup:STEPS (the same doublings "
-                   "at evenly spaced steps, --effective-batch from step STEPS on).")
+                   "--effective-batch-min, doubling when the steps measured at the batch show the noise scale at "
+                   "least 2x the batch by a confidence bound, never shrinking, up to --effective-batch); or "
+                   "warmup:STEPS (the same doublings at evenly spaced steps, --effective-batch from step STEPS on).")
 @click.option("--effective-batch-min", type=int, default=None, metavar="N",
               help="With --batch-schedule adaptive|warmup: the first steps' effective batch (default B* x world "
                    "size).")
@@ -95,7 +96,7 @@ def train_command(**options: Any) -> None:
       gaplan train --model tiny-bert-mlm --effective-batch 64 --steps 50 --memory-limit 1GiB
       gaplan train --plan reports/<run>/plan.json --data corpus.txt
       gaplan train --plan reports/<goodput-run>/plan.json --lr-scaling sqrt   # a goodput plan, lr scaled
-      gaplan train --effective-batch 256 --batch-schedule adaptive --lr-scaling sqrt  # grow E with the noise scale
+      gaplan train --effective-batch 256 --batch-schedule adaptive  # grow E with the noise scale, lr by sqrt
       gaplan train --effective-batch 32 --micro-batch 8 --optimizer sgd --lr 0.1 --steps 1 --save-weights w.safetensors
       torchrun --nproc-per-node 2 -m gaplan train --effective-batch 64 --micro-batch 8
       # FSDP; an OOM is redone from the last checkpoint at half the micro-batch through torchrun's restart:

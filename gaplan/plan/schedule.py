@@ -5,10 +5,11 @@ change. The critical batch grows as the loss falls (McCandlish et al. 2018; Merr
 so a run may start small and double its batch as the measured gradient noise scale says it is worth it.
 
 - ``fixed``: the asked effective batch every step.
-- ``adaptive``: start at ``minimum``; after each step, when the smoothed noise scale (in samples) is at least
-  :data:`GROWTH_THRESHOLD` times the current batch for :data:`PATIENCE` steps in a row, double it (never past
-  ``maximum``). The streak starts again after a change, and nothing ever shrinks the batch: a noisy reading can delay
-  growth, never undo it.
+- ``adaptive``: start at ``minimum``; after each step, when the steps measured at the current batch show the noise
+  scale (in samples) at least :data:`GROWTH_THRESHOLD` times the batch, by the test of :mod:`gaplan.plan.growth_test`
+  (a confidence bound, not one reading), double it (never past ``maximum``). The window of steps starts again after a
+  change, and nothing ever shrinks the batch: a noisy reading can delay growth, never undo it. On one process a step
+  needs two micro-batches to be measured, so the schedule starts at 2 or more there.
 - ``warmup:STEPS``: the same doublings from ``minimum`` at evenly spaced steps, ``maximum`` from step ``STEPS`` on,
   whatever the noise scale (the noise-independent ramp to compare with).
 
@@ -18,30 +19,39 @@ the schedule's history, which the checkpoint keeps: a resumed run takes the same
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 from gaplan.core.options import OptionError
+from gaplan.plan.growth_test import MIN_STEPS, SHORT_WINDOW, WINDOW, StepNoise, Z, growth_test
 
 SCHEDULES = ("fixed", "adaptive", "warmup")
 GROWTH_THRESHOLD = 2.0  # grow while the batch is below half the noise scale: its steps are mostly noise
-PATIENCE = 5  # ... for this many steps in a row (the smoothed reading, not one lucky step)
 
 
 @dataclass(frozen=True)
 class ScheduleState:
-    """Where a run's schedule stands before a step: its effective batch, the growth streak, and the position in
-    the data's order of the step's first sample."""
+    """Where a run's schedule stands before a step: its effective batch, the position in the data's order of the
+    step's first sample, and the noise measured at this batch (the adaptive rule's window, its last :data:`WINDOW`
+    steps)."""
 
     effective_batch: int
-    streak: int = 0
     first_sample: int = 0
+    window: tuple[StepNoise, ...] = ()
+
+    @property
+    def streak(self) -> int:
+        """The steps measured at the current batch that the next decision weighs."""
+        return len(self.window)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"effective_batch": self.effective_batch, "first_sample": self.first_sample,
+                "window": [[s.grad_var, s.grad_sq] for s in self.window]}
 
     @classmethod
     def from_dict(cls, data: dict) -> ScheduleState:
-        return cls(int(data["effective_batch"]), int(data["streak"]), int(data["first_sample"]))
+        # (a checkpoint of an older gaplan kept a streak of smoothed readings, not a window: the window starts empty)
+        window = tuple(StepNoise(float(v), float(g)) for v, g in data.get("window", ()))
+        return cls(int(data["effective_batch"]), int(data["first_sample"]), window)
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,7 @@ class BatchSchedule:
     """How the effective batch moves between ``minimum`` and ``maximum`` (both in samples, divisible by ``world_size``).
 
     ``kind``: ``fixed``, ``adaptive`` or ``warmup`` (then ``ramp_steps``, the step from which it is ``maximum``).
+    ``min_steps``, ``z``, ``short_window``: the adaptive test's (:func:`gaplan.plan.growth_test.growth_test`).
     """
 
     kind: str = "fixed"
@@ -67,13 +78,15 @@ class BatchSchedule:
     ramp_steps: int = 0
     world_size: int = 1
     threshold: float = GROWTH_THRESHOLD
-    patience: int = PATIENCE
+    min_steps: int = MIN_STEPS
+    z: float = Z
+    short_window: float = SHORT_WINDOW
 
     def __post_init__(self) -> None:
         if self.kind not in SCHEDULES:
             raise OptionError(f"batch_schedule must be fixed, adaptive or warmup:STEPS (got {self.kind!r})",
                               "batch_schedule")
-        for name in ("minimum", "maximum", "world_size", "patience"):
+        for name in ("minimum", "maximum", "world_size", "min_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise OptionError(f"the schedule's {name} must be a positive integer (got {value!r})")
@@ -83,11 +96,17 @@ class BatchSchedule:
         if self.minimum % self.world_size:
             raise OptionError(f"effective_batch_min {self.minimum} is not divisible by the world size "
                               f"{self.world_size}", "effective_batch_min")
+        if self.kind == "adaptive" and self.world_size == 1 and self.minimum < 2:
+            fields = ("effective_batch_min",) if self.maximum >= 2 else ("batch_schedule", "effective_batch")
+            raise OptionError(adaptive_needs_two(self.maximum), *fields)
         if self.kind == "warmup" and self.ramp_steps < 1:
             raise OptionError(f"batch_schedule warmup:STEPS needs STEPS of at least 1 (got {self.ramp_steps})",
                               "batch_schedule")
-        if not (self.threshold > 0 and self.threshold < float("inf")):
-            raise OptionError(f"the schedule's threshold must be a positive number (got {self.threshold})")
+        for name in ("threshold", "z"):
+            if not (getattr(self, name) > 0 and getattr(self, name) < float("inf")):
+                raise OptionError(f"the schedule's {name} must be a positive number (got {getattr(self, name)})")
+        if not (self.short_window >= 0 and self.short_window < float("inf")):
+            raise OptionError(f"the schedule's short_window must be 0 or more (got {self.short_window})")
 
     @classmethod
     def parse(cls, text: str, minimum: int, maximum: int, world_size: int = 1) -> BatchSchedule:
@@ -116,10 +135,10 @@ class BatchSchedule:
         levels = self.levels
         return levels[min(len(levels) - 1, step * (len(levels) - 1) // self.ramp_steps)]
 
-    def after_step(self, state: ScheduleState, step: int, noise_scale: float | None
+    def after_step(self, state: ScheduleState, step: int, noise: StepNoise | None
                    ) -> tuple[ScheduleState, ScheduleChange | None]:
-        """The state for the step after step ``step`` (0-based), given its smoothed noise scale in samples (None
-        where not measured), and the change made, if any."""
+        """The state for the step after step ``step`` (0-based), given that step's own noise estimates (None where
+        not measured), and the change made, if any."""
         batch, first = state.effective_batch, state.first_sample + state.effective_batch
         if self.kind == "fixed":
             return replace(state, first_sample=first), None
@@ -127,14 +146,15 @@ class BatchSchedule:
             after = max(batch, self.ramp_batch(step + 1))
             change = (ScheduleChange(step + 1, batch, after, f"warmup ramp to {self.maximum} by step "
                                                            f"{self.ramp_steps}") if after != batch else None)
-            return ScheduleState(after, 0, first), change
-        streak = state.streak + 1 if noise_scale is not None and noise_scale >= self.threshold * batch else 0
-        if streak >= self.patience and batch < self.maximum:
-            after = next(level for level in self.levels if level > batch)
-            shown = f"{noise_scale:.1f}" if noise_scale != float("inf") else "beyond measure (|G|^2 <= 0)"
-            reason = f"noise scale {shown} >= {self.threshold:g} x {batch} for {streak} steps"
-            return ScheduleState(after, 0, first), ScheduleChange(step + 1, batch, after, reason)
-        return ScheduleState(batch, streak, first), None
+            return ScheduleState(after, first), change
+        window = (state.window + (noise,))[-WINDOW:] if noise is not None else state.window
+        if batch < self.maximum and noise is not None:
+            test = growth_test(window, self.threshold, batch, self.z, self.short_window, self.min_steps)
+            if test.grow:
+                after = next(level for level in self.levels if level > batch)
+                change = ScheduleChange(step + 1, batch, after, test.describe(self.threshold, batch))
+                return ScheduleState(after, first), change
+        return ScheduleState(batch, first, window if batch < self.maximum else ()), None
 
 
 def parse_schedule(text: str) -> tuple[str, int]:
@@ -148,6 +168,15 @@ def parse_schedule(text: str) -> tuple[str, int]:
     if steps or kind not in SCHEDULES:
         raise OptionError(f"batch_schedule must be fixed, adaptive or warmup:STEPS (got {text!r})", "batch_schedule")
     return kind, 0
+
+
+def adaptive_needs_two(maximum: int) -> str:
+    """Why one process cannot measure the noise scale at an effective batch of 1, and what to do instead."""
+    if maximum < 2:
+        return (f"batch_schedule adaptive measures the noise scale from two micro-batches a step, and an effective "
+                f"batch of {maximum} on one process is one: give effective_batch 2 or more, or use warmup:STEPS")
+    return ("batch_schedule adaptive measures the noise scale from two micro-batches a step: on one process its "
+            "effective_batch_min must be 2 or more")
 
 
 def measurable_cap(effective_batch: int, micro_batch_cap: int, world_size: int) -> int:

@@ -63,7 +63,8 @@ TRAIN_LOG = TableSchema(TRAIN_LOG_CSV, required=("step", "loss", "samples_per_s"
                         optional=("lr", "tokens_per_s", "peak_bytes", "micro_batch", "grad_accum_steps", "seconds",
                                   # later columns, NA in older logs (gaplan.training.train_log says what each is)
                                   "step_peak_bytes", "padded_tokens_per_s", "noise_scale", "grad_sq", "grad_var",
-                                  "noise_scale_items", "effective_batch"))
+                                  "noise_scale_items", "effective_batch", "step_grad_sq", "step_grad_var",
+                                  "items_per_sample"))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

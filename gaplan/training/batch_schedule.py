@@ -3,23 +3,21 @@ rate's factor, and what a checkpoint keeps of it."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from gaplan.plan.goodput import scaled_learning_rate
+from gaplan.plan.growth_test import StepNoise
 from gaplan.plan.schedule import BatchSchedule, ScheduleChange, ScheduleState, measurable_cap
 from gaplan.plan.split import Plan, make_plan
+from gaplan.training.noise_scale import NoiseReading
 
 
-def decision_noise_scale(noise_scale: float | None, grad_sq: float | None, grad_var: float | None) -> float | None:
-    """The noise scale a schedule decides on: the smoothed one; infinite where the smoothed |G|^2 is at or below
-    zero while tr(S) is positive (the gradient is lost in its noise: no batch is too big yet, as happens at small
-    batches early in training); None where nothing was measured."""
-    if noise_scale is not None:
-        return noise_scale
-    if grad_sq is not None and grad_var is not None and grad_sq <= 0 < grad_var:
-        return math.inf
-    return None
+def step_noise(reading: NoiseReading | None) -> StepNoise | None:
+    """What a schedule decides on from a step's reading: the step's own estimates, not the smoothed ones (those
+    remember steps at the old batch)."""
+    if reading is None:
+        return None
+    return StepNoise.of(reading.step_grad_sq, reading.step_grad_var, reading.items_per_sample)
 
 
 class ScheduleFollower:
@@ -52,9 +50,9 @@ class ScheduleFollower:
         """A step ran out of memory and was redone at ``plan``: no later step goes above its micro-batches."""
         self.micro_cap = min(self.micro_cap, plan.micro_batch_cap)
 
-    def after_step(self, step: int, noise_scale: float | None) -> ScheduleChange | None:
-        """Decide the next step's effective batch from step ``step`` (0-based) and its smoothed noise scale."""
-        self.state, change = self.schedule.after_step(self.state, step, noise_scale)
+    def after_step(self, step: int, reading: NoiseReading | None) -> ScheduleChange | None:
+        """Decide the next step's effective batch from step ``step`` (0-based) and its noise reading."""
+        self.state, change = self.schedule.after_step(self.state, step, step_noise(reading))
         return change
 
     def state_dict(self) -> dict[str, Any]:

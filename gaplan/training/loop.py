@@ -27,7 +27,7 @@ from gaplan.data import Sample
 from gaplan.parallel.fsdp import is_sharded
 from gaplan.parallel.process_group import Distributed
 from gaplan.plan.split import Plan, make_plan
-from gaplan.training.batch_schedule import ScheduleFollower, decision_noise_scale
+from gaplan.training.batch_schedule import ScheduleFollower
 from gaplan.training.checkpoint import RunState
 from gaplan.training.config import TrainConfig
 from gaplan.training.loss_check import LossCheck, check_first_step, save_loss_check, skip_reason
@@ -126,7 +126,7 @@ def train(
 
         model = DistributedDataParallel(workload.model)
     scaler = grad_scaler(workload, shards)
-    follower = (ScheduleFollower(config.schedule, config.lr_scaling, plan.micro_batch_cap, dist.world_size)
+    follower = (ScheduleFollower(config.schedule, config.lr_scaling or "sqrt", plan.micro_batch_cap, dist.world_size)
                 if config.schedule is not None and config.schedule.kind != "fixed" else None)
     batch_factor = follower.lr_factor if follower is not None else (lambda: 1.0)
     run = RunState(workload, torch.optim.lr_scheduler.LambdaLR(workload.optimizer, _schedule(config, batch_factor)),
@@ -205,22 +205,21 @@ def _check(inputs: StepInputs, plan: Plan, start_step: int, token_budget: int | 
     return check_first_step(inputs.workload, plan, inputs.corpus, inputs.seed, indices, token_budget)
 
 
-def _noise_columns(noise: NoiseScaleMeter | None) -> tuple[float | None, ...]:
-    """``noise_scale`` (samples), ``grad_sq`` and ``grad_var`` (per item) and ``noise_scale_items`` of the step just
-    done, else empty."""
+def _noise_columns(noise: NoiseScaleMeter | None) -> dict[str, float | None]:
+    """The step's noise-scale columns of ``train_log.csv`` (:class:`StepLog`), empty where it was not measured."""
     reading = noise.last if noise is not None else None
     if reading is None:
-        return None, None, None, None
-    return reading.noise_scale, reading.grad_sq, reading.grad_var, reading.noise_scale_items
+        return {}
+    return {"noise_scale": reading.noise_scale, "grad_sq": reading.grad_sq, "grad_var": reading.grad_var,
+            "noise_scale_items": reading.noise_scale_items, "step_grad_sq": reading.step_grad_sq,
+            "step_grad_var": reading.step_grad_var, "items_per_sample": reading.items_per_sample}
 
 
 def _follow(follower: ScheduleFollower, step: int, noise: NoiseScaleMeter | None, plan: Plan,
             on_event: Callable[[str], None] | None) -> Plan:
     """The schedule's decision after step ``step``: the plan of the next step, and one line when it changes. Every
     rank decides alike: the reading comes from statistics summed over the ranks."""
-    reading = noise.last if noise is not None else None
-    change = follower.after_step(step, decision_noise_scale(reading.noise_scale, reading.grad_sq, reading.grad_var)
-                                 if reading is not None else None)
+    change = follower.after_step(step, noise.last if noise is not None else None)
     if change is None:
         return plan
     new = follower.plan()
@@ -288,7 +287,7 @@ def _loop(inputs: StepInputs, run: RunState, plan: Plan, config: TrainConfig, st
                           max(map(batch_size, micro_batches)) if token_budget else step_plan.micro_batch,
                           len(micro_batches) if token_budget else step_plan.grad_accum_steps, seconds,
                           _above_baseline(peaks[1]), done_step.padded / seconds,
-                          *_noise_columns(inputs.noise), effective_batch=step_samples)
+                          effective_batch=step_samples, **_noise_columns(inputs.noise))
             logs.append(log)
             log_failure = None
             if step == start_step and check is not None:

@@ -44,6 +44,9 @@ class NoiseReading:
     noise_scale_items: float | None  # B_noise in items (targets)
     small_batch: float  # B_small of this step, in items
     big_batch: float  # B_big of this step, in items (the batch whose variance the step's mean gradient has)
+    step_grad_sq: float  # this step's own |G|^2 estimate (per item), before smoothing: unbiased, can be < 0
+    step_grad_var: float  # this step's own tr(S) estimate (per item), before smoothing
+    items_per_sample: float  # the step's items over its samples (B_noise in samples = in items / this)
 
 
 class NoiseScaleMeter:
@@ -123,7 +126,7 @@ class NoiseScaleMeter:
         scale = smooth_var / smooth_sq if smooth_sq > 0 else None
         per_sample = items / samples if samples > 0 else 1.0
         self.last = NoiseReading(smooth_sq, smooth_var, scale / per_sample if scale is not None else None, scale,
-                                 b_small, b_big)
+                                 b_small, b_big, grad_sq, grad_var, per_sample)
         return self.last
 
     def state_dict(self) -> dict[str, float]:

@@ -19,7 +19,7 @@ from gaplan.runs.schema import TRAIN_LOG
 
 LOG_FIELDS = ["step", "loss", "lr", "samples_per_s", "tokens_per_s", "peak_bytes", "micro_batch",
               "grad_accum_steps", "seconds", "step_peak_bytes", "padded_tokens_per_s", "noise_scale", "grad_sq", "grad_var",
-              "noise_scale_items", "effective_batch"]
+              "noise_scale_items", "effective_batch", "step_grad_sq", "step_grad_var", "items_per_sample"]
 assert set(LOG_FIELDS) == set(TRAIN_LOG.columns), "train_log.csv's writer and its schema must agree"
 
 
@@ -44,6 +44,11 @@ class StepLog:
     grad_var: float | None = None
     noise_scale_items: float | None = None
     effective_batch: int | None = None  # the step's samples (a batch schedule changes it; by tokens, each step's)
+    # The step's own |G|^2 and tr(S) per item, unsmoothed (|G|^2 can be below zero), and its items per sample: what
+    # the adaptive schedule decides on (gaplan.plan.growth_test), so its decisions replay from the log.
+    step_grad_sq: float | None = None
+    step_grad_var: float | None = None
+    items_per_sample: float | None = None
 
 
 def append_log(run_dir: str, log: StepLog) -> None:

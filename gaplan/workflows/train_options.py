@@ -34,7 +34,8 @@ class TrainOptions:
     token_budget: int | None = option(None, resume="fixed")  # by tokens: given, else probed (T*) from the data's lengths
     granule: int = option(DEFAULT_GRANULE, resume="fixed")  # by tokens: a probed budget is a multiple of it
     plan_file: str | None = option(None, resume="fixed")
-    lr_scaling: str = option("none", resume="fixed")  # a goodput plan or a schedule: scale the lr to its batch
+    # A goodput plan or a schedule: scale the lr to its batch (None: sqrt with a schedule, else none).
+    lr_scaling: str | None = option(None, resume="fixed")
     batch_schedule: str = option("fixed", resume="fixed")  # fixed | adaptive | warmup:STEPS (gaplan.plan.schedule)
     effective_batch_min: int | None = option(None, resume="fixed")  # a schedule's first batch (default B* x ranks)
     grad_checkpointing: str | None = option(None)  # as given: None, "on", "off" or "auto" (auto needs a plan file)
@@ -54,10 +55,14 @@ class TrainOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise OptionError(f"{name} must be a positive integer (got {value})", name)
+        scheduled = self._check_schedule()
+        if self.lr_scaling is None:
+            # A schedule changes the batch under one --lr: the square root keeps Adam's update noise (Malladi et
+            # al. 2022), and an unscaled rate at a small batch is the full rate on a noisy gradient.
+            object.__setattr__(self, "lr_scaling", "sqrt" if scheduled else "none")
         if self.lr_scaling not in LR_SCALINGS:
             raise OptionError(f"lr_scaling must be one of {', '.join(LR_SCALINGS)} (got {self.lr_scaling!r})",
                               "lr_scaling")
-        scheduled = self._check_schedule()
         if self.lr_scaling != "none" and self.plan_file is None and not scheduled:
             raise OptionError("lr_scaling scales the learning rate from the batch it was set for to a goodput plan's "
                               "batch or to each step's batch of a batch_schedule: give plan_file, from gaplan probe "

@@ -85,6 +85,12 @@ def batch_schedule_for(spec: WorkloadSpec, options: TrainOptions, plan: Plan, sa
     if kind == "fixed":
         return None
     minimum = options.effective_batch_min or min(plan.micro_batch_cap * plan.world_size, plan.effective_batch)
+    if kind == "adaptive" and plan.world_size == 1 and minimum < 2 <= plan.effective_batch:
+        # One sample a step is one micro-batch, which measures no noise scale: the first level that can be measured.
+        if not options.resume:
+            say(f"batch schedule adaptive: starts at effective batch 2, not {minimum}: on one process the noise "
+                "scale needs two micro-batches a step")
+        minimum = 2
     schedule = BatchSchedule.parse(options.batch_schedule, minimum, plan.effective_batch, plan.world_size)
     if not options.resume:
         say(f"batch schedule {options.batch_schedule}: effective batch {' -> '.join(map(str, schedule.levels))}"

@@ -122,6 +122,8 @@ def test_bad_input(tmp_path):
          "--effective-batch-min must be a positive integer (got 0)"),
         (["--batch-by", "tokens", "--token-budget", "64", "--batch-schedule", "adaptive"],
          "--batch-schedule changes a step's samples; with --batch-by tokens"),
+        (["--micro-batch", "1", "--effective-batch", "1", "--batch-schedule", "adaptive"],
+         "an effective batch of 1 on one process is one: give --effective-batch 2 or more, or use warmup:STEPS"),
         (["--micro-batch", "4", "--lr-scaling", "sqrt"], "give --plan, from gaplan probe --objective goodput, or "
                                                          "--batch-schedule adaptive|warmup:STEPS"),
     ]
@@ -214,5 +216,25 @@ def test_a_warmup_schedule_says_each_change_and_the_summary_lists_the_batches(tm
     assert result.exit_code == 0, result.output
     changes = [line for line in result.stderr.splitlines() if "step 2: effective batch 4 -> 8" in line]
     assert len(changes) == 1 and changes[0].endswith("step 2: effective batch 4 -> 8 (warmup ramp to 8 by step 2): "
-                                                     "micro-batch 2 x 4 accumulation steps x world size 1"), changes
+                                                     "micro-batch 2 x 4 accumulation steps x world size 1; "
+                                                     "learning rate x1 of --lr"), changes  # sqrt: the default
     assert "effective batch: 4 from step 1, 8 from step 3" in result.stdout
+
+
+def test_adaptive_at_micro_batch_1_starts_at_2_says_so_and_measures_every_step(tmp_path):
+    """One sample a step is one micro-batch, which measures nothing: the run starts at 2 (two micro-batches of 1),
+    says so in one line, and every step logs its noise scale; no level it cannot reach is announced."""
+    import csv
+
+    result = CliRunner().invoke(main, ["train", "--seq-len", "16", "--micro-batch", "1", "--effective-batch", "8",
+                                       "--batch-schedule", "adaptive", "--steps", "4", "--threads", "1", "--device",
+                                       "cpu", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    assert ("batch schedule adaptive: starts at effective batch 2, not 1: on one process the noise scale needs two "
+            "micro-batches a step") in lines, result.stderr
+    assert "batch schedule adaptive: effective batch 2 -> 4 -> 8 (by the noise scale), micro-batch at most 1" in lines
+    with open(tmp_path / "run" / "train_log.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(int(r["effective_batch"]), int(r["grad_accum_steps"])) for r in rows] == [(2, 2)] * 4
+    assert all(r["step_grad_sq"] and r["step_grad_var"] and r["items_per_sample"] for r in rows), rows

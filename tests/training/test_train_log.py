@@ -42,3 +42,19 @@ def test_a_new_run_in_a_used_folder_starts_its_own_log(tmp_path):
         train(build_workload(spec, "cpu", seed=0), make_plan(8, 4), None,
               TrainConfig(steps=3, seed=0, run_dir=str(tmp_path)))
     assert pd.read_csv(tmp_path / "train_log.csv")["step"].tolist() == [1, 2, 3]
+
+
+def test_docs_train_page_names_every_column_of_the_log():
+    """docs/train.md lists train_log.csv's columns: a column added without it fails here."""
+    import os
+    import re
+
+    from tests.conftest import REPO_ROOT
+
+    with open(os.path.join(REPO_ROOT, "docs", "train.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    paragraph = text[text.index("`train_log.csv` (step, loss"):text.index("and `plan.json` in the run")]
+    named = set(re.findall(r"`([a-z_]+)`", paragraph))
+    first = {"step", "loss", "lr", "samples_per_s", "tokens_per_s", "peak_bytes", "micro_batch", "grad_accum_steps",
+             "seconds"}  # named in words at the start of the list
+    assert set(LOG_FIELDS) - first <= named, sorted(set(LOG_FIELDS) - first - named)
