@@ -94,14 +94,11 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
     cap = search_cap if search_cap is not None else default_search_cap(effective_batch, world_size)
     if cap < 1:
         raise GaplanError(f"search_cap must be a positive integer (got {cap})")
-    if start not in ("auto", "fork", "spawn"):
-        raise GaplanError(f"start must be 'auto', 'fork' or 'spawn' (got {start!r})")
+    trial_start(start, False)  # a bad start fails here, before the device is resolved
     device = resolve_device(device)
     limit = resolve_budget(device, memory_limit)
-    if start == "fork" and cuda_initialized():
-        raise GaplanError("start='fork': this process has initialized CUDA, and a forked trial could not use it")
-    spawned = start == "spawn" or cuda_initialized()
-    notes = []
+    spawned, why = trial_start(start, cuda_initialized())
+    notes = [why] if why else []
     if not spawned and threads != 1 and not forks_start_threads():
         # OpenMP's pool was started here: a forked child that enters a parallel region waits on threads it does
         # not have, forever. One thread per trial instead (its stacks and arenas are not counted either way).
@@ -131,6 +128,25 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
     return LoopProbeResult(result.edge, result.capped, result.trials,
                            make_plan(effective_batch, result.edge, world_size), device, limit,
                            time.perf_counter() - started, spawned, notes)
+
+
+SPAWNED_NOTE = ("this process had initialized CUDA before the probe, so each trial ran as a new process with your "
+                "functions pickled, not as a fork; probe before anything touches the GPU to keep closures usable")
+
+
+def trial_start(start: str, cuda_context: bool) -> tuple[bool, str | None]:
+    """Whether the trials are spawned, and the note that says why when the caller did not ask for it.
+
+    ``cuda_context``: this process has initialized CUDA (:func:`gaplan.devices.card.cuda_initialized`), so a
+    forked trial could not use the card. ``auto`` then spawns, and says so once (the note); ``fork`` is refused."""
+    if start not in ("auto", "fork", "spawn"):
+        raise GaplanError(f"start must be 'auto', 'fork' or 'spawn' (got {start!r})")
+    if start == "fork" and cuda_context:
+        raise GaplanError("start='fork': this process has initialized CUDA, and a forked trial could not use it; "
+                          "use start='spawn' (or 'auto') with picklable functions, or probe before touching the GPU")
+    if start == "auto" and cuda_context:
+        return True, SPAWNED_NOTE
+    return start == "spawn", None
 
 
 def resolve_budget(device: str, memory_limit: int | str | None) -> int | None:

@@ -14,13 +14,19 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from gaplan.core.constants import SEARCH_CAP
+from gaplan.devices.card import cuda_cards
 
 from ..conftest import REPO_ROOT
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+# The cards are asked in a forked child (gaplan's own rule, gaplan/devices/card.py), never here. This process is a
+# caller of gaplan like any user's: probe() and check_in_fresh_process() resolve "cuda" by forking a child that asks
+# the card, and torch.cuda.is_available() here (without NVML) would start the driver first, behind torch's own
+# flag, so that child would fail with "CUDA error: initialization error". test_harness_tripwire.py holds the
+# harness's import path to no driver call.
+CARDS = cuda_cards()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CARDS.count, reason="needs a CUDA device")]
 
 GiB = 2**30
 
@@ -75,6 +81,24 @@ def test_the_estimate_against_the_probes_reserved_peak(record_property):
     errors_text = ", ".join(f"b={b}: {e:+.1%}" for b, e in zip(sizes, errors, strict=True))
     record_property("measured", f"estimate vs max_memory_reserved (tiny-llama seq 512 bf16, goal 5%): {errors_text}")
     assert all(abs(e) <= 0.05 for e in errors), errors
+
+
+def test_a_loop_probed_after_the_caller_touched_cuda_is_spawned(record_property):
+    """A user's script with its own CUDA context: probe_loop spawns the trials (functions pickled) and says so once.
+    The decision is tested on CPU with the context stood in (tests/probing/test_spawn_decision.py)."""
+    from gaplan.probing.loop import SPAWNED_NOTE
+
+    script = os.path.join(REPO_ROOT, "tests", "gpu", "cuda_touched_loop.py")
+    path = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
+    done = subprocess.run([sys.executable, script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    fits = [t for t in result["trials"] if t["fits"]]
+    record_property("measured", f"probe_loop after the caller's own CUDA context: spawned {result['spawned']}, "
+                                f"B*={result['max_micro_batch']} in {len(result['trials'])} trials")
+    assert result["spawned"] and result["notes"].count(SPAWNED_NOTE) == 1
+    assert result["max_micro_batch"] >= 1 and fits and all(t["peak_bytes"] > 0 for t in fits)
 
 
 def _gaplan(*args: str, env: dict | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
