@@ -30,6 +30,8 @@ class CudaCards:
     total_bytes: tuple[int, ...] = ()
     free_bytes: tuple[int, ...] = ()  # when they were asked
     cuda_version: str | None = None
+    capabilities: tuple[str | None, ...] = ()  # compute capability, "9.0"
+    driver_version: str | None = None  # the NVIDIA driver's (NVML), else the CUDA driver API's, else None
 
     @property
     def count(self) -> int:
@@ -85,7 +87,7 @@ def cuda_cards() -> CudaCards:
 
 def _cards_from(answer: dict) -> CudaCards:
     return CudaCards(tuple(answer["names"]), tuple(answer["total_bytes"]), tuple(answer["free_bytes"]),
-                     answer["cuda_version"])
+                     answer["cuda_version"], tuple(answer.get("capabilities", ())), answer.get("driver_version"))
 
 
 def _ask_cards() -> dict:
@@ -93,11 +95,40 @@ def _ask_cards() -> dict:
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    names, totals, free = [], [], []
+    names, totals, free, capabilities = [], [], [], []
     for index in range(count):
         properties = torch.cuda.get_device_properties(index)
         names.append(str(properties.name))
         totals.append(int(properties.total_memory))
         free.append(int(torch.cuda.mem_get_info(index)[0]))
-    return {"names": names, "total_bytes": totals, "free_bytes": free, "cuda_version": torch.version.cuda}
+        major, minor = getattr(properties, "major", None), getattr(properties, "minor", None)
+        capabilities.append(None if major is None else f"{major}.{minor}")
+    return {"names": names, "total_bytes": totals, "free_bytes": free, "cuda_version": torch.version.cuda,
+            "capabilities": capabilities, "driver_version": driver_version() if count else None}
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version as NVML reports it ("550.54.15"), else the CUDA driver API's ("CUDA driver 12.4",
+    ``cuDriverGetVersion``), else None. Neither call starts a CUDA context, but it is asked with the cards' other
+    questions, in their child."""
+    import ctypes
+
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if nvml.nvmlInit_v2() == 0:
+            try:
+                text = ctypes.create_string_buffer(96)
+                if nvml.nvmlSystemGetDriverVersion(text, ctypes.c_uint(96)) == 0 and text.value:
+                    return text.value.decode(errors="replace")
+            finally:
+                nvml.nvmlShutdown()
+    except (OSError, AttributeError):
+        pass  # no NVML here: the driver API's version instead
+    try:
+        version = ctypes.c_int(0)
+        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) == 0 and version.value:
+            return f"CUDA driver {version.value // 1000}.{version.value % 1000 // 10}"
+    except (OSError, AttributeError):
+        pass
+    return None
 

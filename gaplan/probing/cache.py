@@ -1,7 +1,11 @@
 """Where ``gaplan train`` and ``bench`` get their probe: ``--plan``'s file, the cache, or a new probe.
 
 A probe is cached per workload, device, budget and thread count (and, for a model folder, the
-content of its config files) under ``~/.cache/gaplan/plans/`` or ``$GAPLAN_CACHE_DIR/plans/``.
+content of its config files) under ``~/.cache/gaplan/plans/`` or ``$GAPLAN_CACHE_DIR/plans/``; the key holds the
+device's identity too (:mod:`gaplan.devices.identity`: the card's model, memory, compute capability and driver, or
+the CPU's model and memory; torch's, transformers', peft's and bitsandbytes' versions; on CUDA the allocator's
+setting), so a cache on a shared home never hands one card's B* to another. The line that reuses one says what
+matched.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from collections.abc import Callable
 from gaplan.core.cache import cache_root
 from gaplan.core.errors import GaplanError
 from gaplan.core.trial import Trial
+from gaplan.core.units import format_bytes
+from gaplan.devices.identity import MachineIdentity, machine_identity
 from gaplan.runs.probe_result import ProbeResult, load_probe, save_probe
 from gaplan.workload.spec import WorkloadSpec, model_source_kind
 
@@ -26,20 +32,31 @@ _SAME_WORKLOAD_FIELDS = WorkloadSpec.probe_key_fields()
 
 
 def plan_cache_path(spec: WorkloadSpec, device: str, memory_limit: int | None, threads: int | None = None,
-                    ddp: bool = False, world_size: int = 1) -> str:
+                    ddp: bool = False, world_size: int = 1, machine: MachineIdentity | None = None) -> str:
     """The cache file of a probe of this workload, device, budget and thread count (and DDP wrapper or not).
 
     The workload includes its layout (``parallel``, ``cpu_offload``, ``grad_sync``); a sharded one's key also
-    holds the world size, since each rank holds 1/W of the model.
+    holds the world size, since each rank holds 1/W of the model. ``machine``: the device's identity (default:
+    :func:`~gaplan.devices.identity.machine_identity` of ``device`` here and now).
     """
     # The learning rate, where the weights come from and remote code change no memory.
     workload = {k: v for k, v in spec.to_dict().items() if k not in ("lr", "init", "trust_remote_code")}
     sharded = spec.parallel == "fsdp"
+    machine = machine or machine_identity(device)
     key = json.dumps({"workload": workload, "model_files": _model_files_digest(spec.model), "device": device,
                       "memory_limit": memory_limit, "threads": threads, "probe": PROBE_METHOD,
+                      "machine": machine.key(),
                       **({"ddp": True} if ddp and not sharded else {}),
                       **({"world_size": world_size} if sharded else {})}, sort_keys=True)
     return os.path.join(cache_root(), "plans", hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+
+
+def reuse_line(cache: str, probed: ProbeResult, machine: MachineIdentity, memory_limit: int | None,
+               threads: int | None) -> str:
+    """The line that says a cached probe is reused, and what matched to reuse it."""
+    budget = format_bytes(memory_limit) if memory_limit else "the default"
+    return (f"using the cached probe {cache}: largest micro-batch {probed.max_micro_batch} (matched: the workload, "
+            f"budget {budget}, threads {threads or 'default'}; {machine.describe()})")
 
 
 def same_workload(a: WorkloadSpec, b: WorkloadSpec) -> bool:
@@ -89,11 +106,12 @@ def probe_for(
         return spec, probed
     if grad_checkpointing == "auto":
         raise GaplanError("--grad-checkpointing auto is decided by gaplan probe; give its --plan, or on/off")
-    cache = plan_cache_path(spec, device, memory_limit, threads, ddp, world_size)
+    machine = machine_identity(device)
+    cache = plan_cache_path(spec, device, memory_limit, threads, ddp, world_size, machine)
     if os.path.isfile(cache):
         probed = load_probe(cache)
         if not probed.capped or probed.max_micro_batch >= needed_micro_batch:
-            say(f"using the cached probe {cache}: largest micro-batch {probed.max_micro_batch}")
+            say(reuse_line(cache, probed, machine, memory_limit, threads))
             return spec, reused(probed, cache)
     say("probing the largest micro-batch that fits first ...")
     if sharded:  # every trial runs the world's ranks; needed_micro_batch is one rank's share already

@@ -165,7 +165,7 @@ def test_gaplan_probe_resolves_cuda_and_its_budget_without_the_driver(tripwire, 
 def test_the_cards_are_asked_in_a_child_and_the_answers_come_back(monkeypatch):
     """The driver's stand-ins are inherited by the forked child, which calls them; this process calls none."""
     calls: list[str] = []
-    properties = type("Properties", (), {"total_memory": 24 * GiB, "name": "stand-in card"})
+    properties = type("Properties", (), {"total_memory": 24 * GiB, "name": "stand-in card", "major": 8, "minor": 6})
     for name, answer in {"is_available": True, "device_count": 2, "get_device_properties": properties,
                          "mem_get_info": (20 * GiB, 24 * GiB)}.items():
         monkeypatch.setattr(torch.cuda, name, lambda *a, _name=name, _answer=answer: calls.append(_name) or _answer)
@@ -173,7 +173,8 @@ def test_the_cards_are_asked_in_a_child_and_the_answers_come_back(monkeypatch):
     monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
     monkeypatch.setattr(card, "_asked", None)
     cards = card.cuda_cards()
-    assert cards == CudaCards(("stand-in card",) * 2, (24 * GiB,) * 2, (20 * GiB,) * 2, "12.8")
+    assert cards == CudaCards(("stand-in card",) * 2, (24 * GiB,) * 2, (20 * GiB,) * 2, "12.8", ("8.6",) * 2,
+                              card.driver_version())  # no NVML or libcuda here: None, asked in the child too
     assert calls == []  # all four were called, in the child
     assert card.cuda_cards() is cards  # once per process
     with pytest.raises(GaplanError, match="only 2 CUDA device"):

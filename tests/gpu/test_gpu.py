@@ -101,6 +101,20 @@ def test_a_loop_probed_after_the_caller_touched_cuda_is_spawned(record_property)
     assert result["max_micro_batch"] >= 1 and fits and all(t["peak_bytes"] > 0 for t in fits)
 
 
+def test_the_probe_cache_key_holds_this_cards_identity(record_property):
+    """The key's card fields (asked in gaplan's child) against torch's own answers in another process."""
+    from gaplan.devices.identity import machine_identity
+
+    me = machine_identity("cuda:0")
+    code = ("import json, torch; p = torch.cuda.get_device_properties(0); "
+            "print(json.dumps([p.name, p.total_memory, f'{p.major}.{p.minor}']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    name, total, capability = json.loads(done.stdout.strip().splitlines()[-1])
+    record_property("measured", f"the cache key's machine: {me.describe()}")
+    assert (me.model, me.total_bytes, me.capability) == (name, total, capability) and me.driver
+
+
 def _gaplan(*args: str, env: dict | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gaplan", *args], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=timeout, env=env)
