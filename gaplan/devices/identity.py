@@ -22,13 +22,12 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from gaplan.core.units import format_bytes
+from gaplan.runs.probe_result import ALLOCATOR_VARIABLES, allocator_setting, describe_allocator
 
 __all__ = ["ALLOCATOR_VARIABLES", "LIBRARIES", "MachineIdentity", "allocator_setting", "describe_allocator",
            "library_versions", "machine_identity"]
 
 LIBRARIES = ("torch", "transformers", "peft", "bitsandbytes")
-# The legacy name first: torch reads both (PYTORCH_ALLOC_CONF since 2.9), and records of either must match.
-ALLOCATOR_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 
 @dataclass(frozen=True)
@@ -88,21 +87,6 @@ def library_versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             versions[name] = None
     return versions
-
-
-def allocator_setting(environ: dict | None = None) -> dict[str, str]:
-    """The CUDA caching allocator's variables set in ``environ`` (default this process's); empty: torch's defaults."""
-    environ = os.environ if environ is None else environ
-    return {name: environ[name] for name in ALLOCATOR_VARIABLES if environ.get(name)}
-
-
-def describe_allocator(setting: dict[str, str] | None) -> str:
-    """``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, or that none is set (torch's defaults)."""
-    if setting is None:
-        return "allocator setting not recorded"
-    if not setting:
-        return "PYTORCH_CUDA_ALLOC_CONF unset (torch's defaults)"
-    return ", ".join(f"{name}={value}" for name, value in setting.items())
 
 
 def cpu_model() -> str | None:

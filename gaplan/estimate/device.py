@@ -35,7 +35,10 @@ WORKSPACE_BYTES_OTHER = (2 * 4096 + 8 * 16) * 1024 + 4 * MiB  # cuBLAS ":4096:2:
 
 # --- CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp) -------------------------------------------------
 # Blocks are multiples of kMinBlockSize (512 B); an allocation of kMinLargeAlloc (10 MiB) or more gets its own
-# segment rounded to kRoundLarge (2 MiB). Smaller ones share 2 MiB / 20 MiB segments, which the 512 B rounding covers.
+# segment rounded to kRoundLarge (2 MiB). Smaller ones share segments: up to 1 MiB in 2 MiB ones (kSmallBuffer),
+# 1-10 MiB in 20 MiB ones (kLargeBuffer). Counting each storage at its block size leaves out what those shared
+# segments hold unfilled at the peak: up to 20 MiB + 2 MiB, more with fragmentation. Not modelled: MemTracker counts
+# storages one by one, and the rule is about the pool they share (issue 45, docs/gpu.md).
 CUDA_BLOCK = 512
 CUDA_LARGE_ALLOC = 10 * MiB
 CUDA_ROUND_LARGE = 2 * MiB

@@ -23,7 +23,7 @@ from gaplan.core.errors import GaplanError
 from gaplan.core.trial import Trial
 from gaplan.core.units import format_bytes
 from gaplan.devices.identity import MachineIdentity, machine_identity
-from gaplan.runs.probe_result import ProbeResult, load_probe, save_probe
+from gaplan.runs.probe_result import ProbeResult, allocator_warning, load_probe, save_probe
 from gaplan.workload.spec import WorkloadSpec, model_source_kind
 
 # Part of the key: a change in how trials measure must not reuse older answers.
@@ -103,6 +103,9 @@ def probe_for(
         if sharded and probed.world_size != world_size:
             raise GaplanError(f"--plan {plan_file} was probed for FSDP over {probed.world_size} ranks, not "
                               f"{world_size}: each rank's shard, so B*, depends on the world size")
+        warning = allocator_warning(probed, device)  # a cached probe's key holds the setting: only a plan file differs
+        if warning:
+            say(warning)
         return spec, probed
     if grad_checkpointing == "auto":
         raise GaplanError("--grad-checkpointing auto is decided by gaplan probe; give its --plan, or on/off")

@@ -27,6 +27,7 @@ from gaplan.report.load import RunData, has_rows, memory_fit
 from gaplan.report.throughput import throughput_section
 from gaplan.report.training_report import report_title, training_section
 from gaplan.runs.folder import BREAKDOWN_PNG, LENGTHS_PNG, MEMORY_PNG, PROBE_CSV
+from gaplan.runs.probe_result import describe_allocator
 from gaplan.workload.spec import DEFAULT_LR
 
 _UNKNOWN_TASKS = ("", "?")  # "?" is what plans made without a probe recorded before the task was kept
@@ -83,10 +84,22 @@ def header_items(run: RunData) -> list[str]:
         f"**Device:** {plan['device']}",
         f"**Memory budget:** {_budget_text(run)}",
         f"**Versions:** {versions}",
+        *_allocator_items(plan),
         f"**Created:** {plan.get('created') or 'unknown'}",
         *([_reused_probe_text(plan["reused_probe"])] if isinstance(plan.get("reused_probe"), dict) else []),
         *([f"**Reproduce with:** `{plan['command']}`"] if plan.get("command") else []),
     ]
+
+
+def _allocator_items(plan: dict[str, Any]) -> list[str]:
+    """The CUDA allocator's setting the trials ran under: always on CUDA; on CPU only when one was set (torch's CPU
+    allocator reads none of it, which the line says)."""
+    setting = plan.get("allocator_setting")
+    if str(plan.get("device", "")).startswith("cuda"):
+        return [f"**CUDA allocator:** {describe_allocator(setting if isinstance(setting, dict) else None)}"]
+    if isinstance(setting, dict) and setting:
+        return [f"**CUDA allocator:** {describe_allocator(setting)} (no effect on a CPU run)"]
+    return []
 
 
 def _reused_probe_text(reused: dict[str, Any]) -> str:

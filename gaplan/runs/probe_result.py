@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -12,6 +13,27 @@ from gaplan.core.trial import Trial
 from gaplan.plan.split import Plan
 from gaplan.runs.schema import TRIAL_COLUMNS, check_plan, read_plan_json, write_plan_json
 from gaplan.workload.spec import WorkloadSpec
+
+# The CUDA caching allocator's settings: torch reads both (PYTORCH_ALLOC_CONF, the newer name, since 2.9).
+ALLOCATOR_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def allocator_setting(environ: dict | None = None) -> dict[str, str]:
+    """The CUDA allocator's variables set in ``environ`` (default this process's); empty: torch's defaults.
+
+    ``expandable_segments``, ``garbage_collection_threshold`` and ``max_split_size_mb`` change the reserved peak,
+    so B*: a probe's trials inherit this process's setting, and its plan records it."""
+    environ = os.environ if environ is None else environ
+    return {name: environ[name] for name in ALLOCATOR_VARIABLES if environ.get(name)}
+
+
+def describe_allocator(setting: dict[str, str] | None) -> str:
+    """``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, or that none is set (torch's defaults), or unknown."""
+    if setting is None:
+        return "allocator setting not recorded"
+    if not setting:
+        return "PYTORCH_CUDA_ALLOC_CONF unset (torch's defaults)"
+    return ", ".join(f"{name}={value}" for name, value in setting.items())
 
 
 @dataclass
@@ -48,6 +70,9 @@ class ProbeResult:
     created: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     # A probe taken from the cache instead of run (gaplan.probing.cache): its file, cache key and when it was made.
     reused_probe: dict[str, str] | None = None
+    # The CUDA allocator's setting the trials ran under (:func:`allocator_setting` when the plan was made; {}:
+    # torch's defaults; None: a plan from before gaplan recorded it).
+    allocator: dict[str, str] | None = field(default_factory=allocator_setting)
     # This run's worker start, in seconds: "start to ready" (as the caller waited) and the worker's own parts.
     # The probe's profile (examples/profile_probe.py); not saved in plan.json.
     worker_seconds: dict[str, float] | None = None
@@ -86,6 +111,7 @@ class ProbeResult:
             "wall_seconds": round(self.wall_seconds, 3),
             "tuner": self.tuner,
             "command": self.command,
+            "allocator_setting": self.allocator,
             **({"reused_probe": self.reused_probe} if self.reused_probe else {}),
         }
 
@@ -118,9 +144,21 @@ class ProbeResult:
                 trial_ranks=int(data.get("trial_ranks") or 1),
                 created=data.get("created", ""),
                 reused_probe=data.get("reused_probe"),
+                allocator=_allocator_from(data.get("allocator_setting"), path),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise GaplanError(f"{path} is not a gaplan plan file: missing or bad field {exc}") from None
+
+
+def allocator_warning(probed: ProbeResult, device: str, environ: dict | None = None) -> str | None:
+    """One line when this process's CUDA allocator setting is not the one ``probed``'s trials ran under, else None
+    (the same; not a CUDA run, where torch's allocator reads neither variable; or a plan that did not record it)."""
+    now = allocator_setting(environ)
+    if not device.startswith("cuda") or probed.allocator is None or now == probed.allocator:
+        return None
+    return (f"warning: this run's CUDA allocator setting ({describe_allocator(now)}) is not the plan's "
+            f"({describe_allocator(probed.allocator)}): B* was measured under the plan's and may not fit under this "
+            "one; set the plan's, or probe again")
 
 
 def save_probe(result: ProbeResult, path: str) -> None:
@@ -131,6 +169,14 @@ def save_probe(result: ProbeResult, path: str) -> None:
 def load_probe(path: str) -> ProbeResult:
     """Read a ``plan.json`` written by :func:`save_probe`."""
     return ProbeResult.from_dict(read_plan_json(path), path)
+
+
+def _allocator_from(value: Any, path: str) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise GaplanError(f"{path}: allocator_setting must be a JSON object of strings (got {value!r})")
+    return {str(k): v for k, v in value.items()}
 
 
 def _optional_int(value: Any) -> int | None:

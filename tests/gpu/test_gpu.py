@@ -120,6 +120,59 @@ def _gaplan(*args: str, env: dict | None = None, timeout: float = 400) -> subpro
                           timeout=timeout, env=env)
 
 
+ALLOCATOR_SETTINGS = (("default", None), ("expandable segments", "expandable_segments:True"))
+
+
+def test_an_allocator_setting_changes_b_star_or_not(tmp_path, record_property):
+    """One workload probed under torch's default CUDA allocator and under expandable segments: each plan records its
+    setting, and the row says whether B* and the peak at B* moved (measured, not asserted: that is the question)."""
+    found = {}
+    for name, setting in ALLOCATOR_SETTINGS:
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+        env.update(GAPLAN_CACHE_DIR=str(tmp_path / "cache"), **({"PYTORCH_CUDA_ALLOC_CONF": setting} if setting else {}))
+        out = tmp_path / name.replace(" ", "-")
+        done = _gaplan("probe", "--model", "tiny-gpt2", "--seq-len", "256", "--device", "cuda", "--memory-limit",
+                       "1GiB", "--effective-batch", "256", "--quiet", "--out", str(out), env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        plan = json.loads((out / "plan.json").read_text())
+        peak = max((t["peak_bytes"] or 0 for t in plan["trials"] if t["fits"]
+                    and t["micro_batch"] == plan["max_micro_batch"]), default=0)
+        found[name] = (plan["max_micro_batch"], peak, plan.get("allocator_setting"))
+    record_property("measured", "tiny-gpt2 seq 256, 1 GiB: " + "; ".join(
+        f"{name}: B*={edge}, reserved peak at B* {peak / 2**20:.1f} MiB" for name, (edge, peak, _) in found.items()))
+    assert found["default"][2] == {}
+    assert found["expandable segments"][2] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert all(edge >= 1 for edge, _, _ in found.values())
+
+
+CONTEXT = """
+import json, torch
+torch.cuda.init()
+a = torch.randn(1024, 1024, device="cuda")
+(a @ a).sum().item()  # cuBLAS loaded, its workspace allocated (that one through the caching allocator)
+a16 = a.bfloat16()
+(a16 @ a16).sum().item()
+torch.cuda.synchronize()
+free, total = torch.cuda.mem_get_info()
+print(json.dumps({"used": total - free, "reserved": torch.cuda.memory_reserved(), "total": total}))
+"""
+
+
+def test_the_cuda_context_outside_the_allocator(record_property):
+    """What a trial's process holds on the card outside torch's allocator (the context, kernels, cuBLAS's handles),
+    against the estimate's CONTEXT_BYTES: what --memory-limit and the reserved peak do not see."""
+    from gaplan.estimate.device import CONTEXT_BYTES
+
+    done = subprocess.run([sys.executable, "-c", CONTEXT], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    context = seen["used"] - seen["reserved"]
+    record_property("measured", f"context after init and fp32 + bf16 matmuls: {context / 2**20:.0f} MiB outside the "
+                                f"allocator ({seen['reserved'] / 2**20:.0f} MiB reserved; the estimate assumes "
+                                f"{CONTEXT_BYTES / 2**20:.0f} MiB; other processes on the card count too)")
+    assert 0 < context < seen["total"]
+
+
 def test_bf16_training_from_a_pretrained_folder(tmp_path, record_property):
     from ..model_folders import make_llama_folder
 
