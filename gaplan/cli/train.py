@@ -105,7 +105,8 @@ def train_command(**options: Any) -> None:
       gaplan train --effective-batch 256 --resume reports/<run>
       gaplan train --effective-batch 64 --compare           # then: the run folder's report.html
     """
-    from gaplan.workflows.train import TrainOptions, resume_settings, run_train
+    from gaplan.workflows.train import TrainOptions, run_train
+    from gaplan.workflows.train_resume import resume_settings
 
     spec = spec_from_options(options)
     memory_limit = memory_limit_from_options(options)

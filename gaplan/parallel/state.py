@@ -82,7 +82,8 @@ def _shard_write_failure(exc: BaseException, rank: int, temp: str, mine: int, wh
 
 
 def load_sharded_state(run_dir: str, name: str, model: nn.Module, optimizer: Optimizer) -> None:
-    """Read this rank's shards back into the sharded model and its optimizer (a collective)."""
+    """Read this rank's shards back into the sharded model and its optimizer (a collective). A model that is not
+    sharded (one process, DDP) reads the whole tensors: distributed checkpoint reshards to any layout."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -93,6 +94,27 @@ def load_sharded_state(run_dir: str, name: str, model: nn.Module, optimizer: Opt
     state = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=folder)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def load_full_state_into_sharded(model: nn.Module, optimizer: Optimizer, model_state: dict,
+                                 optimizer_state: dict) -> None:
+    """A one-process or DDP checkpoint (the whole model's state dict, the optimizer's by parameter index) into a
+    sharded model and its optimizer: each rank keeps its shards of the full tensors (a collective). The index of a
+    parameter in the saved optimizer is its place among the optimizer's parameters, which the same workload builds
+    in the same order; distributed checkpoint's state-dict API takes them by name."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
+
+    if not optimizer_state["state"]:  # a stateless optimizer (SGD without momentum): its hyperparameters alone
+        set_model_state_dict(model, model_state, options=StateDictOptions(full_state_dict=True))
+        optimizer.load_state_dict(optimizer_state)
+        return
+    names = {id(parameter): name for name, parameter in model.named_parameters()}
+    ordered = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    by_name = {"state": {ordered[index]: value for index, value in optimizer_state["state"].items()},
+               "param_groups": [{**group, "params": [ordered[index] for index in group["params"]]}
+                                for group in optimizer_state["param_groups"]]}
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=by_name,
+                   options=StateDictOptions(full_state_dict=True))
 
 
 def remove_stale_sharded_states(run_dir: str, keep: str | None) -> None:

@@ -3,11 +3,20 @@
 Written atomically and flushed (a cut-off write never replaces a good checkpoint); a sharded model's weights go
 through torch's distributed checkpoint, one folder of shards that ``checkpoint.pt`` names. Restoring it puts a run
 back exactly where it was, so ``--resume`` reaches the uninterrupted run's weights (bitwise on CPU).
+
+A checkpoint is data, not code: it holds tensors, numbers, strings and plain containers alone, and is read with
+``torch.load(weights_only=True)``, so a checkpoint from someone else cannot run anything on ``--resume``; one that
+needs more is refused in one line.
+
+On another number of ranks than it was written with, every rank's random state is derived from the seed, the rank
+and the step (:func:`derived_rng_seed`): reproducible, but not the draws the uninterrupted run would have made.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import pickle
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +30,7 @@ from gaplan.parallel.fsdp import is_sharded
 from gaplan.parallel.process_group import Distributed
 from gaplan.parallel.state import (
     ensure_shard_room,
+    load_full_state_into_sharded,
     load_sharded_state,
     remove_stale_sharded_states,
     save_sharded_state,
@@ -72,10 +82,46 @@ def load_checkpoint(run_dir: str, map_location: str | torch.device = "cpu") -> d
     if not os.path.isfile(path):
         raise GaplanError(f"--resume {run_dir}: no {CHECKPOINT} in it")
     try:
-        return torch.load(path, weights_only=False, map_location=map_location)
+        # weights_only: the safe unpickler, which builds no object but tensors and plain containers and calls
+        # nothing the file names (a pickle can name any callable: os.system among them).
+        return torch.load(path, weights_only=True, map_location=map_location)
+    except pickle.UnpicklingError as exc:
+        if "GLOBAL" not in str(exc):  # not a name the safe unpickler refused: a damaged or foreign file
+            raise GaplanError(f"--resume {run_dir}: the checkpoint cannot be read (not a torch checkpoint the safe "
+                              f"unpickler reads: {_named_global(exc)})") from None
+        raise GaplanError(f"--resume {run_dir}: {CHECKPOINT} holds more than tensors, numbers, strings and plain "
+                          f"containers, and is refused unread (it could run code: {_named_global(exc)})") from None
     except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint is the user's to know about
         raise GaplanError(f"--resume {run_dir}: the checkpoint cannot be read "
                           f"({exc.__class__.__name__}: {one_line(exc)})") from None
+
+
+def _named_global(exc: Exception) -> str:
+    """The line of torch's message that says what the safe unpickler stopped at ("Trying to load unsupported GLOBAL
+    posix.system ..."), without its advice to load the file unsafely."""
+    for line in str(exc).splitlines():
+        line = line.replace("WeightsUnpickler error:", "").strip()
+        if line and not line.startswith(("Weights only load failed", "Please file an issue", "Check the documentation")):
+            return line.rstrip(".")
+    return one_line(exc)[:120]
+
+
+def _checkpoint_header(run_dir: str) -> dict[str, Any]:
+    """The checkpoint's dict with its tensors memory-mapped, not read (its step and plan are what is wanted)."""
+    try:
+        return torch.load(os.path.join(run_dir, CHECKPOINT), weights_only=True, map_location="cpu", mmap=True)
+    except Exception:  # noqa: BLE001 - read in full by load_checkpoint, which says in one line why it cannot be
+        return load_checkpoint(run_dir)
+
+
+def checkpoint_step(run_dir: str) -> int:
+    """The step a run folder's checkpoint holds."""
+    return int(_checkpoint_header(run_dir)["step"])
+
+
+def checkpoint_plan(run_dir: str) -> Plan:
+    """The plan of the step a run folder's checkpoint holds."""
+    return Plan.from_dict(_checkpoint_header(run_dir)["plan"])
 
 
 @dataclass
@@ -90,6 +136,7 @@ class RunState:
     run_dir: str | None
     saved_step: int | None = None  # the step the run folder's checkpoint holds (None: none of this run)
     loop_state: dict[str, Any] | None = None  # what the loop keeps besides (a batch schedule, the noise scale's EMAs)
+    replanned: bool = False  # restored onto the caller's plan (a new split), not the checkpoint's
 
     def save(self, step: int, plan: Plan, loop_state: dict[str, Any] | None = None) -> None:
         """Checkpoint ``step`` (a collective), with the loop's own ``loop_state``. A disk fault on any rank is
@@ -143,32 +190,53 @@ class RunState:
         if not os.path.isfile(path):
             return None
         try:
-            return torch.load(path, weights_only=False, map_location="cpu").get("sharded_state")
+            return torch.load(path, weights_only=True, map_location="cpu", mmap=True).get("sharded_state")
         except Exception:  # noqa: BLE001 - unreadable: keep nothing named by it
             return None
 
-    def restore(self, plan: Plan) -> tuple[int, Plan]:
+    def restore(self, plan: Plan, seed: int, new_split: bool = False) -> tuple[int, Plan]:
         """Load the run folder's checkpoint into the loop; the step to go on from and the plan to go on with.
 
-        The saved plan wins unless the world size changed (then the caller's plan, made for this one)."""
+        The saved plan wins (it holds an out-of-memory fallback's smaller micro-batch) unless the split is new:
+        ``new_split`` (another device, budget, micro-batch or memory setting) or another world size, where the
+        caller's plan, made for the new setting, is taken."""
         run_dir = self.run_dir or "."
         workload, optimizer, dist = self.workload, self.workload.optimizer, self.dist
         state = load_checkpoint(run_dir, map_location=workload.device)
         if state.get("sharded_state"):
             load_sharded_state(run_dir, state["sharded_state"], workload.model, optimizer)
+        elif self.shards:  # written by one process or DDP, resumed under FSDP
+            load_full_state_into_sharded(workload.model, optimizer, state["model"], state["optimizer"])
         else:
             load_model_state(workload.model, state["model"])
             optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
-        _set_rng_state(state["rng"][dist.rank] if isinstance(state["rng"], list) else state["rng"])
         start_step = int(state["step"])
+        saved_ranks = len(state["rng"]) if isinstance(state["rng"], list) else 1
+        if saved_ranks == dist.world_size:
+            _set_rng_state(state["rng"][dist.rank] if isinstance(state["rng"], list) else state["rng"])
+        else:
+            _seed_rng(derived_rng_seed(seed, dist.rank, start_step))
         self.saved_step = start_step
         self.loop_state = state.get("loop_state")  # None in a checkpoint of an older gaplan
-        plan = Plan.from_dict(state["plan"]) if state["plan"]["world_size"] == dist.world_size else plan
+        self.replanned = state["plan"]["world_size"] != dist.world_size or new_split
+        plan = plan if self.replanned else Plan.from_dict(state["plan"])
         truncate_log(self.run_dir, start_step)
         return start_step, plan
+
+
+def derived_rng_seed(seed: int, rank: int, step: int) -> int:
+    """The seed of rank ``rank``'s random state when a run resumes at ``step`` on another number of ranks: the first
+    8 bytes of SHA-256 of ``gaplan-rng:{seed}:{rank}:{step}`` (the same on every machine and Python)."""
+    digest = hashlib.sha256(f"gaplan-rng:{seed}:{rank}:{step}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def _seed_rng(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
 
 
 def _rng_state() -> dict[str, Any]:

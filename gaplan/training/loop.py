@@ -135,7 +135,7 @@ def train(
         os.makedirs(config.run_dir, exist_ok=True)
     start_step = 0
     if resume:
-        start_step, plan = run.restore(plan)
+        start_step, plan = run.restore(plan, config.seed, config.new_split)
     else:
         torch.manual_seed(config.seed)
         random.seed(config.seed)
@@ -149,9 +149,13 @@ def train(
     if follower is not None:
         if loop_state.get("schedule"):
             follower.load_state_dict(loop_state["schedule"])
+            if run.replanned:  # the same effective batch and window, split as the new setting allows
+                follower.micro_cap = plan.micro_batch_cap
         if config.micro_batch_limit:
             follower.micro_cap = min(follower.micro_cap, config.micro_batch_limit)
         plan = follower.plan()
+    if resume:
+        _rates_on_this_schedule(run.scheduler, start_step, on_event)
     token_steps = None
     if config.effective_tokens:
         if corpus is None:
@@ -179,6 +183,23 @@ def train(
             noise.close()
     result.checkpoint_step = run.saved_step
     return result
+
+
+def _rates_on_this_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, step: int,
+                            on_event: Callable[[str], None] | None) -> None:
+    """A resumed run's rates from its own schedule at the step it goes on from, not the checkpoint's: a run extended
+    by ``--steps`` goes on along the cosine over its new length (as the HF Trainer re-creates its scheduler for a new
+    ``max_steps``); an unchanged run gets the same rates, computed the same way."""
+    groups = scheduler.optimizer.param_groups
+    before = [group["lr"] for group in groups]
+    after = [base * factor(scheduler.last_epoch) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas,
+                                                                         strict=True)]
+    for group, rate in zip(groups, after, strict=True):
+        group["lr"] = rate
+    scheduler._last_lr = list(after)  # what get_last_lr() reports
+    if on_event and any(abs(a - b) > 1e-12 * max(abs(b), 1e-30) for a, b in zip(after, before, strict=True)):
+        on_event(f"learning rate at step {step + 1}: {after[0]:.4g} on this run's schedule (the checkpoint's "
+                 f"schedule had {before[0]:.4g})")
 
 
 def _kept_from(failure: WriteFailed, run: RunState) -> WriteFailed:

@@ -12,26 +12,25 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import json
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gaplan.core.atomic_write import atomic_write, atomic_write_text
+from gaplan.core.atomic_write import atomic_write
 from gaplan.core.constants import DEFAULT_CPU_BUDGET
 from gaplan.core.disk import WriteFailed, disk_faults_as_one_line
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import get_path, leaf_fields, option_name, replace_path
 from gaplan.core.progress import Say, quiet
 from gaplan.plan.split import Plan, make_plan
-from gaplan.runs.folder import CHECKPOINT, PLAN_JSON, TRAIN_JSON, TRAIN_LOG_CSV, path_in
+from gaplan.runs.folder import CHECKPOINT, PLAN_JSON, TRAIN_LOG_CSV, path_in
 from gaplan.runs.probe_result import save_probe
 from gaplan.workflows.bench import run_bench
 from gaplan.workflows.probe import plan_without_probe
 from gaplan.workflows.train_data import read_training_data
-from gaplan.workflows.train_options import TrainOptions, resume_marks
+from gaplan.workflows.train_options import TrainOptions
 from gaplan.workflows.train_plan import batch_schedule_for, plan_for_ranks, probe_token_budget_for_ranks
+from gaplan.workflows.train_resume import new_split, resume_settings, save_settings, say_split, steps_done
 from gaplan.workload.spec import WorkloadSpec
 
 __all__ = ["TrainOptions", "TrainRun", "resume_settings", "run_train"]
@@ -46,51 +45,6 @@ class TrainRun:
     is_main: bool
     plan: Plan | None = None
     notes: list[str] = field(default_factory=list)
-
-
-def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Mapping[str, Any]
-                    ) -> tuple[WorkloadSpec, TrainOptions, dict[str, Any]]:
-    """The workload and options of the run in ``run_dir``, with what the user gave again checked against them.
-
-    ``given_*`` hold only what was given explicitly (``given_options`` by option name). A value that contradicts the
-    saved run (another workload, seed, effective batch, data) is an error; what the options' metadata marks ``free``
-    (``steps``, to train further; the outputs) is taken. Returns the spec, the options and the saved environment
-    (device, memory limit).
-    """
-    if not os.path.isfile(path_in(run_dir, CHECKPOINT)):  # before anything else: nothing to resume from
-        raise GaplanError(f"--resume {run_dir}: no {CHECKPOINT} in it")
-    path = path_in(run_dir, TRAIN_JSON)
-    marks = resume_marks()
-    try:
-        with open(path, encoding="utf-8") as handle:
-            saved = json.load(handle)
-        spec = WorkloadSpec(**saved["workload"])
-        options = TrainOptions.from_flat({k: v for k, v in saved["options"].items() if k in marks})
-    except FileNotFoundError:
-        raise GaplanError(f"--resume {run_dir}: no {TRAIN_JSON} in it (not a gaplan train run folder)") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise GaplanError(f"--resume {run_dir}: {TRAIN_JSON} cannot be read ({exc.__class__.__name__}: {exc})") from None
-    for name, value in given_spec.items():
-        if getattr(spec, name) != value:
-            raise GaplanError(f"--resume {run_dir}: --{name.replace('_', '-')} {value} contradicts the run's "
-                              f"{getattr(spec, name)} (resume continues the run as it was started)")
-    for path_names, leaf in leaf_fields(TrainOptions):
-        name = option_name(leaf)
-        if name not in given_options or name not in marks:
-            continue
-        if marks[name] == "fixed" and get_path(options, path_names) != given_options[name]:
-            raise GaplanError(f"--resume {run_dir}: --{name.replace('_', '-')} {given_options[name]} contradicts the "
-                              f"run's {get_path(options, path_names)} (resume continues the run as it was started)")
-        if marks[name] == "free":
-            options = replace_path(options, path_names, given_options[name])
-    return spec, dataclasses.replace(options, resume=True), saved.get("environment", {})
-
-
-def _save_settings(run_dir: str, spec: WorkloadSpec, options: TrainOptions, device: str,
-                   memory_limit: int | None) -> None:
-    data = {"workload": spec.to_dict(), "options": dataclasses.replace(options, resume=False).to_flat(),
-            "environment": {"device": device, "memory_limit": memory_limit}}
-    atomic_write_text(path_in(run_dir, TRAIN_JSON), json.dumps(data, indent=2) + "\n")
 
 
 def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device: str = "auto",
@@ -124,6 +78,7 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
                           "torchrun --nproc-per-node N -m gaplan train ... (N at least 2)")
     is_main = dist.rank == 0
     main_say = say if is_main else quiet
+    done = steps_done(run_dir, options) if options.resume else None
     options, restart = _after_an_oom_restart(spec, run_dir, options, dist, main_say)
     if dist.active and device == "cpu" and memory_limit is not None:
         main_say(f"each of the {dist.world_size} ranks has its own {memory_limit / 2**30:.2f} GiB budget "
@@ -136,6 +91,9 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
     if restart is not None and restart.micro_batch and plan.micro_batch > restart.micro_batch:
         plan = make_plan(plan.effective_batch, restart.micro_batch, plan.world_size)
     schedule = batch_schedule_for(spec, options, plan, main_say)
+    changed = new_split(run_dir, spec, options, device, memory_limit) if options.resume else []
+    if done is not None:
+        say_split(run_dir, plan, changed, dist.world_size, main_say)
     meter = _memory_meter(spec, options, device, memory_limit, main_say)
     workload = _build(spec, options, device, dist, main_say)
     corpus = _check_corpus(corpus, spec, options, workload)
@@ -143,14 +101,15 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
         main_say(f"plan{' at the top of the schedule' if schedule is not None else ''}: {plan.describe()}")
     if is_main:
         os.makedirs(run_dir, exist_ok=True)
-        if not options.resume:
-            _save_settings(run_dir, spec, options, device, memory_limit)
+        if not options.resume or changed:  # a new split is the setting the next resume compares with
+            save_settings(run_dir, spec, options, device, memory_limit)
         record = probed if probed is not None else plan_without_probe(
             spec, device, memory_limit, plan, workload.param_count, workload.task, workload.seq_len)
         save_probe(dataclasses.replace(record, plan=plan, command=options.command), path_in(run_dir, PLAN_JSON))
     config = TrainConfig(**dataclasses.asdict(options.loop), run_dir=run_dir, token_budget=options.token_budget,
                          effective_tokens=options.effective_tokens,
                          micro_batch_limit=restart.micro_batch if restart is not None else None,
+                         new_split=bool(changed),
                          schedule=schedule, lr_scaling=options.lr_scaling if schedule is not None else "none")
     if options.token_budget:
         step = (f"samples until their real tokens reach {options.effective_tokens}" if options.effective_tokens

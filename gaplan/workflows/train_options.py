@@ -29,7 +29,7 @@ class TrainOptions:
 
     effective_batch: int | None = option(None, resume="fixed")  # default: the plan file's, else DEFAULT_EFFECTIVE_BATCH
     effective_tokens: int | None = option(None, resume="fixed")  # by tokens: a step's samples reach this many real tokens
-    micro_batch: int | None = option(None, resume="fixed")  # skip the probe
+    micro_batch: int | None = option(None, resume="free")  # skip the probe (resume: a new split of the same step)
     batch_by: str = option("samples", resume="fixed")  # or "tokens": micro-batches packed to <= token_budget tokens
     token_budget: int | None = option(None, resume="fixed")  # by tokens: given, else probed (T*) from the data's lengths
     granule: int = option(DEFAULT_GRANULE, resume="fixed")  # by tokens: a probed budget is a multiple of it

@@ -48,7 +48,7 @@ def logged_steps(run):
 
 
 def checkpoint_step(run):
-    return int(torch.load(os.path.join(run, "checkpoint.pt"), weights_only=False)["step"])
+    return int(torch.load(os.path.join(run, "checkpoint.pt"), weights_only=True)["step"])
 
 
 def weights(path):

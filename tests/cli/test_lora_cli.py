@@ -136,7 +136,7 @@ def test_a_qlora_run_stopped_by_sigterm_resumes_to_the_uninterrupted_adapters_bi
     cut.send_signal(signal.SIGTERM)
     assert cut.wait(timeout=120) == 130, cut.stderr.read()
     cut.stderr.close()
-    state = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=False)
+    state = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
     assert 2 <= state["step"] < 40 and all("lora_" in key for key in state["model"])
     gaplan(tmp_path, "train", "--resume", "./cut", "--quiet", "--save-model", "./resumed")
     straight = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))

@@ -303,7 +303,7 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     run.communicate(timeout=180)  # a rank left waiting in a collective would hang here
     import torch
 
-    state = torch.load(out / "checkpoint.pt", weights_only=False)
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
     logged = len(log.read_text().splitlines()) - 1
     assert 2 <= state["step"] == logged < 500, (state["step"], logged)  # both ranks stopped at that step
     assert run.returncode != 0  # rank 0 exits 130 after its checkpoint

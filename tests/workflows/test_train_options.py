@@ -8,8 +8,8 @@ from gaplan.core.options import OptionError
 from gaplan.data.source import DataSource
 from gaplan.runs.folder import CHECKPOINT, TRAIN_JSON
 from gaplan.training.config import LoopOptions, TrainConfig
-from gaplan.workflows.train import resume_settings
 from gaplan.workflows.train_options import TrainOptions, resume_marks
+from gaplan.workflows.train_resume import resume_settings
 
 # train.json's options as gaplan wrote them before the options were nested (one flat dict of every field).
 OLD_FLAT_OPTIONS = {
@@ -43,7 +43,7 @@ def test_resume_marks_are_the_fields_metadata():
     marks = resume_marks()
     assert {name for name, mark in marks.items() if mark == "free"} == {
         "steps", "checkpoint_every", "save_weights", "save_model", "compare", "threads", "command",
-        "enforce_memory_limit", "merge", "noise_scale"}
+        "enforce_memory_limit", "merge", "noise_scale", "micro_batch"}
     assert marks["seed"] == marks["data"] == marks["effective_batch"] == "fixed"
     assert "grad_checkpointing" not in marks and "resume" not in marks  # the spec holds one; the run sets the other
 

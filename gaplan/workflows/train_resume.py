@@ -1,0 +1,112 @@
+"""Resuming a run: the run as it was started (``train.json``), what the user gave again checked against it, what
+may change (how a step is split: device, budget, micro-batch, ranks, memory settings) and what may not (the step
+itself: the effective batch, the data and its order, the optimizer, the loss, the seed). docs/resume.md has the
+table and the reasons.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from gaplan.core.atomic_write import atomic_write_text
+from gaplan.core.errors import GaplanError
+from gaplan.core.options import get_path, leaf_fields, option_name, replace_path
+from gaplan.core.progress import Say
+from gaplan.plan.split import Plan
+from gaplan.runs.folder import CHECKPOINT, TRAIN_JSON, path_in
+from gaplan.workflows.train_options import TrainOptions, resume_marks
+from gaplan.workload.spec import WorkloadSpec
+
+
+def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Mapping[str, Any]
+                    ) -> tuple[WorkloadSpec, TrainOptions, dict[str, Any]]:
+    """The workload and options of the run in ``run_dir``, with what the user gave again checked against them.
+
+    ``given_*`` hold only what was given explicitly (``given_options`` by option name). A value that contradicts the
+    saved run (another workload, seed, effective batch, data) is an error; what the options' metadata marks ``free``
+    (``steps``, to train further; the outputs) is taken. Returns the spec, the options and the saved environment
+    (device, memory limit).
+    """
+    if not os.path.isfile(path_in(run_dir, CHECKPOINT)):  # before anything else: nothing to resume from
+        raise GaplanError(f"--resume {run_dir}: no {CHECKPOINT} in it")
+    path = path_in(run_dir, TRAIN_JSON)
+    marks = resume_marks()
+    try:
+        with open(path, encoding="utf-8") as handle:
+            saved = json.load(handle)
+        spec = WorkloadSpec(**saved["workload"])
+        options = TrainOptions.from_flat({k: v for k, v in saved["options"].items() if k in marks})
+    except FileNotFoundError:
+        raise GaplanError(f"--resume {run_dir}: no {TRAIN_JSON} in it (not a gaplan train run folder)") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise GaplanError(f"--resume {run_dir}: {TRAIN_JSON} cannot be read ({exc.__class__.__name__}: {exc})") from None
+    for name, value in given_spec.items():
+        if name in SPLIT_ONLY_FIELDS:  # memory, not the math: the run goes on with the new one (and re-plans)
+            spec = dataclasses.replace(spec, **{name: value})
+        elif getattr(spec, name) != value:
+            raise GaplanError(f"--resume {run_dir}: --{name.replace('_', '-')} {value} contradicts the run's "
+                              f"{getattr(spec, name)} (resume continues the run as it was started)")
+    for path_names, leaf in leaf_fields(TrainOptions):
+        name = option_name(leaf)
+        if name not in given_options or name not in marks:
+            continue
+        if marks[name] == "fixed" and get_path(options, path_names) != given_options[name]:
+            raise GaplanError(f"--resume {run_dir}: --{name.replace('_', '-')} {given_options[name]} contradicts the "
+                              f"run's {get_path(options, path_names)} (resume continues the run as it was started)")
+        if marks[name] == "free":
+            options = replace_path(options, path_names, given_options[name])
+    return spec, dataclasses.replace(options, resume=True), saved.get("environment", {})
+
+
+# What a resumed run may change, for it changes how a step is split, not the step: the workload's memory settings here,
+# and the options marked "free" with the device and the budget (train.json's environment).
+SPLIT_ONLY_FIELDS = ("grad_checkpointing", "attention", "parallel", "cpu_offload", "grad_sync")
+
+
+def new_split(run_dir: str, spec: WorkloadSpec, options: TrainOptions, device: str,
+              memory_limit: int | None) -> list[str]:
+    """What differs, of what sets the split, between the run as started in ``run_dir`` and this resume of it: names
+    of the device, the budget, the micro-batch and :data:`SPLIT_ONLY_FIELDS` (empty: the same setting)."""
+    with open(path_in(run_dir, TRAIN_JSON), encoding="utf-8") as handle:
+        saved = json.load(handle)
+    environment, saved_options, saved_spec = saved.get("environment", {}), saved["options"], saved["workload"]
+    changed = [name for name, now in (("device", device), ("memory_limit", memory_limit)) if environment.get(name) != now]
+    if options.micro_batch is not None and saved_options.get("micro_batch") != options.micro_batch:
+        changed.append("micro_batch")
+    changed += [name for name in SPLIT_ONLY_FIELDS if saved_spec.get(name) != getattr(spec, name)]
+    return changed
+
+
+def save_settings(run_dir: str, spec: WorkloadSpec, options: TrainOptions, device: str,
+                   memory_limit: int | None) -> None:
+    data = {"workload": spec.to_dict(), "options": dataclasses.replace(options, resume=False).to_flat(),
+            "environment": {"device": device, "memory_limit": memory_limit}}
+    atomic_write_text(path_in(run_dir, TRAIN_JSON), json.dumps(data, indent=2) + "\n")
+
+
+def steps_done(run_dir: str, options: TrainOptions) -> int:
+    """The steps the checkpoint in ``run_dir`` holds; ``--steps`` below them is refused (before anything is written)."""
+    from gaplan.training.checkpoint import checkpoint_step
+
+    done = checkpoint_step(run_dir)
+    if options.steps < done:
+        raise GaplanError(f"--resume {run_dir}: --steps {options.steps} is below the {done} steps the run has done "
+                          f"(give --steps {done} or more: {done} ends it, more extends it)")
+    return done
+
+
+
+def say_split(run_dir: str, plan: Plan, changed: list[str], world_size: int, say: Say) -> None:
+    """One line where the resumed run splits its steps anew: the checkpoint's split and this one."""
+    from gaplan.training.checkpoint import checkpoint_plan
+
+    saved = checkpoint_plan(run_dir)
+    if saved.world_size != world_size:
+        changed = [*changed, "world size"]
+    if changed:
+        say(f"resumed on a new split ({', '.join(name.replace('_', ' ') for name in changed)} changed): "
+            f"{saved.describe()} -> {plan.describe()}")

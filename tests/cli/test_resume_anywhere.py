@@ -1,0 +1,191 @@
+"""Resume anywhere (docs/resume.md): a run cut by kill -9 goes on with another micro-batch, on more or fewer ranks,
+under DDP or FSDP, to the uninterrupted run's weights; an extended run goes on along its new cosine; a checkpoint is
+data, and one that names a callable is refused unread."""
+
+import csv
+import math
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from gaplan.cli.main import main
+from gaplan.training.checkpoint import derived_rng_seed
+
+from ..conftest import REPO_ROOT, free_port
+
+STEPS = ["train", "--seq-len", "16", "--effective-batch", "16", "--steps", "6", "--seed", "0", "--threads", "1",
+         "--checkpoint-every", "1", "--optimizer", "sgd", "--lr", "0.5", "--quiet", "--device", "cpu"]
+
+
+def launch(ranks: int, args: list[str]) -> list[str]:
+    """The command line of ``gaplan args`` on ``ranks`` processes (torchrun with gloo) or one."""
+    if ranks == 1:
+        return [sys.executable, "-m", "gaplan", *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port",
+            str(free_port()), "-m", "gaplan", *args]
+
+
+def logged_steps(run_dir) -> int:
+    log = run_dir / "train_log.csv"
+    return max(0, len(log.read_text().splitlines()) - 1) if log.exists() else 0
+
+
+def killed_mid_run(ranks: int, args: list[str], run_dir, after: int = 2) -> int:
+    """Start the run, kill -9 its whole process group once ``after`` steps are logged; the steps its checkpoint
+    holds."""
+    cut = subprocess.Popen(launch(ranks, [*args, "--out", str(run_dir)]), cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while logged_steps(run_dir) < after and cut.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cut.poll() is None, f"the run ended before it could be cut: {cut.stderr.read()[-3000:]}"
+    os.killpg(cut.pid, signal.SIGKILL)
+    cut.wait(timeout=60)
+    cut.stderr.close()
+    done = logged_steps(run_dir)
+    assert after <= done < 6
+    return done
+
+
+def run(ranks: int, args: list[str]) -> subprocess.CompletedProcess:
+    result = subprocess.run(launch(ranks, args), cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def max_difference(a_path, b_path) -> float:
+    a, b = load_file(a_path), load_file(b_path)
+    assert a.keys() == b.keys()
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+def test_a_new_micro_batch_on_resume_goes_on_to_the_uninterrupted_weights(tmp_path):
+    """Cut at micro-batch 4 by kill -9, resumed with --micro-batch 2 (a smaller card): one line names both splits,
+    the steps after the cut run at 2 x 8, and the weights equal the uninterrupted run's to 1e-5 (SGD)."""
+    CliRunner().invoke(main, [*STEPS, "--micro-batch", "4", "--out", str(tmp_path / "whole"), "--save-weights",
+                              str(tmp_path / "whole.st")], catch_exceptions=False)
+    done = killed_mid_run(1, [*STEPS, "--micro-batch", "4"], tmp_path / "cut")
+    result = CliRunner().invoke(main, ["train", "--resume", str(tmp_path / "cut"), "--micro-batch", "2",
+                                       "--save-weights", str(tmp_path / "resumed.st")])
+    assert result.exit_code == 0, result.output
+    assert ("resumed on a new split (micro batch changed): effective batch 16 = micro-batch 4 x 4 accumulation steps"
+            in result.stderr), result.stderr
+    with open(tmp_path / "cut" / "train_log.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [int(r["micro_batch"]) for r in rows] == [4] * done + [2] * (6 - done)
+    assert max_difference(tmp_path / "whole.st", tmp_path / "resumed.st") <= 1e-5
+
+
+def test_extending_a_run_goes_on_along_the_cosine_over_its_new_steps(tmp_path):
+    """4 steps, then --resume --steps 8: steps 5-8 take the rate of an 8-step cosine at their step (as HF Trainer
+    re-creates its scheduler for a new max_steps), said in one line; --steps below the steps done is one line."""
+    args = ["train", "--seq-len", "16", "--effective-batch", "8", "--micro-batch", "4", "--optimizer", "sgd", "--lr",
+            "0.1", "--threads", "1", "--device", "cpu", "--quiet"]
+    run_dir = tmp_path / "run"
+    assert CliRunner().invoke(main, [*args, "--steps", "4", "--out", str(run_dir)]).exit_code == 0
+    result = CliRunner().invoke(main, ["train", "--resume", str(run_dir), "--steps", "8"])
+    assert result.exit_code == 0, result.output
+    assert "learning rate at step 5: 0.055 on this run's schedule (the checkpoint's schedule had 0.01)" in result.stderr
+    with open(run_dir / "train_log.csv") as handle:
+        rates = [float(row["lr"]) for row in csv.DictReader(handle)]
+    cosine = [0.1 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / 8))) for step in range(4, 8)]
+    assert rates[4:] == pytest.approx(cosine, rel=1e-12) and rates[4:] == sorted(rates[4:], reverse=True)
+    before = (run_dir / "train_log.csv").read_bytes()
+    result = CliRunner().invoke(main, ["train", "--resume", str(run_dir), "--steps", "6"])
+    assert result.exit_code == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--steps 6 is below the 8 steps the run has done" in lines[0], result.stderr
+    assert (run_dir / "train_log.csv").read_bytes() == before
+
+
+class _RunsACommand:
+    """What a hostile checkpoint.pt holds: unpickling it calls os.system."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_checkpoint_that_names_a_callable_is_refused_unread_and_every_checkpoint_loads_safely(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["train", "--seq-len", "16", "--effective-batch", "8", "--micro-batch", "2", "--steps", "2", "--threads",
+            "1", "--device", "cpu", "--quiet", "--batch-schedule", "adaptive", "--out", str(run_dir)]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)  # with the schedule's and noise's states
+    assert state["step"] == 2 and state["loop_state"]["schedule"] and state["loop_state"]["noise"]
+    marker = tmp_path / "ran"
+    refusals = ((2, "holds more than tensors, numbers, strings and plain containers, and is refused unread (it could "
+                    "run code: Trying to load unsupported GLOBAL posix.system"),
+                (pickle.HIGHEST_PROTOCOL, "the checkpoint cannot be read (not a torch checkpoint the safe unpickler "
+                                          "reads: Unsupported operand"))  # the safe unpickler stops before the name
+    for protocol, said in refusals:
+        with open(run_dir / "checkpoint.pt", "wb") as handle:
+            pickle.dump({"step": 2, "model": _RunsACommand(str(marker))}, handle, protocol=protocol)
+        result = CliRunner().invoke(main, ["train", "--resume", str(run_dir), "--steps", "4"])
+        assert result.exit_code == 2
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and said in lines[0] and not marker.exists(), lines
+
+
+def test_a_new_rank_s_random_state_is_derived_from_the_seed_the_rank_and_the_step():
+    seeds = {derived_rng_seed(0, rank, 5) for rank in range(4)}
+    assert len(seeds) == 4 and derived_rng_seed(0, 1, 5) == derived_rng_seed(0, 1, 5)
+    assert derived_rng_seed(0, 1, 5) != derived_rng_seed(1, 1, 5) != derived_rng_seed(0, 1, 6)
+    assert derived_rng_seed(0, 0, 0) == int.from_bytes(
+        __import__("hashlib").sha256(b"gaplan-rng:0:0:0").digest()[:8], "little")
+
+
+# (ranks cut on, ranks resumed on, the cut run's options, the resume's): DDP both ways, FSDP both ways, and across
+# layouts: a sharded checkpoint onto one process, a one-process checkpoint onto FSDP.
+FSDP = ["--parallel", "fsdp"]
+MATRIX = [(1, 2, [], []), (2, 1, [], []), (2, 4, [], []), (4, 2, [], []), (2, 4, FSDP, []), (4, 2, FSDP, []),
+          (2, 1, FSDP, ["--parallel", "ddp"]), (1, 2, [], FSDP)]
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("cut_on,resumed_on,cut_with,resumed_with", MATRIX,
+                         ids=lambda v: "-".join(v).replace("--parallel-", "") if isinstance(v, list) else str(v))
+def test_a_run_cut_on_some_ranks_resumes_on_others_to_the_uninterrupted_weights(tmp_path, cut_on, resumed_on,
+                                                                                 cut_with, resumed_with):
+    """SGD, micro-batch 2, kill -9 after 2 steps, --resume (with the new layout where it changes) on the other number
+    of ranks: the weights of the uninterrupted one-process run to 1e-5 (the loss is token-exact for any split)."""
+    run(1, [*STEPS, "--micro-batch", "2", "--out", str(tmp_path / "whole"), "--save-weights",
+            str(tmp_path / "whole.st")])
+    killed_mid_run(cut_on, [*STEPS, "--micro-batch", "2", *cut_with], tmp_path / "cut")
+    run(resumed_on, ["train", "--resume", str(tmp_path / "cut"), *resumed_with, "--quiet", "--save-weights",
+                     str(tmp_path / "resumed.st")])
+    assert logged_steps(tmp_path / "cut") == 6
+    assert max_difference(tmp_path / "whole.st", tmp_path / "resumed.st") <= 1e-5
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("cut_on,resumed_on,resumed_with", [(2, 4, []), (1, 2, FSDP)], ids=["ddp-2-4", "1-fsdp-2"])
+def test_with_adamw_a_resume_elsewhere_is_as_close_as_a_fresh_run_there(tmp_path, cut_on, resumed_on, resumed_with):
+    """AdamW divides by the root of its second moment, which amplifies fp32 rounding: the resumed run is compared
+    with the uninterrupted one-process run next to a fresh run of the whole on the new layout (same seed, same
+    samples). From one process onto FSDP its moments go through distributed checkpoint's state-dict API by name."""
+    adamw = [a if a != "sgd" else "adamw" for a in STEPS]
+    adamw[adamw.index("--lr") + 1] = "0.001"
+    run(1, [*adamw, "--micro-batch", "2", "--out", str(tmp_path / "whole"), "--save-weights", str(tmp_path / "whole.st")])
+    run(resumed_on, [*adamw, "--micro-batch", "2", *resumed_with, "--out", str(tmp_path / "fresh"), "--save-weights",
+                     str(tmp_path / "fresh.st")])
+    killed_mid_run(cut_on, [*adamw, "--micro-batch", "2"], tmp_path / "cut")
+    run(resumed_on, ["train", "--resume", str(tmp_path / "cut"), *resumed_with, "--quiet", "--save-weights",
+                     str(tmp_path / "resumed.st")])
+    fresh = max_difference(tmp_path / "whole.st", tmp_path / "fresh.st")
+    resumed = max_difference(tmp_path / "whole.st", tmp_path / "resumed.st")
+    assert resumed <= max(fresh, 1e-6), (resumed, fresh)
