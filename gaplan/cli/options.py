@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import shlex
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
 import click
 
-from gaplan.core.disk import FAULTS
 from gaplan.core.errors import GaplanError
+from gaplan.core.outputs import check_writable  # noqa: F401 - the commands' check, re-exported
 from gaplan.core.units import parse_bytes
 
 WORKLOAD_HELP = "Presets: tiny-gpt2 (default), small-gpt2, tiny-llama, tiny-bert-mlm, tiny-bert-cls, tiny-t5."
@@ -133,13 +131,15 @@ def data_options(func: Callable) -> Callable:
     options = [
         click.option("--data", default=None, metavar="PATH",
                      help="Text file (a sample a line), JSONL, a datasets folder (save_to_disk) or a .parquet file."),
-        click.option("--text-field", default="text", show_default=True,
-                     help="The text field of JSONL, datasets or parquet data."),
-        click.option("--label-field", default="label", show_default=True, help="The label field (classification)."),
-        click.option("--target-field", default="target", show_default=True,
-                     help="The target text's field (seq2seq-lm; --text-field is the source's)."),
-        click.option("--long-samples", type=click.Choice(["split", "truncate"]), default="split", show_default=True,
-                     help="Samples longer than --seq-len: split into seq-len chunks, or truncate them."),
+        click.option("--text-field", default=None,
+                     help="The text field of JSONL, datasets or parquet data.  [default: text]"),
+        click.option("--label-field", default=None,
+                     help="The label field (classification only).  [default: label]"),
+        click.option("--target-field", default=None,
+                     help="The target text's field (seq2seq-lm only; --text-field is the source's).  [default: target]"),
+        click.option("--long-samples", type=click.Choice(["split", "truncate"]), default=None,
+                     help="Samples longer than --seq-len: split into seq-len chunks, or truncate them.  [default: "
+                          "split]"),
         click.option("--tokenizer", default=None, metavar="bytes|DIR",
                      help="Tokenizer for --data: the model folder's own by default; 'bytes' for byte tokens; "
                           "or a folder."),
@@ -156,8 +156,9 @@ def batch_by_options(func: Callable) -> Callable:
                      help="samples: micro-batches of a fixed number of samples; tokens: each step's samples packed "
                           "into micro-batches of at most T padded tokens (long-tailed data wastes less on padding; "
                           "T* is probed from --data's lengths)."),
-        click.option("--granule", type=int, default=64, show_default=True,
-                     help="With --batch-by tokens: a probed token budget is a multiple of this many tokens."),
+        click.option("--granule", type=int, default=None,
+                     help="With --batch-by tokens: a probed token budget is a multiple of this many tokens.  "
+                          "[default: 64]"),
     ]
     for option in reversed(options):
         func = option(func)
@@ -196,8 +197,15 @@ def bench_settings_from_options(options: dict[str, Any], **overrides: Any):
 
 
 def check_granule_option(options: dict[str, Any]) -> None:
-    if options["granule"] < 1:
+    """``--granule`` applies to ``--batch-by tokens``; left out, it is the default (64)."""
+    from gaplan.plan.tokens import DEFAULT_GRANULE
+
+    if options["granule"] is None:
+        options["granule"] = DEFAULT_GRANULE
+    elif options["granule"] < 1:
         raise GaplanError(f"--granule must be a positive number of tokens (got {options['granule']})")
+    elif options.get("batch_by") == "samples":
+        raise GaplanError("--granule applies to --batch-by tokens (a probed token budget is a multiple of it)")
 
 
 def data_source_from_options(options: dict[str, Any]):
@@ -235,21 +243,6 @@ def spec_from_options(options: dict[str, Any]):
 def memory_limit_from_options(options: dict[str, Any]) -> int | None:
     text = options["memory_limit"]
     return None if text is None else parse_bytes(text)
-
-
-def check_writable(directory: str, what: str = "--out") -> None:
-    """Fail before any work when the output cannot be written (nothing half-written after)."""
-    target = os.path.abspath(directory)
-    if os.path.exists(target) and not os.path.isdir(target):
-        raise GaplanError(f"{what} {directory} exists and is not a directory")
-    parent = target
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    try:  # really try: permission bits say nothing for root or on /proc-like file systems
-        os.rmdir(tempfile.mkdtemp(prefix=".gaplan-check-", dir=parent))
-    except OSError as exc:
-        why = FAULTS.get(exc.errno or 0)
-        raise GaplanError(f"{what} {directory} is not writable" + (f": {why}" if why else "")) from None
 
 
 def positive(options: dict[str, Any], *names: str) -> None:

@@ -13,7 +13,6 @@ import click
 from gaplan.cli.options import (
     batch_by_options,
     check_tokens_apply,
-    check_writable,
     command_line,
     data_options,
     given_on_command_line,
@@ -129,19 +128,6 @@ def train_command(**options: Any) -> None:
         spec, train_options, environment = resume_settings(run_dir, given_spec, given_options)
         device = device if "device" in given else environment.get("device", device)
         memory_limit = memory_limit if "memory_limit" in given else environment.get("memory_limit")
-    check_writable(run_dir)
-    if options["save_weights"]:
-        check_writable(os.path.dirname(os.path.abspath(options["save_weights"])), "--save-weights")
-    if train_options.merge and not spec.lora:
-        raise GaplanError("--merge merges LoRA adapters into the base: add --lora (a full fine-tune saves the full "
-                          "model already)")
-    if train_options.merge and spec.parallel == "fsdp":
-        raise GaplanError("--merge with --parallel fsdp is not supported: save the adapter (leave --merge out) and "
-                          "merge it after with peft's merge_and_unload")
-    if options["save_model"]:
-        from gaplan.workload.model_io import check_save_path
-
-        check_save_path(options["save_model"])
     if options["token_plan"] is not None and not options["resume"]:  # a resumed run keeps its budget
         train_options = dataclasses.replace(train_options, token_budget=_token_plan_budget(options, spec, memory_limit))
     say = stderr_printer(options["quiet"])

@@ -28,6 +28,9 @@ def atomic_write(path: str, write: Callable[[str], object], fsync: bool = False,
         ensure_room(path, size or 0, what)
         with disk_faults_as_one_line(path, size, what):
             write(temp)
+            # Writers create files 0600 (safetensors, mkstemp): the file gets the mode any new file of the user's
+            # gets, so a shared run folder or weights folder reads as the rest of it does.
+            os.chmod(temp, 0o666 & ~_umask())
             if fsync:
                 with open(temp, "rb+") as handle:
                     os.fsync(handle.fileno())
@@ -39,6 +42,13 @@ def atomic_write(path: str, write: Callable[[str], object], fsync: bool = False,
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(temp)
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it, then set back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: str, text: str) -> None:

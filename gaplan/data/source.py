@@ -14,14 +14,49 @@ class DataSource:
     """``--data`` (``path``; None: the built-in synthetic corpus) and how it is read. A resumed run keeps all of it:
     a step's samples depend on every field."""
 
+    # The fields default to None, "not given", so one given where it does not apply is refused (check_applies);
+    # text_name, label_name and target_name are the names read.
     path: str | None = option(None, resume="fixed", name="data")
-    text_field: str = option("text", resume="fixed")
-    label_field: str = option("label", resume="fixed")
-    target_field: str = option("target", resume="fixed")  # seq2seq-lm: the target text's field
-    long_samples: str = option("split", resume="fixed")  # or "truncate"
+    text_field: str | None = option(None, resume="fixed")  # None: "text"
+    label_field: str | None = option(None, resume="fixed")  # classification: the label's field (None: "label")
+    target_field: str | None = option(None, resume="fixed")  # seq2seq-lm: the target text's field (None: "target")
+    long_samples: str | None = option(None, resume="fixed")  # "split" (None) or "truncate"
     tokenizer: str | None = option(None, resume="fixed")  # None: the model folder's own; "bytes"; or a folder
 
+    @property
+    def text_name(self) -> str:
+        return self.text_field or "text"
+
+    @property
+    def label_name(self) -> str:
+        return self.label_field or "label"
+
+    @property
+    def target_name(self) -> str:
+        return self.target_field or "target"
+
+    @property
+    def long_sample_rule(self) -> str:
+        return self.long_samples or "split"
+
+    def check_applies(self, task: str | None) -> None:
+        """Refuse, in one line, a field given where it does not apply: any without ``data``; the label's outside
+        classification; the target's outside seq2seq-lm (``task``: the model's, known once it is read)."""
+        given = [name for name in ("text_field", "label_field", "target_field", "long_samples", "tokenizer")
+                 if getattr(self, name) is not None]
+        if self.path is None and given:
+            raise OptionError(f"{given[0]} applies to data (it says how data is read): give data, or leave it out",
+                              given[0], "data")
+        for name, wanted in (("label_field", "classification"), ("target_field", "seq2seq-lm")):
+            if getattr(self, name) is not None and task is not None and task != wanted:
+                raise OptionError(f"{name} applies to task {wanted}, and this model's task is {task}", name, "task")
+
     def __post_init__(self) -> None:
-        if self.long_samples not in LONG_SAMPLE_CHOICES:
+        # The default's own name is no choice (and is what an older train.json holds for every run): not given.
+        for name, default in (("text_field", "text"), ("label_field", "label"), ("target_field", "target"),
+                              ("long_samples", "split")):
+            if getattr(self, name) == default:
+                object.__setattr__(self, name, None)
+        if self.long_samples is not None and self.long_samples not in LONG_SAMPLE_CHOICES:
             raise OptionError(f"long_samples must be one of {', '.join(LONG_SAMPLE_CHOICES)} "
                               f"(got {self.long_samples!r})", "long_samples")

@@ -65,6 +65,7 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
     from gaplan.training.config import TrainConfig
     from gaplan.training.loop import train
 
+    check_before_work(spec, run_dir, options)
     device = resolve_device(device)
     formed_here = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     dist = init_distributed(device)
@@ -139,6 +140,25 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
         del workload
         gc.collect()
     return TrainRun(summary, result.interrupted, is_main, result.plan)
+
+
+def check_before_work(spec: WorkloadSpec, run_dir: str, options: TrainOptions) -> None:
+    """What would fail only at the end, checked before any probe or step: the run folder and the output paths can be
+    written (a file path is not a folder), and ``merge`` applies."""
+    from gaplan.core.outputs import check_output_file, check_writable
+    from gaplan.workload.model_io import check_save_path
+
+    check_writable(run_dir)
+    if options.save_weights:
+        check_output_file(options.save_weights, "--save-weights")
+    if options.merge and not spec.lora:
+        raise GaplanError("--merge merges LoRA adapters into the base: add --lora (a full fine-tune saves the full "
+                          "model already)")
+    if options.merge and spec.parallel == "fsdp":
+        raise GaplanError("--merge with --parallel fsdp is not supported: save the adapter (leave --merge out) and "
+                          "merge it after with peft's merge_and_unload")
+    if options.save_model:
+        check_save_path(options.save_model)
 
 
 def _after_an_oom_restart(spec: WorkloadSpec, run_dir: str, options: TrainOptions, dist: Any, say: Say):

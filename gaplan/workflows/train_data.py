@@ -22,14 +22,16 @@ def read_training_data(spec: WorkloadSpec, source: DataSource, say: Say):
     from gaplan.workload.seq2seq import target_length
 
     if not source.path:
+        source.check_applies(None)
         return None
     _check_data_applies(spec)
     task, seq_len, vocab_size, num_labels = model_shape(spec)
+    source.check_applies(task)
     corpus = load_corpus(source.path, seq_len=seq_len, vocab_size=vocab_size, task=task, num_labels=num_labels,
                          tokenizer_dir=_tokenizer_dir(spec), tokenizer_choice=source.tokenizer,
-                         text_field=source.text_field, label_field=source.label_field,
-                         long_samples=source.long_samples, trust_remote_code=spec.trust_remote_code,
-                         target_len=target_length(spec, task, seq_len), target_field=source.target_field)
+                         text_field=source.text_name, label_field=source.label_name,
+                         long_samples=source.long_sample_rule, trust_remote_code=spec.trust_remote_code,
+                         target_len=target_length(spec, task, seq_len), target_field=source.target_name)
     say(corpus.describe())
     save_lengths(_lengths_cache(spec, source, task, seq_len),
                  DataLengths([len(sample.ids) for sample in corpus.samples], corpus.stats, corpus.tokenizer,
@@ -49,6 +51,7 @@ def read_data_lengths(spec: WorkloadSpec, source: DataSource, say: Say):
     if not os.path.exists(source.path):  # as load_corpus says it, before anything is looked up
         raise GaplanError(f"--data {source.path}: cannot read it (no such file or folder)")
     task, seq_len, vocab_size, _ = model_shape(spec)
+    source.check_applies(task)
     cached = load_lengths(_lengths_cache(spec, source, task, seq_len), source.path)
     if cached is None:
         corpus = read_training_data(spec, source, say)
@@ -72,5 +75,5 @@ def _lengths_cache(spec: WorkloadSpec, source: DataSource, task: str, seq_len: i
     from gaplan.data.lengths import lengths_cache_path
 
     return lengths_cache_path(source.path, seq_len=seq_len, task=task, tokenizer_dir=_tokenizer_dir(spec),
-                              tokenizer_choice=source.tokenizer, text_field=source.text_field,
-                              label_field=source.label_field, long_samples=source.long_samples)
+                              tokenizer_choice=source.tokenizer, text_field=source.text_name,
+                              label_field=source.label_name, long_samples=source.long_sample_rule)

@@ -32,7 +32,7 @@ class TrainOptions:
     micro_batch: int | None = option(None, resume="free")  # skip the probe (resume: a new split of the same step)
     batch_by: str = option("samples", resume="fixed")  # or "tokens": micro-batches packed to <= token_budget tokens
     token_budget: int | None = option(None, resume="fixed")  # by tokens: given, else probed (T*) from the data's lengths
-    granule: int = option(DEFAULT_GRANULE, resume="fixed")  # by tokens: a probed budget is a multiple of it
+    granule: int | None = option(None, resume="fixed")  # by tokens: a probed budget is a multiple of it (None: 64)
     plan_file: str | None = option(None, resume="fixed")
     # A goodput plan or a schedule: scale the lr to its batch (None: sqrt with a schedule, else none).
     lr_scaling: str | None = option(None, resume="fixed")
@@ -80,9 +80,14 @@ class TrainOptions:
             if self.effective_batch is not None:
                 raise OptionError("effective_tokens and effective_batch both set the size of a step: give one",
                                   "effective_tokens", "effective_batch")
-        if self.granule < 1:
+        if self.granule == DEFAULT_GRANULE:  # the default's own value is no choice (an older train.json holds it)
+            object.__setattr__(self, "granule", None)
+        if self.granule is not None and self.granule < 1:
             raise OptionError(f"granule must be a positive number of tokens (got {self.granule})", "granule")
         if self.batch_by == "samples":
+            if self.granule is not None:
+                raise OptionError("granule applies to batch_by tokens (a probed token budget is a multiple of it)",
+                                  "granule", "batch_by")
             if self.token_budget is not None:
                 raise OptionError("token_budget needs batch_by tokens", "token_budget", "batch_by")
             return

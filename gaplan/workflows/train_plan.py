@@ -16,6 +16,7 @@ from gaplan.core.lines import trial_line
 from gaplan.core.progress import Say, quiet
 from gaplan.plan.schedule import BatchSchedule, parse_schedule
 from gaplan.plan.split import Plan, default_search_cap, make_plan
+from gaplan.plan.tokens import DEFAULT_GRANULE
 from gaplan.runs.probe_result import ProbeResult
 from gaplan.workflows.train_options import TrainOptions
 from gaplan.workload.spec import WorkloadSpec
@@ -113,7 +114,8 @@ def probe_token_budget_for_ranks(spec: WorkloadSpec, corpus: Any, options: Train
     if dist.local_rank == 0:
         node = f"[rank {dist.rank}] " if dist.active else ""
         node_say = (lambda text: say(node + text)) if dist.local_rank == 0 else quiet
-        found, _, _ = probe_token_budget(spec, profile, device, memory_limit, options.granule, threads=options.threads,
+        granule = options.granule or DEFAULT_GRANULE
+        found, _, _ = probe_token_budget(spec, profile, device, memory_limit, granule, threads=options.threads,
                                       ddp=dist.world_size > 1, say=node_say,
                                       on_trial=lambda trial: node_say(trial_line(trial)))
         node_say(found.describe())

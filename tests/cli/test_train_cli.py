@@ -124,6 +124,8 @@ def test_bad_input(tmp_path):
          "--batch-schedule changes a step's samples; with --batch-by tokens"),
         (["--micro-batch", "1", "--effective-batch", "1", "--batch-schedule", "adaptive"],
          "an effective batch of 1 on one process is one: give --effective-batch 2 or more, or use warmup:STEPS"),
+        (["--micro-batch", "4", "--save-weights", str(tmp_path)], f"--save-weights {tmp_path} is a directory: give "
+                                                                    "the path of the file to write"),
         (["--micro-batch", "4", "--lr-scaling", "sqrt"], "give --plan, from gaplan probe --objective goodput, or "
                                                          "--batch-schedule adaptive|warmup:STEPS"),
     ]
@@ -238,3 +240,22 @@ def test_adaptive_at_micro_batch_1_starts_at_2_says_so_and_measures_every_step(t
         rows = list(csv.DictReader(handle))
     assert [(int(r["effective_batch"]), int(r["grad_accum_steps"])) for r in rows] == [(2, 2)] * 4
     assert all(r["step_grad_sq"] and r["step_grad_var"] and r["items_per_sample"] for r in rows), rows
+
+
+def test_every_file_a_run_writes_follows_the_umask(tmp_path):
+    """The weights file, the checkpoint and the run folder's files get the mode any new file of the user's gets (a
+    shared folder reads alike), not the 0600 of a temp file."""
+    previous = os.umask(0o022)
+    try:
+        result = CliRunner().invoke(main, [*SMALL_TRAIN[:-1], "--steps", "1", "--out", str(tmp_path / "run"),
+                                           "--save-weights", str(tmp_path / "w.safetensors")])
+        assert result.exit_code == 0, result.output
+        os.umask(0o027)
+        result = CliRunner().invoke(main, [*SMALL_TRAIN[:-1], "--steps", "1", "--out", str(tmp_path / "run2"),
+                                           "--save-weights", str(tmp_path / "w2.safetensors")])
+        assert result.exit_code == 0, result.output
+    finally:
+        os.umask(previous)
+    for name, mode in (("w.safetensors", 0o644), ("run/checkpoint.pt", 0o644), ("run/train.json", 0o644),
+                       ("run/plan.json", 0o644), ("w2.safetensors", 0o640), ("run2/checkpoint.pt", 0o640)):
+        assert os.stat(tmp_path / name).st_mode & 0o777 == mode, name

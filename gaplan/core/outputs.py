@@ -1,0 +1,32 @@
+"""Outputs checked before the work: a folder that cannot be written, or a file path that names a folder, is one
+line before any probe or step runs, and nothing is left half-written. No torch."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from gaplan.core.disk import FAULTS
+from gaplan.core.errors import GaplanError
+
+
+def check_writable(directory: str, what: str = "--out") -> None:
+    """Fail before any work when the output cannot be written (nothing half-written after)."""
+    target = os.path.abspath(directory)
+    if os.path.exists(target) and not os.path.isdir(target):
+        raise GaplanError(f"{what} {directory} exists and is not a directory")
+    parent = target
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    try:  # really try: permission bits say nothing for root or on /proc-like file systems
+        os.rmdir(tempfile.mkdtemp(prefix=".gaplan-check-", dir=parent))
+    except OSError as exc:
+        why = FAULTS.get(exc.errno or 0)
+        raise GaplanError(f"{what} {directory} is not writable" + (f": {why}" if why else "")) from None
+
+
+def check_output_file(path: str, what: str) -> None:
+    """``path`` is to be written as one file: not a folder, in a folder that can be written."""
+    if os.path.isdir(path):
+        raise GaplanError(f"{what} {path} is a directory: give the path of the file to write")
+    check_writable(os.path.dirname(os.path.abspath(path)), what)

@@ -1,0 +1,49 @@
+"""Where each of ``gaplan train``'s conditional options applies: one declaration each, from which the docs' table
+is rendered and a test gives every option where it does not apply (expecting a one-line refusal that names it).
+The refusals themselves are raised where the options are checked (:class:`gaplan.data.source.DataSource`,
+:class:`gaplan.workload.spec.WorkloadSpec`, :class:`gaplan.workflows.train_options.TrainOptions`,
+:mod:`gaplan.plan.schedule`); a new conditional option without a declaration here fails the test. No torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Scope:
+    """``flag`` applies only ``where``; ``misuse`` is a ``gaplan train`` command line (after ``train``) that gives it
+    elsewhere (``{data}``: a JSONL file of text records)."""
+
+    flag: str
+    where: str
+    misuse: tuple[str, ...]
+
+
+TRAIN_SCOPES = (
+    Scope("--text-field", "with `--data` (JSONL, datasets, parquet)", ("--text-field", "body")),
+    Scope("--long-samples", "with `--data`", ("--long-samples", "truncate")),
+    Scope("--tokenizer", "with `--data`", ("--tokenizer", "bytes")),
+    Scope("--label-field", "with `--data`, task `classification`", ("--data", "{data}", "--label-field", "y")),
+    Scope("--target-field", "with `--data`, task `seq2seq-lm`", ("--data", "{data}", "--target-field", "y")),
+    Scope("--cpu-offload", "`--parallel fsdp`", ("--cpu-offload",)),
+    Scope("--grad-sync", "`--parallel fsdp` (`every`; `last` is DDP's too)", ("--grad-sync", "every")),
+    Scope("--lora-r", "`--lora` (as `--lora-alpha`, `--lora-dropout`, `--lora-targets`)", ("--lora-r", "8")),
+    Scope("--merge", "`--save-model` with `--lora`", ("--merge",)),
+    Scope("--effective-batch-min", "`--batch-schedule adaptive` or `warmup:STEPS`", ("--effective-batch-min", "4")),
+    Scope("--lr-scaling", "a `--plan` of `gaplan probe --objective goodput`, or `--batch-schedule`",
+          ("--lr-scaling", "sqrt")),
+    Scope("--token-budget", "`--batch-by tokens`", ("--token-budget", "64")),
+    Scope("--effective-tokens", "`--batch-by tokens`", ("--effective-tokens", "256")),
+    Scope("--granule", "`--batch-by tokens`", ("--granule", "32")),
+    Scope("--token-plan", "`--batch-by tokens`", ("--token-plan", "tokens.json")),
+    Scope("--target-len", "task `seq2seq-lm`", ("--target-len", "8")),
+    Scope("--quantize", "`--lora` (QLoRA)", ("--quantize", "4bit")),
+)
+
+
+def scope_table() -> str:
+    """The Markdown table of :data:`TRAIN_SCOPES` (docs/train.md holds it between markers)."""
+    rows = ["| option | applies only | given elsewhere, for example |", "|---|---|---|"]
+    rows += [f"| `{s.flag}` | {s.where} | `gaplan train {' '.join(s.misuse)}` |" for s in TRAIN_SCOPES]
+    return "\n".join(rows)
