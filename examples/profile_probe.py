@@ -3,6 +3,8 @@
     python examples/profile_probe.py                                  # tiny-gpt2, seq 128, 1 GiB (the default workload)
     python examples/profile_probe.py --seq-len 32 --memory-limit 256MiB   # a cheap one (compare_with_peers --quick)
     python examples/profile_probe.py --json                           # the numbers, machine-readable
+    python examples/profile_probe.py --seq-len 32 --memory-limit 256MiB --threads 1 --json docs/data/profile_probe.json
+                                      # the table and the file docs/comparison.md renders "where a probe's time goes" from
 
 The probe runs in a fresh Python process (this script again, with ``--child``), as ``gaplan probe`` and
 ``compare_with_peers.py`` run it; the CLI's own start (``python -m gaplan --help``) is timed apart. The trial
@@ -79,7 +81,9 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--memory-limit", default="1GiB")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per trial (0: torch's default)")
-    parser.add_argument("--json", action="store_true", help="print the profile as JSON")
+    parser.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                        help="the profile as JSON: on stdout, or written to PATH (with the date, the machine and the "
+                             "command) while the table is printed")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -91,10 +95,29 @@ def main() -> None:
     if done.returncode != 0:
         sys.exit(f"the probe failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
     profile = {"cli start": cli_start(), **json.loads(done.stdout.strip().splitlines()[-1])}
-    if args.json:
+    if args.json == "-":
         print(json.dumps(profile, indent=2))
-    else:
-        print_profile(profile)
+        return
+    print_profile(profile)
+    if args.json:
+        import datetime
+        import os
+        import platform
+
+        import torch
+
+        command = ["python examples/profile_probe.py", "--model", args.model, "--seq-len", str(args.seq_len),
+                   "--memory-limit", args.memory_limit, "--threads", str(args.threads),
+                   "--json", os.path.relpath(args.json)]
+        with open("/proc/cpuinfo") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "unknown")
+        profile = {"made_by": " ".join(command), "date": datetime.date.today().isoformat(),
+                   "machine": {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+                               "torch": torch.__version__},
+                   **profile}
+        with open(args.json, "w") as file:
+            json.dump(profile, file, indent=1)
+            file.write("\n")
 
 
 if __name__ == "__main__":

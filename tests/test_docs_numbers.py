@@ -1,0 +1,268 @@
+"""The docs' numbers come from measurement files the repo re-makes, and a test catches drift.
+
+* A block between ``<!-- generated: FILE [KEY] -->`` and ``<!-- end generated -->`` in a docs page is rendered from
+  the committed measurement FILE by a renderer here: the page must hold exactly what the file renders to. Change a
+  file without re-rendering (``python tests/test_docs_numbers.py --write``) and this fails.
+* The probes the docs quote (``docs/data/probes.json``, from ``examples/documented_probes.py``) are replayed:
+  today's search (``gaplan.plan.search.find_edge``) fed the recorded peaks must ask for the recorded trials, in
+  order, and reach the recorded B*; a seeded probe's first trial is today's estimate. A change to the search, to
+  the estimate, or to a recorded budget fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import shlex
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+# A measurement file's block (other blocks, e.g. a table rendered from the code, have their own tests).
+BLOCK = re.compile(r"<!-- generated: ((?:docs/data|reports)/\S+)(?: (\S+))? -->\n(.*?)<!-- end generated -->", re.S)
+PROBES = ROOT / "docs" / "data" / "probes.json"
+
+
+def load(path: str) -> dict:
+    return json.loads((ROOT / path).read_text())
+
+
+def table(header: list[str], align: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def tried(trials: list[dict]) -> str:
+    return " ".join(f"{t['micro_batch']}{'' if t['fits'] else 'x'}" for t in trials)
+
+
+def mib(value: int) -> str:
+    return f"{value / 2**20:.2f}"
+
+
+# ---- docs/data/probes.json ------------------------------------------------------------------------------------------
+
+
+def probe_runs(data: dict, key: str | None) -> str:
+    """probe.md: every documented probe, its trials and B*, and when and where it ran."""
+    rows = [[f"`{run['command']}`", f"`{tried(run['trials'])}`", str(len(run["trials"])), str(run["edge"]),
+             f"{run['wall_seconds']:.1f}", run["date"]] for run in data["probes"].values()]
+    machine = data["machine"]
+    return (table(["probe", "tried (x: out of memory)", "trials", "B\\*", "wall s", "measured"],
+                  ["---", "---", "--:", "--:", "--:", "---"], rows)
+            + f"\n{machine['cpu']}, {machine['cores']} cores, python {machine['python']}, torch {machine['torch']}, "
+              f"transformers {machine['transformers']}; re-measured by `{data['made_by']}`.\n")
+
+
+def probe_sentence(data: dict, key: str) -> str:
+    """One probe as a dated sentence: ``NAME``, or ``NAME+peaks`` to add the sketches' peaks."""
+    name, _, extra = key.partition("+")
+    run, machine = data["probes"][name], data["machine"]
+    text = f"On {run['date']} ({machine['cores']} cores, torch {machine['torch']}), `{run['command']}` "
+    if "--no-seed-from-estimate" not in run["command"] and not run["command"].startswith("python"):
+        text += f"started at the estimate's {run['trials'][0]['micro_batch']}, "
+    text += f"tried `{tried(run['trials'])}` ({len(run['trials'])} trials): B\\* = {run['edge']}"
+    if extra == "peaks":
+        sketches = [t for t in run["trials"] if t["fits"] and t["completed_steps"] == 1]
+        text += " (peaks " + ", ".join(f"{t['micro_batch']}: {mib(t['peak_bytes'])}" for t in sketches) + " MiB)"
+    fresh = [f"{'trains' if outcome == 'trains' else 'runs out of memory at' if outcome == 'OOM' else outcome + ' at'} "
+             f"{micro_batch}" for micro_batch, outcome in run.get("fresh_process", {}).items()]
+    if fresh:
+        text += "; a new process " + " and ".join(fresh)
+    return text + ".\n"
+
+
+# ---- reports/peers/peers.json (examples/compare_with_peers.py) -----------------------------------------------------
+
+FINDERS = {"gaplan": "**gaplan**", "accelerate find_executable_batch_size": "accelerate `find_executable_batch_size`",
+           "Lightning scale_batch_size (power)": "Lightning `scale_batch_size` (power)",
+           "Lightning scale_batch_size (binsearch)": "Lightning `scale_batch_size` (binsearch)"}
+LOOPS = {"gaplan": "**gaplan** (`gaplan.train`, what `gaplan train` runs)",
+         "HF Trainer": "HF `Trainer` (stock, sequential sampling)",
+         "hand-written loop": "hand-written loop (`loss / accumulation_steps`)"}
+LOSSES = {"gaplan": "**gaplan** (`accumulate_gradients`, `gaplan train`)",
+          "HF Trainer + gaplan (GaplanTrainer)": "**HF Trainer + gaplan** (`GaplanTrainer`)",
+          "HF Trainer": "HF `Trainer` (stock)", "accelerate Accelerator.accumulate": "accelerate `Accelerator.accumulate`",
+          "Lightning accumulate_grad_batches": "Lightning `accumulate_grad_batches`"}
+
+
+def peers(data: dict, key: str) -> str:
+    if key == "machine":
+        v = data["versions"]
+        return (f"These numbers are from that run (`{data['command']}`: python {v['python']}, torch {v['torch']}, "
+                f"transformers {v['transformers']}, accelerate {v['accelerate']}, pytorch-lightning "
+                f"{v['pytorch-lightning']}, {data['cpu']}, {data['threads']} torch threads).\n")
+    if key == "batch_size":
+        rows = [[FINDERS.get(r["tool"], r["tool"]), str(r["found"]), str(r["true_edge"]),
+                 "yes" if r["survives_step_2"] else "no", str(r["trials"]), f"{r['wall_s']:.1f}", r["tried"]]
+                for r in data["batch_size"]]
+        walls = {r["tool"]: r["wall_s"] for r in data["batch_size"]}
+        ratio = walls["gaplan"] / walls["Lightning scale_batch_size (binsearch)"]
+        return (table(["tool", "found", "true edge", "trains 2 steps", "trials", "wall s", "tried"],
+                      ["---", "--:", "--:", "---", "--:", "--:", "---"], rows)
+                + f"\ngaplan took **{ratio:.2f}×** binsearch's wall time in this run.\n")
+    if key == "loop":
+        rows = [[LOOPS.get(r["loop"], r["loop"]), f"{r['median_samples_per_s']:.2f}", f"{r['gaplan_ratio']:.2f}×",
+                 r["runs"]] for r in data["loop"]]
+        return table(["loop", "samples/s (median)", "gaplan / this", "runs"], ["---", "--:", "--:", "---"], rows)
+    if key == "loss":
+        rows = [[LOSSES.get(r["tool"], r["tool"]), f"{r['max_relative_difference']:.1e}"] for r in data["loss"]]
+        return table(["tool", "max relative difference"], ["---", "--:"], rows)
+    raise KeyError(key)
+
+
+# ---- docs/data/profile_probe.json (examples/profile_probe.py) -----------------------------------------------------
+
+
+def spread(values: list[float]) -> str:
+    low, high = min(values), max(values)
+    return f"{low:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}–{high:.2f}"
+
+
+def profile(data: dict, key: str | None) -> str:
+    trials = data["trials"]
+    sketches = [t for t in trials if t["fits"] and t["steps"] == 1]
+    full = [t for t in trials if t["steps"] == 2]
+    worker = data["worker"]
+    imports = next(seconds for name, seconds in worker.items() if name.startswith("imports"))
+    steps = sum((t["step 1"] or 0) + (t["step 2"] or 0) for t in trials)
+    parts = " / ".join(spread([t[name] for t in trials]) for name in ("fork", "budget", "model build", "optimizer states"))
+    rows = [["the caller imports gaplan (no torch)", f"{data['import gaplan']:.2f}"],
+            ["worker start to ready: python, torch, transformers and the model's code",
+             f"{worker['start to ready']:.2f} (imports {imports:.2f})"],
+            ["per trial: fork / budget / model build / optimizer states", parts],
+            ["per trial: the steps (sketches 1, the rest 2)",
+             f"{spread([t['step 1'] for t in sketches])} (sketch), "
+             f"{spread([t['step 1'] + t['step 2'] for t in full])} (full)"],
+            ["per trial, in the worker", f"{spread([t['in the worker'] for t in sketches])} (sketch), "
+                                         f"{spread([t['in the worker'] for t in full])} (full)"],
+            [f"the whole probe: {len(trials)} trials, `{tried(trials)}`, B\\* = {data['edge']}",
+             f"{data['probe wall']:.2f}, of which the measured steps {steps:.2f}"]]
+    m = data["machine"]
+    return (table(["part", "seconds"], ["---", "--:"], rows)
+            + f"\nOn {data['date']}, {m['cpu']}, {m['cores']} cores, torch {m['torch']}: `{data['made_by']}`.\n")
+
+
+RENDERERS = {"docs/data/probes.json": lambda data, key: probe_sentence(data, key) if key else probe_runs(data, key),
+             "reports/peers/peers.json": peers, "docs/data/profile_probe.json": profile}
+
+
+def blocks(page: pathlib.Path) -> list[re.Match]:
+    return list(BLOCK.finditer(page.read_text()))
+
+
+def render(path: str, key: str | None) -> str:
+    return RENDERERS[path](load(path), key)
+
+
+GENERATED = [(page, match.group(1), match.group(2)) for page in DOCS for match in blocks(page)]
+
+
+def test_the_docs_have_generated_blocks_from_every_measurement_file():
+    assert {path for _, path, _ in GENERATED} == set(RENDERERS), GENERATED
+
+
+@pytest.mark.parametrize("page,path,key", GENERATED,
+                         ids=[f"{p.name}:{path}:{key or ''}" for p, path, key in GENERATED])
+def test_each_generated_block_is_what_its_file_renders_to(page, path, key):
+    in_page = next(m.group(3) for m in blocks(page) if (m.group(1), m.group(2)) == (path, key))
+    assert in_page == render(path, key), (f"{page.name}: the block from {path} {key or ''} differs from its file; "
+                                          f"re-render with `python tests/test_docs_numbers.py --write`")
+
+
+def test_a_changed_measurement_renders_differently():
+    """The comparison is not empty: a file's number shows in what it renders to."""
+    data = load("docs/data/probes.json")
+    run = data["probes"]["seq32-256MiB-plain"]
+    before = probe_sentence(data, "seq32-256MiB-plain")
+    run["edge"] += 1
+    assert probe_sentence(data, "seq32-256MiB-plain") != before
+
+
+# ---- the documented probes, replayed --------------------------------------------------------------------------------
+
+
+def replay(run: dict) -> tuple[list[tuple[int, int]], int]:
+    """Today's search, fed the recorded trials: the (micro-batch, optimizer steps) it asks for, and its edge."""
+    from gaplan.core.trial import Trial
+    from gaplan.plan.search import find_edge
+
+    recorded = list(run["trials"])
+    asked: list[tuple[int, int]] = []
+
+    def measure(micro_batch: int, steps: int = 2) -> Trial:
+        asked.append((micro_batch, steps))
+        if not recorded or recorded[0]["micro_batch"] != micro_batch:
+            raise AssertionError(f"the search now asks for {micro_batch} where `{run['command']}` tried "
+                                 f"{tried(run['trials'])}: re-run examples/documented_probes.py")
+        trial = recorded.pop(0)
+        return Trial(micro_batch, trial["fits"], trial["peak_bytes"], completed_steps=trial["completed_steps"],
+                     micro_steps_peak_bytes=trial["micro_steps_peak_bytes"])
+
+    result = find_edge(measure, run["limit_bytes"], start=run["trials"][0]["micro_batch"],
+                       max_batch=run["search_cap"], sketch=lambda micro_batch: measure(micro_batch, 1))
+    assert not recorded, f"the search now stops before {tried(recorded)}"
+    return asked, result.edge
+
+
+@pytest.mark.parametrize("name", sorted(load("docs/data/probes.json")["probes"]))
+def test_the_search_asks_for_the_recorded_trials_and_reaches_the_recorded_edge(name):
+    run = load("docs/data/probes.json")["probes"][name]
+    asked, edge = replay(run)
+    assert [b for b, _ in asked] == [t["micro_batch"] for t in run["trials"]]
+    # A trial that fitted ran as many steps as the search asked for (a sketch one, a full trial two).
+    assert [steps for (_, steps), t in zip(asked, run["trials"], strict=True) if t["fits"]] == \
+        [t["completed_steps"] for t in run["trials"] if t["fits"]]
+    assert edge == run["edge"]
+
+
+def test_a_changed_budget_changes_the_replayed_trials():
+    run = load("docs/data/probes.json")["probes"]["seq32-256MiB-plain"]
+    run["limit_bytes"] //= 2
+    with pytest.raises(AssertionError, match="now asks for"):
+        replay(run)
+
+
+def _options(command: str) -> dict[str, str]:
+    words = shlex.split(command)
+    return {word: words[i + 1] for i, word in enumerate(words[:-1]) if word in ("--seq-len", "--memory-limit")}
+
+
+SEEDED = sorted(name for name, run in load("docs/data/probes.json")["probes"].items()
+                if run["command"].startswith("gaplan probe") and "--no-seed-from-estimate" not in run["command"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SEEDED)
+def test_a_seeded_probe_starts_at_todays_estimate(name):
+    """The estimate is traced on fake tensors: the same on every machine, so the recorded seed must be today's."""
+    from gaplan import WorkloadSpec
+    from gaplan.core.units import parse_bytes
+    from gaplan.workflows.probe import estimate_start
+
+    run = load("docs/data/probes.json")["probes"][name]
+    options = _options(run["command"])
+    spec = WorkloadSpec(**({"seq_len": int(options["--seq-len"])} if "--seq-len" in options else {}))
+    limit = parse_bytes(options["--memory-limit"]) if "--memory-limit" in options else None
+    assert estimate_start(spec, "cpu", limit, 0.0, None, 1) == run["trials"][0]["micro_batch"], run["command"]
+
+
+def write() -> None:
+    """Re-render every generated block from its file."""
+    for page in DOCS:
+        text = page.read_text()
+        new = BLOCK.sub(lambda m: f"<!-- generated: {m.group(1)}{' ' + m.group(2) if m.group(2) else ''} -->\n"
+                                  f"{render(m.group(1), m.group(2))}<!-- end generated -->", text)
+        if new != text:
+            page.write_text(new)
+            print(f"re-rendered {page.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python tests/test_docs_numbers.py --write")
+    write()
