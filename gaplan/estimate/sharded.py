@@ -52,7 +52,7 @@ from gaplan.estimate.shard_tracking import (
     local_shard_shapes,
 )
 from gaplan.estimate.torch_private import private, private_module
-from gaplan.estimate.trace import TraceHelper, fast_peak_tracking, lora_assumption
+from gaplan.estimate.trace import TraceHelper, fast_peak_tracking, lora_assumption, quiet_module_tracking
 
 if TYPE_CHECKING:
     from torch import nn
@@ -207,6 +207,7 @@ class ShardedTracer:
         self.mode = fake_tensor_mode()
         self.helper = ShardedTraceHelper()
         self._stack.enter_context(fast_peak_tracking())
+        self._stack.enter_context(quiet_module_tracking())
         self._stack.enter_context(readable_values())
         self._stack.enter_context(self.device.allocator())
         self._stack.enter_context(self.mode)

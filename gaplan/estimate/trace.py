@@ -69,6 +69,7 @@ class Tracer:
                 self.bucket_bytes = sum(p.numel() * p.element_size() for p in self.workload.model.parameters()
                                         if p.requires_grad)
             self._stack.enter_context(fast_peak_tracking())
+            self._stack.enter_context(quiet_module_tracking())
             self._stack.enter_context(readable_values())
             self._stack.enter_context(self.device.allocator())
             self._stack.enter_context(self.mode)
@@ -240,6 +241,28 @@ class TraceHelper:
         elif "convolution" in func.__name__:
             self.convolutions = True
         return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def quiet_module_tracking() -> Iterator[None]:
+    """Without MemTracker's module tracker's "The module hierarchy tracking maybe be messed up" warning.
+
+    transformers (through the ``kernels`` package) wraps functions such as ``apply_rotary_pos_emb`` and
+    ``rotate_half`` in module objects of one class, ``Func``, that belong to no model: the tracker names a module
+    outside the hierarchy by its class, so one ``Func`` called inside another looks like a module entered twice.
+    The tracker's per-module tree is not what gaplan reads (the global peak is, :func:`fast_peak_tracking`), and
+    the memory is counted either way; the user did nothing wrong. The tracker also replaces
+    ``warnings.formatwarning`` when it warns: restored here.
+    """
+    import warnings
+
+    formatter = warnings.formatwarning
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The module hierarchy tracking maybe be messed up")
+        try:
+            yield
+        finally:
+            warnings.formatwarning = formatter
 
 
 @contextlib.contextmanager
