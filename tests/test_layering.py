@@ -92,3 +92,39 @@ def test_every_package_init_loads_lazily():
     modules = [f"gaplan.{p}" for p in STACK] + ["gaplan.data.readers", "gaplan.plan.split", "gaplan.plan.search"]
     code = f"import sys; import {', '.join(modules)}; assert 'torch' not in sys.modules, 'torch was imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """gaplan's modules and the gaplan modules each imports, at the top or inside a function (a package's lazy
+    ``__init__`` is left out: it imports nothing at its own import)."""
+    names = {}
+    for path in ROOT.rglob("*.py"):
+        name = ".".join(("gaplan", *path.relative_to(ROOT).with_suffix("").parts))
+        names[name.removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {name: set() for name in names}
+    for name, path in names.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                       [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                       if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            graph[name] |= {t for t in targets if t in names and t != name and not name.startswith(t + ".")
+                            and not names[t].name == "__init__.py"}
+    return graph
+
+
+def test_the_import_graph_has_no_circle():
+    graph, seen, done, circles = _module_graph(), set(), set(), []
+
+    def visit(name: str, path: list[str]) -> None:
+        seen.add(name)
+        for target in sorted(graph[name]):
+            if target in path:
+                circles.append(" -> ".join([*path[path.index(target):], target]))
+            elif target not in done and target not in seen:
+                visit(target, [*path, target])
+        done.add(name)
+
+    for name in sorted(graph):
+        if name not in done:
+            visit(name, [name])
+    assert not circles, "\n".join(circles)

@@ -42,8 +42,7 @@ def trainer_class(base: str = "Trainer") -> type:
     from torch import nn
     from transformers.utils import logging
 
-    from gaplan.core.tasks import SEQ2SEQ_LM, TASKS
-    from gaplan.integrations.transformers import infer_task
+    from gaplan.core.tasks import SEQ2SEQ_LM, TASKS, infer_task
     from gaplan.training.noise_scale import NoiseScaleMeter
     from gaplan.workload.loss import batch_size, count_step_targets, count_targets, summed_token_loss
     from gaplan.workload.seq2seq import decoder_inputs

@@ -35,6 +35,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gaplan.core.errors import GaplanError
+from gaplan.core.tasks import infer_task
 from gaplan.plan.split import Plan, make_plan
 
 if TYPE_CHECKING:
@@ -108,24 +109,6 @@ def hf_snippet(plan: Plan, output_dir: str = "out") -> str:
         lines.append("    average_tokens_across_devices=True,  # count loss targets over all ranks")
     lines += ["    # ... your other arguments", ")"]
     return "\n".join(lines) + "\n"
-
-
-def infer_task(model: Any) -> str:
-    """gaplan's task for a transformers model, from its class name (PEFT wrappers are looked through)."""
-    from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, MASKED_LM, SEQ2SEQ_LM, TASKS
-
-    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
-    if getattr(getattr(base, "config", None), "is_encoder_decoder", False):
-        return SEQ2SEQ_LM
-    names = [type(base).__name__, *(getattr(getattr(base, "config", None), "architectures", None) or [])]
-    for name in names:
-        if name.endswith("ForMaskedLM"):
-            return MASKED_LM
-        if name.endswith("ForSequenceClassification"):
-            return CLASSIFICATION
-        if name.endswith(("ForCausalLM", "LMHeadModel")):
-            return CAUSAL_LM
-    raise GaplanError(f"cannot tell the task of {type(base).__name__}: pass task= (one of {', '.join(TASKS)})")
 
 
 def plan_training_arguments(

@@ -189,3 +189,12 @@ def _torch_version() -> str | None:
         return metadata.version("torch")
     except metadata.PackageNotFoundError:
         return None
+
+
+def plan_without_probe(spec: WorkloadSpec, device: str, memory_limit: int | None, plan: Plan, param_count: int,
+                       task: str, seq_len: int | None, command: str | None = None) -> ProbeResult:
+    """The plan.json of a run planned with ``--micro-batch``: what is known, and that no probe ran."""
+    return ProbeResult(workload=spec, device=device, memory_limit_bytes=memory_limit, margin=0.0,
+                       probe_limit_bytes=memory_limit, budget_is_default=False, max_micro_batch=plan.micro_batch_cap,
+                       capped=False, trials=[], plan=plan, param_count=param_count, static_bytes=None, task=task,
+                       seq_len=seq_len, wall_seconds=0.0, command=command, probed=False)

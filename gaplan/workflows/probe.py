@@ -18,7 +18,6 @@ from gaplan.core.errors import GaplanError
 from gaplan.core.options import OptionError, nested
 from gaplan.core.progress import Say, quiet
 from gaplan.core.trial import Trial
-from gaplan.plan.split import Plan
 from gaplan.runs.folder import PLAN_JSON, path_in
 from gaplan.runs.probe_result import ProbeResult, save_probe
 from gaplan.workflows.goodput import GoodputOptions, choose_by_goodput
@@ -155,12 +154,3 @@ def estimate_start(spec: WorkloadSpec, device: str, memory_limit: int | None, ma
     say(f"estimate: B* = {predicted.max_micro_batch} ({predicted.trace_count} traces on fake tensors, "
         f"{predicted.trace_seconds:.1f} s); starting the search there")
     return predicted.max_micro_batch
-
-
-def plan_without_probe(spec: WorkloadSpec, device: str, memory_limit: int | None, plan: Plan, param_count: int,
-                       task: str, seq_len: int | None, command: str | None = None) -> ProbeResult:
-    """The plan.json of a run planned with ``--micro-batch``: what is known, and that no probe ran."""
-    return ProbeResult(workload=spec, device=device, memory_limit_bytes=memory_limit, margin=0.0,
-                       probe_limit_bytes=memory_limit, budget_is_default=False, max_micro_batch=plan.micro_batch_cap,
-                       capped=False, trials=[], plan=plan, param_count=param_count, static_bytes=None, task=task,
-                       seq_len=seq_len, wall_seconds=0.0, command=command, probed=False)
