@@ -24,9 +24,8 @@ from gaplan.core.errors import GaplanError
 from gaplan.core.progress import Say, quiet
 from gaplan.plan.split import Plan, make_plan
 from gaplan.runs.folder import CHECKPOINT, PLAN_JSON, TRAIN_LOG_CSV, path_in
-from gaplan.runs.probe_result import save_probe
+from gaplan.runs.probe_result import plan_without_probe, save_probe
 from gaplan.workflows.bench import run_bench
-from gaplan.workflows.probe import plan_without_probe
 from gaplan.workflows.train_data import read_training_data
 from gaplan.workflows.train_options import TrainOptions
 from gaplan.workflows.train_plan import batch_schedule_for, plan_for_ranks, probe_token_budget_for_ranks
