@@ -101,6 +101,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--pairs", type=int, default=40, help="step pairs of the one-process measurement")
     args = parser.parse_args()
+    if args.rounds < 2 or args.steps < 3 or args.pairs < 2:
+        parser.error("--rounds and --pairs must be 2 or more (a ratio's interval needs two pairs), --steps 3 or more "
+                     "(a run's step time leaves its first two steps out)")
     times: dict[bool, list[float]] = {True: [], False: []}
     with tempfile.TemporaryDirectory() as tmp:
         for index in range(args.rounds):

@@ -251,6 +251,27 @@ def test_a_seeded_probe_starts_at_todays_estimate(name):
     assert estimate_start(spec, "cpu", limit, 0.0, None, 1) == run["trials"][0]["micro_batch"], run["command"]
 
 
+@pytest.mark.parametrize("page", ["README.md", "docs/probe.md"])
+def test_the_sample_output_is_the_recorded_default_probe(page):
+    """The sample output of `gaplan probe` (the default): the estimate's seed and B* are the recorded run's."""
+    run = load("docs/data/probes.json")["probes"]["default-seeded"]
+    sample = (ROOT / page).read_text().split("probing tiny-gpt2 (each trial", 1)[1].split("```", 1)[0]
+    assert f"estimate: B* = {run['trials'][0]['micro_batch']} " in sample
+    assert f"largest micro-batch that fits: {run['edge']} " in sample
+    assert [int(line.split()[1]) for line in sample.splitlines() if line.strip().startswith("micro-batch")] == \
+        [t["micro_batch"] for t in run["trials"]]
+
+
+def test_every_example_the_readme_lists_is_run_by_a_test():
+    readme = (ROOT / "README.md").read_text()
+    paragraph = readme.split("Examples (each runs as written on CPU and is run by a test):", 1)[1].split("\n\n", 1)[0]
+    listed = re.findall(r"`examples/([\w.]+)`", paragraph)
+    tests = "\n".join(path.read_text() for path in (ROOT / "tests").rglob("*.py") if path.name != pathlib.Path(__file__).name)
+    assert len(listed) >= 10
+    missing = [name for name in listed if f'"{name}"' not in tests and f"examples.{name.rsplit('.', 1)[0]}:" not in tests]
+    assert not missing, f"listed in README.md's examples but run by no test: {missing}"
+
+
 def write() -> None:
     """Re-render every generated block from its file."""
     for page in DOCS:
