@@ -200,3 +200,16 @@ def test_adaptive_rule_check_prints_its_two_tables(tmp_path):
     data = json.loads((tmp_path / "rule.json").read_text())
     assert [row["noise_scale"] for row in data["replay"]] == [3, 17, 23, 3, 17, 23]
     assert all(row["past"] <= row["seeds"] for row in data["replay"]) and len(data["rates"]) == 2
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_noise_scale_overhead_prints_the_step_time_and_peak_ratios():
+    """docs/noise-scale.md's overhead: a short run (2 rounds of 3 steps, 2 step pairs) prints every line it reports."""
+    out = run_example("noise_scale_overhead.py", "--rounds", "2", "--steps", "3", "--pairs", "2", timeout=900)
+    for start in ("gaplan train, step time with / without the measurement:", "one process, 2 step pairs, with / without",
+                  "inside the meter's own calls:", "step peak with / without:"):
+        line = next((line for line in out.splitlines() if line.startswith(start)), None)
+        assert line is not None, (start, out)
+    ratio = next(line for line in out.splitlines() if line.startswith("gaplan train, step time"))
+    assert float(ratio.split(": ")[1].split("x")[0]) > 0, ratio
