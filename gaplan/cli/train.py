@@ -125,7 +125,9 @@ def train_command(**options: Any) -> None:
         flat = train_options.to_flat()
         given_options = {name: flat[name] for name in given if name in flat}
         given_options.update(command=train_options.command)
-        spec, train_options, environment = resume_settings(run_dir, given_spec, given_options)
+        given_environment = {name: value for name, value in (("device", device), ("memory_limit", memory_limit))
+                             if name in given}
+        spec, train_options, environment = resume_settings(run_dir, given_spec, given_options, given_environment)
         device = device if "device" in given else environment.get("device", device)
         memory_limit = memory_limit if "memory_limit" in given else environment.get("memory_limit")
     if options["token_plan"] is not None and not options["resume"]:  # a resumed run keeps its budget

@@ -22,14 +22,17 @@ from gaplan.workflows.train_options import TrainOptions, resume_marks
 from gaplan.workload.spec import WorkloadSpec
 
 
-def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Mapping[str, Any]
+def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Mapping[str, Any],
+                    given_environment: Mapping[str, Any] | None = None
                     ) -> tuple[WorkloadSpec, TrainOptions, dict[str, Any]]:
     """The workload and options of the run in ``run_dir``, with what the user gave again checked against them.
 
     ``given_*`` hold only what was given explicitly (``given_options`` by option name). A value that contradicts the
     saved run (another workload, seed, effective batch, data) is an error; what the options' metadata marks ``free``
-    (``steps``, to train further; the outputs) is taken. Returns the spec, the options and the saved environment
-    (device, memory limit).
+    (``steps``, to train further; the outputs) is taken. ``given_environment``: the device and memory limit given
+    again; where one differs from the run's and no micro-batch is given, the run's ``--micro-batch`` (a size for
+    the old card) is dropped, so the resumed run re-plans (a cached probe of the new setting, or a new probe).
+    Returns the spec, the options and the saved environment (device, memory limit).
     """
     if not os.path.isfile(path_in(run_dir, CHECKPOINT)):  # before anything else: nothing to resume from
         raise GaplanError(f"--resume {run_dir}: no {CHECKPOINT} in it")
@@ -59,7 +62,11 @@ def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Map
                               f"run's {get_path(options, path_names)} (resume continues the run as it was started)")
         if marks[name] == "free":
             options = replace_path(options, path_names, given_options[name])
-    return spec, dataclasses.replace(options, resume=True), saved.get("environment", {})
+    environment = saved.get("environment", {})
+    moved = any(environment.get(name) != value for name, value in (given_environment or {}).items())
+    if moved and "micro_batch" not in given_options:
+        options = dataclasses.replace(options, micro_batch=None)
+    return spec, dataclasses.replace(options, resume=True), environment
 
 
 # What a resumed run may change, for it changes how a step is split, not the step: the workload's memory settings here,

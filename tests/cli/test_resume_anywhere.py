@@ -189,3 +189,22 @@ def test_with_adamw_a_resume_elsewhere_is_as_close_as_a_fresh_run_there(tmp_path
     fresh = max_difference(tmp_path / "whole.st", tmp_path / "fresh.st")
     resumed = max_difference(tmp_path / "whole.st", tmp_path / "resumed.st")
     assert resumed <= max(fresh, 1e-6), (resumed, fresh)
+
+
+@pytest.mark.slow
+def test_a_new_budget_without_a_micro_batch_re_plans_for_it(tmp_path):
+    """Started with --micro-batch 4; resumed with another --memory-limit and no --micro-batch: the old card's size is
+    dropped and the run probes (or reuses a cached probe) for the new budget, then says both splits."""
+    run_dir = tmp_path / "run"
+    args = ["train", "--seq-len", "16", "--effective-batch", "8", "--micro-batch", "4", "--threads", "1", "--device",
+            "cpu", "--quiet", "--steps", "2", "--out", str(run_dir)]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    result = CliRunner().invoke(main, ["train", "--resume", str(run_dir), "--steps", "3", "--memory-limit", "400MiB",
+                                       "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.stderr.splitlines() if x.startswith("resumed on a new split"))
+    assert line.startswith("resumed on a new split (memory limit changed): effective batch 8 = micro-batch 4 x 2")
+    with open(run_dir / "train_log.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    new = int(line.split("->")[1].split("micro-batch ")[1].split(" ")[0])
+    assert [int(r["micro_batch"]) for r in rows] == [4, 4, new]
