@@ -23,6 +23,7 @@ import torch
 from gaplan.core.errors import GaplanError
 from gaplan.devices import card
 from gaplan.devices.card import CudaCards
+from tests.tiny_loop import setup
 
 GiB = 2**30
 DRIVER = ("is_available", "device_count", "get_device_properties", "mem_get_info", "current_device", "set_device",
@@ -68,19 +69,6 @@ def tripwire(monkeypatch):
     return DriverTripwire(monkeypatch)
 
 
-def _setup():
-    model = torch.nn.Linear(8, 8)
-    return model, torch.optim.SGD(model.parameters(), lr=0.1)
-
-
-def _make_batch(size):
-    return torch.randn(size, 8)
-
-
-def _micro_step(model, batch):
-    model(batch).sum().backward()
-
-
 def test_the_worker_sets_up_and_asks_its_ready_message_without_the_driver(tripwire):
     from gaplan.worker.protocol import WorkerSetup
     from gaplan.worker.serve import _serve
@@ -97,8 +85,8 @@ def test_the_worker_sets_up_and_asks_its_ready_message_without_the_driver(tripwi
 
 
 @pytest.mark.parametrize("functions", [
-    (_setup, lambda b: torch.randn(b, 8), lambda model, x: model(x).sum().backward()),
-    tuple(f"tests.devices.test_cuda_tripwire:{name}" for name in ("_setup", "_make_batch", "_micro_step")),
+    (setup, lambda b: torch.randn(b, 8), lambda model, x: model(x).sum().backward()),
+    tuple(f"tests.tiny_loop:{name}" for name in ("setup", "make_batch", "micro_step")),
 ], ids=["closures", "module:function"])
 def test_probe_loop_on_cuda_forks_its_trials_without_the_driver(tripwire, functions):
     import gaplan
@@ -120,7 +108,7 @@ def test_plan_accelerator_on_cuda_forks_its_trials_without_the_driver(monkeypatc
     tripwire = DriverTripwire(monkeypatch)
     try:
         with pytest.raises(GaplanError, match="a trial of your loop failed at micro-batch 1"):
-            plan_accelerator(accelerator, _setup, lambda b: torch.randn(b, 8),
+            plan_accelerator(accelerator, setup, lambda b: torch.randn(b, 8),
                              lambda model, x: model(x).sum().backward(), effective_batch=8)
     finally:
         AcceleratorState._reset_state(True)
@@ -135,12 +123,12 @@ def test_the_trainer_mode_on_cuda_forks_its_trials_without_the_driver(monkeypatc
     rows = [{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}] * 4
     tripwire = DriverTripwire(monkeypatch)
     with pytest.raises(GaplanError, match="a trial of your loop failed at micro-batch 1"):
-        probe_trainer(_setup, args, rows, effective_batch=8)
+        probe_trainer(setup, args, rows, effective_batch=8)
     assert tripwire.calls == [] and tripwire.forks >= 2
     # Arguments given as the function that builds them are built in a child (it answers use_cpu), never here.
     built: list[object] = []
     with pytest.raises(GaplanError, match="the function that builds the TrainingArguments, failed"):
-        probe_trainer(_setup, lambda: built.append(1), rows, effective_batch=8)
+        probe_trainer(setup, lambda: built.append(1), rows, effective_batch=8)
     assert tripwire.calls == [] and built == []
 
 

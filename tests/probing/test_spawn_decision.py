@@ -14,19 +14,7 @@ import gaplan
 from gaplan.core.errors import GaplanError
 from gaplan.probing import loop
 from gaplan.probing.loop import SPAWNED_NOTE, trial_start
-
-
-def _setup():
-    model = torch.nn.Linear(8, 8)
-    return model, torch.optim.SGD(model.parameters(), lr=0.1)
-
-
-def _make_batch(size):
-    return torch.randn(size, 8)
-
-
-def _micro_step(model, batch):
-    model(batch).sum().backward()
+from tests.tiny_loop import make_batch, micro_step, setup
 
 
 @pytest.mark.parametrize("start, context, spawned, note", [
@@ -57,7 +45,7 @@ def cuda_context(monkeypatch):
 def test_a_closure_gets_one_line_that_names_the_fix_before_any_trial(cuda_context, monkeypatch):
     monkeypatch.setattr(loop.subprocess, "run", lambda *a, **k: pytest.fail("a trial was spawned"))
     with pytest.raises(GaplanError) as caught:
-        gaplan.probe_loop(_setup, lambda b: torch.randn(b, 8), _micro_step, memory_limit="256MiB", effective_batch=4)
+        gaplan.probe_loop(setup, lambda b: torch.randn(b, 8), micro_step, memory_limit="256MiB", effective_batch=4)
     message = str(caught.value)
     assert "\n" not in message
     assert "make_batch must be picklable" in message and "a module-level function" in message
@@ -68,7 +56,7 @@ def test_a_closure_gets_one_line_that_names_the_fix_before_any_trial(cuda_contex
 def test_picklable_functions_are_spawned_and_the_result_says_so_once(cuda_context):
     """Real spawned trials (new interpreters, the functions pickled), from a process that says it holds a context."""
     trials = []
-    result = gaplan.probe_loop(_setup, _make_batch, _micro_step, memory_limit="256MiB", effective_batch=1,
+    result = gaplan.probe_loop(setup, make_batch, micro_step, memory_limit="256MiB", effective_batch=1,
                                on_trial=trials.append)
     assert result.spawned and result.notes.count(SPAWNED_NOTE) == 1 and len(result.notes) == 1
     assert result.max_micro_batch == 1 and result.capped
