@@ -49,6 +49,8 @@ def task_and_lengths(func: Callable) -> Callable:
 
 def workload_options(func: Callable) -> Callable:
     """Options that describe what is trained, shared by every command that builds a model."""
+    from gaplan.workload.spec import OPTIMIZERS
+
     options = [
         click.option("--model", default="tiny-gpt2", show_default=True, metavar="NAME|DIR|MODULE:FUNC",
                      help="A preset, a Hugging Face model directory or cached id, or module:function. "
@@ -56,8 +58,13 @@ def workload_options(func: Callable) -> Callable:
         *TASK_AND_LENGTHS,
         click.option("--dtype", default="fp32", show_default=True, metavar="fp32|bf16|fp16",
                      help="Compute dtype (autocast; weights keep --weights-dtype)."),
-        click.option("--optimizer", default="adamw", show_default=True, metavar="adamw|sgd"),
-        click.option("--lr", type=float, default=None, help="Learning rate (default: 1e-3 for adamw, 1e-4 for sgd)."),
+        click.option("--optimizer", default="adamw", show_default=True, metavar="|".join(OPTIMIZERS)),
+        click.option("--lr", type=float, default=None, help="Learning rate (default: 1e-3 for adamw, its 8-bit forms and "
+                                                            "adafactor; 1e-4 for lion and sgd)."),
+        click.option("--loss", default="plain", show_default=True, metavar="plain|chunked[:TOKENS]",
+                     help="chunked: the LM head and cross-entropy TOKENS positions at a time, recomputed in backward, so "
+                          "the [B, T, V] logits never exist whole (causal-lm and seq2seq-lm; default TOKENS: 16 MiB of "
+                          "fp32 logits)."),
         click.option("--grad-checkpointing", type=click.Choice(["off", "on", "auto"]), default=None, is_flag=False,
                      flag_value="on", help="Recompute activations in backward: on, off (default), or auto "
                                           "(probe: on only when a larger micro-batch fits and wins on throughput)."),

@@ -26,7 +26,7 @@ from gaplan.estimate.device import (
 )
 
 TOPICS = ("budget", "steady-state", "cpu-process", "allocator", "optimizer", "attention", "mixed-precision",
-          "convolutions", "outside-pytorch", "sharding", "data-parallel", "lora", "quantization")
+          "convolutions", "outside-pytorch", "sharding", "data-parallel", "lora", "quantization", "loss")
 
 
 @dataclass(frozen=True)
@@ -117,10 +117,9 @@ def _cpu_process(spec, device: DeviceModel, observed, temporaries: int, graph_no
         f"{format_bytes(panel)} for the largest), both measured against gaplan probe's resident-memory peak; no "
         "CUDA adjustment.",
         {"heap_bytes": heap, "graph_nodes": graph_nodes, "threads": device.threads, "mkl_panel_bytes": panel})]
-    if spec.optimizer == "adamw":
-        notes.append(Assumption("optimizer", f"AdamW as PyTorch runs it on CPU (single-tensor): its step's temporaries, "
-                                f"{format_bytes(temporaries)}, are traced.",
-                                {"implementation": "single-tensor", "temporaries_bytes": temporaries}))
+    note = _optimizer(spec.optimizer, "cpu", temporaries, None)
+    if note is not None:
+        notes.append(note)
     if observed.convolutions:
         notes.append(Assumption("convolutions", "The model runs convolutions: oneDNN's primitive cache and JIT-compiled "
                                 "kernels live outside the tensors and are not traced (tens of MiB on the example CNN): "
@@ -136,16 +135,7 @@ def _cuda(spec, observed, static: int, temporaries: int) -> list[Assumption]:
         "segment; fragmentation of the allocator's cache beyond that is not modelled (the reserved peak can be a few "
         "percent higher: keep a margin, or check with gaplan probe on the card).",
         {"block_bytes": CUDA_BLOCK, "large_alloc_bytes": CUDA_LARGE_ALLOC, "round_large_bytes": CUDA_ROUND_LARGE})]
-    if spec.optimizer == "adamw":
-        notes.append(Assumption(
-            "optimizer",
-            f"AdamW traced with foreach=True, PyTorch's default for CUDA parameters: its step holds one more fp32 copy of "
-            f"the second moments, {format_bytes(temporaries)} of temporaries over the {format_bytes(static)} of weights, "
-            "gradients and states; fused=True would not.",
-            {"implementation": "foreach", "temporaries_bytes": temporaries, "static_bytes": static}))
-    else:
-        notes.append(Assumption("optimizer", "SGD traced with foreach=True, PyTorch's default for CUDA parameters (no "
-                                "momentum: no temporaries).", {"implementation": "foreach"}))
+    notes.append(_optimizer(spec.optimizer, "cuda", temporaries, static))
     notes.append(_attention(observed.attention_ops, observed.cuda_attention_calls))
     if spec.dtype != "fp32":
         notes.append(Assumption(
@@ -160,6 +150,58 @@ def _cuda(spec, observed, static: int, temporaries: int) -> list[Assumption]:
     notes.append(Assumption("outside-pytorch", "Nothing else on the GPU (other processes, NCCL buffers, a display) is "
                             "counted."))
     return notes
+
+
+_STATES = {
+    "adamw-8bit": "two moments in one byte each (uint8) and a float32 absmax per 256-element block of each, the two "
+                  "256-entry quantile maps once; a parameter under 4,096 elements keeps float32 moments",
+    "adafactor": "a matrix's second moment factored into a float32 row and column, a vector's in full, and an RMS "
+                 "scalar each; no first moment (beta1=None), a fixed learning rate (relative_step and scale_parameter "
+                 "off, as the HF Trainer builds it)",
+    "lion": "one momentum of the parameter's dtype",
+}
+_STATES["paged-adamw-8bit"] = _STATES["adamw-8bit"]
+
+
+def _optimizer(name: str, kind: str, temporaries: int, static: int | None) -> Assumption | None:
+    """How the optimizer's states and its step were traced on device ``kind`` (None: nothing to say)."""
+    values: dict[str, Any] = {"optimizer": name, "temporaries_bytes": temporaries}
+    if name == "adamw" and kind == "cpu":
+        return Assumption("optimizer", f"AdamW as PyTorch runs it on CPU (single-tensor): its step's temporaries, "
+                          f"{format_bytes(temporaries)}, are traced.", {**values, "implementation": "single-tensor"})
+    if name == "adamw":
+        return Assumption(
+            "optimizer",
+            f"AdamW traced with foreach=True, PyTorch's default for CUDA parameters: its step holds one more fp32 copy of "
+            f"the second moments, {format_bytes(temporaries)} of temporaries over the {format_bytes(static)} of weights, "
+            "gradients and states; fused=True would not.", {**values, "implementation": "foreach", "static_bytes": static})
+    if name == "sgd":
+        return None if kind == "cpu" else Assumption(
+            "optimizer", "SGD traced with foreach=True, PyTorch's default for CUDA parameters (no momentum: no "
+            "temporaries).", {**values, "implementation": "foreach"})
+    text = f"{name}: {_STATES[name]}; "
+    if name.endswith("8bit") and kind == "cuda":
+        text += "the step is bitsandbytes' fused CUDA kernel, traced as allocating nothing"
+    elif name.endswith("8bit"):
+        text += f"the step runs bitsandbytes' CPU kernel, traced op by op ({format_bytes(temporaries)} of temporaries)"
+    else:
+        text += f"its step's temporaries, {format_bytes(temporaries)}, are traced"
+    if name == "paged-adamw-8bit":
+        text += ("; paged: states of 100,000 elements or more live in CUDA unified memory, outside PyTorch's allocator, "
+                 "counted here on the GPU where they rest (under memory pressure the driver moves them to the host, "
+                 "which this estimate does not credit)")
+    return Assumption("optimizer", text + ".", values)
+
+
+def chunked_loss(chunk_tokens: int, vocab_size: int | None) -> Assumption:
+    """The chunked loss, as traced: one chunk's logits at a time, recomputed in backward."""
+    logits = 4 * chunk_tokens * (vocab_size or 0)
+    return Assumption(
+        "loss",
+        f"Chunked loss (--loss chunked): the output head and cross-entropy run {chunk_tokens} positions at a time "
+        f"under activation checkpointing, so one chunk's logits ({format_bytes(logits)} in fp32 at vocabulary "
+        f"{vocab_size or '?'}) exist at a time and are made again in backward: traced as it runs.",
+        {"chunk_tokens": chunk_tokens, "vocab_size": vocab_size, "chunk_logits_bytes": logits})
 
 
 def _attention(ops, calls) -> Assumption:

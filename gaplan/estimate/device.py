@@ -73,6 +73,7 @@ CUDA_AUTOCAST_FP32 = frozenset({
 #   about 1 MiB, and put the presets' estimates within 1%. bf16 products (oneDNN, not MKL) showed no such buffer:
 #   only float32 products are counted.
 CPU_HEAP_BYTES = 564 * 1024
+FOREACH_OPTIMIZERS = ("adamw", "sgd")  # torch's own: foreach on CUDA parameters by default
 CPU_HEAP_BYTES_PER_NODE = 3368
 MKL_PANEL_K = 256
 MKL_PANEL_N = 4096
@@ -165,6 +166,32 @@ def cuda_block_rounding() -> Iterator[None]:
         info._calculate_mem_consumed = original
 
 
+@contextlib.contextmanager
+def traced_8bit_cpu_step() -> Iterator[None]:
+    """Run bitsandbytes' 8-bit optimizer step through its CPU kernel's Python body, so the trace sees what it holds.
+
+    Under fake tensors the custom operator runs its fake kernel, which allocates nothing; the CPU kernel dequantizes
+    both moments to float32, copies the gradient and makes the denominator: about five float32 copies of the largest
+    parameter at once, which set a small micro-batch's peak (tiny-gpt2 at micro-batch 2 read 13.6% low without it).
+    On CUDA the step is one fused kernel, and the fake kernel is right. Without that kernel (another bitsandbytes)
+    nothing is changed: the step's temporaries are then not counted.
+    """
+    import importlib
+
+    try:
+        functional = importlib.import_module("bitsandbytes.functional")
+        kernel = importlib.import_module("bitsandbytes.backends.cpu.ops")._optimizer_update_8bit_blockwise_cpu
+        original = functional.optimizer_update_8bit_blockwise
+    except (ImportError, AttributeError):
+        yield
+        return
+    functional.optimizer_update_8bit_blockwise = kernel
+    try:
+        yield
+    finally:
+        functional.optimizer_update_8bit_blockwise = original
+
+
 class CudaAutocastFp32:
     """Under autocast, run CUDA autocast's float32 ops in float32 (CPU autocast keeps most in bf16/fp16)."""
 
@@ -213,11 +240,19 @@ class DeviceModel:
 
         from gaplan.workload.build import make_optimizer
 
-        if self.kind != "cuda":
+        if self.kind != "cuda" or spec.optimizer not in FOREACH_OPTIMIZERS:
+            # bitsandbytes' 8-bit step is one fused kernel on CUDA: its fake kernel (no temporaries) is what the trace
+            # runs; Adafactor and Lion run as they do on the CPU.
             return make_optimizer(model, spec.optimizer, spec.learning_rate)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer_class = torch.optim.AdamW if spec.optimizer == "adamw" else torch.optim.SGD
         return optimizer_class(params, lr=spec.learning_rate, foreach=True)
+
+    def optimizer_step(self, optimizer: str) -> contextlib.AbstractContextManager:
+        """How the optimizer's step is traced: bitsandbytes' 8-bit step through its CPU kernel on ``cpu``."""
+        if self.kind == "cpu" and optimizer in ("adamw-8bit", "paged-adamw-8bit"):
+            return traced_8bit_cpu_step()
+        return contextlib.nullcontext()
 
     def attention(self, calls: set) -> contextlib.AbstractContextManager:
         """On ``cuda``, each SDPA call traced by the backend CUDA would take (:mod:`gaplan.estimate.attention`), the

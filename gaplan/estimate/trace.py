@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from gaplan.core.constants import BREAKDOWN_CATEGORIES
 from gaplan.estimate.assumptions import (
     Assumption,
+    chunked_loss,
     data_parallel_buckets,
     lora_adapters,
     quantized_weights,
@@ -76,6 +77,7 @@ class Tracer:
             self._stack.enter_context(self.helper)
             self._stack.enter_context(self.device.autocast(self.spec.dtype))
             self._stack.enter_context(self.device.attention(self.helper.cuda_attention_calls))
+            self._stack.enter_context(self.device.optimizer_step(self.spec.optimizer))
             with fake_tensor_errors(self.spec):
                 from gaplan.worker.trial import materialize_optimizer_state
 
@@ -176,6 +178,8 @@ class Tracer:
             notes.append(lora_assumption(self.spec, self.workload.model))
         if self.quantized is not None:
             notes.append(quantized_weights(self.quantized, self.spec))
+        if self.workload.info.get("loss_chunk_tokens"):
+            notes.append(chunked_loss(self.workload.info["loss_chunk_tokens"], self.workload.vocab_size))
         return notes
 
 

@@ -28,10 +28,12 @@ from gaplan.core.errors import GaplanError
 from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, CUSTOM, IGNORE_INDEX, MASKED_LM, SEQ2SEQ_LM
 from gaplan.workload.loss import summed_token_loss
 from gaplan.workload.model_io import load_pretrained, quiet_transformers, weights_files
+from gaplan.workload.optimizers import check_optimizer_device, make_optimizer, optimizer_state_bytes
 from gaplan.workload.seq2seq import decoder_inputs, target_length
 from gaplan.workload.spec import DEFAULT_MODEL, PRESETS, WorkloadSpec, model_source_kind
 
-__all__ = ["DEFAULT_MODEL", "PRESETS", "WorkloadSpec", "model_source_kind"]  # re-exported: the spec is data
+# re-exported: the spec is data; the optimizer's builder and state count live in gaplan.workload.optimizers
+__all__ = ["DEFAULT_MODEL", "PRESETS", "WorkloadSpec", "make_optimizer", "model_source_kind", "optimizer_state_bytes"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # the names of DTYPE_NAMES
 _AUTO_CLASS = {CAUSAL_LM: "AutoModelForCausalLM", MASKED_LM: "AutoModelForMaskedLM",
@@ -90,18 +92,10 @@ class Workload:
 
 
 def static_bytes(model: nn.Module, optimizer: str) -> int:
-    """Bytes of weights, gradients and optimizer states (AdamW keeps two tensors per parameter, of its dtype)."""
+    """Bytes of weights, gradients and optimizer states (:func:`optimizer_state_bytes`)."""
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     return weights + grads + optimizer_state_bytes(model, optimizer)
-
-
-def optimizer_state_bytes(model: nn.Module, optimizer: str, this_rank: bool = False) -> int:
-    """Bytes of the optimizer's states once they exist: AdamW's two per trainable parameter, SGD's none.
-    ``this_rank``: of a sharded model's local shards only (a DTensor's ``to_local()``)."""
-    params = [p.to_local() if this_rank and hasattr(p, "to_local") else p for p in model.parameters() if p.requires_grad]
-    trainable = sum(p.numel() * p.element_size() for p in params)
-    return 2 * trainable if optimizer == "adamw" else 0
 
 
 def enable_checkpointing(model: nn.Module) -> None:
@@ -115,13 +109,6 @@ def enable_checkpointing(model: nn.Module) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
-def make_optimizer(model: nn.Module, name: str, lr: float) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr)
-    return torch.optim.SGD(params, lr=lr)
 
 
 def load_model_config(spec: WorkloadSpec) -> tuple[Any, str, int]:
@@ -188,11 +175,14 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
     """
     spec.validate()
     device = torch.device(device)
+    if device.type != "meta":
+        check_optimizer_device(spec.optimizer, device)
     model_device = torch.device("meta") if model_on_meta else device
     torch.manual_seed(seed)
     if model_source_kind(spec.model) == "function":
         return _build_custom(spec, device)
     config, task, default_seq_len = load_model_config(spec)
+    spec.check_loss(task)
     seq_len = spec.seq_len or min(default_seq_len, _max_positions(config) or default_seq_len)
     max_positions = _max_positions(config)
     target_len = target_length(spec, task, seq_len)
@@ -230,15 +220,25 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
     num_labels = int(getattr(config, "num_labels", 2))
     make_batch = _lm_batch_maker(task, seq_len, vocab_size, num_labels, device, target_len)
 
+    chunk_tokens = spec.chunk_tokens
+    if chunk_tokens is not None:
+        from gaplan.workload.chunked_loss import chunked_token_loss, default_chunk_tokens, output_head
+
+        output_head(model)  # a model whose head cannot be run apart is refused now, not at its first step
+        chunk_tokens = chunk_tokens or default_chunk_tokens(vocab_size)
+
     def raw_loss(module: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k in _MODEL_INPUTS}
         if task == SEQ2SEQ_LM:  # the labels stay out of the call: the model would compute a mean loss of its own
             inputs["decoder_input_ids"] = decoder_inputs(module, batch["labels"])
+        if chunk_tokens is not None:
+            return chunked_token_loss(module, inputs, batch, task, chunk_tokens)
         logits = module(**inputs).logits
         return summed_token_loss(logits, batch, task)
 
     info = {"model_type": getattr(config, "model_type", "?"), "weights": "pretrained" if pretrained else "random",
-            "weights_path": folder if pretrained else None, "use_cache": use_cache, "target_len": target_len}
+            "weights_path": folder if pretrained else None, "use_cache": use_cache, "target_len": target_len,
+            "loss_chunk_tokens": chunk_tokens}
     return Workload(spec, model, make_optimizer(model, spec.optimizer, spec.learning_rate), task, seq_len, make_batch,
                     raw_loss, None, device, vocab_size, num_labels, info=info)
 

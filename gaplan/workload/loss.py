@@ -45,20 +45,22 @@ def batch_size(batch: Mapping[str, Any]) -> int:
     return int(first.shape[0])
 
 
-def summed_token_loss(logits: torch.Tensor, batch: Mapping[str, Any], task: str) -> torch.Tensor:
-    """Sum (not mean) of the per-target cross-entropy of one micro-batch, in fp32."""
+def loss_targets(batch: Mapping[str, Any], task: str) -> torch.Tensor:
+    """The target of each position of a micro-batch's logits (``IGNORE_INDEX`` where none), shaped like the labels."""
     if task == CAUSAL_LM:
         if "shift_labels" in batch:
-            targets = batch["shift_labels"]
-        else:
-            # Shift the labels, not the logits (as transformers does): slicing off the last position
-            # makes the flattened logits a copy, and its backward another; that cost 10% of a tiny-gpt2 step.
-            targets = F.pad(batch["labels"][..., 1:], (0, 1), value=IGNORE_INDEX)
-    else:
-        targets = batch["labels"]
+            return batch["shift_labels"]
+        # Shift the labels, not the logits (as transformers does): slicing off the last position
+        # makes the flattened logits a copy, and its backward another; that cost 10% of a tiny-gpt2 step.
+        return F.pad(batch["labels"][..., 1:], (0, 1), value=IGNORE_INDEX)
+    return batch["labels"]
+
+
+def summed_token_loss(logits: torch.Tensor, batch: Mapping[str, Any], task: str) -> torch.Tensor:
+    """Sum (not mean) of the per-target cross-entropy of one micro-batch, in fp32."""
     return F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]).float(),
-        targets.reshape(-1).to(logits.device),
+        loss_targets(batch, task).reshape(-1).to(logits.device),
         ignore_index=IGNORE_INDEX,
         reduction="sum",
     )

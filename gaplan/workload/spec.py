@@ -17,7 +17,10 @@ DTYPE_NAMES = ("fp32", "bf16", "fp16")
 QUANTIZE = ("4bit",)
 ATTENTIONS = ("eager", "sdpa")  # transformers' attn_implementation: None keeps the model's default (sdpa where it has it)
 INITS = ("auto", "pretrained", "random")  # auto: the folder's weights when it has them, else a random init
-OPTIMIZERS = ("adamw", "sgd")
+# The optimizers gaplan builds (gaplan.workload.optimizers), the choices of every command's --optimizer.
+OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw-8bit", "adafactor", "lion", "sgd")
+SHARDED_OPTIMIZERS = ("adamw", "sgd")  # what --parallel fsdp trains with: the others keep states FSDP2 does not shard
+LOSSES = ("plain", "chunked")  # --loss plain | chunked[:TOKENS] (gaplan.workload.chunked_loss)
 DEFAULT_MODEL = "tiny-gpt2"
 
 # Presets train without dropout (as most LLM pre-training does): accumulation over any split
@@ -76,8 +79,10 @@ PRESETS: dict[str, tuple[str, dict, str, int, str]] = {
 }
 
 
-# The learning rate when none is given: AdamW's usual 1e-3 learns in a few steps; SGD takes a cautious 1e-4.
-DEFAULT_LR = {"adamw": 1e-3, "sgd": 1e-4}
+# The learning rate when none is given: AdamW's usual 1e-3 learns in a few steps (so do its 8-bit forms and Adafactor
+# at a fixed rate); SGD takes a cautious 1e-4, and so does Lion, whose sign update wants a rate 3-10x below AdamW's.
+DEFAULT_LR = {"adamw": 1e-3, "adamw-8bit": 1e-3, "paged-adamw-8bit": 1e-3, "adafactor": 1e-3, "lion": 1e-4,
+              "sgd": 1e-4}
 PARALLEL_LAYOUTS = ("ddp", "fsdp")
 GRAD_SYNCS = ("last", "every")
 
@@ -111,6 +116,9 @@ class WorkloadSpec:
     quantize: str | None = None
     target_len: int | None = None  # seq2seq-lm: the target (decoder) length; None: half the source length
     attention: str | None = None  # eager | sdpa: transformers' attn_implementation (None: the model's default)
+    # plain | chunked | chunked:TOKENS: the LM head and cross-entropy a chunk of positions at a time, recomputed in
+    # backward, so the [B, T, V] logits never exist whole (gaplan.workload.chunked_loss)
+    loss: str = "plain"
 
     @property
     def learning_rate(self) -> float:
@@ -129,6 +137,8 @@ class WorkloadSpec:
         """``self``, or a one-line error for what ``device`` cannot run (``device`` resolved: ``cpu``, ``cuda:0``)."""
         if self.quantize:
             _check_bitsandbytes(str(device))
+        if self.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
+            _check_optimizer_package(self.optimizer, str(device))
         if self.cpu_offload and str(device).startswith("cpu"):
             raise OptionError("cpu_offload moves FSDP's shards and optimizer states off a GPU to the CPU; on "
                               "device cpu they are on the CPU already: leave it out", "cpu_offload", "device")
@@ -161,7 +171,13 @@ class WorkloadSpec:
         kind = model_source_kind(self.model)
         self._validate_lora(kind)
         if self.optimizer not in OPTIMIZERS:
-            raise GaplanError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+            raise OptionError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}",
+                              "optimizer")
+        if self.parallel == "fsdp" and self.optimizer not in SHARDED_OPTIMIZERS:
+            raise OptionError(f"optimizer {self.optimizer} with parallel fsdp is not supported (its states are not "
+                              f"FSDP2's sharded tensors): use {' or '.join(SHARDED_OPTIMIZERS)}, or parallel ddp",
+                              "optimizer", "parallel")
+        self._validate_loss(kind)
         if self.seq_len is not None and (not isinstance(self.seq_len, int) or isinstance(self.seq_len, bool)
                                          or self.seq_len < 2):
             raise OptionError(f"seq_len must be at least 2 (got {self.seq_len})", "seq_len")
@@ -185,6 +201,37 @@ class WorkloadSpec:
         if kind == "function" and self.weights_dtype != "fp32":
             raise OptionError("weights_dtype does not apply to a module:function model (its function builds it)", "weights_dtype")
         return self
+
+    @property
+    def chunk_tokens(self) -> int | None:
+        """``loss chunked:TOKENS``'s positions a chunk, 0 for ``chunked`` (the workload's default), None for plain."""
+        kind, _, tokens = self.loss.partition(":")
+        if kind != "chunked":
+            return None
+        return int(tokens) if tokens else 0
+
+    def _validate_loss(self, kind: str) -> None:
+        name, colon, tokens = str(self.loss).partition(":")
+        if name not in LOSSES or (colon and (name != "chunked" or not tokens.isdigit() or int(tokens) < 1)):
+            raise OptionError(f"unknown loss {self.loss!r}; choose plain, chunked or chunked:TOKENS (a positive "
+                              "number of positions a chunk, e.g. chunked:1024)", "loss")
+        if name == "plain":
+            return
+        if kind == "function":
+            raise OptionError("loss chunked does not apply to a module:function model (its function defines the loss)",
+                              "loss")
+        if self.parallel == "fsdp":
+            raise OptionError("loss chunked with parallel fsdp is not supported (the head's sharded weight would be "
+                              "used outside FSDP's forward): use loss plain, or parallel ddp", "loss", "parallel")
+        task = self.task or (PRESETS[self.model][2] if self.model in PRESETS else None)
+        if task is not None:  # a folder's task is known once its config is read (gaplan.workload.build)
+            self.check_loss(task)
+
+    def check_loss(self, task: str) -> None:
+        """A one-line error for a chunked loss on a model that trains as ``task``, not a language model's head."""
+        if self.chunk_tokens is not None and task not in (CAUSAL_LM, SEQ2SEQ_LM):
+            raise OptionError(f"loss chunked applies to causal-lm and seq2seq-lm models (a language model's head over "
+                              f"the vocabulary); {self.model} trains as {task}: use loss plain", "loss")
 
     def check_target_len(self, task: str) -> None:
         """A one-line error for ``--target-len`` on a model that trains as ``task``, not seq2seq-lm."""
@@ -259,6 +306,21 @@ NEEDS_BITSANDBYTES = "--quantize 4bit needs bitsandbytes: pip install 'gaplan[ql
 
 
 LORA_SETTINGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")  # what only LoRA reads
+
+
+PAGED_ON_CPU = ("optimizer paged-adamw-8bit pages its states through CUDA unified memory, which the CPU does not have "
+                "(bitsandbytes would run it unpaged): use optimizer adamw-8bit on the CPU, or a CUDA device (gaplan "
+                "estimate plans it without one)")
+
+
+def _check_optimizer_package(optimizer: str, device: str) -> None:
+    """A one-line error unless bitsandbytes is installed, and the optimizer can run on ``device``."""
+    from importlib import util
+
+    if util.find_spec("bitsandbytes") is None:
+        raise OptionError(f"optimizer {optimizer} needs bitsandbytes: pip install bitsandbytes", "optimizer")
+    if optimizer == "paged-adamw-8bit" and device.startswith("cpu"):
+        raise OptionError(PAGED_ON_CPU, "optimizer", "device")
 
 
 def _check_bitsandbytes(device: str) -> None:
