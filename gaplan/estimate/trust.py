@@ -83,6 +83,10 @@ def trust_of(family: str | None, spec: dict, device_kind: str, world_size: int =
         differences.append(f"{spec['dtype']} autocast")
     if spec.get("grad_checkpointing"):
         differences.append("activation checkpointing")
+    if spec.get("optimizer", "adamw") != "adamw":
+        differences.append(f"optimizer {spec['optimizer']}")
+    if spec.get("loss", "plain") != "plain":
+        differences.append(f"loss {spec['loss']} (docs/levers.md has its checks)")
     if world_size > 1:
         differences.append(f"{world_size} ranks ({spec.get('parallel') or 'ddp'})")
     return Trust(family, fine_tuning, errors, tuple(differences))

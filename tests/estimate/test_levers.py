@@ -1,0 +1,87 @@
+"""The estimate of the memory levers (issue 47): each optimizer's states as counted, the chunked loss's slope, and
+(heavy) both against real CPU trials; the command line's one-line refusals."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from gaplan.cli.main import main
+from gaplan.estimate import estimate, trace_steps
+from gaplan.workload.build import WorkloadSpec, build_workload
+from gaplan.workload.optimizers import optimizer_state_bytes
+
+ON_CPU = ("adamw-8bit", "adafactor", "lion")
+
+
+@pytest.mark.parametrize("name", [*ON_CPU, "paged-adamw-8bit"])
+@pytest.mark.parametrize("device_kind", ["cpu", "cuda"])
+def test_the_traced_optimizer_states_are_the_counted_ones(name, device_kind):
+    """At rest, through a micro-step (the optimizer step's own temporaries are traced as its states too)."""
+    from gaplan.estimate.trace import Tracer
+
+    spec = WorkloadSpec(model="tiny-llama", seq_len=16, optimizer=name)
+    with Tracer(spec, device_kind, threads=1) as tracer:
+        row = tracer.micro_steps(1)
+    counted = optimizer_state_bytes(build_workload(spec, "meta").model, name)
+    if device_kind == "cpu":
+        assert row.optimizer_states == counted
+    else:  # each state tensor at the CUDA allocator's 512-byte blocks: at most 511 bytes more for each
+        states = sum(len([v for v in s.values() if hasattr(v, "shape")]) for s in tracer.workload.optimizer.state.values())
+        assert counted <= row.optimizer_states < counted + 512 * states
+
+
+def test_the_chunked_loss_takes_the_logits_out_of_each_samples_activations():
+    """tiny-gpt2 at seq 64 (V 8192): a sample's plain logits are 2 MiB in fp32, and the loss keeps as much again and
+    more; in chunks of 64 positions the line's slope drops by more than twice the logits."""
+    def slope(loss):
+        small, large = trace_steps(WorkloadSpec(model="tiny-gpt2", seq_len=64, loss=loss), [2, 10], threads=1)
+        return (large.peak_bytes - small.peak_bytes) / 8
+
+    logits = 4 * 64 * 8192
+    assert slope("plain") - slope("chunked:64") > 2 * logits
+
+
+def test_the_estimate_says_how_the_loss_and_the_optimizer_were_traced():
+    result = estimate(WorkloadSpec(model="tiny-gpt2", seq_len=64, optimizer="adamw-8bit", loss="chunked:64"),
+                      target="t4", effective_batch=8, search_cap=8)
+    topics = {a.topic: a for a in result.assumptions}
+    assert topics["loss"].values["chunk_tokens"] == 64 and "recomputed" not in topics["loss"].text
+    assert "made again in backward" in topics["loss"].text
+    assert "fused CUDA kernel" in topics["optimizer"].text and topics["optimizer"].values["optimizer"] == "adamw-8bit"
+
+
+@pytest.mark.parametrize("args,flag,message", [
+    (["--model", "tiny-bert-cls", "--loss", "chunked"], "--loss", "trains as classification"),
+    (["--loss", "chunked:0"], "--loss", "chunked:TOKENS"),
+    (["--optimizer", "adam8"], "--optimizer", "adamw-8bit"),
+    (["--optimizer", "paged-adamw-8bit", "--device", "cpu"], "--optimizer", "CUDA unified memory"),
+    (["--optimizer", "lion", "--parallel", "fsdp", "--world-size", "2"], "--parallel", "not supported"),
+])
+def test_bad_lever_input_is_one_line_naming_the_flag_exit_2(args, flag, message, tmp_path):
+    result = CliRunner().invoke(main, ["estimate", "--quiet", *args])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and flag in lines[0] and message in lines[0], result.stderr
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+@pytest.mark.parametrize("model,lever", [("tiny-gpt2", "adamw-8bit"), ("tiny-gpt2", "adafactor"), ("tiny-gpt2", "lion"),
+                                         ("tiny-gpt2", "chunked:64"), ("tiny-t5", "chunked:32"),
+                                         ("tiny-t5", "adafactor")])
+def test_the_cpu_estimate_is_within_3_percent_of_real_trials(model, lever):
+    """Measured on torch 2.13, bitsandbytes 0.50.2, 1 thread (seq 64; the estimate's error at the small, the large
+    micro-batch): tiny-gpt2 adamw-8bit +0.66%, +0.19% (13.6% low before the trace ran bitsandbytes' CPU kernel),
+    adafactor +0.58%, +0.25%, lion -0.02%, +0.05%, chunked:64 +0.16%, +0.41%; tiny-t5 chunked:32 -0.32%, -0.13%,
+    adafactor +0.42%, +0.24%."""
+    from gaplan.worker.client import WorkerProcess
+
+    loss = lever if lever.startswith("chunked") else "plain"
+    spec = WorkloadSpec(model=model, seq_len=64, optimizer="adamw" if loss != "plain" else lever, loss=loss)
+    sizes = [2, 16] if model == "tiny-gpt2" else [2, 8]
+    rows = trace_steps(spec, sizes, device_kind="cpu", threads=1)
+    with WorkerProcess(spec, "cpu", 2 * 2**30, threads=1) as worker:
+        for size, row in zip(sizes, rows, strict=True):
+            measured = worker.trial(size, optimizer_steps=2).peak_bytes
+            assert abs(row.peak_bytes - measured) <= 0.03 * measured, (lever, size, row.peak_bytes, measured)
