@@ -39,6 +39,8 @@ TRAIN_SCOPES = (
     Scope("--token-plan", "`--batch-by tokens`", ("--token-plan", "tokens.json")),
     Scope("--target-len", "task `seq2seq-lm`", ("--target-len", "8")),
     Scope("--quantize", "`--lora` (QLoRA)", ("--quantize", "4bit")),
+    Scope("--loss", "`chunked`: tasks `causal-lm` and `seq2seq-lm` (`plain` everywhere)",
+          ("--model", "tiny-bert-cls", "--loss", "chunked")),
 )
 
 
