@@ -12,7 +12,8 @@ from tests.conftest import REPO_ROOT
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", [["estimate"], ["plan", "--out", "{out}"]], ids=["estimate", "plan"])
+@pytest.mark.parametrize("command", [["estimate"], pytest.param(["plan", "--out", "{out}"], marks=pytest.mark.heavy)],
+                         ids=["estimate", "plan"])
 def test_estimate_and_plan_of_a_llama_preset_print_no_warning(command, tmp_path):
     args = [arg.replace("{out}", str(tmp_path / "plan")) for arg in command]
     result = subprocess.run([sys.executable, "-m", "gaplan", *args, "--model", "tiny-llama", "--target", "h100"],

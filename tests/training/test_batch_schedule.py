@@ -78,6 +78,7 @@ def test_a_resume_across_a_change_reaches_the_same_weights_bitwise(tmp_path):
         assert torch.equal(a, b)
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_a_resume_on_a_new_split_goes_on_at_the_same_batch_and_window(tmp_path):
     """Cut after step 5 at micro-batch 4, resumed on a new split with micro-batch 1: it goes on at the checkpoint's
