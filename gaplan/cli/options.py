@@ -11,6 +11,7 @@ import click
 from gaplan.core.errors import GaplanError
 from gaplan.core.outputs import check_writable  # noqa: F401 - the commands' check, re-exported
 from gaplan.core.units import parse_bytes
+from gaplan.workflows.applies import check_tokens_apply
 
 WORKLOAD_HELP = "Presets: tiny-gpt2 (default), small-gpt2, tiny-llama, tiny-bert-mlm, tiny-bert-cls, tiny-t5."
 
@@ -290,20 +291,6 @@ def given_on_command_line(ctx: click.Context) -> set[str]:
 
     return {name for name in ctx.params
             if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
-
-
-def check_tokens_apply(spec: Any) -> None:
-    """A token budget is one length per sample: a seq2seq-lm sample has two, so ``--batch-by tokens`` is refused."""
-    from gaplan.core.tasks import SEQ2SEQ_LM
-    from gaplan.workload.spec import model_source_kind
-
-    if model_source_kind(spec.model) == "function":
-        return
-    from gaplan.workload.build import model_shape
-
-    if spec.target_len is not None or model_shape(spec)[0] == SEQ2SEQ_LM:
-        raise GaplanError("--batch-by tokens budgets one length per sample; a seq2seq-lm sample has two (source and "
-                          "target), so it is not supported there: batch by samples (the default)")
 
 
 def check_by_tokens(spec: Any, options: dict[str, Any], command: str) -> None:

@@ -12,7 +12,6 @@ import click
 
 from gaplan.cli.options import (
     batch_by_options,
-    check_tokens_apply,
     command_line,
     data_options,
     given_on_command_line,
@@ -112,8 +111,6 @@ def train_command(**options: Any) -> None:
     # Built from the parsed options by its fields and checked there (errors name fields; the CLI says flags).
     train_options = TrainOptions.from_flat(options, resume=False, command=command_line())
     _check_token_plan(options)
-    if options["batch_by"] == "tokens":
-        check_tokens_apply(spec)
     run_dir = options["resume"] or options["out"] or default_run_dir("train", spec.model)
     device = options["device"]
     if options["resume"]:  # the run as it was started; what was given again must agree with it

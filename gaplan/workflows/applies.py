@@ -2,12 +2,16 @@
 is rendered and a test gives every option where it does not apply (expecting a one-line refusal that names it).
 The refusals themselves are raised where the options are checked (:class:`gaplan.data.source.DataSource`,
 :class:`gaplan.workload.spec.WorkloadSpec`, :class:`gaplan.workflows.train_options.TrainOptions`,
-:mod:`gaplan.plan.schedule`); a new conditional option without a declaration here fails the test. No torch.
+:mod:`gaplan.plan.schedule`, :func:`check_tokens_apply` here); a new conditional option without a declaration here
+fails the test. No torch at import (:func:`check_tokens_apply` reads the model's config when called).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from gaplan.core.errors import GaplanError
 
 
 @dataclass(frozen=True)
@@ -49,3 +53,17 @@ def scope_table() -> str:
     rows = ["| option | applies only | given elsewhere, for example |", "|---|---|---|"]
     rows += [f"| `{s.flag}` | {s.where} | `gaplan train {' '.join(s.misuse)}` |" for s in TRAIN_SCOPES]
     return "\n".join(rows)
+
+
+def check_tokens_apply(spec: Any) -> None:
+    """A token budget is one length per sample: a seq2seq-lm sample has two, so ``--batch-by tokens`` is refused."""
+    from gaplan.core.tasks import SEQ2SEQ_LM
+    from gaplan.workload.spec import model_source_kind
+
+    if model_source_kind(spec.model) == "function":
+        return
+    from gaplan.workload.build import model_shape
+
+    if spec.target_len is not None or model_shape(spec)[0] == SEQ2SEQ_LM:
+        raise GaplanError("--batch-by tokens budgets one length per sample; a seq2seq-lm sample has two (source and "
+                          "target), so it is not supported there: batch by samples (the default)")
