@@ -66,18 +66,13 @@ def test_a_smaller_card_is_emulated_with_target(record_property):
 
 def test_the_estimate_against_the_probes_reserved_peak(record_property):
     """The estimate's predicted peak vs max_memory_reserved measured at three micro-batches (goal: within 5%)."""
-    from gaplan.estimate import trace_steps
-    from gaplan.worker.client import WorkerProcess
     from gaplan.workload.spec import WorkloadSpec
+
+    from .estimate_errors import estimate_errors
 
     spec = WorkloadSpec(model="tiny-llama", seq_len=512, dtype="bf16")
     sizes = [4, 16, 32]
-    predicted = {row.micro_batch: row.peak_bytes for row in trace_steps(spec, sizes, device_kind="cuda")}
-    errors = []
-    with WorkerProcess(spec, "cuda:0", None) as worker:
-        for size in sizes:
-            measured = worker.trial(size, optimizer_steps=2).peak_bytes
-            errors.append((predicted[size] - measured) / measured)
+    errors = estimate_errors(spec, sizes)
     errors_text = ", ".join(f"b={b}: {e:+.1%}" for b, e in zip(sizes, errors, strict=True))
     record_property("measured", f"estimate vs max_memory_reserved (tiny-llama seq 512 bf16, goal 5%): {errors_text}")
     assert all(abs(e) <= 0.05 for e in errors), errors

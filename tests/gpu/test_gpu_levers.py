@@ -10,21 +10,10 @@ import pytest
 
 from gaplan.devices.card import cuda_cards
 
+from .estimate_errors import estimate_errors
+
 CARDS = cuda_cards()  # asked in a forked child, as test_gpu.py does: this process never starts the driver
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CARDS.count, reason="needs a CUDA device")]
-
-
-def _estimate_errors(spec, sizes):
-    from gaplan.estimate import trace_steps
-    from gaplan.worker.client import WorkerProcess
-
-    predicted = {row.micro_batch: row.peak_bytes for row in trace_steps(spec, sizes, device_kind="cuda")}
-    errors = []
-    with WorkerProcess(spec, "cuda:0", None) as worker:
-        for size in sizes:
-            measured = worker.trial(size, optimizer_steps=2).peak_bytes
-            errors.append((predicted[size] - measured) / measured)
-    return errors
 
 
 @pytest.mark.parametrize("optimizer", ["adamw-8bit", "paged-adamw-8bit"])
@@ -35,7 +24,7 @@ def test_8bit_adamw_states_and_estimate_on_cuda(optimizer, record_property):
 
     spec = WorkloadSpec(model="tiny-llama", seq_len=512, optimizer=optimizer)
     counted, real = _state_in_child(spec)
-    errors = _estimate_errors(spec, [4, 16])
+    errors = estimate_errors(spec, [4, 16])
     record_property("measured", f"{optimizer}: states counted {counted} B, real {real} B; estimate vs reserved peak "
                                 f"(tiny-llama seq 512 fp32) b=4: {errors[0]:+.1%}, b=16: {errors[1]:+.1%}")
     assert counted == real
@@ -47,7 +36,7 @@ def test_the_chunked_loss_estimate_on_cuda(record_property):
     from gaplan.workload.build import WorkloadSpec
 
     spec = WorkloadSpec(model="tiny-llama", seq_len=512, dtype="bf16", loss="chunked:256")
-    errors = _estimate_errors(spec, [4, 16])
+    errors = estimate_errors(spec, [4, 16])
     record_property("measured", f"loss chunked:256 estimate vs reserved peak (tiny-llama seq 512 bf16) b=4: "
                                 f"{errors[0]:+.1%}, b=16: {errors[1]:+.1%}")
     assert all(abs(e) <= 0.05 for e in errors), errors
