@@ -114,14 +114,10 @@ def _checkpoint_header(run_dir: str) -> dict[str, Any]:
         return load_checkpoint(run_dir)
 
 
-def checkpoint_step(run_dir: str) -> int:
-    """The step a run folder's checkpoint holds."""
-    return int(_checkpoint_header(run_dir)["step"])
-
-
-def checkpoint_plan(run_dir: str) -> Plan:
-    """The plan of the step a run folder's checkpoint holds."""
-    return Plan.from_dict(_checkpoint_header(run_dir)["plan"])
+def checkpoint_position(run_dir: str) -> tuple[int, Plan]:
+    """The step a run folder's checkpoint holds and the plan of that step."""
+    header = _checkpoint_header(run_dir)
+    return int(header["step"]), Plan.from_dict(header["plan"])
 
 
 @dataclass

@@ -29,7 +29,7 @@ from gaplan.workflows.bench import run_bench
 from gaplan.workflows.train_data import read_training_data
 from gaplan.workflows.train_options import TrainOptions
 from gaplan.workflows.train_plan import batch_schedule_for, plan_for_ranks, probe_token_budget_for_ranks
-from gaplan.workflows.train_resume import new_split, resume_settings, save_settings, say_split, steps_done
+from gaplan.workflows.train_resume import new_split, resume_settings, save_settings, saved_position, say_split
 from gaplan.workload.spec import WorkloadSpec
 
 __all__ = ["TrainOptions", "TrainRun", "resume_settings", "run_train"]
@@ -78,7 +78,7 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
                           "torchrun --nproc-per-node N -m gaplan train ... (N at least 2)")
     is_main = dist.rank == 0
     main_say = say if is_main else quiet
-    done = steps_done(run_dir, options) if options.resume else None
+    saved = saved_position(run_dir, options) if options.resume else None  # the checkpoint's step and plan
     options, restart = _after_an_oom_restart(spec, run_dir, options, dist, main_say)
     if dist.active and device == "cpu" and memory_limit is not None:
         main_say(f"each of the {dist.world_size} ranks has its own {memory_limit / 2**30:.2f} GiB budget "
@@ -92,8 +92,8 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
         plan = make_plan(plan.effective_batch, restart.micro_batch, plan.world_size)
     schedule = batch_schedule_for(spec, options, plan, main_say)
     changed = new_split(run_dir, spec, options, device, memory_limit) if options.resume else []
-    if done is not None:
-        say_split(run_dir, plan, changed, dist.world_size, main_say)
+    if saved is not None:
+        say_split(saved[1], plan, changed, dist.world_size, main_say)
     meter = _memory_meter(spec, options, device, memory_limit, main_say)
     workload = _build(spec, options, device, dist, main_say)
     corpus = _check_corpus(corpus, spec, options, workload)

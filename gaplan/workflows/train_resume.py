@@ -95,23 +95,20 @@ def save_settings(run_dir: str, spec: WorkloadSpec, options: TrainOptions, devic
     atomic_write_text(path_in(run_dir, TRAIN_JSON), json.dumps(data, indent=2) + "\n")
 
 
-def steps_done(run_dir: str, options: TrainOptions) -> int:
-    """The steps the checkpoint in ``run_dir`` holds; ``--steps`` below them is refused (before anything is written)."""
-    from gaplan.training.checkpoint import checkpoint_step
+def saved_position(run_dir: str, options: TrainOptions) -> tuple[int, Plan]:
+    """The step and the plan the checkpoint in ``run_dir`` holds (its header read once); ``--steps`` below that step
+    is refused (before anything is written)."""
+    from gaplan.training.checkpoint import checkpoint_position
 
-    done = checkpoint_step(run_dir)
+    done, saved = checkpoint_position(run_dir)
     if options.steps < done:
         raise GaplanError(f"--resume {run_dir}: --steps {options.steps} is below the {done} steps the run has done "
                           f"(give --steps {done} or more: {done} ends it, more extends it)")
-    return done
+    return done, saved
 
 
-
-def say_split(run_dir: str, plan: Plan, changed: list[str], world_size: int, say: Say) -> None:
-    """One line where the resumed run splits its steps anew: the checkpoint's split and this one."""
-    from gaplan.training.checkpoint import checkpoint_plan
-
-    saved = checkpoint_plan(run_dir)
+def say_split(saved: Plan, plan: Plan, changed: list[str], world_size: int, say: Say) -> None:
+    """One line where the resumed run splits its steps anew: the checkpoint's split (``saved``) and this one."""
     if saved.world_size != world_size:
         changed = [*changed, "world size"]
     if changed:

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from gaplan.cli.main import main
-from gaplan.training.checkpoint import checkpoint_step, derived_rng_seed
+from gaplan.training.checkpoint import checkpoint_position, derived_rng_seed
 
 from ..conftest import REPO_ROOT, free_port
 
@@ -50,7 +50,7 @@ def killed_mid_run(ranks: int, args: list[str], run_dir, after: int = 2) -> int:
     os.killpg(cut.pid, signal.SIGKILL)
     cut.wait(timeout=60)
     cut.stderr.close()
-    done = checkpoint_step(str(run_dir))  # the log can hold one step more: the kill can fall before its checkpoint
+    done, _ = checkpoint_position(str(run_dir))  # the log can hold one step more: the kill can fall before its checkpoint
     assert after - 1 <= done < 6
     return done
 
