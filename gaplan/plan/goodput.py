@@ -57,6 +57,9 @@ def noise_scale_summary(effective_batch: int, noise_scale: float, world_size: in
 # measured samples/s times it: progress per second. Its argmax over M does not depend on M0.
 
 LR_SCALINGS = ("none", "linear", "sqrt")
+# A batch schedule's rule where none is given: the square root keeps Adam's update noise as the batch changes (Malladi
+# et al. 2022); an unscaled rate at a small batch is the full rate on a noisy gradient.
+SCHEDULE_LR_SCALING = "sqrt"
 
 
 def statistical_efficiency(batch: float, noise_scale: float, reference: float) -> float:

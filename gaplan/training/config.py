@@ -45,4 +45,5 @@ class TrainConfig(LoopOptions):
     micro_batch_limit: int | None = None  # no micro-batch above this (the size ranks agreed on after an OOM restart)
     schedule: BatchSchedule | None = None  # the effective batch over the run (None: the plan's, every step)
     new_split: bool = False  # resume: the plan given is for a new device, budget or micro-batch (not the saved one)
-    lr_scaling: str | None = None  # with a schedule: the lr scaled from its largest batch to each step's (None: sqrt)
+    lr_scaling: str | None = None  # with a schedule: the lr scaled from its largest batch to each step's (None: sqrt,
+    # gaplan.plan.goodput.SCHEDULE_LR_SCALING)

@@ -26,6 +26,7 @@ from gaplan.core.errors import GaplanError
 from gaplan.data import Sample
 from gaplan.parallel.fsdp import is_sharded
 from gaplan.parallel.process_group import Distributed
+from gaplan.plan.goodput import SCHEDULE_LR_SCALING
 from gaplan.plan.split import Plan, make_plan
 from gaplan.training.batch_schedule import ScheduleFollower
 from gaplan.training.checkpoint import RunState
@@ -126,7 +127,8 @@ def train(
 
         model = DistributedDataParallel(workload.model)
     scaler = grad_scaler(workload, shards)
-    follower = (ScheduleFollower(config.schedule, config.lr_scaling or "sqrt", plan.micro_batch_cap, dist.world_size)
+    follower = (ScheduleFollower(config.schedule, config.lr_scaling or SCHEDULE_LR_SCALING, plan.micro_batch_cap,
+                                 dist.world_size)
                 if config.schedule is not None and config.schedule.kind != "fixed" else None)
     batch_factor = follower.lr_factor if follower is not None else (lambda: 1.0)
     run = RunState(workload, torch.optim.lr_scheduler.LambdaLR(workload.optimizer, _schedule(config, batch_factor)),

@@ -15,7 +15,7 @@ from typing import Any
 
 from gaplan.core.options import OptionError, from_options, leaf_fields, nested, option, option_name, to_flat
 from gaplan.data.source import DataSource
-from gaplan.plan.goodput import LR_SCALINGS
+from gaplan.plan.goodput import LR_SCALINGS, SCHEDULE_LR_SCALING
 from gaplan.plan.schedule import parse_schedule
 from gaplan.plan.tokens import DEFAULT_GRANULE
 from gaplan.training.config import LoopOptions
@@ -56,10 +56,8 @@ class TrainOptions:
             if value is not None and value < 1:
                 raise OptionError(f"{name} must be a positive integer (got {value})", name)
         scheduled = self._check_schedule()
-        if self.lr_scaling is None:
-            # A schedule changes the batch under one --lr: the square root keeps Adam's update noise (Malladi et
-            # al. 2022), and an unscaled rate at a small batch is the full rate on a noisy gradient.
-            object.__setattr__(self, "lr_scaling", "sqrt" if scheduled else "none")
+        if self.lr_scaling is None:  # a schedule changes the batch under one --lr
+            object.__setattr__(self, "lr_scaling", SCHEDULE_LR_SCALING if scheduled else "none")
         if self.lr_scaling not in LR_SCALINGS:
             raise OptionError(f"lr_scaling must be one of {', '.join(LR_SCALINGS)} (got {self.lr_scaling!r})",
                               "lr_scaling")
