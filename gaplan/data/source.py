@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from gaplan.core.options import OptionError, option
 
 LONG_SAMPLE_CHOICES = ("split", "truncate")
+# What a field left out (None) reads as.
+READ_DEFAULTS = {"text_field": "text", "label_field": "label", "target_field": "target", "long_samples": "split"}
 
 
 @dataclass(frozen=True)
@@ -25,19 +27,19 @@ class DataSource:
 
     @property
     def text_name(self) -> str:
-        return self.text_field or "text"
+        return self.text_field or READ_DEFAULTS["text_field"]
 
     @property
     def label_name(self) -> str:
-        return self.label_field or "label"
+        return self.label_field or READ_DEFAULTS["label_field"]
 
     @property
     def target_name(self) -> str:
-        return self.target_field or "target"
+        return self.target_field or READ_DEFAULTS["target_field"]
 
     @property
     def long_sample_rule(self) -> str:
-        return self.long_samples or "split"
+        return self.long_samples or READ_DEFAULTS["long_samples"]
 
     def check_applies(self, task: str | None) -> None:
         """Refuse, in one line, a field given where it does not apply: any without ``data``; the label's outside
@@ -53,8 +55,7 @@ class DataSource:
 
     def __post_init__(self) -> None:
         # The default's own name is no choice (and is what an older train.json holds for every run): not given.
-        for name, default in (("text_field", "text"), ("label_field", "label"), ("target_field", "target"),
-                              ("long_samples", "split")):
+        for name, default in READ_DEFAULTS.items():
             if getattr(self, name) == default:
                 object.__setattr__(self, name, None)
         if self.long_samples is not None and self.long_samples not in LONG_SAMPLE_CHOICES:
