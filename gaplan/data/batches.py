@@ -9,17 +9,15 @@ time and memory, so the synthetic corpus of 2**20 samples costs nothing to shuff
 from __future__ import annotations
 
 import functools
-import random
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, IGNORE_INDEX, MASKED_LM, SEQ2SEQ_LM
 from gaplan.data.corpus import SYNTHETIC_MASK_ID, Sample
+from gaplan.data.tasks.registry import task_component
 
 PAD_ID = 0
-MASK_FRACTION = 0.15
 _M64 = (1 << 64) - 1
 _ROUNDS = 6
 
@@ -96,7 +94,8 @@ def step_indices(step: int, effective_batch: int, corpus_size: int, seed: int = 
 
 def collate(samples: Sequence[Sample], task: str, seed: int = 0, mask_id: int | None = SYNTHETIC_MASK_ID,
             pad_id: int = PAD_ID) -> dict[str, torch.Tensor]:
-    """Pad to the longest sample with ``pad_id``; padded label positions are -100.
+    """Pad to the longest sample with ``pad_id``; padded label positions are -100. The task's component adds the
+    labels (:meth:`~gaplan.data.tasks.component.TaskComponent.add_labels`).
 
     Masked LM replaces 15% of each sample's tokens (at least one, seeded per sample) by ``mask_id``:
     the tokenizer's mask token (:attr:`TextCorpus.mask_id`); the default suits the synthetic corpus.
@@ -110,25 +109,5 @@ def collate(samples: Sequence[Sample], task: str, seed: int = 0, mask_id: int | 
         ids[row, : len(sample.ids)] = torch.tensor(sample.ids)
         attention[row, : len(sample.ids)] = 1
     batch = {"input_ids": ids, "attention_mask": attention}
-    if task == CAUSAL_LM:
-        batch["labels"] = ids.masked_fill(attention == 0, IGNORE_INDEX)
-    elif task == MASKED_LM:
-        if mask_id is None:
-            raise ValueError("masked LM needs a mask id: the tokenizer has no mask token")
-        labels = torch.full_like(ids, IGNORE_INDEX)
-        inputs = ids.clone()
-        for row, sample in enumerate(samples):
-            rng = random.Random(seed * 31 + hash(sample.ids) % 1_000_003)  # tuples of ints hash the same every run
-            picks = [i for i in range(len(sample.ids)) if rng.random() < MASK_FRACTION] or [0]
-            for i in picks:
-                labels[row, i] = ids[row, i]
-                inputs[row, i] = mask_id
-        batch["input_ids"], batch["labels"] = inputs, labels
-    elif task == CLASSIFICATION:
-        batch["labels"] = torch.tensor([s.label for s in samples])
-    elif task == SEQ2SEQ_LM:
-        labels = torch.full((len(samples), max(len(s.target) for s in samples)), IGNORE_INDEX, dtype=torch.long)
-        for row, sample in enumerate(samples):
-            labels[row, : len(sample.target)] = torch.tensor(sample.target, dtype=torch.long)
-        batch["labels"] = labels
+    task_component(task).add_labels(batch, samples, seed, mask_id)
     return batch

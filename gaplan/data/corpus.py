@@ -13,8 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gaplan.core.errors import GaplanError
-from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, SEQ2SEQ_LM
+from gaplan.core.tasks import CAUSAL_LM
 from gaplan.data.readers import Record, read_records
+from gaplan.data.tasks.component import LABEL_FIELD, TARGET_FIELD
+from gaplan.data.tasks.registry import task_component
 from gaplan.data.tokenizer import Tokenizer, byte_tokenizer, has_tokenizer, load_tokenizer
 
 LONG_SAMPLES = ("split", "truncate")
@@ -135,14 +137,14 @@ class TextCorpus:
             raise GaplanError(f"--data {self.source}: no text in it")
         self.text_tokenizer, self.tokenizer = tokenizer, tokenizer.name
         self.pad_id, self.mask_id = tokenizer.pad_id, tokenizer.mask_id
-        if task == SEQ2SEQ_LM:
+        if task_component(task).has_target:
             self.stats = CorpusStats(read=len(records))
             self.samples = self._pairs(records, seq_len, target_len or seq_len, long_samples, target_field)
             self.stats.samples = len(self.samples)
             if not self.samples:
                 raise GaplanError(f"--data {self.source}: every source is empty")
             return
-        labels = [_label(r, self.source, num_labels) for r in records] if task == CLASSIFICATION \
+        labels = [_label(r, self.source, num_labels) for r in records] if task_component(task).has_class_label \
             else [0] * len(records)
         self.stats = CorpusStats(read=len(records))
         self.samples = self._cut(tokenizer.encode([r.text for r in records]), labels, seq_len, long_samples)
@@ -212,9 +214,10 @@ class TextCorpus:
 def _second_field(task: str, label_field: str, target_field: str) -> tuple[str | None, str]:
     """What :func:`read_records` reads besides the text (classification's label, seq2seq's target, or nothing), and
     the option that names it."""
-    if task == SEQ2SEQ_LM:
+    reads = task_component(task).reads
+    if reads == TARGET_FIELD:
         return target_field, "--target-field"
-    return label_field if task == CLASSIFICATION else None, "--label-field"
+    return label_field if reads == LABEL_FIELD else None, "--label-field"
 
 
 def _label(record: Record, source: str, num_labels: int | None) -> int:

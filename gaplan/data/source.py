@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gaplan.core.options import OptionError, option
+from gaplan.data.tasks.component import LABEL_FIELD, TARGET_FIELD
+from gaplan.data.tasks.registry import task_component, tasks_taking
 
 LONG_SAMPLE_CHOICES = ("split", "truncate")
 # What a field left out (None) reads as.
@@ -49,9 +51,10 @@ class DataSource:
         if self.path is None and given:
             raise OptionError(f"{given[0]} applies to data (it says how data is read): give data, or leave it out",
                               given[0], "data")
-        for name, wanted in (("label_field", "classification"), ("target_field", "seq2seq-lm")):
-            if getattr(self, name) is not None and task is not None and task != wanted:
-                raise OptionError(f"{name} applies to task {wanted}, and this model's task is {task}", name, "task")
+        for name in (LABEL_FIELD, TARGET_FIELD):
+            if getattr(self, name) is not None and task is not None and name not in task_component(task).options:
+                raise OptionError(f"{name} applies to task {' or '.join(tasks_taking(name))}, and this model's task "
+                                  f"is {task}", name, "task")
 
     def __post_init__(self) -> None:
         # The default's own name is no choice (and is what an older train.json holds for every run): not given.

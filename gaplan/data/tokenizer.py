@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gaplan.core.errors import GaplanError, one_line
-from gaplan.core.tasks import MASKED_LM
+from gaplan.data.tasks.registry import task_component
 
 BYTES = "bytes"
 BYTE_VOCAB = 257  # id = byte + 1; 0 is padding
@@ -62,13 +62,13 @@ class Tokenizer:
 
     def vocab_needed(self, task: str) -> int:
         """The smallest model vocabulary these ids fit: its size, or past the mask id for masked LM."""
-        if task == MASKED_LM and self.mask_id is not None:
+        if task_component(task).needs_mask_token and self.mask_id is not None:
             return max(self.size, self.mask_id + 1)
         return self.size
 
     def check_fits(self, vocab_size: int | None, task: str) -> None:
         """Raise unless the model can embed every id this tokenizer produces, and masked LM has a mask token."""
-        if task == MASKED_LM and self.mask_id is None:
+        if task_component(task).needs_mask_token and self.mask_id is None:
             raise GaplanError(f"masked LM needs a mask token and the tokenizer {self.name} has none; "
                               f"use a tokenizer with one (--tokenizer DIR)")
         if vocab_size is None:

@@ -42,10 +42,10 @@ def trainer_class(base: str = "Trainer") -> type:
     from torch import nn
     from transformers.utils import logging
 
-    from gaplan.core.tasks import SEQ2SEQ_LM, TASKS, infer_task
+    from gaplan.data.tasks.infer import infer_task
+    from gaplan.data.tasks.registry import task_component, task_names
     from gaplan.training.noise_scale import NoiseScaleMeter
     from gaplan.workload.loss import batch_size, count_step_targets, count_targets, summed_token_loss
-    from gaplan.workload.seq2seq import decoder_inputs
 
     logger = logging.get_logger("gaplan")
 
@@ -65,8 +65,8 @@ def trainer_class(base: str = "Trainer") -> type:
             self.noise_meter: NoiseScaleMeter | None = None  # during train(), when measured
             self._noise_pending = False  # train() started and its meter not yet (see train)
             self._noise_samples = 0
-            if task is not None and task not in TASKS:
-                raise GaplanError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+            if task is not None and task not in task_names():
+                raise GaplanError(f"unknown task {task!r}; choose one of {', '.join(task_names())}")
             if self.label_smoother is not None:
                 raise GaplanError(f"GaplanTrainer's loss is plain cross-entropy: label_smoothing_factor "
                                   f"{self.args.label_smoothing_factor} is not applied (use 0, or the stock Trainer)")
@@ -116,10 +116,9 @@ def trainer_class(base: str = "Trainer") -> type:
             if not self.loss_is_scaled_for_ga:
                 num_items_in_batch = None  # the Trainer's path without a count: this micro-batch's mean
             model_inputs = {k: v for k, v in inputs.items() if k not in NOT_INPUTS}
-            if self.gaplan_task == SEQ2SEQ_LM and "decoder_input_ids" not in model_inputs:
-                # The decoder's inputs by the model's own shift (DataCollatorForSeq2Seq makes them when given the
-                # model); the labels stay out of the call, as for the other tasks.
-                model_inputs["decoder_input_ids"] = decoder_inputs(model, inputs["labels"])
+            # What else the task's call needs (seq2seq-lm: the decoder's inputs by the model's own shift, unless
+            # DataCollatorForSeq2Seq made them, given the model); the labels stay out of the call.
+            task_component(self.gaplan_task).model_inputs(model, inputs, model_inputs)
             outputs = model(**model_inputs)
             if self.compute_loss_func is not None:
                 loss = self.compute_loss_func(outputs, inputs["labels"], num_items_in_batch=num_items_in_batch)

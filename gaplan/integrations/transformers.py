@@ -35,7 +35,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gaplan.core.errors import GaplanError
-from gaplan.core.tasks import infer_task
+from gaplan.data.tasks.infer import infer_task
 from gaplan.plan.split import Plan, make_plan
 
 if TYPE_CHECKING:

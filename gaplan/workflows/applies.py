@@ -57,13 +57,13 @@ def scope_table() -> str:
 
 def check_tokens_apply(spec: Any) -> None:
     """A token budget is one length per sample: a seq2seq-lm sample has two, so ``--batch-by tokens`` is refused."""
-    from gaplan.core.tasks import SEQ2SEQ_LM
+    from gaplan.data.tasks.registry import task_component
     from gaplan.workload.spec import model_source_kind
 
     if model_source_kind(spec.model) == "function":
         return
     from gaplan.workload.build import model_shape
 
-    if spec.target_len is not None or model_shape(spec)[0] == SEQ2SEQ_LM:
+    if spec.target_len is not None or task_component(model_shape(spec)[0]).has_target:
         raise GaplanError("--batch-by tokens budgets one length per sample; a seq2seq-lm sample has two (source and "
                           "target), so it is not supported there: batch by samples (the default)")

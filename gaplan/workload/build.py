@@ -25,19 +25,19 @@ import torch
 from torch import nn
 
 from gaplan.core.errors import GaplanError
-from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, CUSTOM, IGNORE_INDEX, MASKED_LM, SEQ2SEQ_LM
+from gaplan.core.tasks import CAUSAL_LM, CUSTOM
+from gaplan.data.tasks.infer import task_of_config
+from gaplan.data.tasks.registry import task_component
 from gaplan.workload.loss import summed_token_loss
 from gaplan.workload.model_io import load_pretrained, quiet_transformers, weights_files
 from gaplan.workload.optimizers import check_optimizer_device, make_optimizer, optimizer_state_bytes
-from gaplan.workload.seq2seq import decoder_inputs, target_length
+from gaplan.workload.seq2seq import target_length
 from gaplan.workload.spec import DEFAULT_MODEL, PRESETS, WorkloadSpec, model_source_kind
 
 # re-exported: the spec is data; the optimizer's builder and state count live in gaplan.workload.optimizers
 __all__ = ["DEFAULT_MODEL", "PRESETS", "WorkloadSpec", "make_optimizer", "model_source_kind", "optimizer_state_bytes"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # the names of DTYPE_NAMES
-_AUTO_CLASS = {CAUSAL_LM: "AutoModelForCausalLM", MASKED_LM: "AutoModelForMaskedLM",
-               CLASSIFICATION: "AutoModelForSequenceClassification", SEQ2SEQ_LM: "AutoModelForSeq2SeqLM"}
 _MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
@@ -132,8 +132,7 @@ def load_model_config(spec: WorkloadSpec) -> tuple[Any, str, int]:
         known = ", ".join(PRESETS)
         raise GaplanError(f"unknown model {spec.model!r}: not a preset ({known}), not a directory, "
                           "not in the local Hugging Face cache, and not module:function") from None
-    task = spec.task or (SEQ2SEQ_LM if getattr(config, "is_encoder_decoder", False) else
-                         _task_from_architectures(getattr(config, "architectures", None) or []))
+    task = spec.task or task_of_config(config, default=CAUSAL_LM)
     return config, task, 512
 
 
@@ -142,15 +141,6 @@ def model_shape(spec: WorkloadSpec) -> tuple[str, int, int, int]:
     config, task, default_seq_len = load_model_config(spec)
     seq_len = spec.seq_len or min(default_seq_len, _max_positions(config) or default_seq_len)
     return task, seq_len, int(config.vocab_size), int(getattr(config, "num_labels", 2))
-
-
-def _task_from_architectures(architectures: list[str]) -> str:
-    for name in architectures:
-        if name.endswith("ForMaskedLM"):
-            return MASKED_LM
-        if name.endswith("ForSequenceClassification"):
-            return CLASSIFICATION
-    return CAUSAL_LM
 
 
 def _max_positions(config: Any) -> int | None:
@@ -201,7 +191,7 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
     quantize = bool(spec.quantize) and model_device.type != "meta"
     build_device = torch.device("cpu") if quantize else model_device
     if pretrained:
-        model = load_pretrained(folder, _AUTO_CLASS[task], config, DTYPES[spec.weights_dtype], build_device,
+        model = load_pretrained(folder, task_component(task).auto_class, config, DTYPES[spec.weights_dtype], build_device,
                                 spec.trust_remote_code, spec.attention)
     else:
         model = _from_config(spec, config, task, build_device)
@@ -220,6 +210,7 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
     num_labels = int(getattr(config, "num_labels", 2))
     make_batch = _lm_batch_maker(task, seq_len, vocab_size, num_labels, device, target_len)
 
+    component = task_component(task)
     chunk_tokens = spec.chunk_tokens
     if chunk_tokens is not None:
         from gaplan.workload.chunked_loss import chunked_token_loss, default_chunk_tokens, output_head
@@ -229,8 +220,9 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
 
     def raw_loss(module: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k in _MODEL_INPUTS}
-        if task == SEQ2SEQ_LM:  # the labels stay out of the call: the model would compute a mean loss of its own
-            inputs["decoder_input_ids"] = decoder_inputs(module, batch["labels"])
+        # The labels stay out of the call (the model would compute a mean loss of its own); the task adds what else
+        # the call needs (seq2seq-lm: the decoder's inputs).
+        component.model_inputs(module, batch, inputs)
         if chunk_tokens is not None:
             return chunked_token_loss(module, inputs, batch, task, chunk_tokens)
         logits = module(**inputs).logits
@@ -293,7 +285,7 @@ def _from_config(spec: WorkloadSpec, config: Any, task: str, device: torch.devic
     """
     import transformers
 
-    auto = getattr(transformers, _AUTO_CLASS[task])
+    auto = getattr(transformers, task_component(task).auto_class)
     chosen = {"attn_implementation": spec.attention} if spec.attention else {}
     try:
         with torch.device(device), quiet_transformers():
@@ -325,21 +317,12 @@ def _lm_batch_maker(task: str, seq_len: int, vocab_size: int, num_labels: int, d
     """Full-length random batches: the longest a batch can be, so the probe sees the worst case (for seq2seq-lm,
     sources of ``seq_len`` and targets of ``target_len`` tokens)."""
     generator = torch.Generator().manual_seed(1234)
+    component = task_component(task)
 
     def make_batch(size: int) -> dict[str, torch.Tensor]:
         ids = torch.randint(0, vocab_size, (size, seq_len), generator=generator)
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        if task == CAUSAL_LM:
-            batch["labels"] = ids.clone()
-        elif task == MASKED_LM:
-            labels = torch.full_like(ids, IGNORE_INDEX)
-            masked = torch.rand(ids.shape, generator=generator) < 0.15
-            labels[masked] = ids[masked]
-            batch["labels"] = labels
-        elif task == SEQ2SEQ_LM:
-            batch["labels"] = torch.randint(0, vocab_size, (size, target_len or seq_len), generator=generator)
-        else:
-            batch["labels"] = torch.randint(0, num_labels, (size,), generator=generator)
+        batch["labels"] = component.fake_labels(ids, generator, vocab_size, num_labels, target_len)
         return {k: v.to(device) for k, v in batch.items()}
 
     return make_batch

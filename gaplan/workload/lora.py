@@ -14,10 +14,7 @@ import os
 from typing import Any
 
 from gaplan.core.errors import GaplanError
-from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, SEQ2SEQ_LM
-
-# peft's task types: they decide the wrapper class (and so what save_pretrained writes and from_pretrained loads).
-_TASK_TYPES = {CAUSAL_LM: "CAUSAL_LM", CLASSIFICATION: "SEQ_CLS", SEQ2SEQ_LM: "SEQ_2_SEQ_LM"}
+from gaplan.data.tasks.registry import known_task
 
 
 def lora_config(spec: Any, task: str) -> Any:
@@ -30,7 +27,14 @@ def lora_config(spec: Any, task: str) -> Any:
     except ImportError:
         raise GaplanError("--lora needs peft: pip install 'gaplan[lora]'") from None
     return LoraConfig(r=spec.lora_r, lora_alpha=spec.lora_alpha, lora_dropout=spec.lora_dropout,
-                      target_modules=spec.lora_target_modules, task_type=_TASK_TYPES.get(task))
+                      target_modules=spec.lora_target_modules, task_type=_peft_task_type(task))
+
+
+def _peft_task_type(task: str) -> str | None:
+    """peft's task type of ``task`` (its component's): it decides the wrapper class, and so what save_pretrained
+    writes and from_pretrained loads; None for a task peft has none for (masked-lm)."""
+    component = known_task(task)
+    return component.peft_task_type if component is not None else None
 
 
 def apply_lora(model: Any, spec: Any, task: str) -> Any:

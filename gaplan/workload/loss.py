@@ -14,46 +14,32 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gaplan.core.tasks import CAUSAL_LM, CUSTOM, IGNORE_INDEX
+from gaplan.core.tasks import IGNORE_INDEX
+from gaplan.data.tasks.component import batch_size
+from gaplan.data.tasks.registry import task_component
+
+__all__ = ["batch_size", "count_step_targets", "count_targets", "loss_targets", "normalized_loss",
+           "summed_token_loss"]  # batch_size: the components' rule, shared from here as before
 
 
 def count_targets(batch: Mapping[str, Any], task: str) -> int:
-    """Prediction targets in one micro-batch, as the loss will count them.
+    """Prediction targets in one micro-batch, as the loss will count them (the task's component counts them).
 
     Causal LM shifts labels (position 0 has no target) unless the batch carries
     ``shift_labels``; other tasks count the full label tensor, ignoring -100.
     """
-    if task == CAUSAL_LM:
-        if "shift_labels" in batch:
-            return int((batch["shift_labels"] != IGNORE_INDEX).sum())
-        return int((batch["labels"][..., 1:] != IGNORE_INDEX).sum())
-    if "labels" in batch:
-        return int((batch["labels"] != IGNORE_INDEX).sum())
-    return batch_size(batch)  # a custom batch without labels: one item per sample
+    return task_component(task).count_targets(batch)
 
 
 def count_step_targets(micro_batches: Iterable[Mapping[str, Any]], task: str) -> int:
     """``num_items_in_batch`` for one optimizer step on this rank (samples, for a custom workload)."""
-    if task == CUSTOM:
-        return sum(batch_size(mb) for mb in micro_batches)
-    return sum(count_targets(mb, task) for mb in micro_batches)
-
-
-def batch_size(batch: Mapping[str, Any]) -> int:
-    """Samples in a batch: the first dimension of its first tensor."""
-    first = next(v for v in batch.values() if isinstance(v, torch.Tensor))
-    return int(first.shape[0])
+    return task_component(task).count_step_targets(micro_batches)
 
 
 def loss_targets(batch: Mapping[str, Any], task: str) -> torch.Tensor:
-    """The target of each position of a micro-batch's logits (``IGNORE_INDEX`` where none), shaped like the labels."""
-    if task == CAUSAL_LM:
-        if "shift_labels" in batch:
-            return batch["shift_labels"]
-        # Shift the labels, not the logits (as transformers does): slicing off the last position
-        # makes the flattened logits a copy, and its backward another; that cost 10% of a tiny-gpt2 step.
-        return F.pad(batch["labels"][..., 1:], (0, 1), value=IGNORE_INDEX)
-    return batch["labels"]
+    """The target of each position of a micro-batch's logits (``IGNORE_INDEX`` where none), shaped like the labels
+    (causal LM's labels shifted by one)."""
+    return task_component(task).loss_targets(batch)
 
 
 def summed_token_loss(logits: torch.Tensor, batch: Mapping[str, Any], task: str) -> torch.Tensor:

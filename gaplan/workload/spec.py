@@ -11,7 +11,9 @@ from dataclasses import asdict, dataclass, field, fields
 
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import OptionError, positive_finite
-from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, MASKED_LM, SEQ2SEQ_LM, TASKS
+from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, MASKED_LM, SEQ2SEQ_LM
+from gaplan.data.tasks.component import LOSS_CHUNKED, TARGET_LEN
+from gaplan.data.tasks.registry import known_task, task_component, task_names, tasks_taking
 
 DTYPE_NAMES = ("fp32", "bf16", "fp16")
 QUANTIZE = ("4bit",)
@@ -146,8 +148,8 @@ class WorkloadSpec:
 
     def validate(self) -> WorkloadSpec:
         """Check what can be checked without building anything."""
-        if self.task is not None and self.task not in TASKS:
-            raise GaplanError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
+        if self.task is not None and self.task not in task_names():
+            raise GaplanError(f"unknown task {self.task!r}; choose one of {', '.join(task_names())}")
         if self.dtype not in DTYPE_NAMES:
             raise GaplanError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPE_NAMES)}")
         if self.init not in INITS:
@@ -229,14 +231,15 @@ class WorkloadSpec:
 
     def check_loss(self, task: str) -> None:
         """A one-line error for a chunked loss on a model that trains as ``task``, not a language model's head."""
-        if self.chunk_tokens is not None and task not in (CAUSAL_LM, SEQ2SEQ_LM):
-            raise OptionError(f"loss chunked applies to causal-lm and seq2seq-lm models (a language model's head over "
-                              f"the vocabulary); {self.model} trains as {task}: use loss plain", "loss")
+        if self.chunk_tokens is not None and LOSS_CHUNKED not in task_component(task).options:
+            raise OptionError(f"loss chunked applies to {' and '.join(tasks_taking(LOSS_CHUNKED))} models (a language "
+                              f"model's head over the vocabulary); {self.model} trains as {task}: use loss plain", "loss")
 
     def check_target_len(self, task: str) -> None:
         """A one-line error for ``--target-len`` on a model that trains as ``task``, not seq2seq-lm."""
-        if self.target_len is not None and task != SEQ2SEQ_LM:
-            raise OptionError(f"target_len applies to seq2seq-lm models; {self.model} trains as {task}", "target_len")
+        if self.target_len is not None and TARGET_LEN not in task_component(task).options:
+            raise OptionError(f"target_len applies to {' and '.join(tasks_taking(TARGET_LEN))} models; {self.model} "
+                              f"trains as {task}", "target_len")
 
     def _validate_lora(self, kind: str) -> None:
         if self.quantize is not None and self.quantize not in QUANTIZE:
@@ -280,7 +283,8 @@ class WorkloadSpec:
 
 def lengths_text(task: str | None, seq_len: int | None, target_len: int | None) -> str:
     """``seq len 128``, or for seq2seq-lm ``source 128, target 64`` (the target's default: half the source)."""
-    if task == SEQ2SEQ_LM and seq_len:
+    component = known_task(task)
+    if component is not None and component.has_target and seq_len:
         return f"source {seq_len}, target {target_len or default_target_len(seq_len)}"
     return f"seq len {seq_len}"
 
