@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -29,6 +31,14 @@ def test_the_table_holds_the_four_selectable_tasks_and_custom():
     assert tasks_taking(LOSS_CHUNKED) == (CAUSAL_LM, SEQ2SEQ_LM)
     assert tasks_taking(TARGET_LEN) == tasks_taking(TARGET_FIELD) == (SEQ2SEQ_LM,)
     assert tasks_taking(LABEL_FIELD) == (CLASSIFICATION,)
+
+
+def test_the_declarations_import_no_torch():
+    """The torch-free readers of a task (the spec's checks, the data source's, the tokenizer's) stay torch-free."""
+    code = ("import sys, gaplan.data.tasks.registry, gaplan.data.tasks.infer, gaplan.data.source, gaplan.data.tokenizer, "
+            "gaplan.workload.spec; gaplan.data.tasks.registry.task_component('seq2seq-lm').options; "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_an_unknown_task_is_one_line_naming_the_choices():
