@@ -52,6 +52,8 @@ class Tracer:
         self.device = DeviceModel(device_kind, threads)
         self.rows: list[TracedRow] = []
         self.quantized = None  # QLoRA: the 4-bit accounting of the frozen base (gaplan.estimate.quantized)
+        self.pools = None  # on cuda: the allocator's shared segments through each trace (gaplan.estimate.allocator)
+        self.unfilled_segment_bytes = 0  # the most any trace's shared segments held unfilled at its peak
         self._stack = contextlib.ExitStack()
         self.workload: Workload
         self._no_step: Workload
@@ -72,7 +74,7 @@ class Tracer:
             self._stack.enter_context(fast_peak_tracking())
             self._stack.enter_context(quiet_module_tracking())
             self._stack.enter_context(readable_values())
-            self._stack.enter_context(self.device.allocator())
+            self.pools = self._stack.enter_context(self.device.allocator())
             self._stack.enter_context(self.mode)
             self._stack.enter_context(self.helper)
             self._stack.enter_context(self.device.autocast(self.spec.dtype))
@@ -107,6 +109,11 @@ class Tracer:
         if self.quantized is not None:  # the base's weights at 4 bits (their dequantized copies are workspaces)
             categories["parameters"] -= self.quantized.saved_bytes
             total -= self.quantized.saved_bytes
+        if self.pools is not None:  # the reserved peak: what the shared 2 and 20 MiB segments hold unfilled
+            unfilled = self.pools.unfilled()
+            categories["other"] += unfilled
+            total += unfilled
+            self.unfilled_segment_bytes = max(self.unfilled_segment_bytes, unfilled)
         row = TracedRow(micro_batch=breakdown.micro_batch, phase=phase, **categories, tracked_total=total,
                         peak_bytes=total + self.overhead())
         self.rows.append(row)
@@ -161,6 +168,8 @@ class Tracer:
     def extra(self) -> dict[str, Any]:
         data: dict[str, Any] = {"attention_ops": sorted(self.helper.attention_ops)}
         data.update(self.device.extra(self.helper.gemm_panel_bytes, self.helper.graph.nodes))
+        if self.pools is not None:
+            data["unfilled_segment_bytes"] = self.unfilled_segment_bytes
         if self.world_size > 1:
             data.update(parallel="ddp", world_size=self.world_size, ddp_bucket_bytes=self.bucket_bytes)
         step = next((r for r in self.final_rows() if r.phase == "optimizer-step"), None)
@@ -171,7 +180,8 @@ class Tracer:
     def assumptions(self) -> list[Assumption]:
         step = next((r for r in self.rows if r.phase == "optimizer-step"), None)
         notes = trace_assumptions(self.spec, self.device, self.helper, self.static_bytes(),
-                                  step.tracked_total if step is not None else None, self.helper.graph.nodes)
+                                  step.tracked_total if step is not None else None, self.helper.graph.nodes,
+                                  unfilled_segment_bytes=self.unfilled_segment_bytes)
         if self.world_size > 1:
             notes.append(data_parallel_buckets(self.bucket_bytes, self.world_size))
         if self.spec.lora:

@@ -71,6 +71,10 @@ def test_cuda_estimate_checks_its_edge_and_states_its_assumptions():
         assert phrase in text, phrase
     topics = [a.topic for a in result.assumptions]
     assert topics[:3] == ["budget", "steady-state", "allocator"] and "attention" in topics
+    # the reserved peak: what the shared 2 and 20 MiB segments held unfilled is in the rows' "other" and stated
+    allocator = result.assumptions[2]
+    assert "20.00 MiB segments" in allocator.text
+    assert 0 < allocator.values["unfilled_segment_bytes"] == result.extra["unfilled_segment_bytes"] <= steps[edge].other
     assert result.param_count > 0 and result.static_bytes > 0 and result.trace_seconds > 0
     data = json.loads(json.dumps(result.to_dict()))
     assert data["max_micro_batch"] == edge and data["rows"][0]["phase"] == "optimizer-step"
