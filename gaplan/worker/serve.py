@@ -296,11 +296,11 @@ def _serve(requests, reply) -> None:
 
 
 def _imports_initialize_cuda(device: str, spec) -> bool:
-    """True when building ``spec`` here would initialize CUDA: peft imports bitsandbytes when it is installed, and
-    bitsandbytes' import reads each card's compute capability (``torch.cuda.get_device_capability``)."""
-    import importlib.util
+    """True when building ``spec`` here would initialize CUDA (:func:`gaplan.devices.card.imports_initialize_cuda`:
+    bitsandbytes, imported by peft for LoRA, by QLoRA and by the 8-bit optimizers)."""
+    from gaplan.devices.card import imports_initialize_cuda
 
-    return device.startswith("cuda") and spec.lora and importlib.util.find_spec("bitsandbytes") is not None
+    return imports_initialize_cuda(device, spec)
 
 
 def _resolved_device() -> dict:
