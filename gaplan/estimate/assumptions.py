@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gaplan.core.units import format_bytes
+from gaplan.devices.reserve import CONTEXT_BYTES, NCCL_MAX_CHANNELS, NCCL_RING_PEERS
 from gaplan.estimate.allocator import (
     CUDA_BLOCK,
     CUDA_LARGE_ALLOC,
@@ -66,8 +67,8 @@ def target_budget(target, memory_limit: int | None, usable: int) -> Assumption:
     values = {"target": target.name, "total_bytes": target.total_bytes, "context_bytes": target.context_bytes,
               "workspace_bytes": target.workspace_bytes, "usable_bytes": usable}
     if memory_limit is not None:
-        text += (f" The memory limit {format_bytes(memory_limit)} is smaller: it is taken as the allocator's budget, "
-                 f"less the workspaces: {format_bytes(usable)} for tensors.")
+        text += (f" The memory limit {format_bytes(memory_limit)} is smaller: it is taken as the card's memory, less "
+                 f"the same context and workspaces: {format_bytes(usable)} for tensors.")
         values["limit_bytes"] = memory_limit
     return Assumption("budget", text, values)
 
@@ -75,10 +76,24 @@ def target_budget(target, memory_limit: int | None, usable: int) -> Assumption:
 def limit_budget(memory_limit: int, usable: int) -> Assumption:
     return Assumption(
         "budget",
-        f"Memory limit {format_bytes(memory_limit)} taken as the budget of PyTorch's caching allocator (as gaplan probe "
-        f"--memory-limit on CUDA; the CUDA context is outside it), less {format_bytes(WORKSPACE_BYTES_HOPPER)} for "
-        f"cuBLAS/cuBLASLt workspaces (Hopper's, the largest): {format_bytes(usable)} for tensors.",
-        {"limit_bytes": memory_limit, "workspace_bytes": WORKSPACE_BYTES_HOPPER, "usable_bytes": usable})
+        f"Memory limit {format_bytes(memory_limit)} taken as the card's memory (as gaplan probe --memory-limit on "
+        f"CUDA), less {format_bytes(CONTEXT_BYTES)} allowed for the CUDA context (outside PyTorch's allocator) and "
+        f"{format_bytes(WORKSPACE_BYTES_HOPPER)} for cuBLAS/cuBLASLt workspaces (Hopper's, the largest; counted "
+        f"here only, the trace holds none): {format_bytes(usable)} for tensors.",
+        {"limit_bytes": memory_limit, "context_bytes": CONTEXT_BYTES, "workspace_bytes": WORKSPACE_BYTES_HOPPER,
+         "usable_bytes": usable})
+
+
+def nccl_buffers(nccl_bytes: int, world_size: int) -> Assumption:
+    """NCCL's buffers on one of ``world_size`` ranks, added to the peak (:mod:`gaplan.devices.reserve`)."""
+    return Assumption(
+        "outside-pytorch",
+        f"NCCL's buffers on each of the {world_size} ranks, outside PyTorch's allocator and never in a one-process "
+        f"trial: {format_bytes(nccl_bytes)} added to the peak (NCCL_BUFFSIZE, 4 MiB by default per NCCL's "
+        f"documentation, x {NCCL_MAX_CHANNELS} channels at most (NCCL_MAX_NCHANNELS) x {NCCL_RING_PEERS} ring peers; "
+        "an upper bound for the Simple protocol, most topologies open fewer channels).",
+        {"nccl_bytes": nccl_bytes, "world_size": world_size, "channels": NCCL_MAX_CHANNELS,
+         "peers": NCCL_RING_PEERS})
 
 
 # --- the trace and the device model -------------------------------------------------------------------------------
@@ -149,8 +164,8 @@ def _cuda(spec, observed, static: int, temporaries: int, unfilled: int | None) -
         notes.append(Assumption("convolutions", "The model runs convolutions: cuDNN's workspaces, allocated inside the "
                                 "kernels, are not traced; the estimate can be low by the largest one "
                                 "(torch.backends.cudnn.benchmark favours fast algorithms with large workspaces)."))
-    notes.append(Assumption("outside-pytorch", "Nothing else on the GPU (other processes, NCCL buffers, a display) is "
-                            "counted."))
+    notes.append(Assumption("outside-pytorch", "Nothing else on the GPU (other processes, a display) is counted; NCCL's "
+                            "buffers only where ranks talk (a world size above 1)."))
     return notes
 
 

@@ -23,11 +23,7 @@ from gaplan.core.constants import MiB
 from gaplan.estimate.allocator import cuda_segment_pools
 
 # --- CUDA: memory outside PyTorch's tensors ---------------------------------------------------------------------
-# The CUDA context (driver state, per-SM local memory, lazily loaded kernels of PyTorch and its libraries) lives
-# outside PyTorch's allocator. With lazy module loading (CUDA >= 11.7, the default in PyTorch 2.x) it is typically
-# 300-600 MiB; without it, 700-1000 MiB (discuss.pytorch.org threads on the "GPU memory floor"). 512 MiB is
-# reserved; measure yours with ``torch.cuda.mem_get_info()`` right after ``torch.cuda.init()`` and a first matmul.
-CONTEXT_BYTES = 512 * MiB
+# The CUDA context: gaplan.devices.reserve (CONTEXT_BYTES), read by the probe too.
 # cuBLAS and cuBLASLt workspaces, allocated through PyTorch's caching allocator once per stream: PyTorch's default
 # CUBLAS_WORKSPACE_CONFIG is ":4096:2:16:8" (8.125 MiB), 32 MiB on Hopper (sm90); the cuBLASLt workspace is 4 MiB,
 # 32 MiB on Hopper (pytorch/pytorch#89027, #120925, following the cuBLAS guide's advice for cublasSetWorkspace).

@@ -19,11 +19,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from gaplan.core.constants import BREAKDOWN_CATEGORIES
+from gaplan.devices.reserve import nccl_buffer_bytes
 from gaplan.estimate.assumptions import (
     Assumption,
     chunked_loss,
     data_parallel_buckets,
     lora_adapters,
+    nccl_buffers,
     quantized_weights,
     trace_assumptions,
 )
@@ -49,6 +51,8 @@ class Tracer:
         self.spec = spec
         self.world_size = world_size  # above 1: DistributedDataParallel's gradient buckets count (bucket_bytes)
         self.bucket_bytes = 0
+        # above 1 on cuda: NCCL's buffers, outside the allocator and in no one-process trial (gaplan.devices.reserve)
+        self.nccl_bytes = nccl_buffer_bytes(world_size) if device_kind == "cuda" else 0
         self.device = DeviceModel(device_kind, threads)
         self.rows: list[TracedRow] = []
         self.quantized = None  # QLoRA: the 4-bit accounting of the frozen base (gaplan.estimate.quantized)
@@ -150,11 +154,11 @@ class Tracer:
     # -- what the device adds, and what was assumed ----------------------------------------------
 
     def overhead(self) -> int:
-        """Bytes the device holds besides the traced tensors (the CPU process's heap, DDP's buckets).
+        """Bytes the device holds besides the traced tensors (the CPU process's heap, DDP's buckets, NCCL's buffers).
 
         MKL's GEMM buffers are traced, as a workspace at the moment of each product (``DeviceModel.workspace``).
         """
-        return self.device.overhead(self.helper.graph.nodes) + self.bucket_bytes
+        return self.device.overhead(self.helper.graph.nodes) + self.bucket_bytes + self.nccl_bytes
 
     def static_bytes(self) -> int:
         """Weights (4-bit ones at their quantized size), gradients and optimizer states."""
@@ -172,6 +176,8 @@ class Tracer:
             data["unfilled_segment_bytes"] = self.unfilled_segment_bytes
         if self.world_size > 1:
             data.update(parallel="ddp", world_size=self.world_size, ddp_bucket_bytes=self.bucket_bytes)
+            if self.nccl_bytes:
+                data["nccl_bytes"] = self.nccl_bytes
         step = next((r for r in self.final_rows() if r.phase == "optimizer-step"), None)
         if step is not None:
             data["optimizer_step_peak_bytes"] = step.peak_bytes
@@ -184,6 +190,8 @@ class Tracer:
                                   unfilled_segment_bytes=self.unfilled_segment_bytes)
         if self.world_size > 1:
             notes.append(data_parallel_buckets(self.bucket_bytes, self.world_size))
+        if self.nccl_bytes:
+            notes.append(nccl_buffers(self.nccl_bytes, self.world_size))
         if self.spec.lora:
             notes.append(lora_assumption(self.spec, self.workload.model))
         if self.quantized is not None:

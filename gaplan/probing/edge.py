@@ -125,7 +125,10 @@ def probe(
             check_cpu_budget(memory_limit, ranks)
     probe_limit = None if memory_limit is None else int(memory_limit * (1 - margin))
     ddp = (world_size > 1 if ddp is None else ddp) and ranks == 1
-    with WorkerProcess(spec, device, probe_limit, threads=threads, ddp=ddp, ranks=ranks) as worker:
+    # A --memory-limit is the card's memory: on CUDA the worker takes the context's allowance (and NCCL's, above
+    # one rank) off it before it caps the allocator (gaplan.devices.reserve), as the estimate does.
+    with WorkerProcess(spec, device, probe_limit, threads=threads, ddp=ddp, ranks=ranks,
+                       card_limit=not budget_is_default) as worker:
         if callable(start):  # worked out while the worker starts (its imports take seconds): an estimate's edge
             start = start()
         info = worker.info

@@ -82,7 +82,7 @@ def _build_under_budget(setup: WorkerSetup, enforce: bool = True, rank: int | No
     if setup.threads:
         torch.set_num_threads(setup.threads)
     backend = make_backend(device)
-    backend.activate(setup.limit_bytes, enforce=enforce)
+    backend.activate(setup.allocator_limit(backend.name), enforce=enforce)
     started = _lap(phases, "budget", started)
     # Weights don't change memory: trials build from the config, directly on the device, and read no checkpoint.
     spec = WorkloadSpec(**setup.workload)
@@ -182,7 +182,7 @@ def _describe(setup: WorkerSetup, static: int | None, rank: int | None = None) -
         if not is_out_of_memory(exc):
             raise
         backend = make_backend(rank_device(setup.device, rank))
-        backend.activate(setup.limit_bytes)
+        backend.activate(setup.allocator_limit(backend.name))
         return {"error": "does-not-fit", "limit_bytes": backend.limit_bytes, "static_bytes": static}
     return {
         "ready": True,

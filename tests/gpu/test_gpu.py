@@ -156,7 +156,7 @@ print(json.dumps({"used": total - free, "reserved": torch.cuda.memory_reserved()
 def test_the_cuda_context_outside_the_allocator(record_property):
     """What a trial's process holds on the card outside torch's allocator (the context, kernels, cuBLAS's handles),
     against the estimate's CONTEXT_BYTES: what --memory-limit and the reserved peak do not see."""
-    from gaplan.estimate.device import CONTEXT_BYTES
+    from gaplan.devices.reserve import CONTEXT_BYTES
 
     done = subprocess.run([sys.executable, "-c", CONTEXT], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
