@@ -48,3 +48,16 @@ def test_gaplan_probe_says_when_its_budget_is_a_given_cards_memory(monkeypatch, 
         probing.probe(WorkloadSpec(seq_len=16), device="cuda", memory_limit=limit)
     assert seen == {"limit": limit or 80 * GiB, "card_limit": limit is not None}
     assert os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1"
+
+
+def test_target_on_a_larger_card_is_that_cards_memory(monkeypatch):
+    """``gaplan probe --target t4`` gives the T4's memory as a card's: the worker takes the context's allowance off
+    it (not a second time: the target's own usable bytes have it off already), the workspaces stay in the allocator."""
+    DriverTripwire(monkeypatch)
+    from gaplan.cli.main import target_limit
+    from gaplan.estimate import lookup_target
+
+    t4 = lookup_target("t4")
+    limit = target_limit({"target": "t4", "memory_limit": None, "device": "cuda"})
+    assert limit == t4.total_bytes
+    assert WorkerSetup({}, "cuda:0", limit, card_limit=True).allocator_limit("cuda:0") == t4.usable_bytes + t4.workspace_bytes
