@@ -79,7 +79,9 @@ def probe(
     Args:
         spec: the workload (default: the built-in small causal LM).
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
-        memory_limit: the budget in bytes (CPU default :data:`DEFAULT_CPU_BUDGET`; CUDA: the card).
+        memory_limit: the budget in bytes (CPU default :data:`DEFAULT_CPU_BUDGET`; CUDA: the card). On CUDA a given
+            limit is a card's memory: the allocator's cap is that less the context's allowance, and NCCL's above
+            one rank (:mod:`gaplan.devices.reserve`); the result's ``probe_limit_bytes`` is the cap.
         margin: fraction of the budget kept free as headroom (trials run under ``(1 - margin) * budget``).
         search_cap: no trial above this; default ``ceil(effective_batch / world_size)``, since a larger
             micro-batch is never of use to the plan (when it fits, the result says ``capped``).
