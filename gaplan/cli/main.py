@@ -272,7 +272,8 @@ def _probe_by_tokens(spec: Any, memory_limit: int | None, options: dict[str, Any
 
 
 def target_limit(options: dict[str, Any]) -> int | None:
-    """``--target``'s usable memory (the card less its CUDA context and workspaces), to emulate it on a larger GPU."""
+    """``--target``'s memory, to emulate it on a larger GPU: a card's memory, as ``--memory-limit`` is, so the probe's
+    worker takes the context's allowance off it and the allocator holds the rest, cuBLAS's workspaces included."""
     if not options["target"]:
         return None
     from gaplan.estimate import lookup_target
@@ -283,7 +284,7 @@ def target_limit(options: dict[str, Any]) -> int | None:
 
     if resolve_device(options["device"]) == "cpu":
         raise GaplanError("--target emulates a GPU on a larger one: it needs a CUDA device (this run is on CPU)")
-    return lookup_target(options["target"]).usable_bytes
+    return lookup_target(options["target"]).total_bytes
 
 
 @main.command(name="report")

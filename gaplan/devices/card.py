@@ -66,6 +66,22 @@ def cuda_initialized() -> bool:
     return bool(torch is not None and torch.cuda.is_initialized())
 
 
+def imports_bitsandbytes(spec) -> bool:
+    """Whether building ``spec`` imports bitsandbytes: installed, and LoRA (peft imports it when it is installed),
+    QLoRA or an 8-bit optimizer asked for."""
+    import importlib.util
+
+    asked = spec.lora or spec.quantize or spec.optimizer in ("adamw-8bit", "paged-adamw-8bit")
+    return bool(asked) and importlib.util.find_spec("bitsandbytes") is not None
+
+
+def imports_initialize_cuda(device: str, spec) -> bool:
+    """Whether building ``spec`` in a process that works on ``device`` would initialize CUDA there: bitsandbytes'
+    import reads each card's compute capability (``torch.cuda.get_device_capability``, which initializes torch's
+    CUDA) on a machine with a card. Such a build belongs in a child, never in a process that forks trials."""
+    return device.startswith("cuda") and imports_bitsandbytes(spec)
+
+
 def cuda_cards() -> CudaCards:
     """The cards, asked once per process: in a forked child, unless this process's CUDA is initialized already."""
     global _asked

@@ -11,13 +11,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gaplan.core.units import format_bytes
+from gaplan.devices.reserve import CONTEXT_BYTES, NCCL_MAX_CHANNELS, NCCL_RING_PEERS
+from gaplan.estimate.allocator import (
+    CUDA_BLOCK,
+    CUDA_LARGE_ALLOC,
+    CUDA_MID_SEGMENT,
+    CUDA_ROUND_LARGE,
+    CUDA_SMALL_SEGMENT,
+    CUDA_SMALL_SIZE,
+)
 from gaplan.estimate.attention import describe_calls
 from gaplan.estimate.device import (
     CPU_HEAP_BYTES,
     CPU_HEAP_BYTES_PER_NODE,
-    CUDA_BLOCK,
-    CUDA_LARGE_ALLOC,
-    CUDA_ROUND_LARGE,
     MKL_PANEL_K,
     MKL_PANEL_N,
     WORKSPACE_BYTES_HOPPER,
@@ -61,8 +67,8 @@ def target_budget(target, memory_limit: int | None, usable: int) -> Assumption:
     values = {"target": target.name, "total_bytes": target.total_bytes, "context_bytes": target.context_bytes,
               "workspace_bytes": target.workspace_bytes, "usable_bytes": usable}
     if memory_limit is not None:
-        text += (f" The memory limit {format_bytes(memory_limit)} is smaller: it is taken as the allocator's budget, "
-                 f"less the workspaces: {format_bytes(usable)} for tensors.")
+        text += (f" The memory limit {format_bytes(memory_limit)} is smaller: it is taken as the card's memory, less "
+                 f"the same context and workspaces: {format_bytes(usable)} for tensors.")
         values["limit_bytes"] = memory_limit
     return Assumption("budget", text, values)
 
@@ -70,10 +76,24 @@ def target_budget(target, memory_limit: int | None, usable: int) -> Assumption:
 def limit_budget(memory_limit: int, usable: int) -> Assumption:
     return Assumption(
         "budget",
-        f"Memory limit {format_bytes(memory_limit)} taken as the budget of PyTorch's caching allocator (as gaplan probe "
-        f"--memory-limit on CUDA; the CUDA context is outside it), less {format_bytes(WORKSPACE_BYTES_HOPPER)} for "
-        f"cuBLAS/cuBLASLt workspaces (Hopper's, the largest): {format_bytes(usable)} for tensors.",
-        {"limit_bytes": memory_limit, "workspace_bytes": WORKSPACE_BYTES_HOPPER, "usable_bytes": usable})
+        f"Memory limit {format_bytes(memory_limit)} taken as the card's memory (as gaplan probe --memory-limit on "
+        f"CUDA), less {format_bytes(CONTEXT_BYTES)} allowed for the CUDA context (outside PyTorch's allocator) and "
+        f"{format_bytes(WORKSPACE_BYTES_HOPPER)} for cuBLAS/cuBLASLt workspaces (Hopper's, the largest; counted "
+        f"here only, the trace holds none): {format_bytes(usable)} for tensors.",
+        {"limit_bytes": memory_limit, "context_bytes": CONTEXT_BYTES, "workspace_bytes": WORKSPACE_BYTES_HOPPER,
+         "usable_bytes": usable})
+
+
+def nccl_buffers(nccl_bytes: int, world_size: int) -> Assumption:
+    """NCCL's buffers on one of ``world_size`` ranks, added to the peak (:mod:`gaplan.devices.reserve`)."""
+    return Assumption(
+        "outside-pytorch",
+        f"NCCL's buffers on each of the {world_size} ranks, outside PyTorch's allocator and never in a one-process "
+        f"trial: {format_bytes(nccl_bytes)} added to the peak (NCCL_BUFFSIZE, 4 MiB by default per NCCL's "
+        f"documentation, x {NCCL_MAX_CHANNELS} channels at most (NCCL_MAX_NCHANNELS) x {NCCL_RING_PEERS} ring peers; "
+        "an upper bound for the Simple protocol, most topologies open fewer channels).",
+        {"nccl_bytes": nccl_bytes, "world_size": world_size, "channels": NCCL_MAX_CHANNELS,
+         "peers": NCCL_RING_PEERS})
 
 
 # --- the trace and the device model -------------------------------------------------------------------------------
@@ -81,7 +101,8 @@ def limit_budget(memory_limit: int, usable: int) -> Assumption:
 
 def trace_assumptions(spec, device: DeviceModel, observed, static_bytes: int,
                       optimizer_step_bytes: int | None, graph_nodes: int,
-                      panel_at_every_peak: bool = False) -> list[Assumption]:
+                      panel_at_every_peak: bool = False,
+                      unfilled_segment_bytes: int | None = None) -> list[Assumption]:
     """What the traces of ``spec`` assumed on ``device``.
 
     Args:
@@ -92,6 +113,8 @@ def trace_assumptions(spec, device: DeviceModel, observed, static_bytes: int,
         static_bytes: weights, gradients and optimizer states.
         optimizer_step_bytes: the optimizer step's traced bytes (None when it was not traced).
         graph_nodes: a micro-step's autograd nodes (a CPU process's heap grows with them).
+        unfilled_segment_bytes: on cuda, the most the allocator's shared segments held unfilled at a trace's peak
+            (added to it); None where the trace does not follow them (a sharded trace).
     """
     notes = [Assumption("steady-state", "Steady state: optimizer states exist and gradients are held across micro-steps, "
                         "so the peak is the larger of the micro-steps' (weights, gradients, optimizer states, one "
@@ -99,7 +122,7 @@ def trace_assumptions(spec, device: DeviceModel, observed, static_bytes: int,
     temporaries = max(0, optimizer_step_bytes - static_bytes) if optimizer_step_bytes is not None else 0
     if device.kind == "cpu":
         return notes + _cpu_process(spec, device, observed, temporaries, graph_nodes, panel_at_every_peak)
-    return notes + _cuda(spec, observed, static_bytes, temporaries)
+    return notes + _cuda(spec, observed, static_bytes, temporaries, unfilled_segment_bytes)
 
 
 def _cpu_process(spec, device: DeviceModel, observed, temporaries: int, graph_nodes: int,
@@ -127,14 +150,8 @@ def _cpu_process(spec, device: DeviceModel, observed, temporaries: int, graph_no
     return notes
 
 
-def _cuda(spec, observed, static: int, temporaries: int) -> list[Assumption]:
-    notes = [Assumption(
-        "allocator",
-        f"CUDA caching allocator: every tensor counted at its block size, rounded up to {CUDA_BLOCK} bytes, and "
-        f"allocations of {format_bytes(CUDA_LARGE_ALLOC)} or more at their {format_bytes(CUDA_ROUND_LARGE)}-rounded "
-        "segment; fragmentation of the allocator's cache beyond that is not modelled (the reserved peak can be a few "
-        "percent higher: keep a margin, or check with gaplan probe on the card).",
-        {"block_bytes": CUDA_BLOCK, "large_alloc_bytes": CUDA_LARGE_ALLOC, "round_large_bytes": CUDA_ROUND_LARGE})]
+def _cuda(spec, observed, static: int, temporaries: int, unfilled: int | None) -> list[Assumption]:
+    notes = [allocator_segments(unfilled)]
     notes.append(_optimizer(spec.optimizer, "cuda", temporaries, static))
     notes.append(_attention(observed.attention_ops, observed.cuda_attention_calls))
     if spec.dtype != "fp32":
@@ -147,9 +164,31 @@ def _cuda(spec, observed, static: int, temporaries: int) -> list[Assumption]:
         notes.append(Assumption("convolutions", "The model runs convolutions: cuDNN's workspaces, allocated inside the "
                                 "kernels, are not traced; the estimate can be low by the largest one "
                                 "(torch.backends.cudnn.benchmark favours fast algorithms with large workspaces)."))
-    notes.append(Assumption("outside-pytorch", "Nothing else on the GPU (other processes, NCCL buffers, a display) is "
-                            "counted."))
+    notes.append(Assumption("outside-pytorch", "Nothing else on the GPU (other processes, a display) is counted; NCCL's "
+                            "buffers only where ranks talk (a world size above 1)."))
     return notes
+
+
+def allocator_segments(unfilled: int | None) -> Assumption:
+    """The CUDA caching allocator as the estimate models it (:mod:`gaplan.estimate.allocator`); ``unfilled``: what
+    its shared segments held unfilled at the peak and was added (None: not followed, in a sharded trace)."""
+    values = {"block_bytes": CUDA_BLOCK, "small_size_bytes": CUDA_SMALL_SIZE,
+              "small_segment_bytes": CUDA_SMALL_SEGMENT, "mid_segment_bytes": CUDA_MID_SEGMENT,
+              "large_alloc_bytes": CUDA_LARGE_ALLOC, "round_large_bytes": CUDA_ROUND_LARGE}
+    text = (f"CUDA caching allocator, its reserved peak: every tensor counted at its block (rounded up to {CUDA_BLOCK} "
+            f"bytes); blocks of {format_bytes(CUDA_SMALL_SIZE)} or less share {format_bytes(CUDA_SMALL_SEGMENT)} "
+            f"segments and blocks under {format_bytes(CUDA_LARGE_ALLOC)} share {format_bytes(CUDA_MID_SEGMENT)} "
+            f"segments, ")
+    if unfilled is None:
+        text += "not followed in this trace (what those segments hold unfilled is not counted); "
+    else:
+        text += (f"which stay reserved once made: what they held unfilled at the peak, packed without gaps, is added "
+                 f"({format_bytes(unfilled)} at most); ")
+        values["unfilled_segment_bytes"] = unfilled
+    text += (f"a block of {format_bytes(CUDA_LARGE_ALLOC)} or more is its own segment, rounded up to "
+             f"{format_bytes(CUDA_ROUND_LARGE)}. Fragmentation inside the segments is not modelled (the reserved peak "
+             "can be a few percent higher: keep a margin, or check with gaplan probe on the card).")
+    return Assumption("allocator", text, values)
 
 
 _STATES = {

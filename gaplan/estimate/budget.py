@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from gaplan.core.constants import DEFAULT_CPU_BUDGET
 from gaplan.core.errors import GaplanError
 from gaplan.core.units import format_bytes
+from gaplan.devices.reserve import CONTEXT_BYTES
 from gaplan.estimate import assumptions
 from gaplan.estimate.assumptions import Assumption
 from gaplan.estimate.device import WORKSPACE_BYTES_HOPPER
@@ -40,15 +41,25 @@ def budget(device_kind: str, memory_limit: int | None, target: str | None) -> Bu
         return Budget(None, limit, limit, assumptions.cpu_budget(limit))
     if target is None and memory_limit is None:
         target = DEFAULT_TARGET
+    # A memory limit is the card's memory, as gaplan probe --memory-limit takes it on CUDA: the context's allowance
+    # (gaplan.devices.reserve) and the cuBLAS workspaces come off it, as off a target's total. The workspaces come
+    # off once: cuBLAS allocates them through the caching allocator at its first GEMM on the card, and the trace's
+    # products run on fake CPU tensors, so no traced storage holds them (tests/estimate/test_budget.py).
     if target is not None:
         the_target = lookup_target(target)
-        if memory_limit is not None and memory_limit - the_target.workspace_bytes < the_target.usable_bytes:
-            usable = memory_limit - the_target.workspace_bytes  # the limit is the allocator's budget
+        if memory_limit is not None and memory_limit - the_target.reserve_bytes < the_target.usable_bytes:
+            usable = memory_limit - the_target.reserve_bytes
+            _check_usable(usable, memory_limit)
             return Budget(the_target, memory_limit, usable, assumptions.target_budget(the_target, memory_limit, usable))
         usable = the_target.usable_bytes
         return Budget(the_target, the_target.total_bytes, usable, assumptions.target_budget(the_target, None, usable))
     assert memory_limit is not None
-    usable = memory_limit - WORKSPACE_BYTES_HOPPER
-    if usable <= 0:
-        raise GaplanError(f"--memory-limit {format_bytes(memory_limit)} leaves nothing for tensors after the cuBLAS workspaces")
+    usable = memory_limit - CONTEXT_BYTES - WORKSPACE_BYTES_HOPPER
+    _check_usable(usable, memory_limit)
     return Budget(None, memory_limit, usable, assumptions.limit_budget(memory_limit, usable))
+
+
+def _check_usable(usable: int, memory_limit: int) -> None:
+    if usable <= 0:
+        raise GaplanError(f"--memory-limit {format_bytes(memory_limit)} leaves nothing for tensors after the CUDA "
+                          "context and the cuBLAS workspaces")

@@ -3,7 +3,8 @@
 Fake tensors stay on ``cpu`` (fake ``cuda`` tensors abort a CPU-only build), so the differences of
 the device are modelled here and stated as assumptions (:mod:`gaplan.estimate.assumptions`):
 
-* ``cuda``: every tensor counted at the caching allocator's block size, the optimizer as torch runs
+* ``cuda``: every tensor counted at the caching allocator's block size and the segments they share
+  (:mod:`gaplan.estimate.allocator`), the optimizer as torch runs
   it for CUDA parameters (foreach), CUDA autocast's float32 op list under mixed precision, and the
   memory outside PyTorch's tensors (CUDA context, cuBLAS workspaces) taken off the target;
 * ``cpu``: what a CPU trial's resident-memory peak holds besides tensors (heap, MKL's GEMM
@@ -19,29 +20,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from gaplan.core.constants import MiB
-from gaplan.estimate.torch_private import missing, private, private_attr
+from gaplan.estimate.allocator import cuda_segment_pools
 
 # --- CUDA: memory outside PyTorch's tensors ---------------------------------------------------------------------
-# The CUDA context (driver state, per-SM local memory, lazily loaded kernels of PyTorch and its libraries) lives
-# outside PyTorch's allocator. With lazy module loading (CUDA >= 11.7, the default in PyTorch 2.x) it is typically
-# 300-600 MiB; without it, 700-1000 MiB (discuss.pytorch.org threads on the "GPU memory floor"). 512 MiB is
-# reserved; measure yours with ``torch.cuda.mem_get_info()`` right after ``torch.cuda.init()`` and a first matmul.
-CONTEXT_BYTES = 512 * MiB
+# The CUDA context: gaplan.devices.reserve (CONTEXT_BYTES), read by the probe too.
 # cuBLAS and cuBLASLt workspaces, allocated through PyTorch's caching allocator once per stream: PyTorch's default
 # CUBLAS_WORKSPACE_CONFIG is ":4096:2:16:8" (8.125 MiB), 32 MiB on Hopper (sm90); the cuBLASLt workspace is 4 MiB,
 # 32 MiB on Hopper (pytorch/pytorch#89027, #120925, following the cuBLAS guide's advice for cublasSetWorkspace).
 WORKSPACE_BYTES_HOPPER = 32 * MiB + 32 * MiB  # cuBLAS + cuBLASLt, sm90
 WORKSPACE_BYTES_OTHER = (2 * 4096 + 8 * 16) * 1024 + 4 * MiB  # cuBLAS ":4096:2:16:8" + cuBLASLt 4 MiB
-
-# --- CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp) -------------------------------------------------
-# Blocks are multiples of kMinBlockSize (512 B); an allocation of kMinLargeAlloc (10 MiB) or more gets its own
-# segment rounded to kRoundLarge (2 MiB). Smaller ones share segments: up to 1 MiB in 2 MiB ones (kSmallBuffer),
-# 1-10 MiB in 20 MiB ones (kLargeBuffer). Counting each storage at its block size leaves out what those shared
-# segments hold unfilled at the peak: up to 20 MiB + 2 MiB, more with fragmentation. Not modelled: MemTracker counts
-# storages one by one, and the rule is about the pool they share (issue 45, docs/gpu.md).
-CUDA_BLOCK = 512
-CUDA_LARGE_ALLOC = 10 * MiB
-CUDA_ROUND_LARGE = 2 * MiB
 
 # --- CUDA autocast ------------------------------------------------------------------------------------------------
 # The float32 list of CUDA autocast (PyTorch's "CUDA Ops that can autocast to float32"): on CUDA these run in fp32
@@ -109,15 +96,6 @@ class GraphCount:
         return loss
 
 
-def cuda_block_bytes(nbytes: int) -> int:
-    """Bytes the CUDA caching allocator sets aside for a tensor of ``nbytes``."""
-    if nbytes <= 0:
-        return 0
-    if nbytes >= CUDA_LARGE_ALLOC:
-        return -(-nbytes // CUDA_ROUND_LARGE) * CUDA_ROUND_LARGE
-    return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK
-
-
 def mkl_panel_bytes(k: int, n: int) -> int:
     """MKL's sgemm packing buffer per thread for a float32 product (M, K) x (K, N)."""
     return 4 * min(k, MKL_PANEL_K) * min(n, MKL_PANEL_N)
@@ -145,25 +123,6 @@ def gemm_panel_bytes(func: Any, args: tuple) -> int:
     a, b = operands
     # MKL sgemm; bf16/fp16 products go to oneDNN, measured without such a buffer
     return mkl_panel_bytes(a.shape[-1], b.shape[-1]) if a.dtype == torch.float32 else 0
-
-
-@contextlib.contextmanager
-def cuda_block_rounding() -> Iterator[None]:
-    """Count each storage at the CUDA caching allocator's size (MemTracker does so only for cuda tensors)."""
-    info = private("torch.distributed._tools.mem_tracker", "_WeakRefInfo")
-    original = private_attr(info, "_calculate_mem_consumed")
-    init_code = getattr(info.__init__, "__code__", None)
-    if init_code is None or not {"size", "element_size"} <= set(init_code.co_names):
-        raise missing("_WeakRefInfo.size and .element_size")
-
-    def rounded(self) -> int:
-        return cuda_block_bytes(self.size * self.element_size)
-
-    info._calculate_mem_consumed = rounded
-    try:
-        yield
-    finally:
-        info._calculate_mem_consumed = original
 
 
 @contextlib.contextmanager
@@ -264,8 +223,9 @@ class DeviceModel:
         return CudaAttention(calls)
 
     def allocator(self) -> contextlib.AbstractContextManager:
-        """How MemTracker counts a storage: at the CUDA allocator's block size on ``cuda``, as is on ``cpu``."""
-        return cuda_block_rounding() if self.kind == "cuda" else contextlib.nullcontext()
+        """How MemTracker counts a storage: on ``cuda`` at the CUDA allocator's block, the shared segments followed
+        (it yields the :class:`gaplan.estimate.allocator.TracePools`); on ``cpu`` as is (it yields None)."""
+        return cuda_segment_pools() if self.kind == "cuda" else contextlib.nullcontext()
 
     def autocast(self, dtype: str) -> contextlib.AbstractContextManager:
         """CUDA autocast's float32 op list over CPU autocast, for mixed precision on ``cuda``."""

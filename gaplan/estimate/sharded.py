@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import OptionError
-from gaplan.estimate.assumptions import Assumption, sharded_assumptions, trace_assumptions
+from gaplan.devices.reserve import nccl_buffer_bytes
+from gaplan.estimate.assumptions import Assumption, nccl_buffers, sharded_assumptions, trace_assumptions
 from gaplan.estimate.depth import extrapolate, truncated_copy, uniform_stack
 from gaplan.estimate.device import DeviceModel, GraphCount
 from gaplan.estimate.fake import fake_batch_maker, fake_tensor_errors, fake_tensor_mode, readable_values
@@ -322,7 +323,11 @@ class ShardedTracer:
         # FSDPMemTracker counts no operator workspace (measure_breakdown's), so on CPU the largest product's MKL
         # buffer is taken as live at every peak: an upper bound, by up to that buffer.
         panel = self.helper.gemm_panel_bytes if self.device.kind == "cpu" else 0
-        return self.device.overhead(self.graph_nodes()) + panel
+        return self.device.overhead(self.graph_nodes()) + panel + self.nccl_bytes()
+
+    def nccl_bytes(self) -> int:
+        """NCCL's buffers on a rank, outside the allocator (gaplan.devices.reserve); none on CPU (gloo)."""
+        return nccl_buffer_bytes(self.world_size) if self.device.kind == "cuda" else 0
 
     def graph_nodes(self) -> int:
         """A micro-step's autograd nodes at full depth, on the line through the traced depths (0 before a trace)."""
@@ -354,4 +359,6 @@ class ShardedTracer:
                                   step.tracked_total if step is not None else None, self.graph_nodes(),
                                   panel_at_every_peak=True)
         notes += sharded_assumptions(self.spec, self.device.kind, self.world_size, self.blocks, self.depths)
+        if self.nccl_bytes():
+            notes.append(nccl_buffers(self.nccl_bytes(), self.world_size))
         return notes + ([lora_assumption(self.spec, self.workload.model)] if self.spec.lora else [])

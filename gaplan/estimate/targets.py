@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass
 
 from gaplan.core.constants import MiB
 from gaplan.core.errors import GaplanError
-from gaplan.estimate.device import CONTEXT_BYTES, WORKSPACE_BYTES_HOPPER, WORKSPACE_BYTES_OTHER
+from gaplan.devices.reserve import CONTEXT_BYTES
+from gaplan.estimate.device import WORKSPACE_BYTES_HOPPER, WORKSPACE_BYTES_OTHER
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from gaplan.core.constants import BREAKDOWN_CATEGORIES
+from gaplan.devices.reserve import nccl_buffer_bytes
 from gaplan.estimate.assumptions import (
     Assumption,
     chunked_loss,
     data_parallel_buckets,
     lora_adapters,
+    nccl_buffers,
     quantized_weights,
     trace_assumptions,
 )
@@ -49,9 +51,13 @@ class Tracer:
         self.spec = spec
         self.world_size = world_size  # above 1: DistributedDataParallel's gradient buckets count (bucket_bytes)
         self.bucket_bytes = 0
+        # above 1 on cuda: NCCL's buffers, outside the allocator and in no one-process trial (gaplan.devices.reserve)
+        self.nccl_bytes = nccl_buffer_bytes(world_size) if device_kind == "cuda" else 0
         self.device = DeviceModel(device_kind, threads)
         self.rows: list[TracedRow] = []
         self.quantized = None  # QLoRA: the 4-bit accounting of the frozen base (gaplan.estimate.quantized)
+        self.pools = None  # on cuda: the allocator's shared segments through each trace (gaplan.estimate.allocator)
+        self.unfilled_segment_bytes = 0  # the most any trace's shared segments held unfilled at its peak
         self._stack = contextlib.ExitStack()
         self.workload: Workload
         self._no_step: Workload
@@ -72,7 +78,7 @@ class Tracer:
             self._stack.enter_context(fast_peak_tracking())
             self._stack.enter_context(quiet_module_tracking())
             self._stack.enter_context(readable_values())
-            self._stack.enter_context(self.device.allocator())
+            self.pools = self._stack.enter_context(self.device.allocator())
             self._stack.enter_context(self.mode)
             self._stack.enter_context(self.helper)
             self._stack.enter_context(self.device.autocast(self.spec.dtype))
@@ -107,6 +113,11 @@ class Tracer:
         if self.quantized is not None:  # the base's weights at 4 bits (their dequantized copies are workspaces)
             categories["parameters"] -= self.quantized.saved_bytes
             total -= self.quantized.saved_bytes
+        if self.pools is not None:  # the reserved peak: what the shared 2 and 20 MiB segments hold unfilled
+            unfilled = self.pools.unfilled()
+            categories["other"] += unfilled
+            total += unfilled
+            self.unfilled_segment_bytes = max(self.unfilled_segment_bytes, unfilled)
         row = TracedRow(micro_batch=breakdown.micro_batch, phase=phase, **categories, tracked_total=total,
                         peak_bytes=total + self.overhead())
         self.rows.append(row)
@@ -143,11 +154,11 @@ class Tracer:
     # -- what the device adds, and what was assumed ----------------------------------------------
 
     def overhead(self) -> int:
-        """Bytes the device holds besides the traced tensors (the CPU process's heap, DDP's buckets).
+        """Bytes the device holds besides the traced tensors (the CPU process's heap, DDP's buckets, NCCL's buffers).
 
         MKL's GEMM buffers are traced, as a workspace at the moment of each product (``DeviceModel.workspace``).
         """
-        return self.device.overhead(self.helper.graph.nodes) + self.bucket_bytes
+        return self.device.overhead(self.helper.graph.nodes) + self.bucket_bytes + self.nccl_bytes
 
     def static_bytes(self) -> int:
         """Weights (4-bit ones at their quantized size), gradients and optimizer states."""
@@ -161,8 +172,12 @@ class Tracer:
     def extra(self) -> dict[str, Any]:
         data: dict[str, Any] = {"attention_ops": sorted(self.helper.attention_ops)}
         data.update(self.device.extra(self.helper.gemm_panel_bytes, self.helper.graph.nodes))
+        if self.pools is not None:
+            data["unfilled_segment_bytes"] = self.unfilled_segment_bytes
         if self.world_size > 1:
             data.update(parallel="ddp", world_size=self.world_size, ddp_bucket_bytes=self.bucket_bytes)
+            if self.nccl_bytes:
+                data["nccl_bytes"] = self.nccl_bytes
         step = next((r for r in self.final_rows() if r.phase == "optimizer-step"), None)
         if step is not None:
             data["optimizer_step_peak_bytes"] = step.peak_bytes
@@ -171,9 +186,12 @@ class Tracer:
     def assumptions(self) -> list[Assumption]:
         step = next((r for r in self.rows if r.phase == "optimizer-step"), None)
         notes = trace_assumptions(self.spec, self.device, self.helper, self.static_bytes(),
-                                  step.tracked_total if step is not None else None, self.helper.graph.nodes)
+                                  step.tracked_total if step is not None else None, self.helper.graph.nodes,
+                                  unfilled_segment_bytes=self.unfilled_segment_bytes)
         if self.world_size > 1:
             notes.append(data_parallel_buckets(self.bucket_bytes, self.world_size))
+        if self.nccl_bytes:
+            notes.append(nccl_buffers(self.nccl_bytes, self.world_size))
         if self.spec.lora:
             notes.append(lora_assumption(self.spec, self.workload.model))
         if self.quantized is not None:

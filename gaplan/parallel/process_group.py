@@ -88,12 +88,18 @@ def local_device(device: str) -> str:
 
 
 def init_distributed(device: str) -> Distributed:
-    """Join the torchrun process group when its environment says so, on this process's local device."""
+    """Join the torchrun process group when its environment says so.
+
+    It does not bind the CUDA device: ``torch.cuda.set_device`` creates the primary context (CUDA 12 creates it
+    eagerly), hundreds of MiB on the card. Here that would sit on the card of the node's first process while it
+    probes, a second context beside the trial's own that training will not have. The device is bound by the memory
+    meter (``CudaBackend.activate``), after the plan and before the model is built; until then the ranks talk
+    through gloo only (CPU tensors, and a barrier on a "cpu:gloo,cuda:nccl" group goes to gloo), which needs no
+    device, and NCCL makes its communicator at its first collective, on the device bound by then.
+    """
     import torch.distributed as dist
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        if device.startswith("cuda"):
-            torch.cuda.set_device(torch.device(local_device(device)))
         # A node's first process probes while the others wait in a barrier: allow for a long probe.
         try:
             dist.init_process_group(process_group_backend(device), timeout=datetime.timedelta(hours=2))

@@ -79,7 +79,9 @@ def probe(
     Args:
         spec: the workload (default: the built-in small causal LM).
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
-        memory_limit: the budget in bytes (CPU default :data:`DEFAULT_CPU_BUDGET`; CUDA: the card).
+        memory_limit: the budget in bytes (CPU default :data:`DEFAULT_CPU_BUDGET`; CUDA: the card). On CUDA a given
+            limit is a card's memory: the allocator's cap is that less the context's allowance, and NCCL's above
+            one rank (:mod:`gaplan.devices.reserve`); the result's ``probe_limit_bytes`` is the cap.
         margin: fraction of the budget kept free as headroom (trials run under ``(1 - margin) * budget``).
         search_cap: no trial above this; default ``ceil(effective_batch / world_size)``, since a larger
             micro-batch is never of use to the plan (when it fits, the result says ``capped``).
@@ -125,7 +127,10 @@ def probe(
             check_cpu_budget(memory_limit, ranks)
     probe_limit = None if memory_limit is None else int(memory_limit * (1 - margin))
     ddp = (world_size > 1 if ddp is None else ddp) and ranks == 1
-    with WorkerProcess(spec, device, probe_limit, threads=threads, ddp=ddp, ranks=ranks) as worker:
+    # A --memory-limit is the card's memory: on CUDA the worker takes the context's allowance (and NCCL's, above
+    # one rank) off it before it caps the allocator (gaplan.devices.reserve), as the estimate does.
+    with WorkerProcess(spec, device, probe_limit, threads=threads, ddp=ddp, ranks=ranks,
+                       card_limit=not budget_is_default) as worker:
         if callable(start):  # worked out while the worker starts (its imports take seconds): an estimate's edge
             start = start()
         info = worker.info

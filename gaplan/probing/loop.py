@@ -150,8 +150,13 @@ def trial_start(start: str, cuda_context: bool) -> tuple[bool, str | None]:
 
 
 def resolve_budget(device: str, memory_limit: int | str | None) -> int | None:
-    """The trials' budget in bytes: ``memory_limit`` (bytes or text) checked, else 1 GiB on CPU, the card on CUDA."""
+    """The trials' budget in bytes: ``memory_limit`` (bytes or text) checked, else 1 GiB on CPU, the card on CUDA.
+
+    On CUDA a given limit is a card's memory, as ``gaplan probe --memory-limit`` takes it: the allocator's cap is
+    that less the context's allowance (:data:`gaplan.devices.reserve.CONTEXT_BYTES`), which the allocator never
+    holds. The whole card (the default) is the physical one, its context already off it."""
     from gaplan.devices.backend import cuda_total_bytes
+    from gaplan.devices.reserve import CONTEXT_BYTES
     from gaplan.probing.edge import check_cpu_budget
 
     limit = parse_bytes(memory_limit) if memory_limit is not None else None
@@ -160,6 +165,11 @@ def resolve_budget(device: str, memory_limit: int | str | None) -> int | None:
         check_cpu_budget(limit)
     elif limit is None:
         limit = cuda_total_bytes(device)
+    elif limit <= CONTEXT_BYTES:
+        raise GaplanError(f"memory_limit {format_bytes(limit)} on CUDA is a card's memory: it leaves nothing after "
+                          f"the CUDA context's allowance ({format_bytes(CONTEXT_BYTES)})")
+    else:
+        limit -= CONTEXT_BYTES
     return limit
 
 

@@ -22,11 +22,13 @@ class WorkerProcess:
 
     def __init__(self, spec: WorkloadSpec, device: str, limit_bytes: int | None, threads: int | None = None,
                  seed: int = 0, warm_optimizer: bool = True, ddp: bool = False, ranks: int = 1,
-                 timeout_s: float | None = None, native_allocator: bool = False) -> None:
+                 timeout_s: float | None = None, native_allocator: bool = False, card_limit: bool = False) -> None:
         """``ranks`` above 1: every trial runs that many ranks, each under ``limit_bytes`` (a sharded workload);
         ``timeout_s``: such a trial that has not ended by then is killed (:mod:`gaplan.worker.ranks`);
         ``native_allocator``: the allocators as a user's loop has them, for trials that time and bind nothing
-        (``unbounded``); else pinned as a budget needs (:mod:`gaplan.devices.cpu`)."""
+        (``unbounded``); else pinned as a budget needs (:mod:`gaplan.devices.cpu`); ``card_limit``: ``limit_bytes``
+        is a card's memory (``--memory-limit``), which on CUDA loses the context's allowance first
+        (:meth:`WorkerSetup.allocator_limit`)."""
         env = native_environment(os.environ) if native_allocator else budget_environment(os.environ)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         if device != "cpu":  # the worker forks its trials: nothing in it may start the driver (gaplan.devices.card)
@@ -40,7 +42,7 @@ class WorkerProcess:
             [sys.executable, "-m", "gaplan.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env=env, bufsize=1)
         self._send(WorkerSetup(spec.to_dict(), device, limit_bytes, threads, seed, warm_optimizer, ddp, ranks,
-                               timeout_s).to_dict())
+                               timeout_s, card_limit).to_dict())
         self._started = started
         self._info: dict | None = None
         self.start_seconds: dict = {}

@@ -25,6 +25,18 @@ class WorkerSetup:
     # under its own budget (cuda:r for rank r on CUDA); the trial fits only if it fits on every rank.
     ranks: int = 1
     timeout_s: float | None = None  # a multi-rank trial that has not ended by then is killed (None: no limit)
+    # limit_bytes is a card's memory (--memory-limit): on CUDA, what a process holds outside the allocator (the
+    # context, NCCL's buffers above one rank: gaplan.devices.reserve) comes off it before it caps the allocator.
+    card_limit: bool = False
+
+    def allocator_limit(self, device: str) -> int | None:
+        """The allocator's budget on ``device``: ``limit_bytes``, less the allowances when it is a card's memory."""
+        if not (self.card_limit and self.limit_bytes and device.startswith("cuda")):
+            return self.limit_bytes
+        from gaplan.devices.reserve import outside_allocator_bytes
+
+        world = 2 if self.ddp or self.ranks > 1 else 1  # above one rank, NCCL's buffers
+        return max(1, self.limit_bytes - outside_allocator_bytes(world))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

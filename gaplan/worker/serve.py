@@ -82,7 +82,7 @@ def _build_under_budget(setup: WorkerSetup, enforce: bool = True, rank: int | No
     if setup.threads:
         torch.set_num_threads(setup.threads)
     backend = make_backend(device)
-    backend.activate(setup.limit_bytes, enforce=enforce)
+    backend.activate(setup.allocator_limit(backend.name), enforce=enforce)
     started = _lap(phases, "budget", started)
     # Weights don't change memory: trials build from the config, directly on the device, and read no checkpoint.
     spec = WorkloadSpec(**setup.workload)
@@ -182,7 +182,7 @@ def _describe(setup: WorkerSetup, static: int | None, rank: int | None = None) -
         if not is_out_of_memory(exc):
             raise
         backend = make_backend(rank_device(setup.device, rank))
-        backend.activate(setup.limit_bytes)
+        backend.activate(setup.allocator_limit(backend.name))
         return {"error": "does-not-fit", "limit_bytes": backend.limit_bytes, "static_bytes": static}
     return {
         "ready": True,
@@ -296,11 +296,11 @@ def _serve(requests, reply) -> None:
 
 
 def _imports_initialize_cuda(device: str, spec) -> bool:
-    """True when building ``spec`` here would initialize CUDA: peft imports bitsandbytes when it is installed, and
-    bitsandbytes' import reads each card's compute capability (``torch.cuda.get_device_capability``)."""
-    import importlib.util
+    """True when building ``spec`` here would initialize CUDA (:func:`gaplan.devices.card.imports_initialize_cuda`:
+    bitsandbytes, imported by peft for LoRA, by QLoRA and by the 8-bit optimizers)."""
+    from gaplan.devices.card import imports_initialize_cuda
 
-    return device.startswith("cuda") and spec.lora and importlib.util.find_spec("bitsandbytes") is not None
+    return imports_initialize_cuda(device, spec)
 
 
 def _resolved_device() -> dict:

@@ -149,8 +149,23 @@ def estimate_start(spec: WorkloadSpec, device: str, memory_limit: int | None, ma
 
         limit = cuda_total_bytes(device)
     limit = int(limit * (1 - margin))
-    predicted = estimate(spec, memory_limit=limit, device_kind=kind, effective_batch=1, threads=threads,
-                         search_cap=search_cap or SEARCH_CAP)
-    say(f"estimate: B* = {predicted.max_micro_batch} ({predicted.trace_count} traces on fake tensors, "
-        f"{predicted.trace_seconds:.1f} s); starting the search there")
-    return predicted.max_micro_batch
+
+    def traced() -> dict:
+        predicted = estimate(spec, memory_limit=limit, device_kind=kind, effective_batch=1, threads=threads,
+                             search_cap=search_cap or SEARCH_CAP)
+        return {"max_micro_batch": predicted.max_micro_batch, "trace_count": predicted.trace_count,
+                "trace_seconds": predicted.trace_seconds}
+
+    from gaplan.devices.card import imports_initialize_cuda
+
+    if imports_initialize_cuda(device, spec):  # bitsandbytes' import would initialize CUDA here: traced in a child
+        from gaplan.core.fork import run_in_child
+
+        found = run_in_child(traced)
+        if "error" in found:
+            raise GaplanError(str(found.get("message", found["error"])).strip().splitlines()[-1])
+    else:
+        found = traced()
+    say(f"estimate: B* = {found['max_micro_batch']} ({found['trace_count']} traces on fake tensors, "
+        f"{found['trace_seconds']:.1f} s); starting the search there")
+    return found["max_micro_batch"]

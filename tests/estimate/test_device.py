@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-from gaplan.core.constants import MiB
 from gaplan.estimate.device import (
     CPU_HEAP_BYTES,
     CPU_HEAP_BYTES_PER_NODE,
     DeviceModel,
     GraphCount,
-    cuda_block_bytes,
     mkl_panel_bytes,
 )
-
-
-def test_cuda_block_rounding():
-    assert cuda_block_bytes(0) == 0
-    assert cuda_block_bytes(1) == 512
-    assert cuda_block_bytes(512) == 512
-    assert cuda_block_bytes(513) == 1024
-    assert cuda_block_bytes(10 * MiB - 1) == 10 * MiB  # 512-rounded, shares a segment
-    assert cuda_block_bytes(10 * MiB + 1) == 12 * MiB  # its own segment, 2 MiB-rounded
 
 
 def test_cuda_autocast_float32_ops_run_in_float32():

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from gaplan.core.errors import DoesNotFit, GaplanError
+from gaplan.devices.reserve import CONTEXT_BYTES
 from gaplan.estimate import Assumption, estimate, lookup_target
 from gaplan.workload.build import WorkloadSpec
 
@@ -53,7 +54,7 @@ def test_a_model_too_big_for_the_budget_does_not_fit():
 
 
 def test_cuda_estimate_checks_its_edge_and_states_its_assumptions():
-    limit = 512 * 2**20
+    limit = 512 * 2**20 + CONTEXT_BYTES  # a 1 GiB card: 448 MiB for tensors
     result = estimate(WorkloadSpec(model="tiny-gpt2", seq_len=32), memory_limit=limit, effective_batch=256)
     assert result.device_kind == "cuda" and result.target is None
     assert result.memory_limit_bytes == limit and 0 < result.usable_bytes < limit
@@ -71,11 +72,18 @@ def test_cuda_estimate_checks_its_edge_and_states_its_assumptions():
         assert phrase in text, phrase
     topics = [a.topic for a in result.assumptions]
     assert topics[:3] == ["budget", "steady-state", "allocator"] and "attention" in topics
+    # the reserved peak: what the shared 2 and 20 MiB segments held unfilled is in the rows' "other" and stated
+    allocator = result.assumptions[2]
+    assert "20.00 MiB segments" in allocator.text
+    unfilled = allocator.values["unfilled_segment_bytes"]
+    assert unfilled == result.extra["unfilled_segment_bytes"] <= steps[edge].other
+    assert 20 * 2**20 < unfilled < 40 * 2**20  # docs/estimate.md: 24.3 MiB, more than one 20 MiB segment
     assert result.param_count > 0 and result.static_bytes > 0 and result.trace_seconds > 0
     data = json.loads(json.dumps(result.to_dict()))
     assert data["max_micro_batch"] == edge and data["rows"][0]["phase"] == "optimizer-step"
     assert data["assumptions"][0] == {"topic": "budget", "text": result.assumptions[0].text,
-                                      "values": {"limit_bytes": limit, "workspace_bytes": limit - result.usable_bytes,
+                                      "values": {"limit_bytes": limit, "context_bytes": CONTEXT_BYTES,
+                                                 "workspace_bytes": limit - CONTEXT_BYTES - result.usable_bytes,
                                                  "usable_bytes": result.usable_bytes}}
     assert str(result.assumptions[1]) == result.assumptions[1].text  # rendering: one line of text each
     # Every tensor is counted at its allocator block: the 0-d AdamW step counters take 512 bytes each.

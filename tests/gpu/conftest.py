@@ -28,6 +28,8 @@ def _write_row(report) -> None:
     if report.failed and not measured:
         lines = str(report.longrepr).strip().splitlines()
         measured = lines[-1] if lines else "failed"
+    if report.skipped and not measured and isinstance(report.longrepr, tuple):  # (file, line, "Skipped: why")
+        measured = "skipped: " + str(report.longrepr[-1]).removeprefix("Skipped: ")
     outcome = {"passed": "pass", "failed": "FAIL", "skipped": "skip"}[report.outcome]
     row = f"| {report.nodeid.split('::', 1)[-1]} | {outcome} | {measured.replace('|', '/')} |"
     print(f"\nGPU-CHECK {row}", flush=True)

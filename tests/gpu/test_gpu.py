@@ -50,12 +50,14 @@ def test_the_edge_is_exact_on_cuda(model, seq_len, record_property):
 
 
 def test_a_smaller_card_is_emulated_with_target(record_property):
+    from gaplan.devices.reserve import CONTEXT_BYTES
     from gaplan.estimate import lookup_target
     from gaplan.probing.edge import probe
     from gaplan.workload.spec import WorkloadSpec
 
-    usable = lookup_target("t4").usable_bytes
-    result = probe(WorkloadSpec(model="small-gpt2", seq_len=512), device="cuda", memory_limit=usable,
+    t4 = lookup_target("t4")  # --target t4: its memory is the card's, less the context's allowance for the allocator
+    usable = t4.total_bytes - CONTEXT_BYTES
+    result = probe(WorkloadSpec(model="small-gpt2", seq_len=512), device="cuda", memory_limit=t4.total_bytes,
                    search_cap=SEARCH_CAP)
     peak = max(t.peak_bytes for t in result.trials if t.fits)
     record_property(
@@ -156,7 +158,7 @@ print(json.dumps({"used": total - free, "reserved": torch.cuda.memory_reserved()
 def test_the_cuda_context_outside_the_allocator(record_property):
     """What a trial's process holds on the card outside torch's allocator (the context, kernels, cuBLAS's handles),
     against the estimate's CONTEXT_BYTES: what --memory-limit and the reserved peak do not see."""
-    from gaplan.estimate.device import CONTEXT_BYTES
+    from gaplan.devices.reserve import CONTEXT_BYTES
 
     done = subprocess.run([sys.executable, "-c", CONTEXT], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
