@@ -22,6 +22,7 @@ from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import from_options
 from gaplan.plan.layouts import MACHINERY, resolve_world
+from gaplan.workload.spec import OPTIMIZERS
 
 
 @click.command(name="plan")
@@ -31,7 +32,10 @@ from gaplan.plan.layouts import MACHINERY, resolve_world
 @task_and_lengths
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True,
               help="Compute dtype; the layouts try fp32 weights with it (autocast) and pure low-precision weights.")
-@click.option("--optimizer", type=click.Choice(["adamw", "sgd"]), default="adamw", show_default=True)
+@click.option("--optimizer", default="adamw", show_default=True, metavar="|".join(OPTIMIZERS),
+              help="The optimizer every row trains with (others are compared only when --levers names them).")
+@click.option("--loss", default="plain", show_default=True, metavar="plain|chunked[:TOKENS]",
+              help="The loss of every layout (the lever table compares chunked too).")
 @click.option("--lr", type=float, default=None, help="Learning rate for the launch command (default: the optimizer's).")
 @click.option("--trust-remote-code", is_flag=True, help="Let transformers run the model folder's own code.")
 @click.option("--layouts", "machinery", default=",".join(MACHINERY), show_default=True, metavar="L1,L2",
