@@ -100,6 +100,7 @@ class LeverComparison:
     cost_source: str = ""  # the rates the modelled times are at
     measured_on: str | None = None
     seconds: float = 0.0
+    workload: dict = field(default_factory=dict)  # the base row's WorkloadSpec.to_dict(): what every row changes
 
     @property
     def base_result(self) -> LeverResult | None:

@@ -75,7 +75,7 @@ DEFAULT_LEVERS = tuple(lever.name for lever in LEVERS if lever.kind != "optimize
 
 def parse_levers(text: str | Sequence[str] | None) -> tuple[str, ...]:
     """``--levers a,b,c`` as lever names in :data:`LEVERS` order; ``all`` is every lever, ``optimizers`` every
-    optimizer; None or empty is :data:`DEFAULT_LEVERS`.
+    optimizer, ``none`` no lever (no lever table); None or empty is :data:`DEFAULT_LEVERS`.
 
     Raises:
         GaplanError: an unknown name, in one line naming the flag and the choices.
@@ -85,6 +85,8 @@ def parse_levers(text: str | Sequence[str] | None) -> tuple[str, ...]:
     parts = [p.strip() for p in (text.split(",") if isinstance(text, str) else text) if p.strip()]
     if not parts:
         return DEFAULT_LEVERS
+    if parts == ["none"]:
+        return ()
     names: set[str] = set()
     for part in parts:
         if part == "all":
@@ -95,7 +97,7 @@ def parse_levers(text: str | Sequence[str] | None) -> tuple[str, ...]:
             names.add(part)
         else:
             raise GaplanError(f"--levers: unknown lever {part!r}; choose from {', '.join(BY_NAME)} (or all, "
-                              "optimizers)")
+                              "optimizers, none)")
     return tuple(lever.name for lever in LEVERS if lever.name in names)
 
 
@@ -166,3 +168,12 @@ def row_tradeoffs(row: Sequence[str], base: Base = Base()) -> list[str]:
 def cuda_only(row: Sequence[str]) -> str:
     """Why the row cannot run on the CPU ("" when it can)."""
     return "; ".join(BY_NAME[name].cuda_only for name in row if BY_NAME[name].cuda_only)
+
+
+def row_recompute(row: Sequence[str], base: Base = Base()) -> tuple[float, float]:
+    """``(blocks, head)``: the fraction of the blocks and of the LM head whose forward runs again in backward, by the
+    row's levers or the base's own settings (full checkpointing, a chunked loss)."""
+    levers = [BY_NAME[name] for name in row]
+    blocks = max([lever.recompute_blocks for lever in levers] + [1.0 if base.grad_checkpointing else 0.0])
+    head = max([lever.recompute_head for lever in levers] + [1.0 if base.loss != "plain" else 0.0])
+    return blocks, head

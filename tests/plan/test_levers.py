@@ -19,6 +19,7 @@ from gaplan.plan.levers import (
     not_compared,
     parse_levers,
     row_label,
+    row_recompute,
     row_settings,
     row_tradeoffs,
 )
@@ -44,9 +45,10 @@ def test_parse_levers_orders_dedupes_and_expands_groups():
     assert parse_levers("optimizers") == OPTIMIZER_LEVERS
     assert parse_levers("all") == tuple(BY_NAME)
     assert parse_levers(["sgd", "ckpt"]) == ("sgd", "ckpt")
+    assert parse_levers("none") == ()
 
 
-@pytest.mark.parametrize("text", ["adam", "ckpt,every:0", "chunked,,bogus"])
+@pytest.mark.parametrize("text", ["adam", "ckpt,every:0", "chunked,,bogus", "none,ckpt"])
 def test_unknown_lever_is_one_line_naming_the_flag(text):
     with pytest.raises(GaplanError, match=r"^--levers: unknown lever '.+'; choose from adamw, .*compile") as caught:
         parse_levers(text)
@@ -196,3 +198,10 @@ def test_comparison_relative_time_within_interval_and_dict():
     assert data["pick"]["label"] == "ckpt" and data["within_interval"] == ["base"]
     assert data["results"][1]["tradeoffs"] == [BY_NAME["ckpt"].tradeoff]
     assert data["not_compared"] == [{"lever": "compile", "why": "why"}] and data["base"]["optimizer"] == "adamw"
+
+
+def test_row_recompute_from_the_levers_or_the_base():
+    assert row_recompute(()) == (0.0, 0.0)
+    assert row_recompute(("lion", "chunked", "ckpt")) == (1.0, 1.0)
+    assert row_recompute(("ckpt",), Base(loss="chunked:64")) == (1.0, 1.0)
+    assert row_recompute(("sgd",), Base(grad_checkpointing=True)) == (1.0, 0.0)
