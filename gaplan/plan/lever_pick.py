@@ -5,7 +5,9 @@ The rule (:func:`pick`):
 
 * a measured row (``samples_per_s``, from ``gaplan plan --measure``) beats every unmeasured one; among measured
   rows, the highest samples/s wins;
-* otherwise the least modelled time per optimizer step (:mod:`gaplan.plan.lever_cost`);
+* otherwise the least modelled time per optimizer step (:mod:`gaplan.plan.lever_cost`), where times within
+  :data:`MODEL_TIE` of the least count as a tie: the model leaves out more than that (attention, kernel launches),
+  so it does not swap the optimizer or add a lever for a smaller modelled gain;
 * ties go to the row with fewer levers (the smaller change to the user's workload), then to the table's order.
 
 A measured row whose 95% interval reaches the pick's is "within the interval" (:func:`compare_measured`): the
@@ -18,6 +20,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 from gaplan.plan.levers import Base, row_label, row_tradeoffs
+
+MODEL_TIE = 0.02  # modelled times within 2% of the least are a tie (the cost model is coarser than that)
 
 
 @dataclass
@@ -60,9 +64,16 @@ def rank(results: Iterable[LeverResult]) -> list[LeverResult]:
 
 
 def pick(results: Iterable[LeverResult]) -> LeverResult | None:
-    """The row to train with, or None when none fits."""
+    """The row to train with, or None when none fits (see the module for the rule)."""
     ranked = rank(results)
-    return ranked[0] if ranked and ranked[0].fits else None
+    if not ranked or not ranked[0].fits:
+        return None
+    best = ranked[0]
+    if best.samples_per_s is not None or best.model_seconds is None:
+        return best
+    tied = [r for r in ranked if r.fits and r.samples_per_s is None and r.model_seconds is not None
+            and r.model_seconds <= best.model_seconds * (1 + MODEL_TIE)]
+    return min(tied, key=lambda r: (len(r.levers), ranked.index(r)))
 
 
 def compare_measured(chosen: LeverResult, other: LeverResult) -> str:

@@ -8,7 +8,7 @@ import pandas as pd
 
 from gaplan.core.atomic_write import atomic_write, atomic_write_text
 from gaplan.core.units import format_bytes
-from gaplan.plan.lever_pick import LeverComparison, LeverResult
+from gaplan.plan.lever_pick import MODEL_TIE, LeverComparison, LeverResult
 from gaplan.plan.levers import Base
 from gaplan.plan.split import split_evenly, split_text
 from gaplan.report.document import Bullets, Heading, Paragraph, Table, write_pages
@@ -91,7 +91,10 @@ def pick_lines(comparison: LeverComparison) -> list[str]:
     chosen = comparison.pick
     if chosen is None:
         return ["lever pick: none of the rows fits"]
-    how = "the fastest measured" if chosen.samples_per_s is not None else "the least modelled time"
+    least = min((r.model_seconds for r in comparison.results if r.fits and r.model_seconds is not None), default=None)
+    how = ("the fastest measured" if chosen.samples_per_s is not None else
+           "the least modelled time" if chosen.model_seconds is None or chosen.model_seconds == least else
+           f"within {MODEL_TIE:.0%} of the least modelled time, with fewer levers")
     lines = [f"lever pick: {chosen.label} ({how}): B* {chosen.max_micro_batch}, {chosen.grad_accum_steps} "
              f"accumulation step(s) for E = {comparison.effective_batch}, peak {format_bytes(chosen.peak_bytes or 0)}"]
     lines += [f"  trade-off: {line}" for line in comparison.tradeoffs(chosen)]

@@ -149,6 +149,15 @@ def test_pick_by_model_time_then_fewer_levers_then_order():
     assert pick([_row((), fits=False), _row(("ckpt",), fits=None)]) is None
 
 
+def test_modelled_times_within_two_percent_are_a_tie_won_by_fewer_levers():
+    rows = [_row((), model=1.0), _row(("lion",), model=0.985), _row(("lion", "ckpt"), model=0.5)]
+    assert pick(rows).levers == ("lion", "ckpt")  # far faster: taken
+    rows = [_row((), model=1.0), _row(("lion",), model=0.985), _row(("chunked", "ckpt"), model=0.981)]
+    assert pick(rows).levers == ()  # within 2% of the least: the base, the smallest change
+    assert rank(rows)[0].levers == ("chunked", "ckpt")  # the ranking itself stays by time
+    assert pick([_row((), model=1.0), _row(("lion",), model=0.97)]).levers == ("lion",)
+
+
 def test_a_measured_row_beats_any_modelled_one_and_the_fastest_measured_wins():
     rows = [_row((), model=0.1), _row(("ckpt",), model=9.0, rate=10.0), _row(("chunked",), model=9.0, rate=12.0)]
     assert pick(rows).levers == ("chunked",)

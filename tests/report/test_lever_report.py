@@ -55,6 +55,9 @@ def test_pick_lines_name_the_tradeoffs_and_the_rows_within_the_interval():
     measured = pick_lines(_comparison(measured=True))
     assert measured[0].startswith("lever pick: ckpt (the fastest measured)")
     assert measured[-1].endswith("as measured): base")
+    tied = _comparison()
+    tied.results[1].model_seconds = 1.99
+    assert pick_lines(tied)[0].startswith("lever pick: base (within 2% of the least modelled time, with fewer levers)")
     records = lever_records(_comparison(measured=True))
     assert records[1]["samples/s"] == "31.0 [30.5-31.5]"
 
