@@ -59,6 +59,12 @@ def test_default_rows_are_base_each_alone_and_together():
     assert lever_rows(DEFAULT_LEVERS) == [(), ("chunked",), ("ckpt",), ("chunked", "ckpt")]
 
 
+def test_all_levers_are_fourteen_rows_with_adamw():
+    rows = lever_rows(parse_levers("all"))
+    assert len(rows) == 14 and sum(len(row) == 1 for row in rows) == 7 and ("chunked", "ckpt") in rows
+    assert sum(len(row) == 3 for row in rows) == 5
+
+
 def test_rows_with_optimizers_add_each_alone_and_with_the_memory_levers():
     rows = lever_rows(parse_levers("lion,adafactor,chunked,ckpt"))
     assert rows == [(), ("adafactor",), ("lion",), ("chunked",), ("ckpt",), ("chunked", "ckpt"),
