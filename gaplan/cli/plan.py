@@ -86,12 +86,19 @@ def plan_command(**options: Any) -> None:
     --measure, each layout that fits is then probed and timed on this machine, and the
     fastest wins.
 
+    On one device (--world-size 1) a lever table follows, on the DDP pick's precision:
+    your workload, each lever alone (--loss chunked, checkpointing; other optimizers only
+    when --levers names them), and the memory levers together, each with B*, its split,
+    its peak and a modelled time per optimizer step (docs/levers.md). Its pick, the
+    fastest to E (with --measure: the fastest measured), gives the launch command.
+
     \b
     Examples:
       gaplan plan --model llama-2-7b --seq-len 4096 --target h100-80gb --world-size 8 --effective-batch 512
       gaplan plan --model llama-2-70b --target h100-80gb --nodes 8 --effective-batch 512 --layouts fsdp,fsdp+ckpt
       gaplan plan --model tiny-gpt2 --seq-len 16 --device cpu --memory-limit 200MiB --world-size 2 --json
       gaplan plan --model tiny-gpt2 --seq-len 16 --device cpu --world-size 2 --effective-batch 64 --measure
+      gaplan plan --device cpu --effective-batch 16 --levers chunked,ckpt,lion
     """
     from gaplan.report.layout_report import (
         caveat_lines,
