@@ -37,3 +37,20 @@ def test_the_documented_lever_table():
     inputs = cost_inputs(spec, "cpu")
     assert inputs.head_params == 8192 * 256 and inputs.param_count == 5_518_848 and inputs.tokens_per_sample == 128
     assert "--loss chunked" in next(r for r in table.results if r.label == "chunked").command
+
+
+def test_measure_leaves_a_cuda_only_row_with_its_estimate_on_the_cpu():
+    """paged-adamw-8bit is estimated on the CPU, never probed or timed there; a row that does not fit is not run."""
+    from gaplan.plan.lever_pick import LeverComparison, LeverResult
+    from gaplan.plan.levers import Base
+    from gaplan.workflows.plan_levers import measure_levers
+
+    paged = LeverResult(("paged-adamw-8bit",), True, 4, 4, 1, 2**20, model_seconds=1.0,
+                        note="estimate only: ...", extra={"cuda_only": True})
+    too_big = LeverResult((), False, note="does not fit")
+    comparison = LeverComparison("tiny-gpt2", "cpu", None, 2**30, 2**30, 4, Base(), [too_big, paged],
+                                 workload={"model": "tiny-gpt2"})
+    seen = []
+    measured = measure_levers(comparison, device="cpu", on_result=seen.append)
+    assert measured.results == [too_big, paged] and measured.measured_on == "cpu" and seen == []
+    assert measured.pick is paged and paged.samples_per_s is None
