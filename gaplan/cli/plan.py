@@ -63,7 +63,8 @@ from gaplan.workload.spec import OPTIMIZERS
               help="Then probe and time every layout that fits on this machine's device (W local GPUs, or W CPU "
                    "processes with --device cpu): the table gets the measured B*, peak and samples/s, and the pick "
                    "is the fastest. Minutes per layout.")
-@click.option("--repeats", type=int, default=3, show_default=True, help="Timed optimizer steps per layout (--measure).")
+@click.option("--repeats", type=int, default=3, show_default=True,
+              help="Timed optimizer steps per layout or lever row (--measure).")
 @click.option("--levers", default=None, metavar="L1,L2",
               help="On one device (--world-size 1): the memory levers to compare, of " + ", ".join(BY_NAME)
                    + " (or all, optimizers, none); default: all but the optimizers (yours is kept).")
@@ -113,12 +114,11 @@ def plan_command(**options: Any) -> None:
     )
     from gaplan.runs.folder import default_run_dir
     from gaplan.workflows.plan import compare_layouts
+    from gaplan.workflows.plan_levers import lever_selection
     from gaplan.workload.spec import WorkloadSpec
 
     positive(options, "effective_batch", "threads", "repeats")
     world_size, nodes = resolve_world(options["world_size"], options["nodes"], options["gpus_per_node"])
-    from gaplan.workflows.plan_levers import lever_selection
-
     levers = lever_selection(options["levers"], world_size)
     machinery = [part.strip() for part in options["machinery"].split(",") if part.strip()]
     unknown = [m for m in machinery if m not in MACHINERY]
