@@ -22,6 +22,8 @@ from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import from_options
 from gaplan.plan.layouts import MACHINERY, resolve_world
+from gaplan.plan.levers import BY_NAME
+from gaplan.workload.spec import OPTIMIZERS
 
 
 @click.command(name="plan")
@@ -31,7 +33,10 @@ from gaplan.plan.layouts import MACHINERY, resolve_world
 @task_and_lengths
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True,
               help="Compute dtype; the layouts try fp32 weights with it (autocast) and pure low-precision weights.")
-@click.option("--optimizer", type=click.Choice(["adamw", "sgd"]), default="adamw", show_default=True)
+@click.option("--optimizer", default="adamw", show_default=True, metavar="|".join(OPTIMIZERS),
+              help="The optimizer every row trains with (others are compared only when --levers names them).")
+@click.option("--loss", default="plain", show_default=True, metavar="plain|chunked[:TOKENS]",
+              help="The loss of every layout (the lever table compares chunked too).")
 @click.option("--lr", type=float, default=None, help="Learning rate for the launch command (default: the optimizer's).")
 @click.option("--trust-remote-code", is_flag=True, help="Let transformers run the model folder's own code.")
 @click.option("--layouts", "machinery", default=",".join(MACHINERY), show_default=True, metavar="L1,L2",
@@ -58,7 +63,11 @@ from gaplan.plan.layouts import MACHINERY, resolve_world
               help="Then probe and time every layout that fits on this machine's device (W local GPUs, or W CPU "
                    "processes with --device cpu): the table gets the measured B*, peak and samples/s, and the pick "
                    "is the fastest. Minutes per layout.")
-@click.option("--repeats", type=int, default=3, show_default=True, help="Timed optimizer steps per layout (--measure).")
+@click.option("--repeats", type=int, default=3, show_default=True,
+              help="Timed optimizer steps per layout or lever row (--measure).")
+@click.option("--levers", default=None, metavar="L1,L2",
+              help="On one device (--world-size 1): the memory levers to compare, of " + ", ".join(BY_NAME)
+                   + " (or all, optimizers, none); default: all but the optimizers (yours is kept).")
 @click.option("--out", default=None, metavar="DIR",
               help="Folder for layouts.csv/json, layouts.png, report.md/html (default reports/plan-<model>-<time>).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of the table.")
@@ -78,12 +87,19 @@ def plan_command(**options: Any) -> None:
     --measure, each layout that fits is then probed and timed on this machine, and the
     fastest wins.
 
+    On one device (--world-size 1) a lever table follows, on the DDP pick's precision:
+    your workload, each lever alone (--loss chunked, checkpointing; other optimizers only
+    when --levers names them), and the memory levers together, each with B*, its split,
+    its peak and a modelled time per optimizer step (docs/levers.md). Its pick, the
+    fastest to E (with --measure: the fastest measured), gives the launch command.
+
     \b
     Examples:
       gaplan plan --model llama-2-7b --seq-len 4096 --target h100-80gb --world-size 8 --effective-batch 512
       gaplan plan --model llama-2-70b --target h100-80gb --nodes 8 --effective-batch 512 --layouts fsdp,fsdp+ckpt
       gaplan plan --model tiny-gpt2 --seq-len 16 --device cpu --memory-limit 200MiB --world-size 2 --json
       gaplan plan --model tiny-gpt2 --seq-len 16 --device cpu --world-size 2 --effective-batch 64 --measure
+      gaplan plan --device cpu --effective-batch 16 --levers chunked,ckpt,lion
     """
     from gaplan.report.layout_report import (
         caveat_lines,
@@ -98,10 +114,12 @@ def plan_command(**options: Any) -> None:
     )
     from gaplan.runs.folder import default_run_dir
     from gaplan.workflows.plan import compare_layouts
+    from gaplan.workflows.plan_levers import lever_selection
     from gaplan.workload.spec import WorkloadSpec
 
     positive(options, "effective_batch", "threads", "repeats")
     world_size, nodes = resolve_world(options["world_size"], options["nodes"], options["gpus_per_node"])
+    levers = lever_selection(options["levers"], world_size)
     machinery = [part.strip() for part in options["machinery"].split(",") if part.strip()]
     unknown = [m for m in machinery if m not in MACHINERY]
     if unknown or not machinery:
@@ -157,8 +175,15 @@ def plan_command(**options: Any) -> None:
                                      memory_limit=memory_limit_from_options(options), threads=options["threads"],
                                      repeats=options["repeats"], on_result=measured)
     files = write_layout_report(out, comparison)
+    lever_table = _levers(comparison, spec, levers, options, say)
+    if lever_table is not None:
+        from gaplan.report.lever_report import report_dict as lever_dict
+        from gaplan.report.lever_report import write_lever_report
+
+        files = sorted(files + write_lever_report(out, lever_table))
     if options["as_json"]:
-        click.echo(json.dumps({**report_dict(comparison), "out": out, "files": files}))
+        extra = {"levers": lever_dict(lever_table)} if lever_table is not None else {}
+        click.echo(json.dumps({**report_dict(comparison), **extra, "out": out, "files": files}))
         return
     click.echo(header_line(comparison))
     click.echo("")
@@ -173,9 +198,48 @@ def plan_command(**options: Any) -> None:
     for line in caveat_lines(comparison) + tradeoff_lines(comparison):
         click.echo(line)
     chosen = comparison.pick
+    if lever_table is not None:
+        _print_levers(lever_table)
+        chosen = lever_table.pick or chosen
     if chosen is not None and chosen.command:
         click.echo(f"launch: {chosen.command}")
-    click.echo(f"report: {out}/report.md (and report.html, layouts.png, layouts.csv, layouts.json)")
+    click.echo(f"report: {out}/report.md (and report.html, layouts.png, layouts.csv, layouts.json"
+               + (", levers.md, levers.csv, levers.json)" if lever_table is not None else ")"))
+
+
+def _levers(comparison, spec, levers, options, say):
+    """The lever table on one device (estimated, then measured with --measure), or None."""
+    from gaplan.workflows.plan_levers import levers_after_layouts, measure_levers
+
+    if not levers:
+        return None
+    say(f"estimating the lever rows ({', '.join(levers)}) on one device ...")
+
+    def progress(result) -> None:
+        if result.fits:
+            measured = f", {result.samples_per_s:.1f} samples/s" if result.samples_per_s else ""
+            say(f"  {result.label}: B* {result.max_micro_batch}, {result.grad_accum_steps} step(s){measured}")
+        else:
+            say(f"  {result.label}: {result.note or 'does not fit'}")
+
+    table = levers_after_layouts(comparison, spec, levers, memory_limit=memory_limit_from_options(options),
+                                 threads=options["threads"], on_result=progress)
+    if options["measure"] and table is not None:
+        say("measuring the lever rows that fit: an exact probe and two timed rounds each ...")
+        table = measure_levers(table, device=options["device"], memory_limit=memory_limit_from_options(options),
+                               threads=options["threads"], repeats=options["repeats"], on_result=progress)
+    return table
+
+
+def _print_levers(table) -> None:
+    from gaplan.report.lever_report import cost_line, header_line, not_compared_lines, pick_lines, table_text
+
+    click.echo("")
+    click.echo(header_line(table))
+    click.echo("")
+    click.echo(table_text(table))
+    for line in not_compared_lines(table) + [cost_line(table), ""] + pick_lines(table):
+        click.echo(line)
 
 
 def _bytes(value: int | None) -> str:

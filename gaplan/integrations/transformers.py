@@ -143,8 +143,8 @@ def plan_training_arguments(
             * a string: a preset (``tiny-gpt2``), a model directory, a cached hub id or ``module:function``.
 
             For a model or a string, precision, optimizer, learning rate and gradient checkpointing come
-            from ``args`` (``bf16``/``fp16`` -> autocast; an ``optim`` with ``sgd`` in its name -> SGD, any
-            other -> AdamW's two states per parameter, the conservative count).
+            from ``args`` (``bf16``/``fp16`` -> autocast; ``optim`` -> gaplan's optimizer by
+            :data:`TRAINER_OPTIMIZERS`; an ``optim`` gaplan does not model is refused in one line).
         args: the ``TrainingArguments`` to copy (``dataclasses.replace``; ``args`` is not changed), or a function
             that builds them: with ``probe="trainer"`` on a CUDA machine pass the function, since building the
             arguments sets the CUDA device and the trials could no longer fork.
@@ -261,6 +261,30 @@ def _resolve_plan(model_or_spec: Any, args: TrainingArguments, effective_batch: 
     return make_plan(effective_batch, result.plan_cap, world_size)
 
 
+# The Trainer's ``optim`` names (transformers' OptimizerNames, 5.25) whose optimizer keeps the states gaplan counts for
+# one of its own (gaplan.workload.optimizer_states). The torch AdamW variants differ in their kernels, not their states;
+# bitsandbytes' Lion32bit keeps one float32 momentum, gaplan's Lion one of the weights' dtype (the same for fp32 weights).
+TRAINER_OPTIMIZERS = {
+    "adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_torch_xla": "adamw",
+    "adamw_torch_npu_fused": "adamw",
+    "adamw_bnb_8bit": "adamw-8bit", "adamw_8bit": "adamw-8bit", "paged_adamw_8bit": "paged-adamw-8bit",
+    "adafactor": "adafactor", "lion_32bit": "lion", "sgd": "sgd",
+}
+
+
+def trainer_optimizer(optim: Any) -> str:
+    """gaplan's ``--optimizer`` for a ``TrainingArguments.optim`` (an OptimizerNames or its string).
+
+    Raises:
+        GaplanError: an ``optim`` whose states gaplan does not model (8-bit Lion, paged 32-bit, GaLore, ...).
+    """
+    name = str(getattr(optim, "value", optim))
+    if name not in TRAINER_OPTIMIZERS:
+        raise GaplanError(f"TrainingArguments optim {name!r} has no gaplan optimizer to count its states; use one of "
+                          f"{', '.join(TRAINER_OPTIMIZERS)}, or pass a WorkloadSpec with --optimizer's closest choice")
+    return TRAINER_OPTIMIZERS[name]
+
+
 @contextlib.contextmanager
 def _workload_spec(model_or_spec: Any, args: TrainingArguments, seq_len: int | None) -> Iterator[WorkloadSpec]:
     """The spec to probe; a model's config lives in a temporary directory while the spec is in use."""
@@ -269,9 +293,8 @@ def _workload_spec(model_or_spec: Any, args: TrainingArguments, seq_len: int | N
     if isinstance(model_or_spec, WorkloadSpec):
         yield model_or_spec if seq_len is None else dataclasses.replace(model_or_spec, seq_len=seq_len)
         return
-    optim = str(getattr(args.optim, "value", args.optim))
     fields = dict(seq_len=seq_len, dtype="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
-                  optimizer="sgd" if "sgd" in optim else "adamw", lr=float(args.learning_rate) or 1e-4,
+                  optimizer=trainer_optimizer(args.optim), lr=float(args.learning_rate) or 1e-4,
                   grad_checkpointing=bool(args.gradient_checkpointing))
     if isinstance(model_or_spec, str):
         yield WorkloadSpec(model=model_or_spec, **fields)

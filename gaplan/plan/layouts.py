@@ -242,9 +242,10 @@ def plan_split(effective_batch: int, world_size: int, micro_batch_cap: int) -> t
 
 _DEFAULTS = {"task": None, "seq_len": None, "target_len": None, "attention": None, "dtype": "fp32", "optimizer": "adamw",
              "lr": None, "weights_dtype": "fp32", "parallel": "ddp", "grad_sync": "last", "init": "auto", "lora_r": 16,
-             "lora_alpha": 32.0, "lora_dropout": 0.05, "lora_targets": None, "quantize": None}
+             "lora_alpha": 32.0, "lora_dropout": 0.05, "lora_targets": None, "quantize": None, "loss": "plain"}
 _FLAGS = (("task", "--task"), ("seq_len", "--seq-len"), ("target_len", "--target-len"), ("attention", "--attention"),
           ("dtype", "--dtype"), ("weights_dtype", "--weights-dtype"), ("optimizer", "--optimizer"), ("lr", "--lr"),
+          ("loss", "--loss"),
           ("init", "--init"), ("parallel", "--parallel"), ("grad_sync", "--grad-sync"))
 _LORA_FLAGS = (("lora_r", "--lora-r"), ("lora_alpha", "--lora-alpha"), ("lora_dropout", "--lora-dropout"),
                ("lora_targets", "--lora-targets"), ("quantize", "--quantize"))

@@ -49,6 +49,10 @@ def test_estimate_fsdp_refusal_comes_before_the_progress_line():
     (["--measure", "--repeats", "0"], "--repeats must be a positive integer"),
     (["--margin", "1"], "--margin must be a fraction in [0, 1)"),
     (["--margin", "-0.1"], "--margin must be a fraction in [0, 1)"),
+    (["--levers", "ckpt,every:0"], "--levers: unknown lever 'every:0'; choose from adamw,"),
+    (["--levers", "ckpt", "--world-size", "2"], "--levers compares the levers on one device"),
+    (["--optimizer", "adam"], "unknown --optimizer 'adam'; choose one of adamw, adamw-8bit"),
+    (["--loss", "chunked:0"], "unknown --loss 'chunked:0'"),
 ])
 def test_plan_bad_input_is_one_line_exit_2(tmp_path, args, message):
     result = CliRunner().invoke(main, ["plan", "--quiet", "--out", str(tmp_path / "out"), *args])
@@ -107,13 +111,20 @@ def test_plan_on_cpu_compares_layouts_picks_one_and_writes_the_report(tmp_path):
 def test_plan_prints_a_table_and_the_launch_line(tmp_path):
     result = CliRunner().invoke(main, ["plan", "--model", "tiny-gpt2", "--seq-len", "16", "--device", "cpu",
                                        "--memory-limit", "1GiB", "--world-size", "1", "--effective-batch", "8",
-                                       "--layouts", "ddp,fsdp", "--threads", "1", "--out", str(tmp_path / "p")])
+                                       "--layouts", "ddp,fsdp", "--levers", "ckpt", "--threads", "1",
+                                       "--out", str(tmp_path / "p")])
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "layout" in out and "peak per rank" in out and "split" in out
     assert "pick: DDP with fp32 weights" in out and "launch: gaplan train --model tiny-gpt2" in out
     assert "needs --world-size 2 or more" in out  # FSDP over one rank is listed as not estimated, with the reason
     assert "DDP, fp32 weights" in result.stderr  # progress per layout
+    # On one device, the lever table: the base (the layouts' DDP pick) and checkpointing, each with B*, its split
+    # and a modelled time; everything fits E = 8 at once, so recompute only costs time and the base is picked.
+    table = out[out.index("levers for tiny-gpt2 on one device"):]
+    assert [line.split()[0] for line in table.splitlines()[3:5]] == ["base", "ckpt"]
+    assert "1.00x" in table and "lever pick: base (the least modelled time)" in table
+    assert os.path.exists(tmp_path / "p" / "levers.md")
 
 
 @pytest.mark.heavy
@@ -153,7 +164,8 @@ def test_plan_shows_the_peak_at_the_planned_micro_batch_and_keeps_the_margin_fre
     from gaplan.workload.spec import WorkloadSpec
 
     args = ["plan", "--model", "tiny-gpt2", "--seq-len", "16", "--device", "cpu", "--memory-limit", "150MiB",
-            "--world-size", "1", "--effective-batch", "61", "--dtype", "fp32", "--threads", "1", "--quiet"]
+            "--world-size", "1", "--effective-batch", "61", "--dtype", "fp32", "--threads", "1", "--quiet",
+            "--levers", "none"]
     result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "a"), "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
@@ -173,3 +185,52 @@ def test_plan_shows_the_peak_at_the_planned_micro_batch_and_keeps_the_margin_fre
     assert margin["usable_bytes"] == int(150 * 2**20 * 0.9) and margin["margin"] == 0.1
     assert margin["pick"]["max_micro_batch"] < pick["max_micro_batch"]
     assert margin["pick"]["check_command"].endswith("--margin 0.1")
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_plan_on_one_cpu_shows_the_lever_table_and_its_pick(tmp_path):
+    """gaplan plan --device cpu --effective-batch 16 on the default preset: the lever rows (the base, the chunked
+    loss, checkpointing, both), compile listed as not compared, and a pick that is the least modelled time."""
+    result = CliRunner().invoke(main, ["plan", "--device", "cpu", "--effective-batch", "16", "--out",
+                                       str(tmp_path / "p"), "--json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    levers = json.loads(result.stdout)["levers"]
+    assert [r["label"] for r in levers["results"]] == ["base", "chunked", "ckpt", "chunked+ckpt"]
+    assert all(r["fits"] and r["max_micro_batch"] >= 1 and r["model_seconds"] > 0 for r in levers["results"])
+    assert levers["not_compared"][0]["lever"] == "compile"
+    fastest = min(levers["results"], key=lambda r: r["model_seconds"])
+    assert levers["pick"]["label"] == fastest["label"]
+    peaks = {r["label"]: r["peak_bytes"] for r in levers["results"]}
+    assert peaks["chunked+ckpt"] < min(peaks["chunked"], peaks["ckpt"]) < peaks["base"]  # at the same micro-batch 16
+    text = CliRunner().invoke(main, ["plan", "--device", "cpu", "--effective-batch", "16", "--out",
+                                     str(tmp_path / "q"), "--quiet"]).stdout
+    assert "lever pick: " in text and "not compared: compile" in text
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_plan_measure_times_each_lever_row_and_picks_the_fastest_measured(tmp_path):
+    """With --measure on one CPU, each lever row that fits is probed and timed in two rounds (a 95% interval each);
+    the pick is the fastest measured, and no other measured row's interval lies wholly above it."""
+    from gaplan.plan.lever_pick import LeverResult, compare_measured
+
+    result = CliRunner().invoke(main, ["plan", "--model", "tiny-gpt2", "--seq-len", "16", "--device", "cpu",
+                                       "--memory-limit", "160MiB", "--effective-batch", "16", "--layouts", "ddp",
+                                       "--dtype", "fp32", "--levers", "ckpt,sgd", "--threads", "1", "--measure",
+                                       "--repeats", "1", "--out", str(tmp_path / "m"), "--json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    levers = json.loads(result.stdout)["levers"]
+    assert levers["measured_on"] == "cpu"
+    measured = [r for r in levers["results"] if r["fits"]]
+    assert {r["label"] for r in measured} == {"base", "sgd", "ckpt", "sgd+ckpt"}
+    for row in measured:
+        assert row["extra"]["measured"] and row["samples_per_s"] > 0 and row["extra"]["rounds"] == 2
+        assert row["samples_per_s_low"] <= row["samples_per_s"] <= row["samples_per_s_high"]
+    pick = levers["pick"]
+    assert pick["samples_per_s"] == max(r["samples_per_s"] for r in measured)
+    fields = ("samples_per_s", "samples_per_s_low", "samples_per_s_high")
+    chosen = LeverResult((), True, **{k: pick[k] for k in fields})
+    for row in measured:
+        assert compare_measured(chosen, LeverResult((), True, **{k: row[k] for k in fields})) != "faster"
+    assert f"--micro-batch {pick['micro_batch']} --effective-batch 16" in (pick["command"] or "")

@@ -253,3 +253,21 @@ def test_trainer_matches_gaplan_train(base_args, effective_batch, max_micro):
         assert_close_at_scale(theirs[name], value, msg=name)
     moved = max(float((ours[k] - start[k]).abs().max()) for k in ours)
     assert moved > 1e-3, "the runs trained: the weights moved"
+
+
+def test_trainer_optim_names_map_to_gaplan_optimizers_or_are_refused_in_one_line():
+    from transformers.training_args import OptimizerNames
+
+    from gaplan.integrations.transformers import TRAINER_OPTIMIZERS, trainer_optimizer
+    from gaplan.workload.spec import OPTIMIZERS
+
+    names = {o.value for o in OptimizerNames}
+    assert set(TRAINER_OPTIMIZERS) <= names, "every mapped name is one the installed Trainer knows"
+    assert set(TRAINER_OPTIMIZERS.values()) == set(OPTIMIZERS), "each gaplan optimizer has a Trainer name"
+    assert [trainer_optimizer(OptimizerNames(n)) for n in ("adafactor", "adamw_bnb_8bit", "paged_adamw_8bit",
+                                                          "lion_32bit", "sgd", "adamw_torch_fused")] == \
+        ["adafactor", "adamw-8bit", "paged-adamw-8bit", "lion", "sgd", "adamw"]
+    for name in sorted(names - set(TRAINER_OPTIMIZERS)):  # lion_8bit, paged_lion_32bit, galore_*, rmsprop, ...
+        with pytest.raises(GaplanError, match=f"optim '{name}' has no gaplan optimizer") as caught:
+            trainer_optimizer(name)
+        assert "\n" not in str(caught.value)

@@ -209,6 +209,15 @@ def test_one_rank_is_a_plain_gaplan_train_with_quoted_paths_and_no_defaults():
 
 def test_workload_flags_leave_defaults_out():
     assert workload_flags({"model": "tiny-gpt2"}) == ["--model", "tiny-gpt2"]
+    assert workload_flags({"model": "tiny-gpt2", "loss": "plain", "optimizer": "adamw"}) == ["--model", "tiny-gpt2"]
+
+
+def test_workload_flags_keep_the_loss_and_every_optimizer():
+    from gaplan.workload.spec import OPTIMIZERS
+
+    assert workload_flags({"model": "tiny-gpt2", "loss": "chunked:64"}) == ["--model", "tiny-gpt2", "--loss", "chunked:64"]
+    for name in OPTIMIZERS[1:]:
+        assert workload_flags({"model": "m", "optimizer": name})[-2:] == ["--optimizer", name]
 
 
 @pytest.mark.parametrize(("given", "expected"), [

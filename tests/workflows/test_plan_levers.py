@@ -1,0 +1,56 @@
+"""gaplan plan's lever table on one device (gaplan.workflows.plan_levers): the option check, and the documented table."""
+
+import pytest
+
+from gaplan.core.errors import GaplanError
+from gaplan.plan.levers import DEFAULT_LEVERS
+from gaplan.workflows.plan_levers import lever_selection
+
+
+def test_lever_selection_is_for_one_device():
+    assert lever_selection(None, 1) == DEFAULT_LEVERS
+    assert lever_selection("ckpt,lion", 1) == ("lion", "ckpt")
+    assert lever_selection("none", 1) == () and lever_selection("none", 4) == ()
+    assert lever_selection(None, 2) == ()  # over ranks, no lever table unless asked (then refused)
+    with pytest.raises(GaplanError, match="^--levers compares the levers on one device: it goes with --world-size 1"):
+        lever_selection("ckpt", 2)
+    with pytest.raises(GaplanError, match="^--levers: unknown lever 'adam'"):
+        lever_selection("adam", 1)
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_the_documented_lever_table():
+    """docs/levers.md's example: tiny-gpt2 on the CPU at 300 MiB, E = 64, fp32, one thread."""
+    from gaplan.workflows.plan_levers import compare_levers, cost_inputs
+    from gaplan.workload.spec import WorkloadSpec
+
+    spec = WorkloadSpec(model="tiny-gpt2", dtype="fp32")
+    table = compare_levers(spec, effective_batch=64, levers="chunked,ckpt,adafactor,lion", memory_limit=300 * 2**20,
+                           device_kind="cpu", threads=1)
+    found = {r.label: (r.max_micro_batch, r.grad_accum_steps, round(table.relative_time(r), 2)) for r in table.results}
+    assert found == {"base": (8, 8, 1.0), "adafactor": (9, 8, 1.0), "lion": (8, 8, 1.0), "chunked": (11, 6, 1.11),
+                     "ckpt": (16, 4, 1.18), "chunked+ckpt": (41, 2, 1.29), "adafactor+chunked+ckpt": (49, 2, 1.29),
+                     "lion+chunked+ckpt": (45, 2, 1.29)}
+    assert table.pick.label == "base"  # lion is under 2% faster by the model: a tie, and the base has fewer levers
+    assert table.not_compared == []  # compile was not asked for
+    inputs = cost_inputs(spec, "cpu")
+    assert inputs.head_params == 8192 * 256 and inputs.param_count == 5_518_848 and inputs.tokens_per_sample == 128
+    assert "--loss chunked" in next(r for r in table.results if r.label == "chunked").command
+
+
+def test_measure_leaves_a_cuda_only_row_with_its_estimate_on_the_cpu():
+    """paged-adamw-8bit is estimated on the CPU, never probed or timed there; a row that does not fit is not run."""
+    from gaplan.plan.lever_pick import LeverComparison, LeverResult
+    from gaplan.plan.levers import Base
+    from gaplan.workflows.plan_levers import measure_levers
+
+    paged = LeverResult(("paged-adamw-8bit",), True, 4, 4, 1, 2**20, model_seconds=1.0,
+                        note="estimate only: ...", extra={"cuda_only": True})
+    too_big = LeverResult((), False, note="does not fit")
+    comparison = LeverComparison("tiny-gpt2", "cpu", None, 2**30, 2**30, 4, Base(), [too_big, paged],
+                                 workload={"model": "tiny-gpt2"})
+    seen = []
+    measured = measure_levers(comparison, device="cpu", on_result=seen.append)
+    assert measured.results == [too_big, paged] and measured.measured_on == "cpu" and seen == []
+    assert measured.pick is paged and paged.samples_per_s is None
