@@ -171,6 +171,7 @@ def levers_after_layouts(layouts: LayoutComparison, spec: WorkloadSpec, levers: 
 def cost_inputs(spec: WorkloadSpec, device_kind: str) -> CostInputs | None:
     """The cost model's counts of ``spec``'s model, built on the meta device (None for a ``module:function`` model,
     whose weights and tokens gaplan cannot read without building it)."""
+    from gaplan.data.tasks.registry import task_component
     from gaplan.workload.build import build_workload
     from gaplan.workload.spec import model_source_kind
 
@@ -184,7 +185,7 @@ def cost_inputs(spec: WorkloadSpec, device_kind: str) -> CostInputs | None:
     head = getattr(model, "get_output_embeddings", lambda: None)()
     head_params = int(head.weight.numel()) if head is not None and getattr(head, "weight", None) is not None else 0
     tokens = workload.seq_len or 1
-    if workload.task == "seq2seq-lm":
+    if task_component(workload.task).encoder_decoder:  # the decoder's target tokens run too
         tokens += spec.target_len or max(tokens // 2, 1)
     return CostInputs(param_count=params, trainable_count=trainable, head_params=head_params, tokens_per_sample=tokens,
                       weight_bytes=WEIGHT_BYTES.get(spec.weights_dtype, 4), device_kind=device_kind)
