@@ -71,6 +71,9 @@ def workload_options(func: Callable) -> Callable:
                      help="Recompute activations in backward: on (every block), off (default), every:K (every K-th "
                           "block), layers:N (the first N blocks), or auto (probe: on only when a larger micro-batch "
                           "fits and wins on throughput)."),
+        click.option("--compile", is_flag=True,
+                     help="torch.compile the model (inductor), so the probe measures the compiled step (the estimate "
+                          "traces the eager model; on the CPU it needs a C++ compiler)."),
         click.option("--init", type=click.Choice(["auto", "pretrained", "random"]), default="auto", show_default=True,
                      help="A model folder's weights: auto (its weights when it has them, else a random init), "
                           "pretrained (require them) or random (a fresh init from the config)."),

@@ -204,6 +204,13 @@ def chunked_loss(chunk_tokens: int, vocab_size: int | None) -> Assumption:
         {"chunk_tokens": chunk_tokens, "vocab_size": vocab_size, "chunk_logits_bytes": logits})
 
 
+def compiled_model() -> Assumption:
+    """``--compile``: what the trace does not model."""
+    return Assumption("compile", "Compile: the trace runs the eager model; torch.compile's fused kernels can save "
+                      "fewer (or other) tensors for backward, and this estimate does not model that: gaplan probe "
+                      "--compile measures the compiled step.")
+
+
 def _attention(ops, calls) -> Assumption:
     """The attention kernel each SDPA call takes on CUDA (``calls``, :mod:`gaplan.estimate.attention`), else the
     kernel the trace took."""

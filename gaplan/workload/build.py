@@ -27,6 +27,7 @@ from torch import nn
 from gaplan.core.errors import GaplanError
 from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, CUSTOM, IGNORE_INDEX, MASKED_LM, SEQ2SEQ_LM
 from gaplan.workload.checkpointing import apply_checkpointing
+from gaplan.workload.compile import compile_model
 from gaplan.workload.loss import summed_token_loss
 from gaplan.workload.model_io import load_pretrained, quiet_transformers, weights_files
 from gaplan.workload.optimizers import check_optimizer_device, make_optimizer, optimizer_state_bytes
@@ -203,6 +204,8 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
 
         model = apply_lora(model, spec, task)
     model.to(model_device).train()
+    if spec.compile:
+        compile_model(model, model_device)
     vocab_size = int(config.vocab_size)
     num_labels = int(getattr(config, "num_labels", 2))
     make_batch = _lm_batch_maker(task, seq_len, vocab_size, num_labels, device, target_len)
@@ -357,6 +360,8 @@ def _build_custom(spec: WorkloadSpec, device: torch.device) -> Workload:
         raise GaplanError(f"--model {spec.model!r} must return gaplan.CustomWorkload or (model, make_batch[, loss])")
     apply_checkpointing(made.model, spec.checkpointing, spec.model)
     model = made.model.to(device).train()
+    if spec.compile:
+        compile_model(model, device)
     user_loss = made.loss
     workload_batch = made.make_batch
 

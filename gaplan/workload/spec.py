@@ -122,6 +122,8 @@ class WorkloadSpec:
     # plain | chunked | chunked:TOKENS: the LM head and cross-entropy a chunk of positions at a time, recomputed in
     # backward, so the [B, T, V] logits never exist whole (gaplan.workload.chunked_loss)
     loss: str = "plain"
+    # torch.compile the model (gaplan.workload.compile): changes what is saved for backward, so it is a probe key
+    compile: bool = False
 
     def __post_init__(self) -> None:
         try:  # one spelling for each choice (on, every:1 and True are one value); a bad one is validate()'s to refuse
@@ -153,6 +155,10 @@ class WorkloadSpec:
             _check_bitsandbytes(str(device))
         if self.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
             _check_optimizer_package(self.optimizer, str(device))
+        if self.compile:
+            from gaplan.workload.compile import check_compiler
+
+            check_compiler(str(device))
         if self.cpu_offload and str(device).startswith("cpu"):
             raise OptionError("cpu_offload moves FSDP's shards and optimizer states off a GPU to the CPU; on "
                               "device cpu they are on the CPU already: leave it out", "cpu_offload", "device")
@@ -193,6 +199,8 @@ class WorkloadSpec:
                               f"FSDP2's sharded tensors): use {' or '.join(SHARDED_OPTIMIZERS)}, or parallel ddp",
                               "optimizer", "parallel")
         self._validate_loss(kind)
+        if not isinstance(self.compile, bool):
+            raise OptionError(f"compile must be true or false (got {self.compile!r})", "compile")
         if self.seq_len is not None and (not isinstance(self.seq_len, int) or isinstance(self.seq_len, bool)
                                          or self.seq_len < 2):
             raise OptionError(f"seq_len must be at least 2 (got {self.seq_len})", "seq_len")
