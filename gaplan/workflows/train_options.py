@@ -38,7 +38,7 @@ class TrainOptions:
     lr_scaling: str | None = option(None, resume="fixed")
     batch_schedule: str = option("fixed", resume="fixed")  # fixed | adaptive | warmup:STEPS (gaplan.plan.schedule)
     effective_batch_min: int | None = option(None, resume="fixed")  # a schedule's first batch (default B* x ranks)
-    grad_checkpointing: str | None = option(None)  # as given: None, "on", "off" or "auto" (auto needs a plan file)
+    grad_checkpointing: str | None = option(None)  # as given: None, off, on, every:K, layers:N or auto (needs a plan)
     source: DataSource = nested(DataSource)
     loop: LoopOptions = nested(LoopOptions)
     resume: bool = option(False)
