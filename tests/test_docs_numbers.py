@@ -199,6 +199,13 @@ def test_a_changed_measurement_renders_differently():
     assert probe_sentence(data, "seq32-256MiB-plain") != before
 
 
+def test_a_changed_lever_measurement_renders_differently():
+    data = load("docs/data/levers.json")
+    before = levers(data, None)
+    data["rows"]["every:2"]["edge"] += 1
+    assert levers(data, None) != before
+
+
 # ---- the documented probes, replayed --------------------------------------------------------------------------------
 
 
