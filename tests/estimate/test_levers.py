@@ -91,7 +91,7 @@ def test_the_cpu_estimate_is_within_3_percent_of_real_trials(model, lever):
             assert abs(row.peak_bytes - measured) <= 0.03 * measured, (lever, size, row.peak_bytes, measured)
 
 
-@pytest.mark.parametrize("command", ["probe", "train"])
+@pytest.mark.parametrize("command", ["probe", "train", "bench"])
 @pytest.mark.parametrize("value", ["every:0", pytest.param("layers:9", marks=pytest.mark.heavy)])  # 9: builds, 8 s
 def test_bad_checkpointing_on_probe_and_train_is_one_line_and_writes_nothing(command, value, tmp_path):
     out = tmp_path / "run"
