@@ -39,3 +39,15 @@ def test_more_blocks_than_the_model_has_is_one_line_with_the_fix(value):
     with pytest.raises(OptionError) as caught:
         value.blocks(4)
     assert f"{value.kind}:4 at most" in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("options", ["gaplan.workflows.probe.ProbeOptions", "gaplan.workflows.train_options.TrainOptions"])
+def test_the_python_apis_options_refuse_a_bad_value_and_keep_auto(options):
+    import importlib
+
+    module, name = options.rsplit(".", 1)
+    cls = getattr(importlib.import_module(module), name)
+    assert cls(grad_checkpointing="every:2").grad_checkpointing == "every:2"
+    assert cls(grad_checkpointing="auto").grad_checkpointing == "auto"
+    with pytest.raises(OptionError, match="every:K"):
+        cls(grad_checkpointing="every:0")
