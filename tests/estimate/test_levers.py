@@ -127,3 +127,15 @@ def test_the_selective_checkpointing_estimate_is_within_3_percent_of_real_trials
         for size, row in zip([2, 16], rows, strict=True):
             measured = worker.trial(size, optimizer_steps=2).peak_bytes
             assert abs(row.peak_bytes - measured) <= 0.03 * measured, (value, size, row.peak_bytes, measured)
+
+
+@pytest.mark.parametrize("checkpointing", ["every:2", "layers:3", True])
+def test_the_launch_command_rebuilds_the_blocks_checkpointed_and_compile(checkpointing):
+    from gaplan.cli.options import spec_from_options
+    from gaplan.cli.train import train_command
+    from gaplan.plan.layouts import workload_flags
+
+    spec = WorkloadSpec(model="tiny-gpt2", seq_len=16, grad_checkpointing=checkpointing, compile=True)
+    context = train_command.make_context("train", [*workload_flags(spec.to_dict()), "--device", "cpu"])
+    with context:
+        assert spec_from_options(context.params) == spec
