@@ -97,9 +97,10 @@ def trace_assumptions(spec, device: DeviceModel, observed, static_bytes: int,
                         "so the peak is the larger of the micro-steps' (weights, gradients, optimizer states, one "
                         "micro-batch's activations) and the optimizer step's; batches are full length.")]
     temporaries = max(0, optimizer_step_bytes - static_bytes) if optimizer_step_bytes is not None else 0
+    compiled = [compiled_model()] if spec.compile else []
     if device.kind == "cpu":
-        return notes + _cpu_process(spec, device, observed, temporaries, graph_nodes, panel_at_every_peak)
-    return notes + _cuda(spec, observed, static_bytes, temporaries)
+        return notes + _cpu_process(spec, device, observed, temporaries, graph_nodes, panel_at_every_peak) + compiled
+    return notes + _cuda(spec, observed, static_bytes, temporaries) + compiled
 
 
 def _cpu_process(spec, device: DeviceModel, observed, temporaries: int, graph_nodes: int,

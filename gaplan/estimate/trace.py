@@ -22,7 +22,6 @@ from gaplan.core.constants import BREAKDOWN_CATEGORIES
 from gaplan.estimate.assumptions import (
     Assumption,
     chunked_loss,
-    compiled_model,
     data_parallel_buckets,
     lora_adapters,
     quantized_weights,
@@ -181,8 +180,6 @@ class Tracer:
             notes.append(quantized_weights(self.quantized, self.spec))
         if self.workload.info.get("loss_chunk_tokens"):
             notes.append(chunked_loss(self.workload.info["loss_chunk_tokens"], self.workload.vocab_size))
-        if self.spec.compile:
-            notes.append(compiled_model())
         return notes
 
 
