@@ -23,6 +23,8 @@ if "torch" not in _sys.modules:
 _EXPORTS = {
     "DoesNotFit": "gaplan.core.errors",
     "GaplanError": "gaplan.core.errors",
+    "Checkpointing": "gaplan.core.checkpointing",
+    "parse_checkpointing": "gaplan.core.checkpointing",
     "Plan": "gaplan.plan.split",
     "make_even_plan": "gaplan.plan.split",
     "make_plan": "gaplan.plan.split",

@@ -147,8 +147,24 @@ def profile(data: dict, key: str | None) -> str:
             + f"\nOn {data['date']}, {m['cpu']}, {m['cores']} cores, torch {m['torch']}: `{data['made_by']}`.\n")
 
 
+def levers(data: dict, key: str | None) -> str:
+    """levers.md: B* under the budget, the peak and the step's time of each checkpointing choice and of --compile."""
+    rows = data["rows"]
+    base = rows["off"]["step_cpu_seconds"][-1]
+    names = {"off": "`--grad-checkpointing off`", "every:2": "`--grad-checkpointing every:2`",
+             "on": "`--grad-checkpointing on`", "compile": "`--compile` (checkpointing off)"}
+    lines = [[label, str(rows[name]["edge"]) if "edge" in rows[name] else "not probed", mib(rows[name]["peak_bytes"]),
+              f"{rows[name]['step_seconds'][-1]:.2f}", f"{rows[name]['step_cpu_seconds'][-1]:.2f}",
+              f"{rows[name]['step_cpu_seconds'][-1] / base:.2f}x"] for name, label in names.items()]
+    m = data["machine"]
+    return (table(["lever", f"B\\* under {data['budget']}", f"MiB at micro-batch {data['micro_batch']}",
+                   "step s (wall)", "step s (CPU)", "CPU time vs off"], ["---", "--:", "--:", "--:", "--:", "--:"], lines)
+            + f"\nOn {data['date']}, {m['cpu']}, {m['cores']} cores shared with other jobs (the wall times are "
+              f"noisy), torch {m['torch']}, {data['model']} at seq {data['seq_len']}: `{data['made_by']}`.\n")
+
+
 RENDERERS = {"docs/data/probes.json": lambda data, key: probe_sentence(data, key) if key else probe_runs(data, key),
-             "reports/peers/peers.json": peers, "docs/data/profile_probe.json": profile}
+             "reports/peers/peers.json": peers, "docs/data/profile_probe.json": profile, "docs/data/levers.json": levers}
 
 
 def blocks(page: pathlib.Path) -> list[re.Match]:
@@ -181,6 +197,13 @@ def test_a_changed_measurement_renders_differently():
     before = probe_sentence(data, "seq32-256MiB-plain")
     run["edge"] += 1
     assert probe_sentence(data, "seq32-256MiB-plain") != before
+
+
+def test_a_changed_lever_measurement_renders_differently():
+    data = load("docs/data/levers.json")
+    before = levers(data, None)
+    data["rows"]["every:2"]["edge"] += 1
+    assert levers(data, None) != before
 
 
 # ---- the documented probes, replayed --------------------------------------------------------------------------------

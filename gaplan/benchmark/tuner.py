@@ -23,6 +23,7 @@ from gaplan.benchmark.splits import (
     bench,
     candidate_splits,
 )
+from gaplan.core.checkpointing import parse_checkpointing
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import OptionError
 from gaplan.core.trial import Trial
@@ -32,7 +33,6 @@ from gaplan.runs.probe_result import ProbeResult
 from gaplan.workload.spec import WorkloadSpec
 
 OBJECTIVES = ("max-micro-batch", "throughput")
-CHECKPOINTING = ("off", "on", "auto")
 
 
 @dataclass(frozen=True)
@@ -120,13 +120,11 @@ def tune(
     """Probe (once, or with checkpointing off and on), bench when the choice needs it, and choose.
 
     ``bench_settings``: how splits are timed; choosing by throughput times every split (``all_splits``)."""
-    if grad_checkpointing not in CHECKPOINTING:
-        raise OptionError(f"grad_checkpointing must be one of {', '.join(CHECKPOINTING)} (got {grad_checkpointing!r})",
-                          "grad_checkpointing")
+    # auto: off and on, the tuner chooses; any other value is the blocks to checkpoint (gaplan.core.checkpointing)
+    settings = [False, True] if grad_checkpointing == "auto" else [parse_checkpointing(grad_checkpointing).spec_value()]
     if objective not in OBJECTIVES:
         raise OptionError(f"objective must be one of {', '.join(OBJECTIVES)} (got {objective!r})", "objective")
     stage = on_stage or (lambda text: None)
-    settings = {"off": [False], "on": [True], "auto": [False, True]}[grad_checkpointing]
     probes = []
     for checkpointing in settings:
         if len(settings) > 1:

@@ -66,9 +66,14 @@ def workload_options(func: Callable) -> Callable:
                      help="chunked: the LM head and cross-entropy TOKENS positions at a time, recomputed in backward, so "
                           "the [B, T, V] logits never exist whole (causal-lm and seq2seq-lm; default TOKENS: 16 MiB of "
                           "fp32 logits)."),
-        click.option("--grad-checkpointing", type=click.Choice(["off", "on", "auto"]), default=None, is_flag=False,
-                     flag_value="on", help="Recompute activations in backward: on, off (default), or auto "
-                                          "(probe: on only when a larger micro-batch fits and wins on throughput)."),
+        click.option("--grad-checkpointing", default=None, is_flag=False, flag_value="on",
+                     metavar="off|on|every:K|layers:N|auto",
+                     help="Recompute activations in backward: on (every block), off (default), every:K (every K-th "
+                          "block), layers:N (the first N blocks), or auto (probe: on only when a larger micro-batch "
+                          "fits and wins on throughput)."),
+        click.option("--compile", is_flag=True,
+                     help="torch.compile the model (inductor), so the probe measures the compiled step (the estimate "
+                          "traces the eager model; on the CPU it needs a C++ compiler)."),
         click.option("--init", type=click.Choice(["auto", "pretrained", "random"]), default="auto", show_default=True,
                      help="A model folder's weights: auto (its weights when it has them, else a random init), "
                           "pretrained (require them) or random (a fresh init from the config)."),
@@ -242,10 +247,19 @@ def spec_from_options(options: dict[str, Any]):
             flags = ", ".join("--" + name.replace("_", "-") for name in given)
             raise GaplanError(f"{flags} {'sets' if len(given) == 1 else 'set'} LoRA adapters, and --lora is off: add "
                               "--lora, or leave it out")
-    # --grad-checkpointing is on|off|auto: the spec holds on or off (auto is the tuner's to decide, with it off).
-    spec = from_options(WorkloadSpec, options, grad_checkpointing=options["grad_checkpointing"] == "on",
+    # --grad-checkpointing is off|on|every:K|layers:N|auto: the spec holds the blocks chosen (auto is the tuner's to
+    # decide, with it off).
+    spec = from_options(WorkloadSpec, options, grad_checkpointing=checkpointing_from_options(options),
                         **lora_fields(options), **length_fields(options))
     return spec.validate().check_device(options.get("device") or "auto")
+
+
+def checkpointing_from_options(options: dict[str, Any]) -> bool | str:
+    """``--grad-checkpointing`` as the spec holds it (off when not given, or auto); a bad value is one line."""
+    from gaplan.core.checkpointing import parse_checkpointing
+
+    given = options.get("grad_checkpointing")
+    return False if given in (None, "auto") else parse_checkpointing(given).spec_value()
 
 
 def memory_limit_from_options(options: dict[str, Any]) -> int | None:

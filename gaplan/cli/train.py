@@ -12,6 +12,7 @@ import click
 
 from gaplan.cli.options import (
     batch_by_options,
+    checkpointing_from_options,
     command_line,
     data_options,
     given_on_command_line,
@@ -116,9 +117,9 @@ def train_command(**options: Any) -> None:
     if options["resume"]:  # the run as it was started; what was given again must agree with it
         given = given_on_command_line(click.get_current_context())
         given_spec = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
-                      if f.name in given and f.name != "grad_checkpointing"}  # given as on|off|auto: below
-        if "grad_checkpointing" in given and options["grad_checkpointing"] in ("on", "off"):
-            given_spec["grad_checkpointing"] = options["grad_checkpointing"] == "on"
+                      if f.name in given and f.name != "grad_checkpointing"}  # given with auto: below
+        if "grad_checkpointing" in given and options["grad_checkpointing"] != "auto":
+            given_spec["grad_checkpointing"] = checkpointing_from_options(options)
         flat = train_options.to_flat()
         given_options = {name: flat[name] for name in given if name in flat}
         given_options.update(command=train_options.command)

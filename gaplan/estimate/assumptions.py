@@ -120,9 +120,10 @@ def trace_assumptions(spec, device: DeviceModel, observed, static_bytes: int,
                         "so the peak is the larger of the micro-steps' (weights, gradients, optimizer states, one "
                         "micro-batch's activations) and the optimizer step's; batches are full length.")]
     temporaries = max(0, optimizer_step_bytes - static_bytes) if optimizer_step_bytes is not None else 0
+    compiled = [compiled_model()] if spec.compile else []
     if device.kind == "cpu":
-        return notes + _cpu_process(spec, device, observed, temporaries, graph_nodes, panel_at_every_peak)
-    return notes + _cuda(spec, observed, static_bytes, temporaries, unfilled_segment_bytes)
+        return notes + _cpu_process(spec, device, observed, temporaries, graph_nodes, panel_at_every_peak) + compiled
+    return notes + _cuda(spec, observed, static_bytes, temporaries, unfilled_segment_bytes) + compiled
 
 
 def _cpu_process(spec, device: DeviceModel, observed, temporaries: int, graph_nodes: int,
@@ -241,6 +242,13 @@ def chunked_loss(chunk_tokens: int, vocab_size: int | None) -> Assumption:
         f"under activation checkpointing, so one chunk's logits ({format_bytes(logits)} in fp32 at vocabulary "
         f"{vocab_size or '?'}) exist at a time and are made again in backward: traced as it runs.",
         {"chunk_tokens": chunk_tokens, "vocab_size": vocab_size, "chunk_logits_bytes": logits})
+
+
+def compiled_model() -> Assumption:
+    """``--compile``: what the trace does not model."""
+    return Assumption("compile", "Compile: the trace runs the eager model; torch.compile's fused kernels can save "
+                      "fewer (or other) tensors for backward, and this estimate does not model that: gaplan probe "
+                      "--compile measures the compiled step.")
 
 
 def _attention(ops, calls) -> Assumption:

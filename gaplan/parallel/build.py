@@ -20,6 +20,7 @@ import torch
 
 from gaplan.parallel.fsdp import find_blocks, shard_model
 from gaplan.workload.build import Workload, build_workload, make_optimizer
+from gaplan.workload.compile import compile_model
 from gaplan.workload.spec import WorkloadSpec, model_source_kind
 
 
@@ -57,6 +58,8 @@ def build_sharded_workload(spec: WorkloadSpec, device: str | torch.device, *, se
     info = source.info if source is not None else workload.info
     workload = dataclasses.replace(workload, info=_broadcast_object(info))
     del source
+    if spec.compile:  # built on meta, where build_workload leaves it eager: compiled once sharded and filled
+        compile_model(model, device)
     return ShardedBuild(_with_new_optimizer(workload), blocks)
 
 

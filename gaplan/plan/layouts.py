@@ -22,6 +22,7 @@ import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from gaplan.core.checkpointing import parse_checkpointing
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import OptionError
 
@@ -264,8 +265,10 @@ def workload_flags(workload: dict) -> list[str]:
             value = workload.get(key)
             if value is not None and value != _DEFAULTS.get(key):
                 words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
-    if workload.get("grad_checkpointing"):
-        words += ["--grad-checkpointing", "on"]
+    if workload.get("grad_checkpointing"):  # True, or the blocks chosen (every:K, layers:N)
+        words += ["--grad-checkpointing", str(parse_checkpointing(workload["grad_checkpointing"]))]
+    if workload.get("compile"):
+        words.append("--compile")
     if workload.get("cpu_offload"):
         words.append("--cpu-offload")
     if workload.get("trust_remote_code"):

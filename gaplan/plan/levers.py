@@ -12,7 +12,7 @@ and is mostly rows no one would pick. They are:
 * each other optimizer named in ``--levers`` with those memory levers together: an optimizer swap is a change of
   training semantics, so it is compared only when asked, and then at its most memory-saving.
 
-A lever gaplan cannot build yet (``compile``) is listed, with the reason, and never estimated.
+A lever the estimate cannot model (``compile``) is listed, with the reason, and never estimated.
 """
 
 from __future__ import annotations
@@ -63,9 +63,11 @@ LEVERS = (
           "the LM head's forward runs again in backward, a chunk of positions at a time", recompute_head=1.0),
     Lever("ckpt", "checkpointing", "grad_checkpointing", True,
           "every block's forward runs again in backward", recompute_blocks=1.0),
+    Lever("every:2", "checkpointing", "grad_checkpointing", "every:2",
+          "every other block's forward runs again in backward", recompute_blocks=0.5),
     Lever("compile", "compile", None, True, "",
-          not_built="gaplan has no --compile yet, so neither the probe nor the estimate can model what compile "
-                    "keeps for backward; not compared"),
+          not_built="the estimate traces the eager model and cannot model what compile keeps for backward; "
+                    "probe it: gaplan probe --compile"),
 )
 BY_NAME = {lever.name: lever for lever in LEVERS}
 OPTIMIZER_LEVERS = tuple(lever.name for lever in LEVERS if lever.kind == "optimizer")
@@ -107,7 +109,7 @@ class Base:
 
     optimizer: str = "adamw"
     loss: str = "plain"
-    grad_checkpointing: bool = False
+    grad_checkpointing: bool | str = False  # True (on) or a selective choice (every:K, layers:N)
 
     def has(self, lever: Lever) -> bool:
         """True when the workload already has this lever's setting (so the lever adds nothing)."""

@@ -29,6 +29,7 @@ from gaplan.workload.spec import WorkloadSpec, model_source_kind
 # Part of the key: a change in how trials measure must not reuse older answers.
 PROBE_METHOD = "fork-per-trial, 2 optimizer steps, anonymous peak, MKL fast memory manager off"
 _SAME_WORKLOAD_FIELDS = WorkloadSpec.probe_key_fields()
+_KEYED_WHEN_SET = {"compile": False}  # field -> the default that leaves it out of a cache key
 
 
 def plan_cache_path(spec: WorkloadSpec, device: str, memory_limit: int | None, threads: int | None = None,
@@ -40,7 +41,9 @@ def plan_cache_path(spec: WorkloadSpec, device: str, memory_limit: int | None, t
     :func:`~gaplan.devices.identity.machine_identity` of ``device`` here and now).
     """
     # The learning rate, where the weights come from and remote code change no memory.
-    workload = {k: v for k, v in spec.to_dict().items() if k not in ("lr", "init", "trust_remote_code")}
+    # A field added later, at its default, is left out too: the caches written before it keep their keys.
+    workload = {k: v for k, v in spec.to_dict().items() if k not in ("lr", "init", "trust_remote_code")
+                and not (k in _KEYED_WHEN_SET and v == _KEYED_WHEN_SET[k])}
     sharded = spec.parallel == "fsdp"
     machine = machine or machine_identity(device)
     key = json.dumps({"workload": workload, "model_files": _model_files_digest(spec.model), "device": device,

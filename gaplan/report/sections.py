@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from gaplan.core.checkpointing import parse_checkpointing
 from gaplan.core.constants import BREAKDOWN_CATEGORIES, SAMPLES_PLAN_KIND, TOKEN_PLAN_KIND
 from gaplan.core.units import format_bytes
 from gaplan.plan.split import Plan
@@ -72,7 +73,7 @@ def header_items(run: RunData) -> list[str]:
     task = next((str(t) for t in (plan.get("task"), workload.get("task")) if t and str(t) not in _UNKNOWN_TASKS),
                 "unknown")
     seq_len = plan.get("seq_len") or workload.get("seq_len")
-    checkpointing = "on" if workload.get("grad_checkpointing") else "off"
+    checkpointing = parse_checkpointing(workload.get("grad_checkpointing"))
     torch_version = plan.get("torch_version")
     versions = f"gaplan {plan.get('gaplan_version', 'unknown')}, " + (f"torch {torch_version}" if torch_version
                                                                       else "torch version not recorded")
@@ -218,7 +219,7 @@ def tuner_section(tuner: dict[str, Any]) -> list[Block]:
     checkpointing = tuner.get("grad_checkpointing")
     choice = f"micro-batch {tuner.get('micro_batch', '?')}"
     if checkpointing is not None:
-        choice += f", gradient checkpointing {'on' if checkpointing else 'off'}"
+        choice += f", gradient checkpointing {parse_checkpointing(checkpointing)}"
     items = [f"**Objective:** {tuner.get('objective', 'unknown')}", f"**Chosen:** {choice}"]
     if tuner.get("reason"):
         items.append(f"**Why:** {tuner['reason']}")

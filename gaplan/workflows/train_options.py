@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gaplan.core.checkpointing import parse_checkpointing
 from gaplan.core.options import OptionError, from_options, leaf_fields, nested, option, option_name, to_flat
 from gaplan.data.source import DataSource
 from gaplan.plan.goodput import LR_SCALINGS, SCHEDULE_LR_SCALING
@@ -38,7 +39,7 @@ class TrainOptions:
     lr_scaling: str | None = option(None, resume="fixed")
     batch_schedule: str = option("fixed", resume="fixed")  # fixed | adaptive | warmup:STEPS (gaplan.plan.schedule)
     effective_batch_min: int | None = option(None, resume="fixed")  # a schedule's first batch (default B* x ranks)
-    grad_checkpointing: str | None = option(None)  # as given: None, "on", "off" or "auto" (auto needs a plan file)
+    grad_checkpointing: str | None = option(None)  # as given: None, off, on, every:K, layers:N or auto (needs a plan)
     source: DataSource = nested(DataSource)
     loop: LoopOptions = nested(LoopOptions)
     resume: bool = option(False)
@@ -55,6 +56,8 @@ class TrainOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise OptionError(f"{name} must be a positive integer (got {value})", name)
+        if self.grad_checkpointing not in (None, "auto"):
+            parse_checkpointing(self.grad_checkpointing)  # a bad value is one line, before any work
         scheduled = self._check_schedule()
         if self.lr_scaling is None:  # a schedule changes the batch under one --lr
             object.__setattr__(self, "lr_scaling", SCHEDULE_LR_SCALING if scheduled else "none")

@@ -69,9 +69,9 @@ def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Map
     return spec, dataclasses.replace(options, resume=True), environment
 
 
-# What a resumed run may change, for it changes how a step is split, not the step: the workload's memory settings here,
+# What a resumed run may change, for it changes how a step is split or run, not the step: the workload's memory settings here,
 # and the options marked "free" with the device and the budget (train.json's environment).
-SPLIT_ONLY_FIELDS = ("grad_checkpointing", "attention", "parallel", "cpu_offload", "grad_sync")
+SPLIT_ONLY_FIELDS = ("grad_checkpointing", "attention", "parallel", "cpu_offload", "grad_sync", "compile")
 
 
 def new_split(run_dir: str, spec: WorkloadSpec, options: TrainOptions, device: str,

@@ -28,6 +28,8 @@ from gaplan.core.errors import GaplanError
 from gaplan.core.tasks import CAUSAL_LM, CUSTOM
 from gaplan.data.tasks.infer import task_of_config
 from gaplan.data.tasks.registry import task_component
+from gaplan.workload.checkpointing import apply_checkpointing
+from gaplan.workload.compile import compile_model
 from gaplan.workload.loss import summed_token_loss
 from gaplan.workload.model_io import load_pretrained, quiet_transformers, weights_files
 from gaplan.workload.optimizers import check_optimizer_device, make_optimizer, optimizer_state_bytes
@@ -96,19 +98,6 @@ def static_bytes(model: nn.Module, optimizer: str) -> int:
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     return weights + grads + optimizer_state_bytes(model, optimizer)
-
-
-def enable_checkpointing(model: nn.Module) -> None:
-    """Recompute each layer's activations in backward (non-reentrant, the variant that works with accumulation).
-
-    transformers 5 renamed ``gradient_checkpointing_enable`` (deprecated, warns) to
-    ``activation_checkpointing_enable``; older versions only have the first.
-    """
-    kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def load_model_config(spec: WorkloadSpec) -> tuple[Any, str, int]:
@@ -199,13 +188,14 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
         from gaplan.workload.quantize import quantize_base
 
         model = quantize_base(model, DTYPES[spec.dtype], model_device)
-    if spec.grad_checkpointing:
-        enable_checkpointing(model)
+    apply_checkpointing(model, spec.checkpointing, spec.model)
     if spec.lora:
         from gaplan.workload.lora import apply_lora
 
         model = apply_lora(model, spec, task)
     model.to(model_device).train()
+    if spec.compile:
+        compile_model(model, model_device)
     vocab_size = int(config.vocab_size)
     num_labels = int(getattr(config, "num_labels", 2))
     make_batch = _lm_batch_maker(task, seq_len, vocab_size, num_labels, device, target_len)
@@ -351,11 +341,10 @@ def _build_custom(spec: WorkloadSpec, device: torch.device) -> Workload:
         made = CustomWorkload(*made)
     if not isinstance(made, CustomWorkload) or not isinstance(made.model, nn.Module):
         raise GaplanError(f"--model {spec.model!r} must return gaplan.CustomWorkload or (model, make_batch[, loss])")
-    if spec.grad_checkpointing:
-        if not hasattr(made.model, "gradient_checkpointing_enable"):
-            raise GaplanError("--grad-checkpointing needs a transformers model (one with gradient_checkpointing_enable)")
-        enable_checkpointing(made.model)
+    apply_checkpointing(made.model, spec.checkpointing, spec.model)
     model = made.model.to(device).train()
+    if spec.compile:
+        compile_model(model, device)
     user_loss = made.loss
     workload_batch = made.make_batch
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field, fields
 
+from gaplan.core.checkpointing import Checkpointing, parse_checkpointing
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import OptionError, positive_finite
 from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, MASKED_LM, SEQ2SEQ_LM
@@ -100,7 +101,9 @@ class WorkloadSpec:
     optimizer: str = "adamw"
     # probe_key=False: no effect on memory, so a cached probe of another value still holds (same_workload).
     lr: float | None = field(default=None, metadata={"probe_key": False})  # None: DEFAULT_LR (``learning_rate``)
-    grad_checkpointing: bool = False
+    # False (off), True (on) or "every:K" / "layers:N" (gaplan.core.checkpointing); "off"/"on" are stored as bools,
+    # so plan files and caches written before selective checkpointing read the same.
+    grad_checkpointing: bool | str = False
     # Added later: a plan file or worker message without these keys gets the defaults (WorkloadSpec(**d)).
     init: str = field(default="auto", metadata={"probe_key": False})  # auto|pretrained|random: the starting weights
     weights_dtype: str = "fp32"  # the master weights' dtype (``dtype`` is the autocast compute dtype)
@@ -121,6 +124,19 @@ class WorkloadSpec:
     # plain | chunked | chunked:TOKENS: the LM head and cross-entropy a chunk of positions at a time, recomputed in
     # backward, so the [B, T, V] logits never exist whole (gaplan.workload.chunked_loss)
     loss: str = "plain"
+    # torch.compile the model (gaplan.workload.compile): changes what is saved for backward, so it is a probe key
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        try:  # one spelling for each choice (on, every:1 and True are one value); a bad one is validate()'s to refuse
+            object.__setattr__(self, "grad_checkpointing", parse_checkpointing(self.grad_checkpointing).spec_value())
+        except GaplanError:
+            pass
+
+    @property
+    def checkpointing(self) -> Checkpointing:
+        """``grad_checkpointing`` as the typed value: which blocks recompute their activations in backward."""
+        return parse_checkpointing(self.grad_checkpointing)
 
     @property
     def learning_rate(self) -> float:
@@ -141,6 +157,10 @@ class WorkloadSpec:
             _check_bitsandbytes(str(device))
         if self.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
             _check_optimizer_package(self.optimizer, str(device))
+        if self.compile:
+            from gaplan.workload.compile import check_compiler
+
+            check_compiler(str(device))
         if self.cpu_offload and str(device).startswith("cpu"):
             raise OptionError("cpu_offload moves FSDP's shards and optimizer states off a GPU to the CPU; on "
                               "device cpu they are on the CPU already: leave it out", "cpu_offload", "device")
@@ -170,6 +190,7 @@ class WorkloadSpec:
             raise OptionError("grad_sync every needs parallel fsdp (DDP syncs on the last micro-step)", "grad_sync", "parallel")
         if not isinstance(self.trust_remote_code, bool):
             raise GaplanError(f"trust_remote_code must be true or false (got {self.trust_remote_code!r})")
+        self.checkpointing  # noqa: B018 (parsing it raises the one-line error)
         kind = model_source_kind(self.model)
         self._validate_lora(kind)
         if self.optimizer not in OPTIMIZERS:
@@ -180,6 +201,8 @@ class WorkloadSpec:
                               f"FSDP2's sharded tensors): use {' or '.join(SHARDED_OPTIMIZERS)}, or parallel ddp",
                               "optimizer", "parallel")
         self._validate_loss(kind)
+        if not isinstance(self.compile, bool):
+            raise OptionError(f"compile must be true or false (got {self.compile!r})", "compile")
         if self.seq_len is not None and (not isinstance(self.seq_len, int) or isinstance(self.seq_len, bool)
                                          or self.seq_len < 2):
             raise OptionError(f"seq_len must be at least 2 (got {self.seq_len})", "seq_len")

@@ -220,6 +220,14 @@ def test_workload_flags_keep_the_loss_and_every_optimizer():
         assert workload_flags({"model": "m", "optimizer": name})[-2:] == ["--optimizer", name]
 
 
+@pytest.mark.parametrize(("saved", "flags"), [(True, ["--grad-checkpointing", "on"]), (False, []),
+                                              ("every:2", ["--grad-checkpointing", "every:2"]),
+                                              ("layers:3", ["--grad-checkpointing", "layers:3"])])
+def test_the_launch_command_keeps_the_blocks_checkpointed_and_compile(saved, flags):
+    assert workload_flags({"model": "m", "grad_checkpointing": saved}) == ["--model", "m", *flags]
+    assert workload_flags({"model": "m", "compile": True}) == ["--model", "m", "--compile"]
+
+
 @pytest.mark.parametrize(("given", "expected"), [
     ((None, None, None), (1, 1)),
     ((8, None, None), (8, 1)),

@@ -36,7 +36,7 @@ def test_every_optimizer_is_a_lever_and_every_lever_sets_a_real_field():
 
 
 def test_default_levers_keep_the_optimizer():
-    assert parse_levers(None) == parse_levers("") == DEFAULT_LEVERS == ("chunked", "ckpt", "compile")
+    assert parse_levers(None) == parse_levers("") == DEFAULT_LEVERS == ("chunked", "ckpt", "every:2", "compile")
     assert not set(DEFAULT_LEVERS) & set(OPTIMIZER_LEVERS)
 
 
@@ -56,12 +56,12 @@ def test_unknown_lever_is_one_line_naming_the_flag(text):
 
 
 def test_default_rows_are_base_each_alone_and_together():
-    assert lever_rows(DEFAULT_LEVERS) == [(), ("chunked",), ("ckpt",), ("chunked", "ckpt")]
+    assert lever_rows(DEFAULT_LEVERS) == [(), ("chunked",), ("ckpt",), ("every:2",), ("chunked", "ckpt")]
 
 
-def test_all_levers_are_fourteen_rows_with_adamw():
+def test_all_levers_are_fifteen_rows_with_adamw():
     rows = lever_rows(parse_levers("all"))
-    assert len(rows) == 14 and sum(len(row) == 1 for row in rows) == 7 and ("chunked", "ckpt") in rows
+    assert len(rows) == 15 and sum(len(row) == 1 for row in rows) == 8 and ("chunked", "ckpt") in rows
     assert sum(len(row) == 3 for row in rows) == 5
 
 

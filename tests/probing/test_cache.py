@@ -47,6 +47,9 @@ def test_the_key_holds_what_changes_memory_and_nothing_else(tmp_path):
         "optimizer": plan_cache_path(dataclasses.replace(SPEC, optimizer="sgd"), "cpu", SMALL_BUDGET, threads=2),
         "checkpointing": plan_cache_path(dataclasses.replace(SPEC, grad_checkpointing=True), "cpu", SMALL_BUDGET,
                                          threads=2),
+        "every:2": plan_cache_path(dataclasses.replace(SPEC, grad_checkpointing="every:2"), "cpu", SMALL_BUDGET,
+                                   threads=2),
+        "compile": plan_cache_path(dataclasses.replace(SPEC, compile=True), "cpu", SMALL_BUDGET, threads=2),
         "model": plan_cache_path(dataclasses.replace(SPEC, model="tiny-llama"), "cpu", SMALL_BUDGET, threads=2),
     }
     for what, path in others.items():

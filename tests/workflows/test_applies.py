@@ -14,8 +14,8 @@ from gaplan.workflows.applies import TRAIN_SCOPES, scope_table
 from tests.conftest import REPO_ROOT
 
 # The flags that apply to every run (a new flag is either declared in gaplan/workflows/applies.py or added here).
-EVERYWHERE = {"--attention", "--batch-by", "--batch-schedule", "--checkpoint-every", "--compare", "--data", "--device",
-              "--dtype", "--effective-batch", "--enforce-memory-limit", "--grad-checkpointing", "--init", "--json",
+EVERYWHERE = {"--attention", "--batch-by", "--batch-schedule", "--checkpoint-every", "--compare", "--compile", "--data",
+              "--device", "--dtype", "--effective-batch", "--enforce-memory-limit", "--grad-checkpointing", "--init", "--json",
               "--lora", "--lora-alpha", "--lora-config", "--lora-dropout", "--lora-targets", "--lr", "--max-grad-norm",
               "--memory-limit", "--micro-batch", "--model", "--noise-scale", "--optimizer", "--out", "--parallel",
               "--plan", "--quiet", "--resume", "--save-model", "--save-weights", "--seed", "--seq-len",

@@ -1,0 +1,95 @@
+"""Which transformer blocks recompute their activations in backward: off, on, every:K or layers:N. No torch.
+
+A checkpointed block keeps only its input through the forward and runs again in backward; the others keep every
+activation they save. ``every:K`` checkpoints blocks 0, K, 2K, ... (``every:1`` is ``on``, as transformers'
+``every_n_layers`` counts them); ``layers:N`` the first N blocks, in the model's module order (a T5's encoder
+blocks come before its decoder's). One parser, :func:`parse_checkpointing`, reads every form a caller or a saved
+file holds: the strings, a bool (what plan files and probe caches wrote before every:K), None (off) or the value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gaplan.core.options import OptionError
+
+KINDS = ("off", "on", "every", "layers")
+CHECKPOINTING_CHOICES = "off|on|every:K|layers:N"
+_FIX = "choose off, on, every:K (every K-th block, K >= 1) or layers:N (the first N blocks, N >= 1)"
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """Activation checkpointing per block: ``kind`` off | on | every | layers, ``count`` its K or N (0 for off/on)."""
+
+    kind: str = "off"
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        counted = self.kind in ("every", "layers")
+        if self.kind not in KINDS or not isinstance(self.count, int) or isinstance(self.count, bool) or (
+                counted and self.count < 1) or (not counted and self.count != 0):
+            raise OptionError(f"grad_checkpointing {self.kind}:{self.count} is not valid; {_FIX}", "grad_checkpointing")
+        if self.kind == "every" and self.count == 1:  # every block: the same as on, one spelling
+            object.__setattr__(self, "kind", "on")
+            object.__setattr__(self, "count", 0)
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.count}" if self.count else self.kind
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any block is checkpointed."""
+        return self.kind != "off"
+
+    @property
+    def selective(self) -> bool:
+        """Whether only some blocks are (every:K with K > 1, layers:N)."""
+        return self.count > 0
+
+    def spec_value(self) -> bool | str:
+        """What a :class:`gaplan.workload.spec.WorkloadSpec` holds: False, True, or ``every:K``/``layers:N``.
+
+        off and on stay bools, so a plan file or cache written before every:K reads the same as one written now.
+        """
+        return str(self) if self.selective else self.enabled
+
+    def blocks(self, total: int) -> list[bool]:
+        """For each of ``total`` blocks, whether it is checkpointed; a one-line error when K or N exceeds ``total``."""
+        if self.selective and self.count > total:
+            raise OptionError(f"grad_checkpointing {self} asks for more blocks than the model's {total}; give "
+                              f"{self.kind}:{total} at most, or on", "grad_checkpointing")
+        if self.kind == "every":
+            return [i % self.count == 0 for i in range(total)]
+        if self.kind == "layers":
+            return [i < self.count for i in range(total)]
+        return [self.enabled] * total
+
+    def checkpointed(self, total: int) -> int:
+        """How many of ``total`` blocks are checkpointed."""
+        return sum(self.blocks(total))
+
+
+OFF = Checkpointing()
+ON = Checkpointing("on")
+
+
+def parse_checkpointing(value: object) -> Checkpointing:
+    """``value`` as a :class:`Checkpointing`: a string (off, on, every:K, layers:N), a bool, None (off), or one already.
+
+    Raises:
+        OptionError: anything else, naming ``grad_checkpointing`` (``--grad-checkpointing`` on the command line).
+    """
+    if isinstance(value, Checkpointing):
+        return value
+    if value is None or value is False:
+        return OFF
+    if value is True:
+        return ON
+    if isinstance(value, str):
+        kind, colon, count = value.strip().lower().partition(":")
+        if not colon and kind in ("off", "on"):
+            return Checkpointing(kind)
+        if colon and kind in ("every", "layers") and count.isdigit() and int(count) >= 1:
+            return Checkpointing(kind, int(count))
+    raise OptionError(f"grad_checkpointing {value!r} is not valid; {_FIX}", "grad_checkpointing")
