@@ -222,3 +222,29 @@ def test_the_sharded_pages_hang_timeout_and_caveat_are_the_codes():
     text = " ".join(page("docs/sharded.md").split())
     assert f"A trial that hangs is killed after {DEFAULT_RANK_TIMEOUT_S / 60:g} minutes" in text
     assert f"within {NEAR_LIMIT:.0%} of the usable memory gets a `caveat:` line" in text
+
+
+# ---- comparison.md's prose, against reports/peers/peers.json ----------------------------------------------------------
+
+
+def test_the_comparison_prose_is_the_peer_runs():
+    data = json.loads((ROOT / "reports" / "peers" / "peers.json").read_text())
+    settings, rows = data["settings"], {row["tool"]: row for row in data["batch_size"]}
+    text = " ".join(page("docs/comparison.md").split())
+    # The loop's setup.
+    micro, steps = settings["loop_micro_batch"], settings["loop_accumulation"]
+    assert f"Micro-batch {micro} × {steps} accumulation steps ({micro * steps} samples a step)" in text
+    assert (f"{settings['loop_warmup']} warm-up step and {settings['loop_steps']} timed steps, "
+            f"{settings['repeats']} runs each") in text
+    assert f"({settings['model']}, seq {settings['seq_len']}, AdamW, fp32) under the same " \
+           f"{settings['memory_limit'].removesuffix('GiB')} GiB CPU budget" in text
+    # accelerate's ladder: from 128, times 0.9 after each OOM, stepping over the edge.
+    ladder = [int(b.rstrip("x")) for b in rows["accelerate find_executable_batch_size"]["tried"].split()]
+    assert ladder[0] == 128 and all(after == int(before * 0.9) for before, after in zip(ladder, ladder[1:], strict=False))
+    edge = data["true_edge"]
+    assert f"its ladder (…, {ladder[-2]}, {ladder[-1]}) steps over {ladder[-1] + 1}–{edge}" in text
+    # Lightning's binsearch ran out of memory at the true edge in its own process.
+    binsearch = rows["Lightning scale_batch_size (binsearch)"]["tried"].split()
+    assert f"{edge}x" in binsearch
+    assert f"Lightning's binsearch ran out of memory at {edge} *in its own process*, though {edge} fits a fresh one" \
+        in text

@@ -108,7 +108,10 @@ def peers(data: dict, key: str) -> str:
     if key == "loop":
         rows = [[LOOPS.get(r["loop"], r["loop"]), f"{r['median_samples_per_s']:.2f}", f"{r['gaplan_ratio']:.2f}×",
                  r["runs"]] for r in data["loop"]]
-        return table(["loop", "samples/s (median)", "gaplan / this", "runs"], ["---", "--:", "--:", "---"], rows)
+        deviations = [float(run) / r["median_samples_per_s"] - 1 for r in data["loop"] for run in r["runs"].split()]
+        return (table(["loop", "samples/s (median)", "gaplan / this", "runs"], ["---", "--:", "--:", "---"], rows)
+                + f"\nIn this run a loop's runs lay between {min(deviations):+.0%} and {max(deviations):+.0%} of its "
+                  f"median.\n")
     if key == "loss":
         rows = [[LOSSES.get(r["tool"], r["tool"]), f"{r['max_relative_difference']:.1e}"] for r in data["loss"]]
         return table(["tool", "max relative difference"], ["---", "--:"], rows)
