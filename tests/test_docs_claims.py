@@ -248,3 +248,17 @@ def test_the_comparison_prose_is_the_peer_runs():
     assert f"{edge}x" in binsearch
     assert f"Lightning's binsearch ran out of memory at {edge} *in its own process*, though {edge} fits a fresh one" \
         in text
+
+
+def test_the_probe_cost_tables_ratios_and_trials():
+    """estimate.md's probe_cost table (a dated measurement): each ratio is its seconds over binsearch's, and a
+    finder's listed trials are as many as its trials column."""
+    part = page("docs/estimate.md").split("| finder | trials | found | seconds | vs binsearch |", 1)[1].split("\n\n")[0]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in part.strip().splitlines()[1:]]
+    reference = float(rows[-1][3])
+    for finder, trials, found, seconds, ratio in rows[:-1]:
+        assert float(ratio.rstrip("x")) == pytest.approx(float(seconds) / reference, abs=0.005)
+        listed = re.search(r"\((?:seeded: )?(.+)\)", finder).group(1)
+        sizes = re.findall(r"(\d+)(x| OOM|)", listed.replace(" fits", ""))
+        assert len(sizes) == int(trials)
+        assert max(int(b) for b, oom in sizes if not oom) == int(found)
