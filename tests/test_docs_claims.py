@@ -262,3 +262,51 @@ def test_the_probe_cost_tables_ratios_and_trials():
         sizes = re.findall(r"(\d+)(x| OOM|)", listed.replace(" fits", ""))
         assert len(sizes) == int(trials)
         assert max(int(b) for b, oom in sizes if not oom) == int(found)
+
+
+def test_the_long_tailed_corpus_profile_is_what_its_script_writes(tmp_path):
+    """token-budgets.md: the corpus script on the page, run, gives the length profile the sample output shows (byte
+    tokens: one a byte)."""
+    import contextlib
+    import io
+
+    from gaplan.plan.tokens import LengthProfile
+
+    text = page("docs/token-budgets.md")
+    script = text.split("python - > corpus.txt <<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(script, "token-budgets.md", "exec"), {})  # noqa: S102 - the page's own script
+    profile = LengthProfile.of([len(line.encode()) for line in out.getvalue().splitlines()])
+    shown = text.split("```\nlengths    ", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert shown[0] == profile.describe()
+    assert [tuple(map(int, re.match(r"\s*(\d+)-(\d+) .* (\d+)$", row).groups())) for row in shown[1:]] == \
+        list(profile.histogram)
+    assert f"data: {profile.count} samples from {profile.count} records in corpus.txt" in text
+
+
+def test_the_token_probes_sample_output_is_its_recorded_run():
+    """token-budgets.md's `gaplan probe --batch-by tokens` output is docs/data/token_probe.json's: the profile, each
+    probe's trials (size, fits, peak) and B*, T*'s line and the samples plan. Re-measure it and this fails until the
+    page shows the new run."""
+    from gaplan import make_plan
+    from gaplan.plan.tokens import TokenBudget
+
+    data = json.loads((ROOT / "docs" / "data" / "token_probe.json").read_text())
+    text = page("docs/token-budgets.md")
+    sample = text.split("```\nlengths    ", 1)[1].split("```", 1)[0]
+    assert f"On {data['measured']['date']} ({data['measured']['cores']} cores" in text
+    budget = TokenBudget(**data["token_budget"])
+    for end in ("longest", "shortest"):
+        probe = data["probes"][end]
+        part = sample.split(f"B* at the {end} length, {probe['seq_len']} tokens: {probe['max_micro_batch']}   "
+                            f"[{len(probe['trials'])} trials]\n", 1)[1].split("\n\n", 1)[0]
+        shown = [re.match(r"\s+micro-batch\s+(\d+)\s+(fits|OOM)\s+peak\s+([\d.]+ MiB|-)", line).groups()
+                 for line in part.splitlines()]
+        assert shown == [(str(t["micro_batch"]), "fits" if t["fits"] else "OOM",
+                          f"{t['peak_bytes'] / 2**20:.2f} MiB" if t["fits"] else "-") for t in probe["trials"]]
+    assert f"\n{budget.describe()}\n" in sample
+    plan = make_plan(data["effective_batch"], budget.long_edge)
+    assert f"samples plan at the longest length: {plan.describe()}\n" in sample
+    assert (f"{data['profile']['count']} samples of {data['profile']['shortest']} to {data['profile']['longest']} "
+            f"tokens: median {data['profile']['median']:g}") in sample
