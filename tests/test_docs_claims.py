@@ -310,3 +310,13 @@ def test_the_token_probes_sample_output_is_its_recorded_run():
     assert f"samples plan at the longest length: {plan.describe()}\n" in sample
     assert (f"{data['profile']['count']} samples of {data['profile']['shortest']} to {data['profile']['longest']} "
             f"tokens: median {data['profile']['median']:g}") in sample
+
+
+def test_the_bench_pages_verdict_is_the_codes_sentence():
+    """bench-and-reports.md quotes a verdict: the code says exactly that for its ratio and interval."""
+    from gaplan.benchmark.stats import Estimate, verdict
+
+    text = " ".join(page("docs/bench-and-reports.md").split())
+    quoted = re.search(r'\*\*A verdict that names its noise\*\*: "([^"]+)"', text).group(1)
+    value, low, high = map(float, re.search(r"at ([\d.]+)x .*CI ([\d.]+)-([\d.]+)", quoted).groups())
+    assert verdict(Estimate(value, low, high, 3)) == quoted
