@@ -320,3 +320,11 @@ def test_the_bench_pages_verdict_is_the_codes_sentence():
     quoted = re.search(r'\*\*A verdict that names its noise\*\*: "([^"]+)"', text).group(1)
     value, low, high = map(float, re.search(r"at ([\d.]+)x .*CI ([\d.]+)-([\d.]+)", quoted).groups())
     assert verdict(Estimate(value, low, high, 3)) == quoted
+
+
+def test_the_readmes_other_machine_edge_is_the_peer_runs():
+    data = json.loads((ROOT / "reports" / "peers" / "peers.json").read_text())
+    text = " ".join(page("README.md").split())
+    assert f"the same default gave {data['true_edge']} in the peer comparison's run" in text
+    assert data["settings"]["model"] == "tiny-gpt2" and data["settings"]["seq_len"] == 128
+    assert f"transformers {data['versions']['transformers'].rsplit('.', 1)[0]}" in text
