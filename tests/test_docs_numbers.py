@@ -239,6 +239,7 @@ SEEDED = sorted(name for name, run in load("docs/data/probes.json")["probes"].it
                 if run["command"].startswith("gaplan probe") and "--no-seed-from-estimate" not in run["command"])
 
 
+@pytest.mark.heavy  # 7-16 s each on 2 cores (a traced estimate): kept out of the default run
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SEEDED)
 def test_a_seeded_probe_starts_at_todays_estimate(name):
