@@ -328,3 +328,33 @@ def test_the_readmes_other_machine_edge_is_the_peer_runs():
     assert f"the same default gave {data['true_edge']} in the peer comparison's run" in text
     assert data["settings"]["model"] == "tiny-gpt2" and data["settings"]["seq_len"] == 128
     assert f"transformers {data['versions']['transformers'].rsplit('.', 1)[0]}" in text
+
+
+def _options(command: str) -> dict[str, str]:
+    words = command.split()
+    return {word: words[i + 1] for i, word in enumerate(words[:-1]) if word.startswith("--")
+            and not words[i + 1].startswith("--")}
+
+
+def test_the_token_probe_is_the_pages_command_and_replays_to_its_edges():
+    """The page's `gaplan probe --batch-by tokens` asks for what the recorded run ran (a changed budget or length on
+    the page fails), and today's search, fed the recorded peaks, asks for the recorded trials at both lengths."""
+    from gaplan.core.units import parse_bytes
+    from gaplan.plan.tokens import LONG_SEARCH_CAP, short_search_cap
+
+    from .test_docs_numbers import replay
+
+    data = json.loads((ROOT / "docs" / "data" / "token_probe.json").read_text())
+    shown = next(line for line in page("docs/token-budgets.md").splitlines()
+                 if line.startswith("gaplan probe --data corpus.txt") and "--batch-by tokens" in line)
+    assert _options(shown) == _options(data["command"]) and "--batch-by tokens" in data["command"]
+    assert parse_bytes(_options(shown)["--memory-limit"]) == data["memory_limit_bytes"]
+    longest, shortest = data["probes"]["longest"], data["probes"]["shortest"]
+    caps = {"longest": LONG_SEARCH_CAP,
+            "shortest": short_search_cap(longest["seq_len"], longest["max_micro_batch"], shortest["seq_len"])}
+    for end, probe in data["probes"].items():
+        run = {"trials": probe["trials"], "limit_bytes": data["memory_limit_bytes"], "search_cap": caps[end],
+               "command": data["command"]}
+        asked, edge = replay(run)
+        assert [b for b, _ in asked] == [t["micro_batch"] for t in probe["trials"]]
+        assert edge == probe["max_micro_batch"]

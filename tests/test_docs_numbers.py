@@ -223,6 +223,19 @@ def test_the_search_asks_for_the_recorded_trials_and_reaches_the_recorded_edge(n
     assert edge == run["edge"]
 
 
+@pytest.mark.parametrize("name", sorted(load("docs/data/probes.json")["probes"]))
+def test_a_recorded_probes_budget_is_its_commands(name):
+    """The budget the replay uses is the one the quoted command asks for (gaplan's default CPU budget without
+    --memory-limit): a budget edited in the command alone fails here, in the file alone fails the replay."""
+    from gaplan.core.constants import DEFAULT_CPU_BUDGET
+    from gaplan.core.units import parse_bytes
+
+    run = load("docs/data/probes.json")["probes"][name]
+    # --memory-limit's value, or the loop script's positional budget (``probe_edges.py loop 512MiB``).
+    limit = next((word for word in shlex.split(run["command"]) if re.fullmatch(r"\d+(\.\d+)?[KMGT]i?B", word)), None)
+    assert run["limit_bytes"] == (parse_bytes(limit) if limit else DEFAULT_CPU_BUDGET), run["command"]
+
+
 def test_a_changed_budget_changes_the_replayed_trials():
     run = load("docs/data/probes.json")["probes"]["seq32-256MiB-plain"]
     run["limit_bytes"] //= 2
