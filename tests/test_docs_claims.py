@@ -358,3 +358,11 @@ def test_the_token_probe_is_the_pages_command_and_replays_to_its_edges():
         asked, edge = replay(run)
         assert [b for b, _ in asked] == [t["micro_batch"] for t in probe["trials"]]
         assert edge == probe["max_micro_batch"]
+
+
+def test_the_lora_pages_defaults_are_the_specs():
+    from gaplan import WorkloadSpec
+
+    spec = WorkloadSpec()
+    text = " ".join(page("docs/lora.md").split())
+    assert f"LoRA r={spec.lora_r} (alpha {spec.lora_alpha:g}, dropout {spec.lora_dropout:g})" in text

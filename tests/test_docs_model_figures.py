@@ -50,3 +50,21 @@ def test_the_disk_pages_checkpoint_size_is_the_weights(tiny_gpt2):
     assert f"tiny-gpt2 with SGD (a {round(weights)} MiB checkpoint)" in text
     needs = float(re.search(r"cannot write checkpoint\.pt to \S+ it needs ([\d.]+) MiB", text).group(1))
     assert weights <= needs < weights + 0.05
+
+
+@pytest.mark.heavy
+def test_the_lora_pages_record_is_the_adapted_model():
+    """lora.md quotes the estimate's LoRA record for tiny-gpt2: the frozen base's fp32 bytes and the adapters'
+    parameter count and bytes, as the PEFT model built today has them."""
+    from gaplan import WorkloadSpec
+    from gaplan.core.units import format_bytes
+    from gaplan.workload.build import build_workload
+
+    model = build_workload(WorkloadSpec(lora=True), "cpu").model
+    frozen = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad)
+    adapters = [p for p in model.parameters() if p.requires_grad]
+    count = sum(p.numel() for p in adapters)
+    text = _flat("docs/lora.md")
+    assert f"the frozen base, {format_bytes(frozen)} in fp32, has no gradients or optimizer states" in text
+    assert f"the {count:,} adapter parameters ({format_bytes(sum(p.numel() * p.element_size() for p in adapters))})" \
+        in text
