@@ -366,3 +366,26 @@ def test_the_lora_pages_defaults_are_the_specs():
     spec = WorkloadSpec()
     text = " ".join(page("docs/lora.md").split())
     assert f"LoRA r={spec.lora_r} (alpha {spec.lora_alpha:g}, dropout {spec.lora_dropout:g})" in text
+
+
+def _source(package: str, relative: str) -> str:
+    """A peer's source file, read without importing it (importing imports torch)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.origin:
+        pytest.skip(f"{package} is not installed")
+    return (pathlib.Path(spec.origin).parent / relative).read_text()
+
+
+def test_the_peers_defaults_the_comparison_names_are_their_own():
+    """comparison.md: accelerate starts at 128 and multiplies by 0.9; Lightning's binsearch keeps a 5% margin and
+    runs three steps a trial by default."""
+    text = " ".join(page("docs/comparison.md").split())
+    accelerate = _source("accelerate", "utils/memory.py")
+    assert re.search(r"starting_batch_size: int = 128\b", accelerate) and "int(batch_size * 0.9)" in accelerate
+    assert "accelerate starts at 128 and multiplies by 0.9 after each OOM" in text
+    scaling = _source("pytorch_lightning", "tuner/batch_size_scaling.py")
+    tuning = _source("pytorch_lightning", "tuner/tuning.py")
+    assert re.search(r"margin: float = 0\.05\b", scaling) and "It then keeps its default 5% margin" in text
+    assert re.search(r"steps_per_trial: int = 3\b", tuning) and "Lightning its default three" in text
