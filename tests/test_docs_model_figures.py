@@ -68,3 +68,26 @@ def test_the_lora_pages_record_is_the_adapted_model():
     assert f"the frozen base, {format_bytes(frozen)} in fp32, has no gradients or optimizer states" in text
     assert f"the {count:,} adapter parameters ({format_bytes(sum(p.numel() * p.element_size() for p in adapters))})" \
         in text
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_the_sharded_pages_7b_estimate_is_todays():
+    """sharded.md's Llama-2-7B on 8 H100s (an estimate on fake tensors: the same bytes on every machine; the seconds
+    are the machine's): its parameters, static bytes, memory line, B*, peak and plan as today's estimate gives them
+    (about 15 s on 2 cores)."""
+    from gaplan import WorkloadSpec, make_plan
+    from gaplan.core.units import format_bytes
+    from gaplan.estimate import estimate
+
+    result = estimate(WorkloadSpec(model="llama-2-7b", seq_len=4096, dtype="bf16", parallel="fsdp"),
+                      target="h100-80gb", effective_batch=512, world_size=8)
+    text = (ROOT / "docs" / "sharded.md").read_text().split("A Llama-2-7B shape on 8 H100s", 1)[1].split("```\n\n", 1)[0]
+    flat = " ".join(text.split())
+    intercept, slope = result.line
+    assert f"(causal-lm, {result.param_count / 1e6:.1f}M parameters, seq len 4096, bf16, adamw)" in flat
+    assert f"static {format_bytes(result.static_bytes)} for sharded weights" in flat
+    assert f"memory line: {format_bytes(intercept)} + {format_bytes(slope)} per sample per rank" in flat
+    assert f"largest micro-batch predicted to fit: {result.max_micro_batch} [{result.trace_count} traces," in flat
+    assert f"peak {format_bytes(result.peak_bytes)} per rank]" in flat
+    assert f"plan: {make_plan(512, result.max_micro_batch, 8).describe()}" in flat
