@@ -91,3 +91,13 @@ def test_the_sharded_pages_7b_estimate_is_todays():
     assert f"largest micro-batch predicted to fit: {result.max_micro_batch} [{result.trace_count} traces," in flat
     assert f"peak {format_bytes(result.peak_bytes)} per rank]" in flat
     assert f"plan: {make_plan(512, result.max_micro_batch, 8).describe()}" in flat
+
+
+def test_the_sharded_pages_activations_prose_is_its_7b_table():
+    """The prose's "N GiB a sample" (twice) is the 7B table's activations at micro-batch 1, which the heavy test above
+    holds to today's estimate."""
+    text = (ROOT / "docs" / "sharded.md").read_text()
+    row = re.search(r"\n\s+1\s+micro-steps(.*)\n", text.split("A Llama-2-7B shape on 8 H100s", 1)[1]).group(1)
+    activations = float(re.findall(r"([\d.]+) (?:GiB|MiB|B)", row)[5])  # the table's sixth column
+    flat = " ".join(text.split())
+    assert flat.count(f"activations ({round(activations)} GiB a sample") == 2
