@@ -389,3 +389,23 @@ def test_the_peers_defaults_the_comparison_names_are_their_own():
     tuning = _source("pytorch_lightning", "tuner/tuning.py")
     assert re.search(r"margin: float = 0\.05\b", scaling) and "It then keeps its default 5% margin" in text
     assert re.search(r"steps_per_trial: int = 3\b", tuning) and "Lightning its default three" in text
+
+
+def test_the_sharded_pages_plan_prose_is_its_plan_output():
+    """sharded.md's prose under `gaplan plan`'s 7B output quotes the pick's peak, its share of the card and B*'s peak
+    from that output; the caveat's share is the peak over the usable memory."""
+    from gaplan.plan.layouts import NEAR_LIMIT
+
+    text = page("docs/sharded.md")
+    pick = re.search(r"\npick: .*split 22,21,21 x 8 .*; peak ([\d.]+) GiB per rank at micro-batch 22 \(B\* (\d+) peaks "
+                     r"at ([\d.]+) GiB\)", text)
+    usable = float(re.search(r"on 8 x h100-80gb: ([\d.]+) GiB usable per rank", text).group(1))
+    peak, edge, edge_peak = float(pick.group(1)), pick.group(2), pick.group(3)
+    flat = " ".join(text.split())
+    assert (f"peaks at {peak:.2f} GiB, {peak / usable:.0%} of the card; B* {edge} would peak at {edge_peak} GiB"
+            in flat)
+    caveat = re.search(r"\ncaveat: the pick's peak, ([\d.]+) GiB per rank, is ([\d.]+)% of the ([\d.]+) GiB usable: "
+                       r"within (\d+)% of the limit", text)
+    assert caveat.group(1) == edge_peak and float(caveat.group(3)) == usable
+    assert f"{100 * float(edge_peak) / usable:.1f}" == caveat.group(2) and int(caveat.group(4)) == NEAR_LIMIT * 100
+    assert f"at {float(edge_peak) / usable:.0%} of the card, and says so" in flat

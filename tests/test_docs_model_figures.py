@@ -90,7 +90,7 @@ def test_the_sharded_pages_7b_estimate_is_todays():
     assert f"memory line: {format_bytes(intercept)} + {format_bytes(slope)} per sample per rank" in flat
     assert f"largest micro-batch predicted to fit: {result.max_micro_batch} [{result.trace_count} traces," in flat
     assert f"peak {format_bytes(result.peak_bytes)} per rank]" in flat
-    assert f"plan: {make_plan(512, result.max_micro_batch, 8).describe()}" in flat
+    assert "plan: " + " ".join(make_plan(512, result.max_micro_batch, 8).describe().split()) in flat
 
 
 def test_the_sharded_pages_activations_prose_is_its_7b_table():
