@@ -409,3 +409,10 @@ def test_the_sharded_pages_plan_prose_is_its_plan_output():
     assert caveat.group(1) == edge_peak and float(caveat.group(3)) == usable
     assert f"{100 * float(edge_peak) / usable:.1f}" == caveat.group(2) and int(caveat.group(4)) == NEAR_LIMIT * 100
     assert f"at {float(edge_peak) / usable:.0%} of the card, and says so" in flat
+
+
+def test_the_design_pages_module_length_is_the_layering_tests():
+    from .test_layering import MAX_LINES
+
+    assert f"no module is longer than {MAX_LINES} lines (checked by the same test)" in " ".join(
+        page("docs/design.md").split())
