@@ -108,7 +108,10 @@ def peers(data: dict, key: str) -> str:
     if key == "loop":
         rows = [[LOOPS.get(r["loop"], r["loop"]), f"{r['median_samples_per_s']:.2f}", f"{r['gaplan_ratio']:.2f}×",
                  r["runs"]] for r in data["loop"]]
-        return table(["loop", "samples/s (median)", "gaplan / this", "runs"], ["---", "--:", "--:", "---"], rows)
+        deviations = [float(run) / r["median_samples_per_s"] - 1 for r in data["loop"] for run in r["runs"].split()]
+        return (table(["loop", "samples/s (median)", "gaplan / this", "runs"], ["---", "--:", "--:", "---"], rows)
+                + f"\nIn this run a loop's runs lay between {min(deviations):+.0%} and {max(deviations):+.0%} of its "
+                  f"median.\n")
     if key == "loss":
         rows = [[LOSSES.get(r["tool"], r["tool"]), f"{r['max_relative_difference']:.1e}"] for r in data["loss"]]
         return table(["tool", "max relative difference"], ["---", "--:"], rows)
@@ -243,6 +246,19 @@ def test_the_search_asks_for_the_recorded_trials_and_reaches_the_recorded_edge(n
     assert edge == run["edge"]
 
 
+@pytest.mark.parametrize("name", sorted(load("docs/data/probes.json")["probes"]))
+def test_a_recorded_probes_budget_is_its_commands(name):
+    """The budget the replay uses is the one the quoted command asks for (gaplan's default CPU budget without
+    --memory-limit): a budget edited in the command alone fails here, in the file alone fails the replay."""
+    from gaplan.core.constants import DEFAULT_CPU_BUDGET
+    from gaplan.core.units import parse_bytes
+
+    run = load("docs/data/probes.json")["probes"][name]
+    # --memory-limit's value, or the loop script's positional budget (``probe_edges.py loop 512MiB``).
+    limit = next((word for word in shlex.split(run["command"]) if re.fullmatch(r"\d+(\.\d+)?[KMGT]i?B", word)), None)
+    assert run["limit_bytes"] == (parse_bytes(limit) if limit else DEFAULT_CPU_BUDGET), run["command"]
+
+
 def test_a_changed_budget_changes_the_replayed_trials():
     run = load("docs/data/probes.json")["probes"]["seq32-256MiB-plain"]
     run["limit_bytes"] //= 2
@@ -259,6 +275,7 @@ SEEDED = sorted(name for name, run in load("docs/data/probes.json")["probes"].it
                 if run["command"].startswith("gaplan probe") and "--no-seed-from-estimate" not in run["command"])
 
 
+@pytest.mark.heavy  # 7-16 s each on 2 cores (a traced estimate): kept out of the default run
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SEEDED)
 def test_a_seeded_probe_starts_at_todays_estimate(name):
