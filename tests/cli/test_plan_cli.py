@@ -191,7 +191,8 @@ def test_plan_shows_the_peak_at_the_planned_micro_batch_and_keeps_the_margin_fre
 @pytest.mark.heavy
 def test_plan_on_one_cpu_shows_the_lever_table_and_its_pick(tmp_path):
     """gaplan plan --device cpu --effective-batch 16 on the default preset: the lever rows (the base, the chunked
-    loss, checkpointing, every other block checkpointed, the chunked loss with checkpointing), compile listed as not compared, and a pick that is the least modelled time."""
+    loss, checkpointing, every other block checkpointed, the chunked loss with checkpointing), compile listed as
+    not compared, and a pick that is the least modelled time."""
     result = CliRunner().invoke(main, ["plan", "--device", "cpu", "--effective-batch", "16", "--out",
                                        str(tmp_path / "p"), "--json", "--quiet"])
     assert result.exit_code == 0, result.output
