@@ -127,7 +127,8 @@ def test_what_qlora_cannot_be_estimated_for_is_one_line(fields, message):
 def test_the_8b_example_of_the_lora_page():
     """docs/lora.md: Llama-3-8B, seq 2048, bf16 base, on a 24 GB card: full fine-tuning does not fit, nor LoRA without
     activation checkpointing; LoRA r 16 with it fits at micro-batch 2 x 32 steps for 64, QLoRA at 5 (3.35 GiB of 4-bit
-    weights instead of 13.00 GiB, a 112 MiB dequantized copy); each traced in under 60 s."""
+    weights instead of 13.00 GiB, a 112 MiB dequantized copy). The trace times are printed, not asserted (a shared
+    machine's load moves them)."""
     from gaplan.core.errors import DoesNotFit
 
     fields = dict(model="llama-3-8b", seq_len=2048, weights_dtype="bf16", dtype="bf16")
@@ -137,10 +138,10 @@ def test_the_8b_example_of_the_lora_page():
         estimate(WorkloadSpec(**fields, lora=True), target="rtx-4090", effective_batch=64)
     lora = estimate(WorkloadSpec(**fields, lora=True, grad_checkpointing=True), target="rtx-4090", effective_batch=64)
     assert (lora.max_micro_batch, lora.plan["micro_batch"], lora.plan["grad_accum_steps"]) == (2, 2, 32)
-    assert lora.trace_seconds < 60
     qlora = estimate(WorkloadSpec(**fields, lora=True, quantize="4bit", grad_checkpointing=True), target="rtx-4090",
                      effective_batch=64)
-    assert qlora.max_micro_batch == 5 and qlora.trace_seconds < 60
+    assert qlora.max_micro_batch == 5
+    print(f"traced: LoRA {lora.trace_seconds:.1f} s, QLoRA {qlora.trace_seconds:.1f} s")
     values = next(a for a in qlora.assumptions if a.topic == "quantization").values
     assert (round(values["quantized_bytes"] / 2**30, 2), round(values["traced_bytes"] / 2**30, 2)) == (3.35, 13.0)
     assert values["dequantized_bytes"] == 112 * 2**20
