@@ -20,7 +20,7 @@ from gaplan.runs.folder import default_run_dir
 from gaplan.workflows.parse_options import (
     check_by_tokens,
     check_positive,
-    data_source_of,
+    data_given,
     granule_of,
     memory_limit_of,
     spec_from_flat,
@@ -51,7 +51,7 @@ class BenchCommand:
     no_large_batch: bool = False
     batch_by: str = "samples"
     granule: int | None = None  # by tokens: a probed budget is a multiple of it (None: 64)
-    source: DataSource | None = None  # --data (by tokens)
+    source: DataSource | None = None  # --data (by tokens); its fields refused without it
     command: str | None = None  # the command line, recorded in plan.json
     out: str | None = None  # None: reports/bench-<model>-<time>
     settings: Any = field(default=None, init=False)  # by samples: the BenchSettings of the timing fields
@@ -59,6 +59,7 @@ class BenchCommand:
     def __post_init__(self) -> None:
         check_positive({"effective_batch": self.effective_batch, "threads": self.threads,
                         "world_size": self.world_size}, "effective_batch", "threads", "world_size")
+        object.__setattr__(self, "source", data_given(self.source))
         object.__setattr__(self, "granule", granule_of({"granule": self.granule, "batch_by": self.batch_by}))
         if self.out is None:  # named once, so what is printed after names what was written
             object.__setattr__(self, "out", default_run_dir("bench", self.spec.model))
@@ -69,6 +70,13 @@ class BenchCommand:
             check_by_tokens(self.spec, self.source, self.world_size, "bench")
             if self.plan_file:
                 raise GaplanError("--plan is a samples plan: gaplan bench --batch-by tokens probes T* and B* for --data")
+            for value, default, flag in ((self.max_rounds, 10, "--max-rounds"), (self.ci_target, 0.05, "--ci-target"),
+                                         (self.time_budget, 300.0, "--time-budget"),
+                                         (self.all_splits, False, "--all-splits"),
+                                         (self.no_large_batch, False, "--no-large-batch")):
+                if value != default:
+                    raise GaplanError(f"{flag} applies to a bench by samples (--batch-by tokens runs --rounds rounds "
+                                      "of the two plans)")
             return
         from gaplan.benchmark.measurement import BenchSettings
         from gaplan.plan.split import make_plan
@@ -95,7 +103,7 @@ class BenchCommand:
         """From a flat mapping of option names (click's parameters); ``given``: the names the user gave."""
         spec = spec_from_flat(options, given)
         return from_options(cls, options, spec=spec, memory_limit=memory_limit_of(options.get("memory_limit")),
-                            source=data_source_of(options), command=command)
+                            source=from_options(DataSource, options), command=command)
 
 
 def run_bench_command(command: BenchCommand, *, say: Say = quiet, on_trial: Callable | None = None,

@@ -124,6 +124,28 @@ def data_source_of(options: Mapping[str, Any]):
     return from_options(DataSource, options)
 
 
+def data_given(source: Any):
+    """``source`` when it names data, else None; a field of it given without data is refused (one line)."""
+    if source is None or source.path:
+        return source
+    source.check_applies(None)
+    return None
+
+
+def check_untimed(settings: Any) -> None:
+    """A command that times no splits refuses a timing option given away from its default (:class:`BenchSettings`
+    by field, named by its flag)."""
+    import dataclasses
+
+    from gaplan.core.options import option_name
+
+    defaults = type(settings)()
+    for item in dataclasses.fields(settings):
+        if getattr(settings, item.name) != getattr(defaults, item.name):
+            raise GaplanError(f"--{option_name(item).replace('_', '-')} applies to --report, --objective "
+                              "throughput|goodput and --grad-checkpointing auto (it says how their splits are timed)")
+
+
 def check_by_tokens(spec: Any, data: Any, world_size: int, command: str) -> None:
     """What every ``--batch-by tokens`` probe needs: the data's lengths, one device, one length per sample."""
     check_tokens_apply(spec)

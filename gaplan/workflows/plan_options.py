@@ -58,6 +58,9 @@ class PlanCommand:
         if unknown or not layouts:
             raise GaplanError(f"--layouts: unknown layout {(unknown or [''])[0]!r}; choose from {', '.join(MACHINERY)}")
         object.__setattr__(self, "layouts", layouts)
+        if self.grad_sync != "auto" and not any(layout.startswith("fsdp") for layout in layouts):
+            raise GaplanError(f"--grad-sync applies to the FSDP layouts of --layouts ("
+                              f"{', '.join(m for m in MACHINERY if m.startswith('fsdp'))}): none is compared here")
         if self.device == "cpu" and self.target:
             raise GaplanError("--target is a GPU: it does not go with --device cpu")
         if self.measure and self.target:

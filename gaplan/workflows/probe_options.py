@@ -18,7 +18,8 @@ from gaplan.data.source import DataSource
 from gaplan.runs.folder import default_run_dir
 from gaplan.workflows.parse_options import (
     check_by_tokens,
-    data_source_of,
+    check_untimed,
+    data_given,
     memory_limit_of,
     parse_batch_range,
     spec_from_flat,
@@ -45,7 +46,7 @@ class ProbeCommand:
     target: str | None = None  # a GPU of gaplan estimate --list-targets to emulate (its usable memory is the budget)
     batch_by: str = "samples"
     granule: int | None = None  # by tokens: a probed budget is a multiple of it (None: 64)
-    source: DataSource | None = None  # --data (by tokens, or goodput's measuring run)
+    source: DataSource | None = None  # --data (by tokens, or goodput's measuring run); its fields refused without it
     emit: str | None = None  # "hf": the plan as TrainingArguments to paste
     out: str | None = None  # the run folder (None: reports/probe-<model>-<time>)
     ranks: int = field(default=1, init=False)  # processes each trial runs (the world size under FSDP)
@@ -56,6 +57,7 @@ class ProbeCommand:
         if self.target:
             object.__setattr__(self, "memory_limit", target_budget(self.target, self.memory_limit, self.device))
             object.__setattr__(self, "target", None)  # the budget now holds it (replace() does not redo it)
+        object.__setattr__(self, "source", data_given(self.source))
         probe = self.probe
         from gaplan.plan.tokens import DEFAULT_GRANULE
 
@@ -71,6 +73,8 @@ class ProbeCommand:
                                          (probe.goodput.measure_steps, 30, "--measure-steps")):
                 if value != default:
                     raise GaplanError(f"{flag} applies to --objective goodput")
+        if not self.timing:  # (by tokens, nothing is timed either)
+            check_untimed(probe.bench)
         if self.by_tokens:
             self._check_by_tokens()
             return
@@ -121,7 +125,7 @@ class ProbeCommand:
         probe = from_options(ProbeOptions, flat, grad_checkpointing=options.get("grad_checkpointing") or "off",
                              command=command)
         return from_options(cls, flat, spec=spec, probe=probe, memory_limit=memory_limit,
-                            source=data_source_of(options))
+                            source=from_options(DataSource, options))
 
 
 def run_probe_command(command: ProbeCommand, *, say: Say = quiet, on_trial: Callable | None = None,
