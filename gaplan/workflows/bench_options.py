@@ -60,7 +60,7 @@ class BenchCommand:
         check_positive({"effective_batch": self.effective_batch, "threads": self.threads,
                         "world_size": self.world_size}, "effective_batch", "threads", "world_size")
         object.__setattr__(self, "source", data_given(self.source))
-        object.__setattr__(self, "granule", granule_of({"granule": self.granule, "batch_by": self.batch_by}))
+        granule_of({"granule": self.granule, "batch_by": self.batch_by})  # kept as given: replace() checks it again
         if self.out is None:  # named once, so what is printed after names what was written
             object.__setattr__(self, "out", default_run_dir("bench", self.spec.model))
         if self.by_tokens:  # a fixed number of --rounds, each plan once a round
@@ -117,7 +117,8 @@ def run_bench_command(command: BenchCommand, *, say: Say = quiet, on_trial: Call
         from gaplan.workflows.bench_tokens import run_token_bench
 
         return run_token_bench(command.spec, command.out, command.source, device=command.device,
-                               memory_limit=command.memory_limit, granule=command.granule,
+                               memory_limit=command.memory_limit,
+                               granule=granule_of({"granule": command.granule, "batch_by": command.batch_by}),
                                effective_batch=command.effective_batch, warmup=command.warmup,
                                repeats=command.repeats, rounds=command.rounds, threads=command.threads,
                                command=command.command, say=say, on_trial=on_trial, on_profile=on_profile,

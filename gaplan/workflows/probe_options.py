@@ -20,6 +20,7 @@ from gaplan.workflows.parse_options import (
     check_by_tokens,
     check_untimed,
     data_given,
+    granule_of,
     memory_limit_of,
     parse_batch_range,
     spec_from_flat,
@@ -59,14 +60,7 @@ class ProbeCommand:
             object.__setattr__(self, "target", None)  # the budget now holds it (replace() does not redo it)
         object.__setattr__(self, "source", data_given(self.source))
         probe = self.probe
-        from gaplan.plan.tokens import DEFAULT_GRANULE
-
-        if self.granule is None:
-            object.__setattr__(self, "granule", DEFAULT_GRANULE)
-        elif self.granule < 1:
-            raise GaplanError(f"--granule must be a positive number of tokens (got {self.granule})")
-        elif self.batch_by == "samples":
-            raise GaplanError("--granule applies to --batch-by tokens (a probed token budget is a multiple of it)")
+        granule_of({"granule": self.granule, "batch_by": self.batch_by})  # kept as given: replace() checks it again
         by_goodput = probe.objective == "goodput"
         if not by_goodput:
             for value, default, flag in ((probe.goodput.batch_range, None, "--batch-range"),
@@ -140,7 +134,8 @@ def run_probe_command(command: ProbeCommand, *, say: Say = quiet, on_trial: Call
         from gaplan.workflows.probe_tokens import run_token_probe
 
         return run_token_probe(command.spec, out, command.source, device=command.device,
-                               memory_limit=command.memory_limit, granule=command.granule,
+                               memory_limit=command.memory_limit,
+                               granule=granule_of({"granule": command.granule, "batch_by": command.batch_by}),
                                effective_batch=probe.effective_batch, threads=probe.threads, command=probe.command,
                                say=say, on_trial=on_trial, on_profile=on_profile)
     from gaplan.workflows.probe import run_probe

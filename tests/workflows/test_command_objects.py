@@ -39,3 +39,15 @@ def test_a_command_object_built_in_python_refuses_as_the_cli_does(build, message
 def test_a_command_object_names_its_run_folder_once():
     command = PlanCommand(SPEC, device="cpu")
     assert command.out.startswith("reports/plan-tiny-gpt2-") and command.ranks == 1 and command.layouts
+
+
+def test_a_checked_command_object_can_be_replaced_and_is_checked_again(tmp_path):
+    import dataclasses
+
+    out = str(tmp_path / "out")
+    probe = ProbeCommand(SPEC, out=out)
+    assert dataclasses.replace(probe, device="cpu").granule is None  # the default stays "not given"
+    bench = BenchCommand(SPEC, out=out)
+    assert dataclasses.replace(bench, repeats=3).settings.repeats == 3
+    with pytest.raises(gaplan.GaplanError, match="--granule applies to --batch-by tokens"):
+        dataclasses.replace(probe, granule=32)
