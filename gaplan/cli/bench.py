@@ -1,6 +1,6 @@
 """``gaplan bench``: the plan against every other split and a true large batch, or by tokens the token plan against
-the samples plan; options, checks and what is printed (the work is :mod:`gaplan.workflows.bench` and
-:mod:`gaplan.workflows.bench_tokens`)."""
+the samples plan; its options and what is printed (the checks and the work are
+:mod:`gaplan.workflows.bench_options`'s)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``gaplan train``: options, the checks of what was given, and what is printed; the work is :func:`gaplan.run_train`."""
+"""``gaplan train``: its options and what is printed; the checks are :mod:`gaplan.workflows.train_command`'s and
+:class:`gaplan.TrainOptions`', the work :func:`gaplan.run_train`."""
 
 from __future__ import annotations
 
