@@ -1,6 +1,6 @@
 """``gaplan bench``: the plan against every other split and a true large batch, or by tokens the token plan against
-the samples plan; options, checks and what is printed (the work is :mod:`gaplan.workflows.bench` and
-:mod:`gaplan.workflows.bench_tokens`)."""
+the samples plan; its options and what is printed (the checks and the work are
+:mod:`gaplan.workflows.bench_options`'s)."""
 
 from __future__ import annotations
 
@@ -11,25 +11,16 @@ import click
 
 from gaplan.cli.options import (
     batch_by_options,
-    bench_settings_from_options,
-    check_by_tokens,
-    check_granule_option,
-    check_writable,
     command_line,
     data_options,
-    data_source_from_options,
-    memory_limit_from_options,
-    positive,
-    spec_from_options,
+    given_on_command_line,
     stderr_printer,
     timing_options,
     workload_options,
 )
 from gaplan.cli.output import BenchProgress, print_bench, same_terminal
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
-from gaplan.core.errors import GaplanError
 from gaplan.core.lines import histogram_lines, token_bench_lines, trial_line
-from gaplan.runs.folder import default_run_dir
 
 
 @click.command(name="bench")
@@ -75,40 +66,20 @@ def bench_command(**options: Any) -> None:
     runs per plan, interleaved, each of --warmup untimed and --repeats timed optimizer steps. Prints
     samples/s, real tokens/s, padding, micro-steps per step, peak, and the ratio of real tokens/s.
     """
-    from gaplan.plan.split import make_plan
-    from gaplan.probing.edge import trial_ranks
-    from gaplan.workflows.bench import probe_and_bench
+    from gaplan.workflows.bench_options import BenchCommand, run_bench_command
 
-    spec = spec_from_options(options)
-    memory_limit = memory_limit_from_options(options)
-    positive(options, "effective_batch", "threads", "world_size")
-    check_granule_option(options)
-    if options["batch_by"] == "tokens":  # a fixed number of --rounds, each plan once a round
-        positive(options, "rounds", "repeats")
-        if options["warmup"] < 0:
-            raise GaplanError(f"--warmup must be 0 or more (got {options['warmup']})")
-        _bench_by_tokens(spec, memory_limit, options)
+    command = BenchCommand.from_flat(options, given_on_command_line(click.get_current_context()),
+                                     command=command_line())
+    if command.by_tokens:
+        _bench_by_tokens(command, options)
         return
-    settings = bench_settings_from_options(options, large_batch=not options["no_large_batch"])
-    if options["data"]:
-        raise GaplanError("--data applies to --batch-by tokens here (bench by samples times full-length batches)")
-    world = options["world_size"]
-    if trial_ranks(spec, world) == 1 and world != 1:
-        raise GaplanError("--world-size applies to --parallel fsdp here (every timed run trains all its ranks); "
-                          "a replicated (DDP) split is timed in one process: use --world-size 1")
-    make_plan(options["effective_batch"], options["effective_batch"], world)  # E must divide over the ranks
-    out = options["out"] or default_run_dir("bench", spec.model)
-    check_writable(out)
+    out = command.out
     say = stderr_printer(options["quiet"])
     live = not options["quiet"] and same_terminal()
     progress = BenchProgress(say, live)
     try:
-        measured, files = probe_and_bench(spec, out, options["effective_batch"], settings, device=options["device"],
-                                          memory_limit=memory_limit, plan_file=options["plan_file"],
-                                          grad_checkpointing=options["grad_checkpointing"], world_size=world,
-                                          threads=options["threads"], command=command_line(), say=say,
-                                          on_trial=lambda t: say(trial_line(t)), on_bench_trial=progress.trial,
-                                          on_start=progress.start)
+        measured, files = run_bench_command(command, say=say, on_trial=lambda t: say(trial_line(t)),
+                                            on_bench_trial=progress.trial, on_start=progress.start)
     finally:
         progress.close()
     if options["as_json"]:
@@ -118,16 +89,12 @@ def bench_command(**options: Any) -> None:
     click.echo(f"throughput.csv, bench.json and the report written to {out}")
 
 
-def _bench_by_tokens(spec: Any, memory_limit: int | None, options: dict[str, Any]) -> None:
+def _bench_by_tokens(command: Any, options: dict[str, Any]) -> None:
     """``gaplan bench --batch-by tokens``: T*, then the token plan against the samples plan on the same data."""
     from gaplan.core.constants import TOKEN_PLAN_KIND
-    from gaplan.workflows.bench_tokens import run_token_bench
+    from gaplan.workflows.bench_options import run_bench_command
 
-    check_by_tokens(spec, options, "bench")
-    if options["plan_file"]:
-        raise GaplanError("--plan is a samples plan: gaplan bench --batch-by tokens probes T* and B* for --data")
-    out = options["out"] or default_run_dir("bench", spec.model)
-    check_writable(out)
+    out = command.out
     say = stderr_printer(options["quiet"])
     live = not options["quiet"] and same_terminal()
 
@@ -139,13 +106,9 @@ def _bench_by_tokens(spec: Any, memory_limit: int | None, options: dict[str, Any
             say(f"  round {round_number}  {name}  {run['samples_per_s']:8.1f} samples/s  {run['tokens_per_s']:9,.0f} "
                 f"real tokens/s  {sum(run['micro_steps']) / len(run['micro_steps']):5.1f} micro-steps per step")
 
-    result = run_token_bench(spec, out, data_source_from_options(options), device=options["device"],
-                             memory_limit=memory_limit, granule=options["granule"],
-                             effective_batch=options["effective_batch"], warmup=options["warmup"],
-                             repeats=options["repeats"], rounds=options["rounds"], threads=options["threads"],
-                             command=command_line(), say=say, on_trial=lambda t: say(trial_line(t)),
-                             on_profile=lambda profile: say("\n".join(histogram_lines(profile.histogram))) if live
-                             else None, on_run=on_run)
+    result = run_bench_command(command, say=say, on_trial=lambda t: say(trial_line(t)),
+                               on_profile=lambda profile: say("\n".join(histogram_lines(profile.histogram))) if live
+                               else None, on_run=on_run)
     if options["as_json"]:
         click.echo(json.dumps(result.to_dict()))
         return

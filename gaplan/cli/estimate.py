@@ -7,13 +7,10 @@ from typing import Any
 
 import click
 
-from gaplan.cli.options import SEARCH_CAP_OPTION, memory_limit_from_options, positive, spec_from_options, workload_options
+from gaplan.cli.options import SEARCH_CAP_OPTION, given_on_command_line, stderr_printer, workload_options
 from gaplan.cli.output import print_estimate
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
-from gaplan.core.errors import GaplanError
 from gaplan.core.units import format_bytes
-from gaplan.plan.layouts import resolve_world
-from gaplan.plan.split import default_search_cap
 
 
 @click.command(name="estimate")
@@ -60,8 +57,8 @@ def estimate_command(**options: Any) -> None:
       gaplan estimate --list-targets
       gaplan estimate --device cpu --memory-limit 1GiB     # compare with: gaplan probe
     """
-    from gaplan.estimate import estimate, list_targets
-    from gaplan.estimate.sharded import check_world_size
+    from gaplan.estimate import list_targets
+    from gaplan.workflows.estimate_options import EstimateCommand, run_estimate_command
 
     if options["list_targets"]:
         targets = list_targets()
@@ -73,34 +70,10 @@ def estimate_command(**options: Any) -> None:
             click.echo(f"{t.name:<12} {format_bytes(t.total_bytes):>10} {format_bytes(t.reserve_bytes):>10} "
                        f"{format_bytes(t.usable_bytes):>10}  {t.description}")
         return
-    spec = spec_from_options(options)
-    memory_limit = memory_limit_from_options(options)
-    positive(options, "effective_batch", "search_cap", "threads")
-    world_size, nodes = resolve_world(options["world_size"], options["nodes"], options["gpus_per_node"])
-    check_world_size(spec, world_size)
-    sizes = parse_sizes(options["sizes"])
-    kind = "cpu" if (options["device"] or "auto").strip().lower() == "cpu" else "cuda"
-    if kind == "cpu" and options["target"]:
-        raise GaplanError("--target is a GPU: it does not go with --device cpu")
-    if not options["quiet"]:
-        rank = f"one rank of {world_size} ({spec.parallel}) " if world_size > 1 else ""
-        click.echo(f"tracing {rank}{spec.model} on fake tensors (nothing is allocated) ...", err=True)
-    result = estimate(spec, memory_limit=memory_limit, target=options["target"], effective_batch=options["effective_batch"],
-                      sizes=sizes, device_kind=kind, threads=options["threads"], world_size=world_size, nodes=nodes,
-                      search_cap=options["search_cap"] or default_search_cap(options["effective_batch"], world_size))
+    command = EstimateCommand.from_flat(options, given_on_command_line(click.get_current_context()))
+    result = run_estimate_command(command, say=stderr_printer(options["quiet"]))
     if options["as_json"]:
         click.echo(json.dumps(result.to_dict()))
         return
     print_estimate(result)
 
-
-def parse_sizes(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise GaplanError(f"--sizes must be comma-separated positive integers (got {text!r})") from None
-    if len(sizes) < 2 or min(sizes) < 1:
-        raise GaplanError(f"--sizes needs at least two positive micro-batch sizes (got {text!r})")
-    return sizes

@@ -18,15 +18,9 @@ from gaplan.cli.estimate import estimate_command
 from gaplan.cli.options import (
     SEARCH_CAP_OPTION,
     batch_by_options,
-    check_by_tokens,
-    check_granule_option,
-    check_writable,
     command_line,
     data_options,
-    data_source_from_options,
-    memory_limit_from_options,
-    parse_batch_range,
-    spec_from_options,
+    given_on_command_line,
     stderr_printer,
     timing_options,
     workload_options,
@@ -40,7 +34,7 @@ from gaplan.core.lines import histogram_lines, throughput_line, trial_line
 from gaplan.core.options import OptionError
 from gaplan.core.options import flag as flag_of_name
 from gaplan.core.version import __version__
-from gaplan.runs.folder import REPORT_HTML, REPORT_MD, TOKENS_JSON, default_run_dir, path_in
+from gaplan.runs.folder import REPORT_HTML, REPORT_MD, TOKENS_JSON, path_in
 
 
 class GaplanGroup(click.Group):
@@ -147,59 +141,23 @@ def probe(**options: Any) -> None:
     shortest lengths, T* the most tokens both allow, in granules. Writes plan.json (the probe at the
     longest length), tokens.json (the profile and T*: gaplan train --token-plan) and lengths.png.
     """
-    from gaplan.core.options import from_options
-    from gaplan.workflows.probe import ProbeOptions, run_probe
+    from gaplan.workflows.probe_options import ProbeCommand, run_probe_command
 
-    spec = spec_from_options(options)
-    memory_limit = target_limit(options) or memory_limit_from_options(options)
-    options["batch_range"] = parse_batch_range(options["batch_range"])
-    # By its fields, checked there; --grad-checkpointing given as nothing means off.
-    probe_options = from_options(ProbeOptions, options, grad_checkpointing=options["grad_checkpointing"] or "off",
-                                 command=command_line())
-    check_granule_option(options)
-    by_goodput = options["objective"] == "goodput"
-    if not by_goodput:
-        for name, default, flag in (("batch_range", None, "--batch-range"), ("measure_steps", 30, "--measure-steps")):
-            if options[name] != default:
-                raise GaplanError(f"{flag} applies to --objective goodput")
-    if options["batch_by"] == "tokens":
-        _probe_by_tokens(spec, memory_limit, options)
+    command = ProbeCommand.from_flat(options, given_on_command_line(click.get_current_context()),
+                                     command=command_line())
+    if command.by_tokens:
+        _probe_by_tokens(command, options)
         return
-    if options["data"] and not by_goodput:
-        raise GaplanError("--data applies to --batch-by tokens and to --objective goodput's measuring run here (a "
-                          "probe by samples runs full-length batches)")
-    if by_goodput and options["report"]:
-        raise GaplanError("--report times the plan of --effective-batch; with --objective goodput, report on the "
-                          "chosen plan afterwards: gaplan bench --plan OUT/plan.json")
-    timing = (options["report"] or options["objective"] in ("throughput", "goodput")
-              or options["grad_checkpointing"] == "auto")
-    if timing and spec.parallel == "fsdp":
-        raise GaplanError("--report, --objective throughput|goodput and --grad-checkpointing auto time one device; "
-                          "a sharded run's splits are timed by gaplan bench --parallel fsdp --world-size W")
-    if timing and options["world_size"] != 1:
-        raise GaplanError("--report, --objective throughput|goodput and --grad-checkpointing auto time one device: "
-                          "use --world-size 1")
-    from gaplan.probing.edge import trial_ranks
-
-    ranks = trial_ranks(spec, options["world_size"])  # --parallel fsdp needs 2 ranks or more
-    out = options["out"] or default_run_dir("probe", spec.model)
-    check_writable(out)
     say = stderr_printer(options["quiet"])
-    each = f"{ranks} fresh processes in one process group, each under the budget" if ranks > 1 else "a fresh process"
-    say(f"probing {spec.model} (each trial: {each}, 2 optimizer steps of 2 micro-steps) ...")
-    if timing:
-        say("after the probe, --report / --objective throughput time splits in interleaved rounds (the forecast of "
-            "how long follows the probe; --time-budget bounds it)")
     progress = BenchProgress(say, not options["quiet"] and same_terminal())
     try:
-        run = run_probe(spec, out, probe_options, device=options["device"], memory_limit=memory_limit,
-                        on_trial=lambda t: say(trial_line(t)), on_row=lambda row: say(throughput_line(row)), say=say,
-                        on_bench_trial=progress.trial, on_bench_start=progress.start)
+        run = run_probe_command(command, on_trial=lambda t: say(trial_line(t)), on_row=lambda row: say(throughput_line(row)),
+                                say=say, on_bench_trial=progress.trial, on_bench_start=progress.start)
     finally:
         progress.close()
     result = run.result
     snippet = None
-    if options["emit"] == "hf":
+    if command.emit:  # hf, the one choice
         from gaplan.integrations.transformers import hf_snippet
 
         snippet = hf_snippet(result.plan)
@@ -214,25 +172,16 @@ def probe(**options: Any) -> None:
     if run.verdict:
         click.echo(f"throughput: {run.verdict}")
     if run.report_files:
-        click.echo(f"report written to {path_in(out, REPORT_MD)} and {REPORT_HTML}")
+        click.echo(f"report written to {path_in(command.out, REPORT_MD)} and {REPORT_HTML}")
     if snippet:
         click.echo("\n# Hugging Face Trainer settings for this plan:\n" + snippet, nl=False)
 
 
-def _probe_by_tokens(spec: Any, memory_limit: int | None, options: dict[str, Any]) -> None:
+def _probe_by_tokens(command: Any, options: dict[str, Any]) -> None:
     """``gaplan probe --batch-by tokens``: the data's length profile, T*, plan.json, tokens.json, lengths.png."""
-    from gaplan.workflows.probe_tokens import run_token_probe
+    from gaplan.workflows.probe_options import run_probe_command
 
-    check_by_tokens(spec, options, "probe")
-    for name, default, flag in (("report", False, "--report"), ("objective", "max-micro-batch", "--objective"),
-                                ("seed_from_estimate", None, "--seed-from-estimate"), ("emit", None, "--emit"),
-                                ("search_cap", None, "--search-cap"), ("margin", 0.0, "--margin")):
-        if options[name] != default:
-            raise GaplanError(f"{flag} applies to a probe by samples, not to --batch-by tokens")
-    if options["grad_checkpointing"] == "auto":
-        raise GaplanError("--grad-checkpointing auto applies to a probe by samples: give on or off with --batch-by tokens")
-    out = options["out"] or default_run_dir("probe", spec.model)
-    check_writable(out)
+    out = command.out
     say = stderr_printer(options["quiet"])
     live = not options["quiet"] and same_terminal()
     shown = []
@@ -242,11 +191,7 @@ def _probe_by_tokens(spec: Any, memory_limit: int | None, options: dict[str, Any
             say("\n".join(histogram_lines(profile.histogram)))
         shown.append(profile)
 
-    run = run_token_probe(spec, out, data_source_from_options(options), device=options["device"],
-                          memory_limit=memory_limit, granule=options["granule"],
-                          effective_batch=options["effective_batch"], threads=options["threads"],
-                          command=command_line(), say=say, on_trial=lambda t: say(trial_line(t)),
-                          on_profile=show_profile)
+    run = run_probe_command(command, say=say, on_trial=lambda t: say(trial_line(t)), on_profile=show_profile)
     if options["as_json"]:
         click.echo(json.dumps(run.to_dict()))
         return
@@ -269,22 +214,6 @@ def _probe_by_tokens(spec: Any, memory_limit: int | None, options: dict[str, Any
     click.echo(f"samples plan at the longest length: {run.long_probe.plan.describe()}")
     click.echo(f"plan.json, tokens.json and lengths.png written to {out}  (gaplan train --batch-by tokens "
                f"--token-plan {path_in(out, TOKENS_JSON)})")
-
-
-def target_limit(options: dict[str, Any]) -> int | None:
-    """``--target``'s memory, to emulate it on a larger GPU: a card's memory, as ``--memory-limit`` is, so the probe's
-    worker takes the context's allowance off it and the allocator holds the rest, cuBLAS's workspaces included."""
-    if not options["target"]:
-        return None
-    from gaplan.estimate import lookup_target
-
-    if options["memory_limit"]:
-        raise GaplanError("--target and --memory-limit both set the budget: give one")
-    from gaplan.devices.backend import resolve_device
-
-    if resolve_device(options["device"]) == "cpu":
-        raise GaplanError("--target emulates a GPU on a larger one: it needs a CUDA device (this run is on CPU)")
-    return lookup_target(options["target"]).total_bytes
 
 
 @main.command(name="report")

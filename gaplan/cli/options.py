@@ -1,4 +1,6 @@
-"""Options and input checks shared by the ``gaplan`` commands (click). No torch."""
+"""Options shared by the ``gaplan`` commands (click): their flags and help, and what the parser knows (which were
+given, the command line). The checks are below the CLI (:mod:`gaplan.workflows.parse_options` and each command's
+options object). No torch."""
 
 from __future__ import annotations
 
@@ -7,11 +9,6 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-
-from gaplan.core.errors import GaplanError
-from gaplan.core.outputs import check_writable  # noqa: F401 - the commands' check, re-exported
-from gaplan.core.units import parse_bytes
-from gaplan.workflows.applies import check_tokens_apply
 
 WORKLOAD_HELP = "Presets: tiny-gpt2 (default), small-gpt2, tiny-llama, tiny-bert-mlm, tiny-bert-cls, tiny-t5."
 
@@ -31,14 +28,6 @@ TASK_AND_LENGTHS = (
                  help="transformers' attention implementation where the model has both (default: the model's, sdpa "
                       "where it has it): eager keeps the seq x seq probabilities for backward, sdpa does not."),
 )
-
-
-def length_fields(options: dict[str, Any]) -> dict[str, Any]:
-    """``seq_len`` from ``--seq-len`` or its other name ``--source-len`` (one of them), for the spec's fields."""
-    seq_len, source_len = options.get("seq_len"), options.get("source_len")
-    if seq_len is not None and source_len is not None and seq_len != source_len:
-        raise GaplanError(f"--seq-len {seq_len} and --source-len {source_len} are one length: give one")
-    return {"seq_len": seq_len if seq_len is not None else source_len}
 
 
 def task_and_lengths(func: Callable) -> Callable:
@@ -120,25 +109,6 @@ def lora_options(func: Callable) -> Callable:
     return func
 
 
-def lora_fields(options: dict[str, Any]) -> dict[str, Any]:
-    """The spec's LoRA fields of the parsed options: ``--lora-config``'s file, when given, in place of the others."""
-    if not options.get("lora_config"):
-        return {}
-    from gaplan.workload.lora import read_adapter_config
-
-    return read_adapter_config(options["lora_config"])
-
-
-def parse_batch_range(value: str | None) -> tuple[int, int] | None:
-    """``--batch-range LOW:HIGH`` -> (low, high), positive integers with low <= high; else a one-line error."""
-    if value is None:
-        return None
-    low, colon, high = value.partition(":")
-    if colon and low.strip().isdigit() and high.strip().isdigit() and 1 <= int(low) <= int(high):
-        return int(low), int(high)
-    raise GaplanError(f"--batch-range must be LOW:HIGH, positive integers with LOW <= HIGH, e.g. 8:256 (got {value!r})")
-
-
 def data_options(func: Callable) -> Callable:
     """Options that name the training data and how it is read (train, and probe/bench ``--batch-by tokens``)."""
     options = [
@@ -201,77 +171,24 @@ def timing_options(func: Callable) -> Callable:
     return func
 
 
-def bench_settings_from_options(options: dict[str, Any], **overrides: Any):
-    """The :class:`gaplan.benchmark.measurement.BenchSettings` of a command's parsed options."""
-    from gaplan.benchmark.measurement import BenchSettings
-    from gaplan.core.options import from_options
-
-    return from_options(BenchSettings, options, **overrides)
-
-
-def check_granule_option(options: dict[str, Any]) -> None:
-    """``--granule`` applies to ``--batch-by tokens``; left out, it is the default (64)."""
-    from gaplan.plan.tokens import DEFAULT_GRANULE
-
-    if options["granule"] is None:
-        options["granule"] = DEFAULT_GRANULE
-    elif options["granule"] < 1:
-        raise GaplanError(f"--granule must be a positive number of tokens (got {options['granule']})")
-    elif options.get("batch_by") == "samples":
-        raise GaplanError("--granule applies to --batch-by tokens (a probed token budget is a multiple of it)")
-
-
-def data_source_from_options(options: dict[str, Any]):
-    """The ``--data`` options as a :class:`gaplan.data.source.DataSource` (None without ``--data``), by its fields."""
-    from gaplan.core.options import from_options
-    from gaplan.data.source import DataSource
-
-    if not options["data"]:
-        return None
-    return from_options(DataSource, options)
-
-
 SEARCH_CAP_OPTION = click.option("--search-cap", "--max-micro-batch", "search_cap", type=int, default=None,
                                  help="Do not try micro-batches above this (default: the effective batch per "
                                       "device, ceil(E/W): a larger one is never used by the plan).")
 
 
 def spec_from_options(options: dict[str, Any]):
-    """The workload of the parsed options, by :class:`WorkloadSpec`'s fields, checked."""
-    from gaplan.core.options import from_options
-    from gaplan.workload.spec import LORA_SETTINGS, WorkloadSpec
+    """The workload of the parsed options (:func:`gaplan.workflows.parse_options.spec_from_flat`), with the options
+    given on this command line (none outside a command's run)."""
+    from gaplan.workflows.parse_options import spec_from_flat
 
-    if not options.get("lora") and not options.get("lora_config"):  # given at its default, it is still ignored
-        given = sorted(given_on_command_line(click.get_current_context()) & set(LORA_SETTINGS))
-        if given:
-            flags = ", ".join("--" + name.replace("_", "-") for name in given)
-            raise GaplanError(f"{flags} {'sets' if len(given) == 1 else 'set'} LoRA adapters, and --lora is off: add "
-                              "--lora, or leave it out")
-    # --grad-checkpointing is off|on|every:K|layers:N|auto: the spec holds the blocks chosen (auto is the tuner's to
-    # decide, with it off).
-    spec = from_options(WorkloadSpec, options, grad_checkpointing=checkpointing_from_options(options),
-                        **lora_fields(options), **length_fields(options))
-    return spec.validate().check_device(options.get("device") or "auto")
-
-
-def checkpointing_from_options(options: dict[str, Any]) -> bool | str:
-    """``--grad-checkpointing`` as the spec holds it (off when not given, or auto); a bad value is one line."""
-    from gaplan.core.checkpointing import parse_checkpointing
-
-    given = options.get("grad_checkpointing")
-    return False if given in (None, "auto") else parse_checkpointing(given).spec_value()
+    ctx = click.get_current_context(silent=True)
+    return spec_from_flat(options, given_on_command_line(ctx) if ctx else ())
 
 
 def memory_limit_from_options(options: dict[str, Any]) -> int | None:
-    text = options["memory_limit"]
-    return None if text is None else parse_bytes(text)
+    from gaplan.workflows.parse_options import memory_limit_of
 
-
-def positive(options: dict[str, Any], *names: str) -> None:
-    for name in names:
-        value = options[name]
-        if value is not None and value < 1:
-            raise GaplanError(f"--{name.replace('_', '-')} must be a positive integer (got {value})")
+    return memory_limit_of(options["memory_limit"])
 
 
 def command_line() -> str:
@@ -305,14 +222,3 @@ def given_on_command_line(ctx: click.Context) -> set[str]:
 
     return {name for name in ctx.params
             if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
-
-
-def check_by_tokens(spec: Any, options: dict[str, Any], command: str) -> None:
-    """What every ``--batch-by tokens`` probe needs: the data's lengths, one device, one length per sample."""
-    check_tokens_apply(spec)
-    if not options["data"]:
-        raise GaplanError(f"--batch-by tokens probes the token budget from the data's lengths: give --data "
-                          f"(gaplan {command} --data FILE --batch-by tokens)")
-    if spec.parallel == "fsdp" or options.get("world_size", 1) != 1:
-        raise GaplanError(f"gaplan {command} --batch-by tokens probes one device: use --world-size 1 and "
-                          "--parallel ddp (gaplan train under torchrun probes T* per node)")

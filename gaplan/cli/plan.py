@@ -1,4 +1,5 @@
-"""``gaplan plan``: which layout (DDP, FSDP, checkpointing, CPU offload; weight precision) to train a model with."""
+"""``gaplan plan``: which layout (DDP, FSDP, checkpointing, CPU offload; weight precision) to train a model with, and
+on one device which memory levers (docs/levers.md)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,9 @@ from typing import Any
 
 import click
 
-from gaplan.cli.options import (
-    WORKLOAD_HELP,
-    check_writable,
-    length_fields,
-    lora_fields,
-    lora_options,
-    memory_limit_from_options,
-    positive,
-    stderr_printer,
-    task_and_lengths,
-)
+from gaplan.cli.options import WORKLOAD_HELP, given_on_command_line, lora_options, stderr_printer, task_and_lengths
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
-from gaplan.core.errors import GaplanError
-from gaplan.core.options import from_options
-from gaplan.plan.layouts import MACHINERY, resolve_world
+from gaplan.plan.layouts import MACHINERY
 from gaplan.plan.levers import BY_NAME
 from gaplan.workload.spec import OPTIMIZERS
 
@@ -110,35 +99,12 @@ def plan_command(**options: Any) -> None:
         report_dict,
         table_text,
         tradeoff_lines,
-        write_layout_report,
     )
-    from gaplan.runs.folder import default_run_dir
-    from gaplan.workflows.plan import compare_layouts
-    from gaplan.workflows.plan_levers import lever_selection
-    from gaplan.workload.spec import WorkloadSpec
+    from gaplan.workflows.plan_options import PlanCommand, run_plan_command
 
-    positive(options, "effective_batch", "threads", "repeats")
-    world_size, nodes = resolve_world(options["world_size"], options["nodes"], options["gpus_per_node"])
-    levers = lever_selection(options["levers"], world_size)
-    machinery = [part.strip() for part in options["machinery"].split(",") if part.strip()]
-    unknown = [m for m in machinery if m not in MACHINERY]
-    if unknown or not machinery:
-        raise GaplanError(f"--layouts: unknown layout {(unknown or [''])[0]!r}; choose from {', '.join(MACHINERY)}")
-    if options["device"] == "cpu" and options["target"]:
-        raise GaplanError("--target is a GPU: it does not go with --device cpu")
-    # By the spec's fields; plan's --grad-sync (auto|last|every) is a choice per layout, not the spec's.
-    spec = from_options(WorkloadSpec, options, grad_sync="last", **lora_fields(options),
-                        **length_fields(options)).validate()
-    if options["measure"] and options["target"]:
-        raise GaplanError("--measure probes this machine's device: give --memory-limit per rank (or nothing: the "
-                          "whole card), not --target")
-    if options["measure"] and nodes > 1:
-        raise GaplanError("--measure runs every rank on this machine: it does not go with --nodes")
-    out = options["out"] or default_run_dir("plan", spec.model)
-    check_writable(out)
+    command = PlanCommand.from_flat(options, given_on_command_line(click.get_current_context()))
     say = stderr_printer(options["quiet"])
-    say(f"estimating {len(machinery)} layout(s) x 3 precisions of {spec.model} for {world_size} rank(s) on fake "
-        "tensors (nothing is allocated) ...")
+    out = command.out
 
     def progress(result) -> None:
         what = f"{result.layout.label}, {result.precision_label}"
@@ -150,38 +116,26 @@ def plan_command(**options: Any) -> None:
         else:
             say(f"  {what}: does not fit")
 
-    comparison = compare_layouts(
-        spec, world_size=world_size, nodes=nodes, effective_batch=options["effective_batch"],
-        memory_limit=memory_limit_from_options(options), target=options["target"], device_kind=options["device"],
-        dtype=options["dtype"], machinery=machinery, grad_sync=options["grad_sync"], threads=options["threads"],
-        margin=options["margin"], on_result=progress)
-    if options["measure"]:
-        from gaplan.workflows.plan_measure import measure_layouts
+    def measured(result, split: str) -> None:
+        what = f"{result.layout.label}, {result.precision_label}"
+        if result.samples_per_s:
+            say(f"  {what}: B* {result.max_micro_batch} (estimated {result.extra.get('estimated_max_micro_batch')})"
+                f", {split}: {result.samples_per_s:.1f} samples/s")
+        else:
+            say(f"  {what}: {result.note}")
 
-        fitting = sum(1 for r in comparison.results if r.fits)
-        say(f"measuring the {fitting} layout(s) that fit on this machine ({options['device']}, {world_size} "
-            "rank(s)): an exact probe and a timed plan each ...")
+    def lever_progress(result) -> None:
+        if result.fits:
+            rate = f", {result.samples_per_s:.1f} samples/s" if result.samples_per_s else ""
+            say(f"  {result.label}: B* {result.max_micro_batch}, {result.grad_accum_steps} step(s){rate}")
+        else:
+            say(f"  {result.label}: {result.note or 'does not fit'}")
 
-        def measured(result) -> None:
-            what = f"{result.layout.label}, {result.precision_label}"
-            if result.samples_per_s:
-                say(f"  {what}: B* {result.max_micro_batch} (estimated {result.extra.get('estimated_max_micro_batch')})"
-                    f", {comparison.split(result)}: "
-                    f"{result.samples_per_s:.1f} samples/s")
-            else:
-                say(f"  {what}: {result.note}")
-
-        comparison = measure_layouts(comparison, spec, device=options["device"],
-                                     memory_limit=memory_limit_from_options(options), threads=options["threads"],
-                                     repeats=options["repeats"], on_result=measured)
-    files = write_layout_report(out, comparison)
-    lever_table = _levers(comparison, spec, levers, options, say)
-    if lever_table is not None:
-        from gaplan.report.lever_report import report_dict as lever_dict
-        from gaplan.report.lever_report import write_lever_report
-
-        files = sorted(files + write_lever_report(out, lever_table))
+    done = run_plan_command(command, say=say, on_result=progress, on_measured=measured, on_lever=lever_progress)
+    comparison, files, lever_table = done.comparison, done.files, done.levers
     if options["as_json"]:
+        from gaplan.report.lever_report import report_dict as lever_dict
+
         extra = {"levers": lever_dict(lever_table)} if lever_table is not None else {}
         click.echo(json.dumps({**report_dict(comparison), **extra, "out": out, "files": files}))
         return
@@ -205,30 +159,6 @@ def plan_command(**options: Any) -> None:
         click.echo(f"launch: {chosen.command}")
     click.echo(f"report: {out}/report.md (and report.html, layouts.png, layouts.csv, layouts.json"
                + (", levers.md, levers.csv, levers.json)" if lever_table is not None else ")"))
-
-
-def _levers(comparison, spec, levers, options, say):
-    """The lever table on one device (estimated, then measured with --measure), or None."""
-    from gaplan.workflows.plan_levers import levers_after_layouts, measure_levers
-
-    if not levers:
-        return None
-    say(f"estimating the lever rows ({', '.join(levers)}) on one device ...")
-
-    def progress(result) -> None:
-        if result.fits:
-            measured = f", {result.samples_per_s:.1f} samples/s" if result.samples_per_s else ""
-            say(f"  {result.label}: B* {result.max_micro_batch}, {result.grad_accum_steps} step(s){measured}")
-        else:
-            say(f"  {result.label}: {result.note or 'does not fit'}")
-
-    table = levers_after_layouts(comparison, spec, levers, memory_limit=memory_limit_from_options(options),
-                                 threads=options["threads"], on_result=progress)
-    if options["measure"] and table is not None:
-        say("measuring the lever rows that fit: an exact probe and two timed rounds each ...")
-        table = measure_levers(table, device=options["device"], memory_limit=memory_limit_from_options(options),
-                               threads=options["threads"], repeats=options["repeats"], on_result=progress)
-    return table
 
 
 def _print_levers(table) -> None:

@@ -1,8 +1,8 @@
-"""``gaplan train``: options, the checks of what was given, and what is printed; the work is :func:`gaplan.run_train`."""
+"""``gaplan train``: its options and what is printed; the checks are :mod:`gaplan.workflows.train_command`'s and
+:class:`gaplan.TrainOptions`', the work :func:`gaplan.run_train`."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -12,21 +12,17 @@ import click
 
 from gaplan.cli.options import (
     batch_by_options,
-    checkpointing_from_options,
     command_line,
     data_options,
     given_on_command_line,
-    memory_limit_from_options,
-    spec_from_options,
     stderr_printer,
     workload_options,
 )
 from gaplan.cli.output import BenchProgress, ProgressBar, same_terminal
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, DEFAULT_TRAIN_STEPS
-from gaplan.core.errors import GaplanError
 from gaplan.core.lines import throughput_line
 from gaplan.core.units import format_bytes
-from gaplan.runs.folder import REPORT_HTML, REPORT_MD, default_run_dir, path_in
+from gaplan.runs.folder import REPORT_HTML, REPORT_MD, path_in
 
 
 @click.command(name="train")
@@ -104,32 +100,13 @@ def train_command(**options: Any) -> None:
       gaplan train --effective-batch 256 --resume reports/<run>
       gaplan train --effective-batch 64 --compare           # then: the run folder's report.html
     """
-    from gaplan.workflows.train import TrainOptions, run_train
-    from gaplan.workflows.train_resume import resume_settings
+    from gaplan.workflows.train import run_train
+    from gaplan.workflows.train_command import TrainCommand, prepare_train
 
-    spec = spec_from_options(options)
-    memory_limit = memory_limit_from_options(options)
-    # Built from the parsed options by its fields and checked there (errors name fields; the CLI says flags).
-    train_options = TrainOptions.from_flat(options, resume=False, command=command_line())
-    _check_token_plan(options)
-    run_dir = options["resume"] or options["out"] or default_run_dir("train", spec.model)
-    device = options["device"]
-    if options["resume"]:  # the run as it was started; what was given again must agree with it
-        given = given_on_command_line(click.get_current_context())
-        given_spec = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
-                      if f.name in given and f.name != "grad_checkpointing"}  # given with auto: below
-        if "grad_checkpointing" in given and options["grad_checkpointing"] != "auto":
-            given_spec["grad_checkpointing"] = checkpointing_from_options(options)
-        flat = train_options.to_flat()
-        given_options = {name: flat[name] for name in given if name in flat}
-        given_options.update(command=train_options.command)
-        given_environment = {name: value for name, value in (("device", device), ("memory_limit", memory_limit))
-                             if name in given}
-        spec, train_options, environment = resume_settings(run_dir, given_spec, given_options, given_environment)
-        device = device if "device" in given else environment.get("device", device)
-        memory_limit = memory_limit if "memory_limit" in given else environment.get("memory_limit")
-    if options["token_plan"] is not None and not options["resume"]:  # a resumed run keeps its budget
-        train_options = dataclasses.replace(train_options, token_budget=_token_plan_budget(options, spec, memory_limit))
+    command = TrainCommand.from_flat(options, given_on_command_line(click.get_current_context()),
+                                     command=command_line())
+    setup = prepare_train(command, say=stderr_printer(options["quiet"]))
+    spec, run_dir, train_options = setup.spec, setup.run_dir, setup.options
     say = stderr_printer(options["quiet"])
     # Under torchrun every rank runs this; one bar (rank 0's) is enough.
     bar = ProgressBar(train_options.steps, enabled=not options["quiet"] and os.environ.get("RANK", "0") == "0")
@@ -146,7 +123,7 @@ def train_command(**options: Any) -> None:
         progress.start(outlook)
 
     try:
-        run = run_train(spec, run_dir, train_options, device=device, memory_limit=memory_limit, say=say,
+        run = run_train(spec, run_dir, train_options, device=setup.device, memory_limit=setup.memory_limit, say=say,
                         on_step=bar.step, on_event=bar.write, on_row=lambda row: say(throughput_line(row)),
                         on_bench_trial=progress.trial, on_bench_start=bench_start)
     finally:
@@ -183,22 +160,3 @@ def train_command(**options: Any) -> None:
     if run.interrupted:
         sys.exit(130)
 
-
-def _check_token_plan(options: dict) -> None:
-    """``--token-plan`` is the CLI's own (the options hold the budget it gives): it needs tokens, and no budget."""
-    if options["token_plan"] is None:
-        return
-    if options["batch_by"] != "tokens":
-        raise GaplanError("--token-plan needs --batch-by tokens")
-    if options["token_budget"] is not None:
-        raise GaplanError("--token-budget and --token-plan both give the token budget: give one")
-
-
-def _token_plan_budget(options: dict, spec: Any, memory_limit: int | None) -> int:
-    """T* of ``--token-plan``'s tokens.json, for this workload and device."""
-    from gaplan.devices.backend import resolve_device
-    from gaplan.workflows.probe_tokens import token_budget_from_plan
-
-    budget = token_budget_from_plan(options["token_plan"], spec, resolve_device(options["device"]), memory_limit)
-    stderr_printer(options["quiet"])(f"token plan {options['token_plan']}: {budget.describe()}")
-    return budget.token_budget

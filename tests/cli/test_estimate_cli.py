@@ -16,12 +16,15 @@ def test_list_targets():
     assert all(t["usable_bytes"] < t["total_bytes"] for t in listed)
 
 
-@pytest.mark.parametrize("args, message", [
+BAD_INPUT = [
     (["--target", "gtx-480"], "unknown target 'gtx-480'"),
     (["--model", "tiny-gpt2", "--seq-len", "5000"], "longer than the model's 1024 positions"),
     (["--sizes", "4"], "--sizes needs at least two"),
     (["--device", "cpu", "--target", "h100-80gb"], "does not go with --device cpu"),
-])
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUT)
 def test_bad_input_is_one_line_exit_2(args, message):
     result = CliRunner().invoke(main, ["estimate", "--quiet", *args])
     assert result.exit_code == 2, result.output

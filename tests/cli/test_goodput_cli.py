@@ -58,7 +58,7 @@ def test_goodput_measures_times_every_candidate_and_plans_the_best_and_train_sca
     assert trained_lr("sqrt", "--lr-scaling", "sqrt") == pytest.approx(1e-3 * (chosen / 8) ** 0.5)
 
 
-@pytest.mark.parametrize("args, message", [
+BAD_INPUT = [
     (["probe", "--objective", "goodput", "--batch-range", "8:2"], "--batch-range must be LOW:HIGH"),
     (["probe", "--objective", "goodput", "--batch-range", "abc"], "--batch-range must be LOW:HIGH"),
     (["probe", "--objective", "goodput", "--batch-range", "0:8"], "--batch-range must be LOW:HIGH"),
@@ -68,7 +68,10 @@ def test_goodput_measures_times_every_candidate_and_plans_the_best_and_train_sca
     (["probe", "--objective", "goodput", "--report"], "gaplan bench --plan OUT/plan.json"),
     (["probe", "--objective", "goodput", "--world-size", "2"], "use --world-size 1"),
     (["train", "--lr-scaling", "linear"], "--lr-scaling scales the learning rate"),
-])
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUT)
 def test_bad_input_is_one_line_exit_2(tmp_path, args, message):
     result = CliRunner().invoke(main, [*args, "--quiet", "--out", str(tmp_path / "out")])
     assert result.exit_code == 2, result.output

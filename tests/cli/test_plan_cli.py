@@ -18,7 +18,7 @@ def one_error_line(result) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize(("args", "message"), [
+BAD_ESTIMATE_SHARDING = [
     (["--parallel", "fsdp"], "--parallel fsdp shards the model over ranks: give --world-size 2 or more"),
     (["--cpu-offload"], "--cpu-offload needs --parallel fsdp"),
     (["--grad-sync", "every"], "--grad-sync every needs --parallel fsdp"),
@@ -26,7 +26,10 @@ def one_error_line(result) -> str:
     (["--world-size", "16", "--nodes", "2", "--gpus-per-node", "4"], "is not --nodes 2 x --gpus-per-node 4"),
     (["--world-size", "0"], "--world-size must be a positive integer"),
     (["--parallel", "fsdp", "--world-size", "3", "--effective-batch", "64"], "not divisible by the world size 3"),
-])
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_ESTIMATE_SHARDING)
 def test_estimate_bad_sharding_input_is_one_line_exit_2(args, message):
     result = CliRunner().invoke(main, ["estimate", "--quiet", *args])
     assert message in one_error_line(result)
@@ -37,7 +40,7 @@ def test_estimate_fsdp_refusal_comes_before_the_progress_line():
     assert "--world-size 2 or more" in one_error_line(result)
 
 
-@pytest.mark.parametrize(("args", "message"), [
+BAD_PLAN_INPUT = [
     (["--layouts", "zero3"], "unknown layout 'zero3'"),
     (["--world-size", "0"], "--world-size must be a positive integer"),
     (["--world-size", "3", "--effective-batch", "64"], "not divisible by the world size 3"),
@@ -53,7 +56,10 @@ def test_estimate_fsdp_refusal_comes_before_the_progress_line():
     (["--levers", "ckpt", "--world-size", "2"], "--levers compares the levers on one device"),
     (["--optimizer", "adam"], "unknown --optimizer 'adam'; choose one of adamw, adamw-8bit"),
     (["--loss", "chunked:0"], "unknown --loss 'chunked:0'"),
-])
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_PLAN_INPUT)
 def test_plan_bad_input_is_one_line_exit_2(tmp_path, args, message):
     result = CliRunner().invoke(main, ["plan", "--quiet", "--out", str(tmp_path / "out"), *args])
     assert message in one_error_line(result)

@@ -56,7 +56,7 @@ def test_default_budget_is_announced(tmp_path):
     assert "the search cap" in result.stdout
 
 
-@pytest.mark.parametrize("args, message", [
+BAD_INPUT = [
     (["--model", "no-such-model"], "unknown model 'no-such-model'"),
     (["--model", "nosuchmodule:make"], "cannot import nosuchmodule"),
     (["--model", "json:no_such_function"], "json has no function no_such_function"),
@@ -89,7 +89,10 @@ def test_default_budget_is_announced(tmp_path):
     (["--lora-r", "8"], "--lora-r sets LoRA adapters, and --lora is off"),
     (["--lora-r", "16", "--lora-targets", "all-linear"], "--lora-r, --lora-targets set LoRA adapters"),
     (["--quantize", "4bit"], "add --lora"),
-])
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUT)
 def test_bad_input_is_one_line_exit_2(tmp_path, args, message):
     if not any(a == "--out" for a in args):
         args = [*args, "--out", str(tmp_path / "out")]

@@ -21,7 +21,7 @@ from ..conftest import REPO_ROOT, free_port
 SMALL = ["--model", "tiny-gpt2", "--seq-len", "16", "--memory-limit", "256MiB", "--device", "cpu", "--threads", "1"]
 
 
-@pytest.mark.parametrize("command, args, message", [
+BAD_INPUT = [
     ("probe", ["--parallel", "fsdp"], "FSDP shards over at least 2 ranks; give --world-size 2 or more (got 1)"),
     ("probe", ["--parallel", "fsdp", "--world-size", "1"], "FSDP shards over at least 2 ranks"),
     ("probe", ["--parallel", "fsdp", "--world-size", "2", "--effective-batch", "3"], "not divisible by the world size"),
@@ -29,7 +29,10 @@ SMALL = ["--model", "tiny-gpt2", "--seq-len", "16", "--memory-limit", "256MiB", 
     ("bench", ["--parallel", "fsdp"], "FSDP shards over at least 2 ranks"),
     ("bench", ["--world-size", "2"], "--world-size applies to --parallel fsdp here"),
     ("bench", ["--parallel", "fsdp", "--world-size", "2", "--effective-batch", "3"], "not divisible by the world size"),
-])
+]
+
+
+@pytest.mark.parametrize("command, args, message", BAD_INPUT)
 def test_bad_input_is_one_line_exit_2(tmp_path, command, args, message):
     result = CliRunner().invoke(main, [command, *SMALL, "--quiet", *args, "--out", str(tmp_path / "out")])
     assert result.exit_code == 2, result.output

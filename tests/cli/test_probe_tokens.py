@@ -81,7 +81,7 @@ def _token_plan(tmp_path, **changes):
     return str(path)
 
 
-@pytest.mark.parametrize("args, message", [
+BAD_INPUT = [
     (["probe", "--batch-by", "tokens"], "give --data"),
     (["probe", "--batch-by", "tokens", "--data", "x.txt", "--granule", "0"],
      "--granule must be a positive number of tokens (got 0)"),
@@ -92,7 +92,10 @@ def _token_plan(tmp_path, **changes):
     (["bench", "--batch-by", "tokens", "--data", "x.txt", "--granule", "0"], "--granule must be a positive"),
     (["bench", "--batch-by", "tokens", "--data", "x.txt", "--rounds", "0"], "--rounds must be a positive integer"),
     (["train", "--token-plan", "tokens.json"], "--token-plan needs --batch-by tokens"),
-])
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUT)
 def test_bad_input(tmp_path, args, message):
     out = tmp_path / "never"
     result = CliRunner().invoke(main, [*args, "--quiet", "--out", str(out)])

@@ -54,10 +54,10 @@ def test_target_on_a_larger_card_is_that_cards_memory(monkeypatch):
     """``gaplan probe --target t4`` gives the T4's memory as a card's: the worker takes the context's allowance off
     it (not a second time: the target's own usable bytes have it off already), the workspaces stay in the allocator."""
     DriverTripwire(monkeypatch)
-    from gaplan.cli.main import target_limit
     from gaplan.estimate import lookup_target
+    from gaplan.workflows.parse_options import target_budget
 
     t4 = lookup_target("t4")
-    limit = target_limit({"target": "t4", "memory_limit": None, "device": "cuda"})
+    limit = target_budget("t4", None, "cuda")
     assert limit == t4.total_bytes
     assert WorkerSetup({}, "cuda:0", limit, card_limit=True).allocator_limit("cuda:0") == t4.usable_bytes + t4.workspace_bytes

@@ -1,6 +1,8 @@
-"""The library gets every refusal the CLI gets, word for word: each bad ``gaplan train`` command line of the suite's
-cases, parsed by click into the library's objects (the workload spec and ``TrainOptions``, as the CLI builds them)
-and given to ``run_train`` directly, raises the line the CLI prints (its fields named as the CLI's flags)."""
+"""The library gets every refusal the CLI gets, word for word: each bad command line of the suite's cases (``gaplan
+train``'s declared misuses and cases here; the bad-input lists of tests/cli for probe, estimate, plan and bench),
+parsed by click into the library's objects (``TrainCommand``, ``ProbeCommand``, ``EstimateCommand``, ``PlanCommand``,
+``BenchCommand``) and run by the library's functions, raises the line the CLI prints (its fields named as the
+CLI's flags)."""
 
 import json
 
@@ -9,14 +11,58 @@ import pytest
 from click.testing import CliRunner
 
 from gaplan.cli.main import main
-from gaplan.cli.options import memory_limit_from_options, spec_from_options
+from gaplan.cli.options import given_on_command_line
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import OptionError
+from gaplan.core.options import OptionError, flag
 from gaplan.workflows.applies import TRAIN_SCOPES
+from gaplan.workflows.bench_options import BenchCommand, run_bench_command
+from gaplan.workflows.estimate_options import EstimateCommand, run_estimate_command
+from gaplan.workflows.plan_options import PlanCommand, run_plan_command
+from gaplan.workflows.probe_options import ProbeCommand, run_probe_command
 from gaplan.workflows.train import run_train
-from gaplan.workflows.train_options import TrainOptions
+from gaplan.workflows.train_command import TrainCommand, prepare_train
+from tests.cli import (
+    test_estimate_cli,
+    test_goodput_cli,
+    test_plan_cli,
+    test_probe_cli,
+    test_probe_fsdp,
+    test_probe_tokens,
+)
 
-CASES = [scope.misuse for scope in TRAIN_SCOPES if "--token-plan" not in scope.misuse] + [
+
+def _train(params, given):
+    setup = prepare_train(TrainCommand.from_flat(params, given))
+    run_train(setup.spec, setup.run_dir, setup.options, device=setup.device, memory_limit=setup.memory_limit)
+
+
+LIBRARY = {
+    "train": _train,
+    "probe": lambda params, given: run_probe_command(ProbeCommand.from_flat(params, given)),
+    "bench": lambda params, given: run_bench_command(BenchCommand.from_flat(params, given)),
+    "estimate": lambda params, given: run_estimate_command(EstimateCommand.from_flat(params, given)),
+    "plan": lambda params, given: run_plan_command(PlanCommand.from_flat(params, given)),
+}
+
+
+def assert_same_line(argv: list[str]) -> None:
+    """``gaplan ARGV`` exits 2 with one line, and the library, given what click parsed of ARGV, raises it."""
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 2, result.output
+    cli_line = result.stderr.strip()
+    name, args = argv[0], argv[1:]
+    command = main.commands[name]
+    flags = {p.name: p.opts[0] for p in command.params if isinstance(p, click.Option)}
+    # The parsing alone runs in click's context (which options were given is the parser's to know).
+    with pytest.raises(GaplanError) as raised, command.make_context(name, list(args)) as context:
+        LIBRARY[name](context.params, given_on_command_line(context))
+    error = raised.value
+    line = error.for_cli(lambda field: flags.get(field) or flag(field)) if isinstance(error, OptionError) \
+        else str(error)
+    assert cli_line == f"gaplan: {line}"
+
+
+TRAIN_CASES = [scope.misuse for scope in TRAIN_SCOPES] + [
     ("--effective-batch", "0"),
     ("--max-grad-norm", "-1"),
     ("--batch-schedule", "sometimes"),
@@ -25,12 +71,14 @@ CASES = [scope.misuse for scope in TRAIN_SCOPES if "--token-plan" not in scope.m
     ("--batch-schedule", "adaptive", "--micro-batch", "1", "--effective-batch", "1"),
     ("--parallel", "fsdp", "--batch-schedule", "warmup:10"),
     ("--batch-by", "tokens", "--token-budget", "64", "--batch-schedule", "adaptive"),
+    ("--batch-by", "tokens", "--token-budget", "64", "--token-plan", "tokens.json"),
     ("--save-weights", "{dir}"),
     ("--merge",),
+    ("--lora-r", "16"),  # given at its default: still refused without --lora
 ]
 
 
-@pytest.mark.parametrize("misuse", CASES, ids=lambda case: " ".join(case))
+@pytest.mark.parametrize("misuse", TRAIN_CASES, ids=lambda case: " ".join(case))
 def test_run_train_raises_the_line_the_cli_prints(misuse, tmp_path):
     data = tmp_path / "records.jsonl"
     data.write_text("".join(json.dumps({"text": f"sample {i}", "y": "x"}) + "\n" for i in range(8)))
@@ -38,20 +86,36 @@ def test_run_train_raises_the_line_the_cli_prints(misuse, tmp_path):
     base = ["--quiet", "--steps", "1", "--threads", "1", "--device", "cpu", "--out", str(tmp_path / "run")]
     if "--micro-batch" not in args and "--batch-by" not in args:
         base += ["--micro-batch", "4"]
-    result = CliRunner().invoke(main, ["train", *base, *args])
-    assert result.exit_code == 2, result.output
-    cli_line = result.stderr.strip()
+    assert_same_line(["train", *base, *args])
 
-    command = main.commands["train"]
-    flags = {p.name: p.opts[0] for p in command.params if isinstance(p, click.Option)}
-    # The parsing step alone runs in click's context (which options were given is the parser's to know).
-    with pytest.raises(GaplanError) as raised, command.make_context("train", [*base, *args]) as context:
-        params = context.params
-        spec = spec_from_options(params)
-        options = TrainOptions.from_flat(params, resume=False)
-        run_train(spec, str(tmp_path / "run"), options, device=params["device"],
-                  memory_limit=memory_limit_from_options(params))
-    error = raised.value
-    line = error.for_cli(lambda name: flags.get(name, "--" + name.replace("_", "-"))) \
-        if isinstance(error, OptionError) else str(error)
-    assert cli_line == f"gaplan: {line}"
+
+def _suite_cases() -> list[tuple[str, list[str]]]:
+    """Every bad probe/estimate/plan/bench (and train) command line of tests/cli's bad-input lists, as those tests
+    give it (``{out}``: a run folder never written)."""
+    out = ["--out", "{out}"]
+    cases = [["probe", "--quiet", *args, *out] for args, _ in test_probe_cli.BAD_INPUT if "--out" not in args]
+    cases += [["probe", "--quiet", *args] for args, _ in test_probe_cli.BAD_INPUT if "--out" in args]
+    cases += [["estimate", "--quiet", *args] for args, _ in test_estimate_cli.BAD_INPUT]
+    cases += [["estimate", "--quiet", *args] for args, _ in test_plan_cli.BAD_ESTIMATE_SHARDING]
+    cases += [["plan", "--quiet", *out, *args] for args, _ in test_plan_cli.BAD_PLAN_INPUT]
+    cases += [[*args, "--quiet", *out] for args, _ in test_goodput_cli.BAD_INPUT]
+    cases += [[*args, "--quiet", *out] for args, _ in test_probe_tokens.BAD_INPUT]
+    cases += [[command, *test_probe_fsdp.SMALL, "--quiet", *args, *out]
+              for command, args, _ in test_probe_fsdp.BAD_INPUT]
+    cases += [["probe", "--model", "tiny-gpt2", "--target-len", "8"],  # tests/cli/test_seq2seq_cli.py
+              ["probe", "--device", "cpu", "--memory-limit", "100TB", "--quiet", *out]]  # test_probe_claims.py
+    return [pytest.param(case, id=" ".join(case),
+                         marks=[pytest.mark.heavy] if any(word in REACH_THE_MODEL for word in case) else [])
+            for case in cases]
+
+
+# Cases refused only once the model is built or looked up (10-30 s each here, twice: the CLI and the library).
+REACH_THE_MODEL = {"50MiB", "no-such-model", "nosuchmodule:make", "json:no_such_function", "4096"}
+
+
+@pytest.mark.parametrize("argv", _suite_cases())
+def test_the_library_objects_raise_the_line_the_cli_prints(argv, tmp_path):
+    if "cuda" in argv and test_probe_cli._has_cuda():
+        pytest.skip("this machine has CUDA")
+    assert_same_line([str(tmp_path / "out") if word == "{out}" else word for word in argv])
+    assert not (tmp_path / "out").exists()

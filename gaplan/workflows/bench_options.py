@@ -1,0 +1,132 @@
+"""``gaplan bench``'s command line as one object: the workload's spec, the effective batch and ranks, how splits are
+timed, by samples or ``--batch-by tokens`` over the data, and the run folder, checked once at construction
+(:meth:`BenchCommand.__post_init__`); :func:`run_bench_command` runs it. The CLI parses text into it
+(:meth:`BenchCommand.from_flat`) and prints what it raises; a Python caller gets the same refusals, word for word.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
+from gaplan.core.errors import GaplanError
+from gaplan.core.options import from_options
+from gaplan.core.outputs import check_writable
+from gaplan.core.progress import Say, quiet
+from gaplan.data.source import DataSource
+from gaplan.runs.folder import default_run_dir
+from gaplan.workflows.parse_options import (
+    check_by_tokens,
+    check_positive,
+    data_given,
+    granule_of,
+    memory_limit_of,
+    spec_from_flat,
+)
+from gaplan.workload.spec import WorkloadSpec
+
+
+@dataclass(frozen=True)
+class BenchCommand:
+    """One ``gaplan bench``: ``spec``'s plan for ``effective_batch`` timed against its neighbours and a true large
+    batch (by samples), or the token plan against the samples plan on ``source`` (``batch_by="tokens"``)."""
+
+    spec: WorkloadSpec
+    effective_batch: int = DEFAULT_EFFECTIVE_BATCH
+    plan_file: str | None = None  # a plan.json of gaplan probe (by samples)
+    world_size: int = 1  # ranks of every timed run (--parallel fsdp)
+    device: str = "auto"
+    memory_limit: int | None = None
+    threads: int | None = None
+    grad_checkpointing: str | None = None  # as given: None, on, off or auto
+    repeats: int = 2
+    warmup: int = 1
+    rounds: int = 3
+    max_rounds: int = 10
+    ci_target: float = 0.05
+    time_budget: float = 300.0
+    all_splits: bool = False
+    no_large_batch: bool = False
+    batch_by: str = "samples"
+    granule: int | None = None  # by tokens: a probed budget is a multiple of it (None: 64)
+    source: DataSource | None = None  # --data (by tokens); its fields refused without it
+    command: str | None = None  # the command line, recorded in plan.json
+    out: str | None = None  # None: reports/bench-<model>-<time>
+    settings: Any = field(default=None, init=False)  # by samples: the BenchSettings of the timing fields
+
+    def __post_init__(self) -> None:
+        check_positive({"effective_batch": self.effective_batch, "threads": self.threads,
+                        "world_size": self.world_size}, "effective_batch", "threads", "world_size")
+        object.__setattr__(self, "source", data_given(self.source))
+        granule_of({"granule": self.granule, "batch_by": self.batch_by})  # kept as given: replace() checks it again
+        if self.out is None:  # named once, so what is printed after names what was written
+            object.__setattr__(self, "out", default_run_dir("bench", self.spec.model))
+        if self.by_tokens:  # a fixed number of --rounds, each plan once a round
+            check_positive({"rounds": self.rounds, "repeats": self.repeats}, "rounds", "repeats")
+            if self.warmup < 0:
+                raise GaplanError(f"--warmup must be 0 or more (got {self.warmup})")
+            check_by_tokens(self.spec, self.source, self.world_size, "bench")
+            if self.plan_file:
+                raise GaplanError("--plan is a samples plan: gaplan bench --batch-by tokens probes T* and B* for --data")
+            for value, default, flag in ((self.max_rounds, 10, "--max-rounds"), (self.ci_target, 0.05, "--ci-target"),
+                                         (self.time_budget, 300.0, "--time-budget"),
+                                         (self.all_splits, False, "--all-splits"),
+                                         (self.no_large_batch, False, "--no-large-batch")):
+                if value != default:
+                    raise GaplanError(f"{flag} applies to a bench by samples (--batch-by tokens runs --rounds rounds "
+                                      "of the two plans)")
+            return
+        from gaplan.benchmark.measurement import BenchSettings
+        from gaplan.plan.split import make_plan
+        from gaplan.probing.edge import trial_ranks
+
+        object.__setattr__(self, "settings", BenchSettings(
+            repeats=self.repeats, warmup=self.warmup, min_rounds=self.rounds, max_rounds=self.max_rounds,
+            ci_target=self.ci_target, time_budget_s=self.time_budget, all_splits=self.all_splits,
+            large_batch=not self.no_large_batch))
+        if self.source is not None:
+            raise GaplanError("--data applies to --batch-by tokens here (bench by samples times full-length batches)")
+        if trial_ranks(self.spec, self.world_size) == 1 and self.world_size != 1:
+            raise GaplanError("--world-size applies to --parallel fsdp here (every timed run trains all its ranks); "
+                              "a replicated (DDP) split is timed in one process: use --world-size 1")
+        make_plan(self.effective_batch, self.effective_batch, self.world_size)  # E must divide over the ranks
+
+    @property
+    def by_tokens(self) -> bool:
+        return self.batch_by == "tokens"
+
+    @classmethod
+    def from_flat(cls, options: Mapping[str, Any], given: Collection[str] = (), *,
+                  command: str | None = None) -> BenchCommand:
+        """From a flat mapping of option names (click's parameters); ``given``: the names the user gave."""
+        spec = spec_from_flat(options, given)
+        return from_options(cls, options, spec=spec, memory_limit=memory_limit_of(options.get("memory_limit")),
+                            source=from_options(DataSource, options), command=command)
+
+
+def run_bench_command(command: BenchCommand, *, say: Say = quiet, on_trial: Callable | None = None,
+                      on_bench_trial: Callable | None = None, on_start: Callable | None = None,
+                      on_profile: Callable | None = None, on_run: Callable | None = None):
+    """Bench as ``command`` asks: by samples ``(measured, report files)`` of
+    :func:`gaplan.workflows.bench.probe_and_bench`; by tokens a
+    :class:`gaplan.workflows.bench_tokens.TokenBenchResult`. The run folder is checked before any work."""
+    check_writable(command.out)
+    if command.by_tokens:
+        from gaplan.workflows.bench_tokens import run_token_bench
+
+        return run_token_bench(command.spec, command.out, command.source, device=command.device,
+                               memory_limit=command.memory_limit,
+                               granule=granule_of({"granule": command.granule, "batch_by": command.batch_by}),
+                               effective_batch=command.effective_batch, warmup=command.warmup,
+                               repeats=command.repeats, rounds=command.rounds, threads=command.threads,
+                               command=command.command, say=say, on_trial=on_trial, on_profile=on_profile,
+                               on_run=on_run)
+    from gaplan.workflows.bench import probe_and_bench
+
+    return probe_and_bench(command.spec, command.out, command.effective_batch, command.settings,
+                           device=command.device, memory_limit=command.memory_limit, plan_file=command.plan_file,
+                           grad_checkpointing=command.grad_checkpointing, world_size=command.world_size,
+                           threads=command.threads, command=command.command, say=say, on_trial=on_trial,
+                           on_bench_trial=on_bench_trial, on_start=on_start)

@@ -1,0 +1,80 @@
+"""``gaplan estimate``'s command line as one object: the workload's spec, the GPU (``target``) or budget, the
+effective batch, the ranks and the sizes traced, checked once at construction (:meth:`EstimateCommand.__post_init__`);
+:func:`run_estimate_command` runs it. The CLI parses text into it (:meth:`EstimateCommand.from_flat`) and prints
+what it raises; a Python caller gets the same refusals, word for word.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
+from gaplan.core.errors import GaplanError
+from gaplan.core.options import from_options
+from gaplan.core.progress import Say, quiet
+from gaplan.plan.layouts import resolve_world
+from gaplan.plan.split import default_search_cap
+from gaplan.workflows.parse_options import check_positive, memory_limit_of, parse_sizes, spec_from_flat
+from gaplan.workload.spec import WorkloadSpec
+
+
+@dataclass(frozen=True)
+class EstimateCommand:
+    """One ``gaplan estimate``: ``spec`` traced on fake tensors for ``target`` (or ``memory_limit`` bytes), at
+    ``effective_batch`` over ``world_size`` ranks (or ``nodes`` x ``gpus_per_node``)."""
+
+    spec: WorkloadSpec
+    target: str | None = None
+    memory_limit: int | None = None
+    effective_batch: int = DEFAULT_EFFECTIVE_BATCH
+    sizes: tuple[int, ...] | None = None  # the micro-batches that draw the memory line (None: 1, 2)
+    world_size: int | None = None  # None: 1, or nodes x gpus_per_node
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    search_cap: int | None = None  # None: ceil(E / W)
+    device: str = "auto"  # cpu models a CPU process; anything else a CUDA card
+    threads: int | None = None
+    ranks: int = field(default=1, init=False)  # the world size, resolved
+    machines: int = field(default=1, init=False)  # the nodes, resolved
+
+    def __post_init__(self) -> None:
+        from gaplan.estimate.sharded import check_world_size
+
+        check_positive({"effective_batch": self.effective_batch, "search_cap": self.search_cap,
+                        "threads": self.threads}, "effective_batch", "search_cap", "threads")
+        ranks, machines = resolve_world(self.world_size, self.nodes, self.gpus_per_node)
+        object.__setattr__(self, "ranks", ranks)
+        object.__setattr__(self, "machines", machines)
+        check_world_size(self.spec, ranks)
+        if self.sizes is not None:
+            parse_sizes(",".join(map(str, self.sizes)))  # at least two, each positive
+        if self.device_kind == "cpu" and self.target:
+            raise GaplanError("--target is a GPU: it does not go with --device cpu")
+
+    @property
+    def device_kind(self) -> str:
+        return "cpu" if (self.device or "auto").strip().lower() == "cpu" else "cuda"
+
+    @classmethod
+    def from_flat(cls, options: Mapping[str, Any], given: Collection[str] = ()) -> EstimateCommand:
+        """From a flat mapping of option names (click's parameters); ``given``: the names the user gave."""
+        spec = spec_from_flat(options, given)
+        memory_limit = memory_limit_of(options.get("memory_limit"))
+        sizes = parse_sizes(options.get("sizes"))
+        return from_options(cls, options, spec=spec, memory_limit=memory_limit,
+                            sizes=tuple(sizes) if sizes else None)
+
+
+def run_estimate_command(command: EstimateCommand, *, say: Say = quiet):
+    """The :class:`gaplan.estimate.EstimateResult` of ``command`` (``say``: one progress line first)."""
+    from gaplan.estimate import estimate
+
+    rank = f"one rank of {command.ranks} ({command.spec.parallel}) " if command.ranks > 1 else ""
+    say(f"tracing {rank}{command.spec.model} on fake tensors (nothing is allocated) ...")
+    return estimate(command.spec, memory_limit=command.memory_limit, target=command.target,
+                    effective_batch=command.effective_batch, sizes=list(command.sizes) if command.sizes else None,
+                    device_kind=command.device_kind, threads=command.threads, world_size=command.ranks,
+                    nodes=command.machines,
+                    search_cap=command.search_cap or default_search_cap(command.effective_batch, command.ranks))

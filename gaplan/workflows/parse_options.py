@@ -1,0 +1,180 @@
+"""From a command's parsed options (a flat mapping by option name, as click gives them) to the library's typed
+objects, with the checks every command shares: the workload spec (LoRA settings given without ``--lora``, the two
+names of one length), sizes, the memory budget, the data source, ``--batch-by tokens``' needs.
+
+The per-command objects (:mod:`gaplan.workflows.probe_options`, ``bench_options``, ``estimate_options``,
+``plan_options``) are built with these; the CLI only hands them click's parameters and which of them were given.
+No torch at import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from gaplan.core.errors import GaplanError
+from gaplan.core.units import parse_bytes
+from gaplan.workflows.applies import check_tokens_apply
+
+
+def lora_fields(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec's LoRA fields of the parsed options: ``--lora-config``'s file, when given, in place of the others."""
+    if not options.get("lora_config"):
+        return {}
+    from gaplan.workload.lora import read_adapter_config
+
+    return read_adapter_config(options["lora_config"])
+
+
+def length_fields(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``seq_len`` from ``--seq-len`` or its other name ``--source-len`` (one of them), for the spec's fields."""
+    seq_len, source_len = options.get("seq_len"), options.get("source_len")
+    if seq_len is not None and source_len is not None and seq_len != source_len:
+        raise GaplanError(f"--seq-len {seq_len} and --source-len {source_len} are one length: give one")
+    return {"seq_len": seq_len if seq_len is not None else source_len}
+
+
+def check_lora_given(options: Mapping[str, Any], given: Collection[str]) -> None:
+    """LoRA's settings given without ``--lora`` would train a full fine-tune and ignore them (given at its default
+    too: ``given`` is the names the user gave, as the command line's parser knows them)."""
+    from gaplan.workload.spec import LORA_SETTINGS
+
+    if options.get("lora") or options.get("lora_config"):
+        return
+    named = sorted(set(given) & set(LORA_SETTINGS))
+    if named:
+        flags = ", ".join("--" + name.replace("_", "-") for name in named)
+        raise GaplanError(f"{flags} {'sets' if len(named) == 1 else 'set'} LoRA adapters, and --lora is off: add "
+                          "--lora, or leave it out")
+
+
+def spec_from_flat(options: Mapping[str, Any], given: Collection[str] = (), *, device: bool = True,
+                   **overrides: Any):
+    """The workload of the parsed options, by :class:`WorkloadSpec`'s fields, checked (and for ``device``, checked
+    against ``options["device"]``). ``--grad-checkpointing`` is off|on|every:K|layers:N|auto: the spec holds the blocks
+    chosen (auto is the tuner's to decide, with it off)."""
+    from gaplan.core.options import from_options
+    from gaplan.workload.spec import WorkloadSpec
+
+    check_lora_given(options, given)
+    fields = {"grad_checkpointing": checkpointing_of(options.get("grad_checkpointing")), **lora_fields(options),
+              **length_fields(options), **overrides}
+    spec = from_options(WorkloadSpec, options, **fields).validate()
+    return spec.check_device(options.get("device") or "auto") if device else spec
+
+
+def checkpointing_of(given: Any) -> bool | str:
+    """``--grad-checkpointing`` as the spec holds it (off when not given, or auto); a bad value is one line."""
+    from gaplan.core.checkpointing import parse_checkpointing
+
+    return False if given in (None, "auto") else parse_checkpointing(given).spec_value()
+
+
+def memory_limit_of(text: str | int | None) -> int | None:
+    """``--memory-limit``'s bytes (a size such as 2GiB; an int is bytes already)."""
+    if text is None or isinstance(text, int):
+        return text
+    return parse_bytes(text)
+
+
+def check_positive(options: Mapping[str, Any], *names: str) -> None:
+    for name in names:
+        value = options.get(name)
+        if value is not None and value < 1:
+            raise GaplanError(f"--{name.replace('_', '-')} must be a positive integer (got {value})")
+
+
+def parse_batch_range(value: str | tuple[int, int] | None) -> tuple[int, int] | None:
+    """``--batch-range LOW:HIGH`` -> (low, high), positive integers with low <= high; else a one-line error."""
+    if value is None or isinstance(value, tuple):
+        return value
+    low, colon, high = value.partition(":")
+    if colon and low.strip().isdigit() and high.strip().isdigit() and 1 <= int(low) <= int(high):
+        return int(low), int(high)
+    raise GaplanError(f"--batch-range must be LOW:HIGH, positive integers with LOW <= HIGH, e.g. 8:256 (got {value!r})")
+
+
+def parse_sizes(text: str | None) -> list[int] | None:
+    """``--sizes B1,B2``: at least two positive micro-batches (None: the estimate's own)."""
+    if not text:
+        return None
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise GaplanError(f"--sizes must be comma-separated positive integers (got {text!r})") from None
+    if len(sizes) < 2 or min(sizes) < 1:
+        raise GaplanError(f"--sizes needs at least two positive micro-batch sizes (got {text!r})")
+    return sizes
+
+
+def granule_of(options: Mapping[str, Any]) -> int:
+    """``--granule`` applies to ``--batch-by tokens``; left out, it is the default (64)."""
+    from gaplan.plan.tokens import DEFAULT_GRANULE
+
+    granule = options.get("granule")
+    if granule is None:
+        return DEFAULT_GRANULE
+    if granule < 1:
+        raise GaplanError(f"--granule must be a positive number of tokens (got {granule})")
+    if options.get("batch_by") == "samples":
+        raise GaplanError("--granule applies to --batch-by tokens (a probed token budget is a multiple of it)")
+    return granule
+
+
+def data_source_of(options: Mapping[str, Any]):
+    """The ``--data`` options as a :class:`gaplan.data.source.DataSource` (None without ``--data``), by its fields."""
+    from gaplan.core.options import from_options
+    from gaplan.data.source import DataSource
+
+    if not options.get("data"):
+        return None
+    return from_options(DataSource, options)
+
+
+def data_given(source: Any):
+    """``source`` when it names data, else None; a field of it given without data is refused (one line)."""
+    if source is None or source.path:
+        return source
+    source.check_applies(None)
+    return None
+
+
+def check_untimed(settings: Any) -> None:
+    """A command that times no splits refuses a timing option given away from its default (:class:`BenchSettings`
+    by field, named by its flag)."""
+    import dataclasses
+
+    from gaplan.core.options import option_name
+
+    defaults = type(settings)()
+    for item in dataclasses.fields(settings):
+        if getattr(settings, item.name) != getattr(defaults, item.name):
+            raise GaplanError(f"--{option_name(item).replace('_', '-')} applies to --report, --objective "
+                              "throughput|goodput and --grad-checkpointing auto (it says how their splits are timed)")
+
+
+def check_by_tokens(spec: Any, data: Any, world_size: int, command: str) -> None:
+    """What every ``--batch-by tokens`` probe needs: the data's lengths, one device, one length per sample."""
+    check_tokens_apply(spec)
+    if not data:
+        raise GaplanError(f"--batch-by tokens probes the token budget from the data's lengths: give --data "
+                          f"(gaplan {command} --data FILE --batch-by tokens)")
+    if spec.parallel == "fsdp" or world_size != 1:
+        raise GaplanError(f"gaplan {command} --batch-by tokens probes one device: use --world-size 1 and "
+                          "--parallel ddp (gaplan train under torchrun probes T* per node)")
+
+
+def target_budget(target: str | None, memory_limit: int | None, device: str) -> int | None:
+    """``--target``'s memory, to emulate it on a larger GPU: a card's memory, as ``--memory-limit`` is, so the probe's
+    worker takes the context's allowance off it and the allocator holds the rest, cuBLAS's workspaces included."""
+    if not target:
+        return None
+    from gaplan.estimate import lookup_target
+
+    if memory_limit is not None:
+        raise GaplanError("--target and --memory-limit both set the budget: give one")
+    from gaplan.devices.backend import resolve_device
+
+    if resolve_device(device) == "cpu":
+        raise GaplanError("--target emulates a GPU on a larger one: it needs a CUDA device (this run is on CPU)")
+    return lookup_target(target).total_bytes

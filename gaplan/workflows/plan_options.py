@@ -1,0 +1,151 @@
+"""``gaplan plan``'s command line as one object: the workload's spec, the layouts to compare, the ranks, the GPU
+(``target``) or budget, the levers to compare on one device, and ``measure``'s settings, checked once at construction
+(:meth:`PlanCommand.__post_init__`); :func:`run_plan_command` estimates (and with ``measure`` probes and times) the
+layouts and the lever rows, and writes the report. The CLI
+parses text into it (:meth:`PlanCommand.from_flat`) and prints what it raises; a Python caller gets the same
+refusals, word for word.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
+from gaplan.core.errors import GaplanError
+from gaplan.core.options import from_options
+from gaplan.core.outputs import check_writable
+from gaplan.core.progress import Say, quiet
+from gaplan.plan.layouts import MACHINERY, resolve_world
+from gaplan.runs.folder import default_run_dir
+from gaplan.workflows.parse_options import check_positive, memory_limit_of, spec_from_flat
+from gaplan.workflows.plan_levers import lever_selection
+from gaplan.workload.spec import WorkloadSpec
+
+
+@dataclass(frozen=True)
+class PlanCommand:
+    """One ``gaplan plan``: the ``machinery`` layouts of ``spec``'s model compared over ``world_size`` ranks (or
+    ``nodes`` x ``gpus_per_node``) for ``target`` (or ``memory_limit`` bytes per rank); with ``measure``, each that
+    fits then probed and timed here (``repeats`` timed steps)."""
+
+    spec: WorkloadSpec
+    machinery: str = ",".join(MACHINERY)  # comma-separated names of MACHINERY
+    grad_sync: str = "auto"  # auto | last | every: a choice per FSDP layout (the spec's is last)
+    device: str = "cuda"  # cuda | cpu
+    target: str | None = None
+    memory_limit: int | None = None
+    world_size: int | None = None
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    effective_batch: int = DEFAULT_EFFECTIVE_BATCH
+    margin: float = 0.0
+    threads: int | None = None  # the modelled CPU process's (--device cpu)
+    measure: bool = False
+    repeats: int = 3  # timed optimizer steps per layout (measure)
+    out: str | None = None  # None: reports/plan-<model>-<time>
+    levers: str | None = None  # --levers as given (None: the default levers; one device only)
+    layouts: tuple[str, ...] = field(default=(), init=False)  # machinery, parsed
+    lever_names: tuple[str, ...] = field(default=(), init=False)  # levers, parsed (() with more than one rank)
+    ranks: int = field(default=1, init=False)
+    machines: int = field(default=1, init=False)
+
+    def __post_init__(self) -> None:
+        check_positive({"effective_batch": self.effective_batch, "threads": self.threads, "repeats": self.repeats},
+                       "effective_batch", "threads", "repeats")
+        ranks, machines = resolve_world(self.world_size, self.nodes, self.gpus_per_node)
+        object.__setattr__(self, "ranks", ranks)
+        object.__setattr__(self, "machines", machines)
+        layouts = tuple(part.strip() for part in self.machinery.split(",") if part.strip())
+        unknown = [m for m in layouts if m not in MACHINERY]
+        if unknown or not layouts:
+            raise GaplanError(f"--layouts: unknown layout {(unknown or [''])[0]!r}; choose from {', '.join(MACHINERY)}")
+        object.__setattr__(self, "layouts", layouts)
+        object.__setattr__(self, "lever_names", lever_selection(self.levers, ranks))
+        if self.grad_sync != "auto" and not any(layout.startswith("fsdp") for layout in layouts):
+            raise GaplanError(f"--grad-sync applies to the FSDP layouts of --layouts ("
+                              f"{', '.join(m for m in MACHINERY if m.startswith('fsdp'))}): none is compared here")
+        if self.device == "cpu" and self.target:
+            raise GaplanError("--target is a GPU: it does not go with --device cpu")
+        if self.measure and self.target:
+            raise GaplanError("--measure probes this machine's device: give --memory-limit per rank (or nothing: the "
+                              "whole card), not --target")
+        if self.measure and machines > 1:
+            raise GaplanError("--measure runs every rank on this machine: it does not go with --nodes")
+        if not self.measure and self.repeats != 3:
+            raise GaplanError("--repeats applies to --measure (the timed steps of each layout measured here)")
+        if self.threads is not None and self.device != "cpu":
+            raise GaplanError("--threads applies to --device cpu (the modelled CPU process's threads)")
+        if self.out is None:  # named once, so what is printed after names what was written
+            object.__setattr__(self, "out", default_run_dir("plan", self.spec.model))
+
+    @classmethod
+    def from_flat(cls, options: Mapping[str, Any], given: Collection[str] = ()) -> PlanCommand:
+        """From a flat mapping of option names (click's parameters); ``given``: the names the user gave."""
+        # By the spec's fields; plan's --grad-sync (auto|last|every) is a choice per layout, not the spec's.
+        return from_options(cls, options, spec=spec_from_flat(options, given, device=False, grad_sync="last"),
+                            memory_limit=memory_limit_of(options.get("memory_limit")))
+
+
+@dataclass(frozen=True)
+class PlanDone:
+    """What :func:`run_plan_command` made: the layouts compared, the lever table (None over ranks or with no lever),
+    and the files written."""
+
+    comparison: Any
+    levers: Any
+    files: list[str]
+
+
+def run_plan_command(command: PlanCommand, *, say: Say = quiet, on_result: Callable | None = None,
+                     on_measured: Callable | None = None, on_lever: Callable | None = None) -> PlanDone:
+    """Estimate every layout of ``command`` (with ``measure``, then probe and time those that fit here), then on one
+    device the lever rows, and write the report into ``command.out``. The folder is checked first. ``on_result(layout
+    result)`` follows each estimate, ``on_measured(layout result, its split as text)`` each measurement and
+    ``on_lever(lever result)`` each lever row, estimated or measured."""
+    from gaplan.report.layout_report import write_layout_report
+    from gaplan.workflows.plan import compare_layouts
+
+    check_writable(command.out)
+    spec = command.spec
+    say(f"estimating {len(command.layouts)} layout(s) x 3 precisions of {spec.model} for {command.ranks} rank(s) on "
+        "fake tensors (nothing is allocated) ...")
+    comparison = compare_layouts(
+        spec, world_size=command.ranks, nodes=command.machines, effective_batch=command.effective_batch,
+        memory_limit=command.memory_limit, target=command.target, device_kind=command.device, dtype=spec.dtype,
+        machinery=list(command.layouts), grad_sync=command.grad_sync, threads=command.threads,
+        margin=command.margin, on_result=on_result)
+    if command.measure:
+        from gaplan.workflows.plan_measure import measure_layouts
+
+        fitting = sum(1 for r in comparison.results if r.fits)
+        say(f"measuring the {fitting} layout(s) that fit on this machine ({command.device}, {command.ranks} "
+            "rank(s)): an exact probe and a timed plan each ...")
+        estimated = comparison
+        comparison = measure_layouts(comparison, spec, device=command.device, memory_limit=command.memory_limit,
+                                     threads=command.threads, repeats=command.repeats,
+                                     on_result=on_measured and (lambda r: on_measured(r, estimated.split(r))))
+    files = write_layout_report(command.out, comparison)
+    levers = _lever_table(command, comparison, say, on_lever)
+    if levers is not None:
+        from gaplan.report.lever_report import write_lever_report
+
+        files = sorted(files + write_lever_report(command.out, levers))
+    return PlanDone(comparison, levers, files)
+
+
+def _lever_table(command: PlanCommand, comparison: Any, say: Say, on_lever: Callable | None) -> Any:
+    """The lever table on one device (estimated, then measured with ``measure``), or None."""
+    from gaplan.workflows.plan_levers import levers_after_layouts, measure_levers
+
+    if not command.lever_names:
+        return None
+    say(f"estimating the lever rows ({', '.join(command.lever_names)}) on one device ...")
+    table = levers_after_layouts(comparison, command.spec, command.lever_names, memory_limit=command.memory_limit,
+                                 threads=command.threads, on_result=on_lever)
+    if command.measure and table is not None:
+        say("measuring the lever rows that fit: an exact probe and two timed rounds each ...")
+        table = measure_levers(table, device=command.device, memory_limit=command.memory_limit,
+                               threads=command.threads, repeats=command.repeats, on_result=on_lever)
+    return table

@@ -1,0 +1,151 @@
+"""``gaplan probe``'s command line as one object: the workload's spec, the probe's :class:`ProbeOptions`, the device
+and budget, the data, the mode (by samples or ``--batch-by tokens``) and the run folder, checked once at construction
+(:meth:`ProbeCommand.__post_init__`), and :func:`run_probe_command`, which runs it. The CLI parses text into it
+(:meth:`ProbeCommand.from_flat`) and prints what it raises; a Python caller gets the same refusals, word for word.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gaplan.core.errors import GaplanError
+from gaplan.core.options import from_options
+from gaplan.core.outputs import check_writable
+from gaplan.core.progress import Say, quiet
+from gaplan.data.source import DataSource
+from gaplan.runs.folder import default_run_dir
+from gaplan.workflows.parse_options import (
+    check_by_tokens,
+    check_untimed,
+    data_given,
+    granule_of,
+    memory_limit_of,
+    parse_batch_range,
+    spec_from_flat,
+    target_budget,
+)
+from gaplan.workflows.probe import ProbeOptions
+from gaplan.workload.spec import WorkloadSpec
+
+# What a probe by tokens does not take: (field of ProbeOptions, its default, the flag).
+NOT_BY_TOKENS = (("report", False, "--report"), ("objective", "max-micro-batch", "--objective"),
+                 ("seed_from_estimate", None, "--seed-from-estimate"), ("search_cap", None, "--search-cap"),
+                 ("margin", 0.0, "--margin"))
+
+
+@dataclass(frozen=True)
+class ProbeCommand:
+    """One ``gaplan probe``: what to probe (``spec``), how (``probe``), where (``device``, ``memory_limit`` in bytes
+    or ``target``'s usable memory), by samples or ``batch_by="tokens"`` over ``source``, into ``out``."""
+
+    spec: WorkloadSpec
+    probe: ProbeOptions = field(default_factory=ProbeOptions)
+    device: str = "auto"
+    memory_limit: int | None = None
+    target: str | None = None  # a GPU of gaplan estimate --list-targets to emulate (its usable memory is the budget)
+    batch_by: str = "samples"
+    granule: int | None = None  # by tokens: a probed budget is a multiple of it (None: 64)
+    source: DataSource | None = None  # --data (by tokens, or goodput's measuring run); its fields refused without it
+    emit: str | None = None  # "hf": the plan as TrainingArguments to paste
+    out: str | None = None  # the run folder (None: reports/probe-<model>-<time>)
+    ranks: int = field(default=1, init=False)  # processes each trial runs (the world size under FSDP)
+
+    def __post_init__(self) -> None:
+        if self.out is None:  # named once, so what is printed after names what was written
+            object.__setattr__(self, "out", default_run_dir("probe", self.spec.model))
+        if self.target:
+            object.__setattr__(self, "memory_limit", target_budget(self.target, self.memory_limit, self.device))
+            object.__setattr__(self, "target", None)  # the budget now holds it (replace() does not redo it)
+        object.__setattr__(self, "source", data_given(self.source))
+        probe = self.probe
+        granule_of({"granule": self.granule, "batch_by": self.batch_by})  # kept as given: replace() checks it again
+        by_goodput = probe.objective == "goodput"
+        if not by_goodput:
+            for value, default, flag in ((probe.goodput.batch_range, None, "--batch-range"),
+                                         (probe.goodput.measure_steps, 30, "--measure-steps")):
+                if value != default:
+                    raise GaplanError(f"{flag} applies to --objective goodput")
+        if not self.timing:  # (by tokens, nothing is timed either)
+            check_untimed(probe.bench)
+        if self.by_tokens:
+            self._check_by_tokens()
+            return
+        if self.source is not None and not by_goodput:
+            raise GaplanError("--data applies to --batch-by tokens and to --objective goodput's measuring run here (a "
+                              "probe by samples runs full-length batches)")
+        if by_goodput and probe.report:
+            raise GaplanError("--report times the plan of --effective-batch; with --objective goodput, report on the "
+                              "chosen plan afterwards: gaplan bench --plan OUT/plan.json")
+        if self.timing and self.spec.parallel == "fsdp":
+            raise GaplanError("--report, --objective throughput|goodput and --grad-checkpointing auto time one device; "
+                              "a sharded run's splits are timed by gaplan bench --parallel fsdp --world-size W")
+        if self.timing and probe.world_size != 1:
+            raise GaplanError("--report, --objective throughput|goodput and --grad-checkpointing auto time one device: "
+                              "use --world-size 1")
+        from gaplan.probing.edge import trial_ranks
+
+        object.__setattr__(self, "ranks", trial_ranks(self.spec, probe.world_size))  # fsdp needs 2 ranks or more
+
+    def _check_by_tokens(self) -> None:
+        check_by_tokens(self.spec, self.source, self.probe.world_size, "probe")
+        for name, default, flag in NOT_BY_TOKENS:
+            if getattr(self.probe, name) != default:
+                raise GaplanError(f"{flag} applies to a probe by samples, not to --batch-by tokens")
+        if self.emit is not None:
+            raise GaplanError("--emit applies to a probe by samples, not to --batch-by tokens")
+        if self.probe.grad_checkpointing == "auto":
+            raise GaplanError("--grad-checkpointing auto applies to a probe by samples: give on or off with --batch-by "
+                              "tokens")
+
+    @property
+    def by_tokens(self) -> bool:
+        return self.batch_by == "tokens"
+
+    @property
+    def timing(self) -> bool:
+        """Whether the probe times splits after the search (the report, a throughput or goodput tuner, auto)."""
+        probe = self.probe
+        return probe.report or probe.objective in ("throughput", "goodput") or probe.grad_checkpointing == "auto"
+
+    @classmethod
+    def from_flat(cls, options: Mapping[str, Any], given: Collection[str] = (), *,
+                  command: str | None = None) -> ProbeCommand:
+        """From a flat mapping of option names (click's parameters); ``given``: the names the user gave."""
+        spec = spec_from_flat(options, given)
+        flat = {**options, "batch_range": parse_batch_range(options.get("batch_range"))}
+        memory_limit = memory_limit_of(options.get("memory_limit"))
+        probe = from_options(ProbeOptions, flat, grad_checkpointing=options.get("grad_checkpointing") or "off",
+                             command=command)
+        return from_options(cls, flat, spec=spec, probe=probe, memory_limit=memory_limit,
+                            source=from_options(DataSource, options))
+
+
+def run_probe_command(command: ProbeCommand, *, say: Say = quiet, on_trial: Callable | None = None,
+                      on_row: Callable | None = None, on_bench_trial: Callable | None = None,
+                      on_bench_start: Callable | None = None, on_profile: Callable | None = None):
+    """Probe as ``command`` asks: a :class:`gaplan.workflows.probe.ProbeRun` by samples, a
+    :class:`gaplan.workflows.probe_tokens.TokenProbeRun` by tokens. The run folder is checked before any work."""
+    out = command.out
+    check_writable(out)
+    probe = command.probe
+    if command.by_tokens:
+        from gaplan.workflows.probe_tokens import run_token_probe
+
+        return run_token_probe(command.spec, out, command.source, device=command.device,
+                               memory_limit=command.memory_limit,
+                               granule=granule_of({"granule": command.granule, "batch_by": command.batch_by}),
+                               effective_batch=probe.effective_batch, threads=probe.threads, command=probe.command,
+                               say=say, on_trial=on_trial, on_profile=on_profile)
+    from gaplan.workflows.probe import run_probe
+
+    each = (f"{command.ranks} fresh processes in one process group, each under the budget" if command.ranks > 1
+            else "a fresh process")
+    say(f"probing {command.spec.model} (each trial: {each}, 2 optimizer steps of 2 micro-steps) ...")
+    if command.timing:
+        say("after the probe, --report / --objective throughput time splits in interleaved rounds (the forecast of "
+            "how long follows the probe; --time-budget bounds it)")
+    return run_probe(command.spec, out, probe, device=command.device, memory_limit=command.memory_limit,
+                     on_trial=on_trial, on_row=on_row, say=say, on_bench_trial=on_bench_trial,
+                     on_bench_start=on_bench_start)

@@ -1,0 +1,102 @@
+"""``gaplan train``'s command line as one object: the workload's spec, :class:`TrainOptions`, the device and budget,
+``--token-plan`` and ``--resume``, checked once at construction (:meth:`TrainCommand.__post_init__`).
+:func:`prepare_train` turns it into what :func:`gaplan.workflows.train.run_train` takes: a resumed run's saved
+settings with what was given again checked against them, and ``--token-plan``'s T* read for this workload. The CLI
+parses text into it (:meth:`TrainCommand.from_flat`) and prints what it raises; a Python caller gets the same
+refusals, word for word.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gaplan.core.errors import GaplanError
+from gaplan.core.progress import Say, quiet
+from gaplan.runs.folder import default_run_dir
+from gaplan.workflows.parse_options import checkpointing_of, memory_limit_of, spec_from_flat
+from gaplan.workflows.train_options import TrainOptions
+from gaplan.workload.spec import WorkloadSpec
+
+
+@dataclass(frozen=True)
+class TrainCommand:
+    """One ``gaplan train``: ``spec`` trained as ``options`` say on ``device`` (``memory_limit`` bytes), into
+    ``out``; or the run in ``resume`` continued (``given``: the option names given again, checked against it)."""
+
+    spec: WorkloadSpec
+    options: TrainOptions = dataclasses.field(default_factory=TrainOptions)
+    device: str = "auto"
+    memory_limit: int | None = None
+    token_plan: str | None = None  # a tokens.json of gaplan probe --batch-by tokens: its T* is the token budget
+    resume: str | None = None  # a run folder to continue from its checkpoint
+    out: str | None = None  # None: reports/train-<model>-<time>
+    given: frozenset[str] = frozenset()  # with resume: the options given again (by name)
+
+    def __post_init__(self) -> None:
+        if self.token_plan is not None:  # the options hold the budget it gives: it needs tokens, and no budget
+            if self.options.batch_by != "tokens":
+                raise GaplanError("--token-plan needs --batch-by tokens")
+            if self.options.token_budget is not None:
+                raise GaplanError("--token-budget and --token-plan both give the token budget: give one")
+        if self.out is None and self.resume is None:  # named once, so what is printed after names what was written
+            object.__setattr__(self, "out", default_run_dir("train", self.spec.model))
+
+    @property
+    def run_dir(self) -> str:
+        return self.resume or self.out
+
+    @classmethod
+    def from_flat(cls, options: Mapping[str, Any], given: Collection[str] = (), *,
+                  command: str | None = None) -> TrainCommand:
+        """From a flat mapping of option names (click's parameters); ``given``: the names the user gave."""
+        spec = spec_from_flat(options, given)
+        memory_limit = memory_limit_of(options.get("memory_limit"))
+        # Built by its fields and checked there (errors name fields; the CLI says flags).
+        train_options = TrainOptions.from_flat(options, resume=False, command=command)
+        return cls(spec=spec, options=train_options, device=options.get("device") or "auto",
+                   memory_limit=memory_limit, token_plan=options.get("token_plan"), resume=options.get("resume"),
+                   out=options.get("out"), given=frozenset(given))
+
+
+@dataclass(frozen=True)
+class TrainSetup:
+    """What :func:`gaplan.workflows.train.run_train` is given for a :class:`TrainCommand`."""
+
+    spec: WorkloadSpec
+    run_dir: str
+    options: TrainOptions
+    device: str
+    memory_limit: int | None
+
+
+def prepare_train(command: TrainCommand, *, say: Say = quiet) -> TrainSetup:
+    """The run ``command`` asks for: a resumed run's saved settings (what was given again must agree with them), or
+    the given ones with ``--token-plan``'s T* (``say`` names it)."""
+    spec, options, device, memory_limit = command.spec, command.options, command.device, command.memory_limit
+    if command.resume:  # the run as it was started; what was given again must agree with it
+        from gaplan.workflows.train_resume import resume_settings
+
+        given = command.given
+        given_spec = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
+                      if f.name in given and f.name != "grad_checkpointing"}  # given with auto: below
+        if "grad_checkpointing" in given and options.grad_checkpointing != "auto":
+            given_spec["grad_checkpointing"] = checkpointing_of(options.grad_checkpointing)
+        flat = options.to_flat()
+        given_options = {name: flat[name] for name in given if name in flat}
+        given_options.update(command=options.command)
+        given_environment = {name: value for name, value in (("device", device), ("memory_limit", memory_limit))
+                             if name in given}
+        spec, options, environment = resume_settings(command.resume, given_spec, given_options, given_environment)
+        device = device if "device" in given else environment.get("device", device)
+        memory_limit = memory_limit if "memory_limit" in given else environment.get("memory_limit")
+    elif command.token_plan is not None:  # a resumed run keeps its budget
+        from gaplan.devices.backend import resolve_device
+        from gaplan.workflows.probe_tokens import token_budget_from_plan
+
+        budget = token_budget_from_plan(command.token_plan, spec, resolve_device(device), memory_limit)
+        say(f"token plan {command.token_plan}: {budget.describe()}")
+        options = dataclasses.replace(options, token_budget=budget.token_budget)
+    return TrainSetup(spec, command.run_dir, options, device, memory_limit)

@@ -1,0 +1,53 @@
+"""Each command's object, built in Python (no command line), refuses what the CLI refuses, in the CLI's words, at
+construction: before any model is built, any device is asked or anything is written."""
+
+import pytest
+
+import gaplan
+from gaplan import BenchCommand, EstimateCommand, PlanCommand, ProbeCommand, ProbeOptions, TrainCommand, WorkloadSpec
+from gaplan.data.source import DataSource
+from gaplan.workflows.goodput import GoodputOptions
+
+SPEC = WorkloadSpec(model="tiny-gpt2", seq_len=16)
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda out: ProbeCommand(SPEC, ProbeOptions(goodput=GoodputOptions(measure_steps=10)), out=out),
+     "--measure-steps applies to --objective goodput"),
+    (lambda out: ProbeCommand(SPEC, ProbeOptions(objective="goodput", report=True), out=out),
+     "gaplan bench --plan OUT/plan.json"),
+    (lambda out: ProbeCommand(SPEC, ProbeOptions(bench=gaplan.BenchSettings(repeats=3)), out=out),
+     "--repeats applies to --report, --objective throughput|goodput and --grad-checkpointing auto"),
+    (lambda out: ProbeCommand(SPEC, source=DataSource(text_field="body"), out=out),
+     "text_field applies to data"),
+    (lambda out: ProbeCommand(SPEC, device="cpu", target="h100-80gb", out=out), "it needs a CUDA device"),
+    (lambda out: BenchCommand(SPEC, world_size=2, out=out), "--world-size applies to --parallel fsdp here"),
+    (lambda out: BenchCommand(SPEC, source=DataSource(path="x.txt"), out=out), "--data applies to --batch-by tokens"),
+    (lambda out: EstimateCommand(SPEC, device="cpu", target="h100-80gb"), "does not go with --device cpu"),
+    (lambda out: EstimateCommand(SPEC, sizes=(4,)), "--sizes needs at least two"),
+    (lambda out: PlanCommand(SPEC, repeats=2, out=out), "--repeats applies to --measure"),
+    (lambda out: PlanCommand(SPEC, threads=2, out=out), "--threads applies to --device cpu"),
+    (lambda out: PlanCommand(SPEC, machinery="ddp", grad_sync="every", out=out), "--grad-sync applies to the FSDP"),
+    (lambda out: TrainCommand(SPEC, token_plan="tokens.json", out=out), "--token-plan needs --batch-by tokens"),
+])
+def test_a_command_object_built_in_python_refuses_as_the_cli_does(build, message, tmp_path):
+    with pytest.raises(gaplan.GaplanError, match=message.replace("|", r"\|").replace("(", r"\(")):
+        build(str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_command_object_names_its_run_folder_once():
+    command = PlanCommand(SPEC, device="cpu")
+    assert command.out.startswith("reports/plan-tiny-gpt2-") and command.ranks == 1 and command.layouts
+
+
+def test_a_checked_command_object_can_be_replaced_and_is_checked_again(tmp_path):
+    import dataclasses
+
+    out = str(tmp_path / "out")
+    probe = ProbeCommand(SPEC, out=out)
+    assert dataclasses.replace(probe, device="cpu").granule is None  # the default stays "not given"
+    bench = BenchCommand(SPEC, out=out)
+    assert dataclasses.replace(bench, repeats=3).settings.repeats == 3
+    with pytest.raises(gaplan.GaplanError, match="--granule applies to --batch-by tokens"):
+        dataclasses.replace(probe, granule=32)
