@@ -166,8 +166,45 @@ def levers(data: dict, key: str | None) -> str:
               f"noisy), torch {m['torch']}, {data['model']} at seq {data['seq_len']}: `{data['made_by']}`.\n")
 
 
+def zoo_optimizers(data: dict, key: str | None) -> str:
+    """levers.md: the estimate's error against real CPU trials on the zoo's families, for each optimizer."""
+    small, large = (str(size) for size in data["sizes"])
+    lines, worst = [], (0.0, "")
+    for row in data["rows"]:
+        est, meas = row["estimated"], row["measured"]
+        errors = [(est[s] - meas[s]) / meas[s] for s in (small, large)]
+        slopes = [(peaks[large] - peaks[small]) / (int(large) - int(small)) / 2**20 for peaks in (est, meas)]
+        lines.append([row["family"], f"`{row['optimizer']}`", *(f"{100 * e:+.2f}%" for e in errors),
+                      f"{slopes[0]:.3f} vs {slopes[1]:.3f}"])
+        worst = max(worst, *((abs(e), f"{row['family']} with `{row['optimizer']}` at micro-batch {s}")
+                             for e, s in zip(errors, (small, large), strict=True)))
+    return (table(["family", "optimizer", f"peak at {small}", f"peak at {large}",
+                   "activations per sample, estimated vs measured (MiB)"], ["---", "---", "--:", "--:", "---"], lines)
+            + f"\nAll {2 * len(lines)} peaks are within {100 * worst[0]:.2f}% (the largest: {worst[1]}). On "
+              f"{data['date']}, {data['machine']}, torch {data['torch']}, transformers {data['transformers']}, "
+              f"bitsandbytes {data['bitsandbytes']}, {data['threads']} threads, seq {data['seq_len']}, full "
+              f"fine-tuning: `{data['command']}` (about 15 minutes).\n")
+
+
+def chunked_loss(data: dict, key: str | None) -> str:
+    """levers.md: the held-out check of --loss chunked (a Llama with a 32k vocabulary): B* both ways, the weights."""
+    probes, shape, m = data["probes"], data["model"], data["machine"]
+    lines = [[f"`--loss {loss}`", str(run["edge"]), " ".join(f"{b}{'' if fits else 'x'}" for b, fits in run["trials"])]
+             for loss, run in probes.items()]
+    differences = data["weights"]["largest_difference"]
+    return (table(["loss", f"B\\* under {data['budget']}", "trials"], ["---", "--:", "---"], lines)
+            + f"\nB\\* grows {probes['chunked']['edge'] / probes['plain']['edge']:.2f}x. After "
+              f"{data['weights']['steps']} steps of micro-batches {' + '.join(map(str, data['weights']['micro_batches']))}"
+              f", the largest weight difference between the two losses, over its tensor's scale: "
+              + ", ".join(f"{d:.1e} with {opt.upper() if opt == 'sgd' else 'AdamW'}" for opt, d in differences.items())
+              + f". Llama, {shape['layers']} layers x {shape['hidden']}, heads {shape['heads']}, vocabulary "
+              f"{shape['vocab']:,}, seq {shape['seq_len']}. On {data['date']}, {m['cpu']}, {m['cores']} cores, torch "
+              f"{m['torch']}: `{data['made_by']}`.\n")
+
+
 RENDERERS = {"docs/data/probes.json": lambda data, key: probe_sentence(data, key) if key else probe_runs(data, key),
-             "reports/peers/peers.json": peers, "docs/data/profile_probe.json": profile, "docs/data/levers.json": levers}
+             "reports/peers/peers.json": peers, "docs/data/profile_probe.json": profile, "docs/data/levers.json": levers,
+             "docs/data/zoo_optimizers.json": zoo_optimizers, "docs/data/chunked_loss.json": chunked_loss}
 
 
 def blocks(page: pathlib.Path) -> list[re.Match]:
@@ -207,6 +244,13 @@ def test_a_changed_lever_measurement_renders_differently():
     before = levers(data, None)
     data["rows"]["every:2"]["edge"] += 1
     assert levers(data, None) != before
+
+
+def test_a_changed_zoo_measurement_renders_differently():
+    data = load("docs/data/zoo_optimizers.json")
+    before = zoo_optimizers(data, None)
+    data["rows"][0]["measured"]["2"] += 2**20
+    assert zoo_optimizers(data, None) != before
 
 
 # ---- the documented probes, replayed --------------------------------------------------------------------------------
