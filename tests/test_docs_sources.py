@@ -247,3 +247,23 @@ def test_the_probe_pages_optimizers_and_learning_rates_are_the_codes():
     assert set(high) == {"adamw", "adamw-8bit", "paged-adamw-8bit", "adafactor"} and set(low) == {"lion", "sgd"}
     assert ("`--lr` (default 1e-3 for AdamW, its 8-bit forms and Adafactor, 1e-4 for Lion and SGD: `DEFAULT_LR` in "
             "`gaplan/workload/spec.py`" in text)
+
+
+def test_the_train_pages_levers_and_cuda_budget_are_the_codes():
+    from gaplan.core.constants import DEFAULT_CPU_BUDGET
+    from gaplan.devices.reserve import CONTEXT_BYTES
+    from gaplan.plan.split import MAX_ACCUM_STEPS
+    from gaplan.workload.spec import OPTIMIZERS
+
+    text = flat("docs/train.md")
+    assert f"`--optimizer {'|'.join(OPTIMIZERS)}`" in text
+    assert f"caps its trials' allocator at M less the {mib(CONTEXT_BYTES)} context allowance" in text
+    assert f"`--memory-limit` (default {DEFAULT_CPU_BUDGET / 2**30:g} GiB)" in text
+    assert f"more than {MAX_ACCUM_STEPS:,} accumulation steps" in text
+
+
+def test_the_resume_pages_rate_line_is_the_one_the_cli_test_gets():
+    """resume.md's "learning rate at step 5" line is what `gaplan train --resume --steps 8` prints in
+    tests/cli/test_resume_anywhere.py, which runs it (4 SGD steps at lr 0.1, then 8)."""
+    line = re.search(r"\n    (learning rate at step \d+: .+)\n", (ROOT / "docs" / "resume.md").read_text()).group(1)
+    assert f'"{line}" in result.stderr' in (ROOT / "tests" / "cli" / "test_resume_anywhere.py").read_text()
