@@ -44,3 +44,26 @@ def test_a_grouped_query_llamas_activations_through_math_and_flash(tmp_path):
                           sizes=[1, 2])
         assert next(a for a in result.assumptions if a.topic == "attention").values["kernel"] == kernel
         assert f"{result.line[1] / 2**20:.1f}" == shown, dtype
+
+
+def test_a_7b_shape_is_refused_on_an_h100_with_the_pages_bytes(tmp_path):
+    """estimate.md: the Llama-2-7B shape at seq 128 in fp32 with AdamW needs 134.8 GB before activations on an H100
+    80 GB (static bytes on the meta device: the same on every machine; ~5 s)."""
+    import json
+
+    from gaplan.core.errors import DoesNotFit
+    from gaplan.estimate import estimate
+    from gaplan.workload.build import WorkloadSpec
+
+    from .estimate.test_estimator import LLAMA_7B_CONFIG
+
+    text = flat("docs/estimate.md")
+    params, seq, needed = re.search(r"A Llama-2-7B shape \(([\d.]+)B parameters, seq (\d+), fp32, AdamW\) is estimated "
+                                    r"without allocating it: refused on an H100 80 GB \(([\d.]+) GB needed before "
+                                    r"activations\)", text).groups()
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_7B_CONFIG))
+    with pytest.raises(DoesNotFit) as refused:
+        estimate(WorkloadSpec(model=str(tmp_path), seq_len=int(seq)), target="h100-80gb")
+    assert f"{refused.value.needed_bytes / 1e9:.1f}" == needed
+    assert params == "6.7"  # tests/estimate/test_estimator.py::test_a_7b_model_is_estimated_without_allocating_it
+    #                         holds the model's count between 6.7e9 and 6.8e9

@@ -267,3 +267,30 @@ def test_the_resume_pages_rate_line_is_the_one_the_cli_test_gets():
     tests/cli/test_resume_anywhere.py, which runs it (4 SGD steps at lr 0.1, then 8)."""
     line = re.search(r"\n    (learning rate at step \d+: .+)\n", (ROOT / "docs" / "resume.md").read_text()).group(1)
     assert f'"{line}" in result.stderr' in (ROOT / "tests" / "cli" / "test_resume_anywhere.py").read_text()
+
+
+def test_ddps_bucket_size_is_torchs_default():
+    """gpu.md's 25 MiB gradient buckets are torch's default, read from its source (torch is not imported)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        pytest.skip("torch is not installed")
+    source = (pathlib.Path(spec.origin).parent / "nn" / "parallel" / "distributed.py").read_text()
+    cap = int(re.search(r"^_DEFAULT_BUCKET_CAP_MB = (\d+)$", source, re.M).group(1))
+    assert f"DDP's gradient buckets ({cap} MiB buckets, torch's `_DEFAULT_BUCKET_CAP_MB`" in flat("docs/gpu.md")
+
+
+def test_the_gpu_checks_settings_are_the_checks():
+    """gpu.md describes each check of tests/gpu by its settings; the checks' source holds the same ones."""
+    gpu_test = (ROOT / "tests" / "gpu" / "test_gpu.py").read_text()
+    nccl_test = (ROOT / "tests" / "gpu" / "test_gpu_nccl.py").read_text()
+    text = flat("docs/gpu.md")
+    assert "the exact edge (tiny-gpt2 and tiny-llama, seq 256, a 2 GiB budget)" in text
+    assert '[("tiny-gpt2", 256), ("tiny-llama", 256)]' in gpu_test and "memory_limit=2 * GiB" in gpu_test
+    bound = int(re.search(r"within ±(\d+)% of `max_memory_reserved` at three micro-batches \(tiny-llama, seq 512, bf16\)",
+                          text).group(1))
+    assert 'WorkloadSpec(model="tiny-llama", seq_len=512, dtype="bf16")' in gpu_test
+    assert f"abs(e) <= {bound / 100:g} for e in errors" in gpu_test
+    micro = int(re.search(r"a DDP step's reserved peak \(tiny-gpt2, seq 256, micro-batch (\d+)\)", text).group(1))
+    assert f"MICRO_BATCH = {micro}\n" in nccl_test and 'WorkloadSpec(model="tiny-gpt2", seq_len=256)' in nccl_test
