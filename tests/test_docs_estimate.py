@@ -67,3 +67,27 @@ def test_a_7b_shape_is_refused_on_an_h100_with_the_pages_bytes(tmp_path):
     assert f"{refused.value.needed_bytes / 1e9:.1f}" == needed
     assert params == "6.7"  # tests/estimate/test_estimator.py::test_a_7b_model_is_estimated_without_allocating_it
     #                         holds the model's count between 6.7e9 and 6.8e9
+
+
+def test_the_autograd_node_counts_are_the_traces(tmp_path):
+    """estimate.md's heap paragraphs count a micro-step's autograd nodes on zoo models: GPT-2 205, T5 with LoRA 1,269,
+    Llama 326 (full) and 600 (LoRA), BART 617. The count is the trace's (the CPU estimate's `cpu-process`
+    assumption), independent of the machine; the heap bytes beside them are dated hand measurements."""
+    from gaplan.estimate import estimate
+    from gaplan.workload.spec import WorkloadSpec
+
+    from .estimate.zoo import SEQ_LEN, zoo_configs
+
+    text = flat("docs/estimate.md")
+    gpt2, t5 = re.search(r"1\.5 MiB for GPT-2 \(([\d,]+) nodes per micro-step\) and 4\.7 MiB for T5 with LoRA "
+                         r"\(([\d,]+) nodes\)", text).groups()
+    llama, llama_lora = re.search(r"at ([\d,]+) nodes \(full\) and 1\.7-1\.8 MiB at ([\d,]+) \(LoRA\)", text).groups()
+    bart = re.search(r"BART's full fine-tuning holds 1\.7 MiB more than its ([\d,]+) nodes", text).group(1)
+    for (family, lora), shown in {("gpt2", False): gpt2, ("t5", True): t5, ("llama", False): llama,
+                                  ("llama", True): llama_lora, ("bart", False): bart}.items():
+        folder = tmp_path / f"{family}-{lora}"
+        zoo_configs()[family].save_pretrained(folder)
+        spec = WorkloadSpec(model=str(folder), seq_len=SEQ_LEN, lora=lora, lora_targets="all-linear" if lora else None)
+        result = estimate(spec, device_kind="cpu", memory_limit=2**30, threads=2, effective_batch=16, search_cap=2)
+        nodes = next(a for a in result.assumptions if a.topic == "cpu-process").values["graph_nodes"]
+        assert f"{nodes:,}" == shown, (family, lora)

@@ -52,3 +52,16 @@ def test_the_example_lever_table_is_todays_estimate():
     assert shown == today
     weights = cost_inputs(spec, "cpu").param_count * 4 / 1e6
     assert f"(reading {round(weights)} MB of weights)" in flat("docs/levers.md")
+
+
+def test_the_default_chunk_is_the_codes():
+    """"the power of two whose fp32 logits fit in 16 MiB: 512 positions at V = 8,192, 128 at 32,000 and 32 at
+    128,256" (gaplan/workload/chunked_loss.py imports torch: here with the heavy tests)."""
+    from gaplan.workload.chunked_loss import DEFAULT_CHUNK_LOGITS_BYTES, default_chunk_tokens
+
+    text = flat("docs/levers.md")
+    m = re.search(r"the power of two whose fp32 logits fit in (\d+) MiB: (\d+) positions at V = ([\d,]+), (\d+) at "
+                  r"([\d,]+) and (\d+) at ([\d,]+)", text)
+    assert int(m.group(1)) * 2**20 == DEFAULT_CHUNK_LOGITS_BYTES
+    for tokens, vocab in ((m.group(2), m.group(3)), (m.group(4), m.group(5)), (m.group(6), m.group(7))):
+        assert default_chunk_tokens(int(vocab.replace(",", ""))) == int(tokens), vocab
