@@ -60,7 +60,7 @@ def test_a_7b_shape_is_refused_on_an_h100_with_the_pages_bytes(tmp_path):
     text = flat("docs/estimate.md")
     params, seq, needed = re.search(r"A Llama-2-7B shape \(([\d.]+)B parameters, seq (\d+), fp32, AdamW\) is estimated "
                                     r"without allocating it: refused on an H100 80 GB \(([\d.]+) GB needed before "
-                                    r"activations\)", text).groups()
+                                    r"activations: counted on the meta device", text).groups()
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_7B_CONFIG))
     with pytest.raises(DoesNotFit) as refused:
         estimate(WorkloadSpec(model=str(tmp_path), seq_len=int(seq)), target="h100-80gb")
