@@ -294,3 +294,17 @@ def test_the_gpu_checks_settings_are_the_checks():
     assert f"abs(e) <= {bound / 100:g} for e in errors" in gpu_test
     micro = int(re.search(r"a DDP step's reserved peak \(tiny-gpt2, seq 256, micro-batch (\d+)\)", text).group(1))
     assert f"MICRO_BATCH = {micro}\n" in nccl_test and 'WorkloadSpec(model="tiny-gpt2", seq_len=256)' in nccl_test
+
+
+def test_the_estimate_pages_targets_are_the_codes():
+    """estimate.md's list of `--list-targets` ("H100 94/80 GB", "RTX 4090/3090": one name a variant) is the code's."""
+    from gaplan.estimate.targets import list_targets
+
+    listed = re.search(r"\* targets \(`--list-targets`\): (.+?) with their driver-reported memory",
+                       flat("docs/estimate.md")).group(1)
+    names = []
+    for item in listed.split(", "):
+        words = item.split()
+        family, variants = (words[0], words[1].split("/")) if len(words) > 1 else (item, [""])
+        names += [f"{family}-{v}gb" if words[-1] == "GB" else f"{family}-{v}" if v else family for v in variants]
+    assert sorted(n.lower() for n in names) == sorted(t.name for t in list_targets())
