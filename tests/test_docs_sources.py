@@ -308,3 +308,21 @@ def test_the_estimate_pages_targets_are_the_codes():
         family, variants = (words[0], words[1].split("/")) if len(words) > 1 else (item, [""])
         names += [f"{family}-{v}gb" if words[-1] == "GB" else f"{family}-{v}" if v else family for v in variants]
     assert sorted(n.lower() for n in names) == sorted(t.name for t in list_targets())
+
+
+def test_the_8bit_optimizers_thresholds_are_the_codes_and_bitsandbytes():
+    """levers.md's optimizer table: a float32 absmax per 256-element block, two 256-entry maps, float32 moments under
+    4,096 elements (gaplan's counts), and paged states from 100,000 elements (bitsandbytes' own source, not imported)."""
+    import importlib.util
+
+    from gaplan.workload.optimizer_states import BNB_BLOCK, BNB_MIN_8BIT_SIZE, BNB_QMAP_ENTRIES
+
+    text = flat("docs/levers.md")
+    assert (f"a float32 absmax per {BNB_BLOCK}-element block of each; the two {BNB_QMAP_ENTRIES}-entry quantile maps "
+            f"once; float32 moments under {BNB_MIN_8BIT_SIZE:,} elements" in text)
+    spec = importlib.util.find_spec("bitsandbytes")
+    if spec is None or not spec.origin:
+        pytest.skip("bitsandbytes is not installed")
+    source = (pathlib.Path(spec.origin).parent / "optim" / "optimizer.py").read_text()
+    paged = float(re.search(r"if not self\.is_paged or p\.numel\(\) < ([\d.e]+):", source).group(1))
+    assert f"states of {int(paged):,} elements or more in CUDA unified memory" in text
