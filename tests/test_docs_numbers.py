@@ -202,9 +202,27 @@ def chunked_loss(data: dict, key: str | None) -> str:
               f"{m['torch']}: `{data['made_by']}`.\n")
 
 
+def adaptive_rule(data: dict, key: str) -> str:
+    """adaptive.md: where the adaptive rule stops (``replay``) and its error rate and delay (``rates``)."""
+    if key == "replay":
+        rows = [[str(r["steps"]), f"{r['noise_scale']:g}", str(r["rule_level"]), f"{r['past']} of {r['seeds']}",
+                 f"{r['reached']} of {r['seeds']}", ", ".join(f"{e}: {n}" for e, n in r["finals"].items())]
+                for r in data["replay"]]
+        return table(["steps", "known B_noise", "the rule stops at", "runs that went past it", "reached it",
+                      f"final E over the {data['replay'][0]['seeds']} seeds"],
+                     ["--:", "--:", "--:", "--:", "--:", "---"], rows)
+    if key == "rates":
+        rows = [[str(r["level"]), f"{r['margin']:g}", f"{r['noise_scale']:g}", f"{r['grew']} of {r['seeds']}",
+                 f"{r['median_steps']:g}"] for r in data["rates"]]
+        return table(["E", "B_noise / 2E", "B_noise", f"doubled within {data['rates'][0]['steps']} steps",
+                      "median steps to double"], ["--:", "--:", "--:", "--:", "--:"], rows)
+    raise KeyError(key)
+
+
 RENDERERS = {"docs/data/probes.json": lambda data, key: probe_sentence(data, key) if key else probe_runs(data, key),
              "reports/peers/peers.json": peers, "docs/data/profile_probe.json": profile, "docs/data/levers.json": levers,
-             "docs/data/zoo_optimizers.json": zoo_optimizers, "docs/data/chunked_loss.json": chunked_loss}
+             "docs/data/zoo_optimizers.json": zoo_optimizers, "docs/data/chunked_loss.json": chunked_loss,
+             "docs/data/adaptive_rule.json": adaptive_rule}
 
 
 def blocks(page: pathlib.Path) -> list[re.Match]:
@@ -251,6 +269,32 @@ def test_a_changed_zoo_measurement_renders_differently():
     before = zoo_optimizers(data, None)
     data["rows"][0]["measured"]["2"] += 2**20
     assert zoo_optimizers(data, None) != before
+
+
+def test_a_changed_adaptive_measurement_renders_differently():
+    data = load("docs/data/adaptive_rule.json")
+    before = adaptive_rule(data, "rates")
+    data["rates"][0]["grew"] += 1
+    assert adaptive_rule(data, "rates") != before
+
+
+def test_the_adaptive_pages_prose_is_its_file():
+    """adaptive.md's sentences under its two tables quote docs/data/adaptive_rule.json."""
+    data = load("docs/data/adaptive_rule.json")
+    rates = {(r["level"], r["margin"]): r for r in data["rates"]}
+    text = " ".join((ROOT / "docs" / "adaptive.md").read_text().split("What this says:", 1)[1].split("## ", 1)[0].split())
+    assert (f"{rates[2, 0.75]['grew']} runs in {rates[2, 0.75]['seeds']} doubled within {rates[2, 0.75]['steps']} "
+            f"steps at `E = 2`, {rates[8, 0.75]['grew']} in {rates[8, 0.75]['seeds']} at `E = 8`") in text
+    at_one = sorted(rates[level, 1.0]["grew"] for level in (2, 8))
+    assert f"Exactly at the boundary (`r = 1`), {at_one[0]}-{at_one[1]} in 100 did" in text
+    medians = ", ".join(f"{round(rates[8, m]['median_steps'] + 1e-9)} at {m:g}" for m in (1.5, 2.0, 3.0))
+    assert (f"at `E = 8`, a median of {round(rates[8, 1.3]['median_steps'])} steps at `r = 1.3`, {medians}") in text
+    assert rates[2, 2.0]["seeds"] - rates[2, 2.0]["grew"] == pytest.approx(rates[2, 2.0]["seeds"] / 4, abs=3)
+    assert "a quarter of the runs at `r = 2` had not doubled after 300 steps" in text
+    from gaplan.plan.growth_test import MIN_STEPS  # the rule's floor, not a measurement
+
+    assert f"The minimum is {MIN_STEPS} steps at a batch" in text
+    assert min(r["median_steps"] for r in data["rates"]) >= MIN_STEPS
 
 
 # ---- the documented probes, replayed --------------------------------------------------------------------------------
