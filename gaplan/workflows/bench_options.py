@@ -40,7 +40,7 @@ class BenchCommand:
     device: str = "auto"
     memory_limit: int | None = None
     threads: int | None = None
-    grad_checkpointing: str | None = None  # as given: None, on, off or auto
+    grad_checkpointing: str | None = None  # as given: None, off, on, every:K, layers:N or auto
     repeats: int = 2
     warmup: int = 1
     rounds: int = 3
