@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gaplan.core.options import OptionError, option
 from gaplan.data.tasks.component import LABEL_FIELD, TARGET_FIELD
@@ -11,6 +11,11 @@ from gaplan.data.tasks.registry import task_component, tasks_taking
 LONG_SAMPLE_CHOICES = ("split", "truncate")
 # What a field left out (None) reads as.
 READ_DEFAULTS = {"text_field": "text", "label_field": "label", "target_field": "target", "long_samples": "split"}
+
+
+def reads_as(name: str, value: object) -> object:
+    """What a data field reads as: its default's value for None (a field outside :data:`READ_DEFAULTS` as given)."""
+    return READ_DEFAULTS.get(name, value) if value is None else value
 
 
 @dataclass(frozen=True)
@@ -56,11 +61,14 @@ class DataSource:
                 raise OptionError(f"{name} applies to task {' or '.join(tasks_taking(name))}, and this model's task "
                                   f"is {task}", name, "task")
 
+    def without_defaults(self) -> DataSource:
+        """The same reading with a field at its default's own value as not given: an older ``train.json`` holds
+        every field's value for every run (resume reads it so, so its run is not refused a field it never took)."""
+        return replace(self, **{name: None for name, default in READ_DEFAULTS.items() if getattr(self, name) == default})
+
     def __post_init__(self) -> None:
-        # The default's own name is no choice (and is what an older train.json holds for every run): not given.
-        for name, default in READ_DEFAULTS.items():
-            if getattr(self, name) == default:
-                object.__setattr__(self, name, None)
+        # A field given at its default's own value is still given ("--target-field target" on a causal LM is one
+        # line, not ignored): only the resume of an older run takes such values as not given (without_defaults).
         if self.long_samples is not None and self.long_samples not in LONG_SAMPLE_CHOICES:
             raise OptionError(f"long_samples must be one of {', '.join(LONG_SAMPLE_CHOICES)} "
                               f"(got {self.long_samples!r})", "long_samples")

@@ -16,6 +16,7 @@ from gaplan.core.atomic_write import atomic_write_text
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import get_path, leaf_fields, option_name, replace_path
 from gaplan.core.progress import Say
+from gaplan.data.source import reads_as
 from gaplan.plan.split import Plan
 from gaplan.runs.folder import CHECKPOINT, TRAIN_JSON, path_in
 from gaplan.workflows.train_options import TrainOptions, resume_marks
@@ -43,6 +44,7 @@ def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Map
             saved = json.load(handle)
         spec = WorkloadSpec(**saved["workload"])
         options = TrainOptions.from_flat({k: v for k, v in saved["options"].items() if k in marks})
+        options = dataclasses.replace(options, source=options.source.without_defaults())
     except FileNotFoundError:
         raise GaplanError(f"--resume {run_dir}: no {TRAIN_JSON} in it (not a gaplan train run folder)") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -57,7 +59,8 @@ def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Map
         name = option_name(leaf)
         if name not in given_options or name not in marks:
             continue
-        if marks[name] == "fixed" and get_path(options, path_names) != given_options[name]:
+        # A data field agrees with what it reads as: --target-field target again on a run started without it.
+        if marks[name] == "fixed" and reads_as(name, get_path(options, path_names)) != reads_as(name, given_options[name]):
             raise GaplanError(f"--resume {run_dir}: --{name.replace('_', '-')} {given_options[name]} contradicts the "
                               f"run's {get_path(options, path_names)} (resume continues the run as it was started)")
         if marks[name] == "free":

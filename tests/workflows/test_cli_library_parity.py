@@ -75,6 +75,7 @@ TRAIN_CASES = [scope.misuse for scope in TRAIN_SCOPES] + [
     ("--save-weights", "{dir}"),
     ("--merge",),
     ("--lora-r", "16"),  # given at its default: still refused without --lora
+    ("--data", "{data}", "--target-field", "target"),  # issue 46's example: at its default, on a causal LM
 ]
 
 

@@ -1,11 +1,12 @@
 """gaplan train's options as one tree: checked once in field names, saved flat, and older run folders resume."""
 
+import dataclasses
 import json
 
 import pytest
 
 from gaplan.core.options import OptionError
-from gaplan.data.source import DataSource
+from gaplan.data.source import READ_DEFAULTS, DataSource
 from gaplan.runs.folder import CHECKPOINT, TRAIN_JSON
 from gaplan.training.config import LoopOptions, TrainConfig
 from gaplan.workflows.train_options import TrainOptions, resume_marks
@@ -38,7 +39,20 @@ NOT_GIVEN = {"text_field": None, "label_field": None, "long_samples": None, "gra
 
 def test_saved_flat_is_the_shape_older_run_folders_have():
     assert set(TrainOptions().to_flat()) == set(OLD_FLAT_OPTIONS) | set(ADDED_SINCE)
-    assert TrainOptions.from_flat(OLD_FLAT_OPTIONS).to_flat() == {**OLD_FLAT_OPTIONS, **ADDED_SINCE, **NOT_GIVEN}
+    old = TrainOptions.from_flat(OLD_FLAT_OPTIONS)
+    old = dataclasses.replace(old, source=old.source.without_defaults())  # as resume reads an older run's train.json
+    assert old.to_flat() == {**OLD_FLAT_OPTIONS, **ADDED_SINCE, **NOT_GIVEN}
+
+
+@pytest.mark.parametrize("field, task", [("target_field", "causal-lm"), ("label_field", "causal-lm"),
+                                         ("target_field", "classification"), ("label_field", "seq2seq-lm")])
+def test_a_data_field_given_at_its_defaults_value_is_still_given(field, task):
+    """Issue 46's own example: --target-field target on a causal LM is refused, not read as "not given"."""
+    source = DataSource(path="pairs.jsonl", **{field: READ_DEFAULTS[field]})
+    with pytest.raises(OptionError, match=f"^{field} applies to task"):
+        source.check_applies(task)
+    assert source.without_defaults() == DataSource(path="pairs.jsonl")  # an older run's record: not given
+    source.without_defaults().check_applies(task)
 
 
 def test_resume_marks_are_the_fields_metadata():
