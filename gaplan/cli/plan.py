@@ -151,12 +151,10 @@ def plan_command(**options: Any) -> None:
     click.echo(pick_line(comparison))
     for line in caveat_lines(comparison) + tradeoff_lines(comparison):
         click.echo(line)
-    chosen = comparison.pick
     if lever_table is not None:
         _print_levers(lever_table)
-        chosen = lever_table.pick or chosen
-    if chosen is not None and chosen.command:
-        click.echo(f"launch: {chosen.command}")
+    if done.launch_command:
+        click.echo(f"launch: {done.launch_command}")
     click.echo(f"report: {out}/report.md (and report.html, layouts.png, layouts.csv, layouts.json"
                + (", levers.md, levers.csv, levers.json)" if lever_table is not None else ")"))
 

@@ -97,6 +97,12 @@ class PlanDone:
     levers: Any
     files: list[str]
 
+    @property
+    def launch_command(self) -> str | None:
+        """The command that trains the pick: the lever table's on one device, else the layouts'."""
+        chosen = (self.levers.pick if self.levers is not None else None) or self.comparison.pick
+        return chosen.command if chosen is not None and chosen.command else None
+
 
 def run_plan_command(command: PlanCommand, *, say: Say = quiet, on_result: Callable | None = None,
                      on_measured: Callable | None = None, on_lever: Callable | None = None) -> PlanDone:
