@@ -293,7 +293,8 @@ def sharded_assumptions(spec, device_kind: str, world_size: int, blocks: int, de
         f"FSDP2 over {world_size} ranks, one rank traced (rank 0, which holds the largest shards: dimension 0 split in "
         f"ceil(rows / {world_size}), padded) on a fake process group: fully_shard per block and on the root as training "
         f"does it, reshard after forward, one block prefetched in backward; {depth_text}. The communication "
-        "backend's own buffers (NCCL's, gloo's) are not counted.",
+        "backend's own buffers are not in the trace: NCCL's are added on CUDA (below), gloo's on the CPU are not "
+        "counted.",
         {"world_size": world_size, "blocks": blocks, "traced_depths": list(depths)})]
     if spec.dtype != "fp32":
         notes.append(Assumption(
