@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from gaplan.core.constants import DEFAULT_CPU_BUDGET
 from gaplan.core.errors import GaplanError
+from gaplan.core.options import OptionError
 from gaplan.core.units import format_bytes
 from gaplan.devices.reserve import CONTEXT_BYTES
 from gaplan.estimate import assumptions
@@ -57,6 +58,23 @@ def budget(device_kind: str, memory_limit: int | None, target: str | None) -> Bu
     usable = memory_limit - CONTEXT_BYTES - WORKSPACE_BYTES_HOPPER
     _check_usable(usable, memory_limit)
     return Budget(None, memory_limit, usable, assumptions.limit_budget(memory_limit, usable))
+
+
+def check_margin(margin: object) -> None:
+    """``margin`` is a fraction of the limit in [0, 1) (as ``gaplan probe --margin``), else one line."""
+    if not isinstance(margin, int | float) or isinstance(margin, bool) or not 0 <= margin < 1:
+        raise OptionError(f"margin must be a fraction in [0, 1) (got {margin})", "margin")
+
+
+def margin_budget(device_kind: str, memory_limit: int | None, target: str | None,
+                  margin: float) -> tuple[Budget, int | None]:
+    """The budget with ``margin`` of its limit kept free, and the memory limit that gives it (``memory_limit`` as
+    given when there is no margin): what the layouts and the lever rows are estimated against."""
+    the_budget = budget(device_kind, memory_limit, target)
+    if margin:
+        memory_limit = int(the_budget.limit_bytes * (1 - margin))
+        the_budget = budget(device_kind, memory_limit, target)
+    return the_budget, memory_limit
 
 
 def _check_usable(usable: int, memory_limit: int) -> None:

@@ -65,7 +65,7 @@ def compare_layouts(
         GaplanError: bad input (world size, effective batch, target, grad_sync, margin...), before any trace.
     """
     from gaplan.estimate import estimate
-    from gaplan.estimate.budget import budget, check_device_kind
+    from gaplan.estimate.budget import check_device_kind, check_margin, margin_budget
     from gaplan.workload.build import model_shape
 
     check_device_kind(device_kind)
@@ -73,13 +73,9 @@ def compare_layouts(
         raise OptionError(f"grad_sync must be one of {', '.join(GRAD_SYNC_CHOICES)} (got {grad_sync!r})", "grad_sync")
     check_nodes(world_size, nodes)
     make_plan(effective_batch, 1, world_size)  # a bad effective batch, before any work
-    if not isinstance(margin, int | float) or isinstance(margin, bool) or not 0 <= margin < 1:
-        raise OptionError(f"margin must be a fraction in [0, 1) (got {margin})", "margin")
+    check_margin(margin)
     requested_limit = memory_limit
-    the_budget = budget(device_kind, memory_limit, target)
-    if margin:
-        memory_limit = int(the_budget.limit_bytes * (1 - margin))
-        the_budget = budget(device_kind, memory_limit, target)
+    the_budget, memory_limit = margin_budget(device_kind, memory_limit, target, margin)
     candidates = layouts_for(world_size, dtype, machinery)
     spec = dataclasses.replace(spec, parallel="ddp", cpu_offload=False, grad_sync="last").validate()
     _, seq_len, _, _ = model_shape(spec) if not _is_function(spec) else (None, spec.seq_len, None, None)

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Sequence
 
 from gaplan.core.errors import DoesNotFit, GaplanError, one_line
-from gaplan.core.options import OptionError
 from gaplan.plan.layouts import LayoutComparison
 from gaplan.plan.lever_cost import RATES, CostInputs, step_cost
 from gaplan.plan.lever_pick import LeverComparison, LeverResult
@@ -55,20 +54,16 @@ def compare_levers(
         GaplanError: bad input (an unknown lever, effective batch, target, margin), before any trace.
     """
     from gaplan.estimate import estimate
-    from gaplan.estimate.budget import budget, check_device_kind
+    from gaplan.estimate.budget import check_device_kind, check_margin, margin_budget
 
     check_device_kind(device_kind)
     selected = parse_levers(levers)
     make_plan(effective_batch, 1, 1)  # a bad effective batch, before any work
-    if not isinstance(margin, int | float) or isinstance(margin, bool) or not 0 <= margin < 1:
-        raise OptionError(f"margin must be a fraction in [0, 1) (got {margin})", "margin")
+    check_margin(margin)
     spec = spec.validate()
     if spec.parallel != "ddp":
         raise GaplanError("the lever table is for one device: use --parallel ddp (the layouts compare FSDP)")
-    the_budget = budget(device_kind, memory_limit, target)
-    if margin:
-        memory_limit = int(the_budget.limit_bytes * (1 - margin))
-        the_budget = budget(device_kind, memory_limit, target)
+    the_budget, memory_limit = margin_budget(device_kind, memory_limit, target, margin)
     base = Base(optimizer=spec.optimizer, loss=spec.loss, grad_checkpointing=spec.grad_checkpointing)
     started = time.perf_counter()
     inputs = cost_inputs(spec, device_kind)
