@@ -195,9 +195,7 @@ def measure_levers(comparison: LeverComparison, *, device: str, memory_limit: in
     A row the device cannot run keeps its estimate with a note, and so does one that does not fit once measured.
     """
     from gaplan.benchmark.measurement import BenchSettings
-    from gaplan.benchmark.splits import bench, candidate_splits, probed_peak
-    from gaplan.plan.layouts import launch_command
-    from gaplan.probing.edge import probe
+    from gaplan.workflows.plan_measure import probe_and_time
 
     spec = WorkloadSpec(**comparison.workload)
     settings = BenchSettings(repeats=repeats, warmup=1, min_rounds=rounds, max_rounds=rounds, large_batch=False)
@@ -208,25 +206,20 @@ def measure_levers(comparison: LeverComparison, *, device: str, memory_limit: in
             the_spec = row_spec(spec, result.levers)
             estimated = {"estimated_max_micro_batch": result.max_micro_batch}
             try:
-                probed = probe(the_spec, device=device, memory_limit=memory_limit, effective_batch=effective,
-                               threads=threads)
+                done = probe_and_time(the_spec, device=device, memory_limit=memory_limit, effective=effective,
+                                      threads=threads, settings=settings)
             except DoesNotFit as exc:
                 result = dataclasses.replace(result, fits=False, note=f"measured: {one_line(exc)}",
                                              extra={**result.extra, **estimated, "measured": True})
             except GaplanError as exc:
                 result = dataclasses.replace(result, note=f"not measured: {one_line(exc)}")
             else:
-                timed = bench(probed, effective, settings, threads=threads,
-                              splits=[candidate_splits(effective, probed.max_micro_batch)[0]])
-                row, plan = timed.rows[0], probed.plan
+                probed, row, plan = done.probed, done.row, done.probed.plan
                 result = dataclasses.replace(
                     result, max_micro_batch=probed.max_micro_batch, micro_batch=plan.micro_batch,
-                    grad_accum_steps=plan.grad_accum_steps,
-                    peak_bytes=probed_peak(probed, plan.micro_batch) or row.peak_bytes,
+                    grad_accum_steps=plan.grad_accum_steps, peak_bytes=done.peak_bytes,
                     samples_per_s=row.samples_per_s, samples_per_s_low=row.samples_per_s_low,
-                    samples_per_s_high=row.samples_per_s_high,
-                    command=launch_command(the_spec.to_dict(), plan.micro_batch, effective,
-                                           device=None if probed.device.startswith("cuda") else probed.device),
+                    samples_per_s_high=row.samples_per_s_high, command=done.command,
                     extra={**result.extra, **estimated, "measured": True, "rounds": row.rounds,
                            "step_seconds_median": row.step_seconds_median})
             if on_result is not None:

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from gaplan.benchmark.measurement import SplitMeasurement
 from gaplan.benchmark.splits import BenchSettings, bench, candidate_splits, probed_peak
 from gaplan.core.errors import DoesNotFit, GaplanError, one_line
 from gaplan.plan.layouts import LayoutComparison, LayoutResult, launch_command
 from gaplan.probing.edge import probe
+from gaplan.runs.probe_result import ProbeResult
 from gaplan.workflows.plan import spec_of
 from gaplan.workload.spec import WorkloadSpec
 
@@ -47,29 +50,50 @@ def _measure_one(result: LayoutResult, spec: WorkloadSpec, device: str, memory_l
     """One layout probed, then its plan timed; a layout that fails either way keeps its estimate with a note."""
     layout_spec = spec_of(spec, result.layout)
     estimated = {"estimated_max_micro_batch": result.max_micro_batch, "estimated_peak_bytes": result.peak_bytes}
+    # One layout against the others, each timed after its own probe: a single round (no pairing across layouts).
+    settings = BenchSettings(repeats=repeats, warmup=warmup, min_rounds=1, max_rounds=1, large_batch=False)
     try:
-        probed = probe(layout_spec, device=device, memory_limit=memory_limit, effective_batch=effective,
-                       world_size=world, threads=threads)
+        done = probe_and_time(layout_spec, device=device, memory_limit=memory_limit, effective=effective,
+                              threads=threads, settings=settings, world=world, nodes=nodes, over_ranks=True)
     except DoesNotFit as exc:
         return dataclasses.replace(result, fits=False, note=f"measured: {one_line(exc)}",
                                    extra={**result.extra, **estimated, "measured": True})
     except GaplanError as exc:  # the device cannot run this layout (CPU offload on a CPU)
         return dataclasses.replace(result, note=f"not measured: {one_line(exc)}", extra={**result.extra, **estimated})
-    kind, sizes = candidate_splits(effective, probed.max_micro_batch, world)[0]
-    # One layout against the others, each timed after its own probe: a single round (no pairing across layouts).
-    settings = BenchSettings(repeats=repeats, warmup=warmup, min_rounds=1, max_rounds=1, large_batch=False)
-    timed = bench(probed, effective, settings, threads=threads, splits=[(kind, sizes)], over_ranks=True)
-    row = timed.rows[0]
-    plan = probed.plan
+    probed, row, plan = done.probed, done.row, done.probed.plan
     return dataclasses.replace(
         result, max_micro_batch=probed.max_micro_batch, micro_batch=plan.micro_batch,
-        # The peak under the budget (the probe's, at the plan's micro-batch), not the timing run's: that one ran with
-        # the allocators as training has them, whose resident peak is not what the budget bounds.
-        grad_accum_steps=plan.grad_accum_steps, peak_bytes=probed_peak(probed, plan.micro_batch) or row.peak_bytes,
-        samples_per_s=row.samples_per_s,
+        grad_accum_steps=plan.grad_accum_steps, peak_bytes=done.peak_bytes, samples_per_s=row.samples_per_s,
         extra={**result.extra, **estimated, "measured": True, "capped": probed.capped,
                "probe_seconds": round(probed.wall_seconds, 1), "step_seconds_median": row.step_seconds_median},
-        command=launch_command(layout_spec.to_dict(), plan.micro_batch, effective, world, nodes,
-                               device=None if probed.device.startswith("cuda") else probed.device),
+        command=done.command,
         note=result.note if row.samples_per_s else "; ".join(filter(None, [result.note, "measured: the plan's split "
                                                                                         "did not run"])))
+
+
+@dataclass(frozen=True)
+class ProbedAndTimed:
+    """A workload probed for its exact B* and its plan's split timed (:func:`probe_and_time`)."""
+
+    probed: ProbeResult
+    row: SplitMeasurement  # the timed split
+    peak_bytes: int | None  # under the budget, at the plan's micro-batch
+    command: str  # the gaplan train (torchrun) line of the measured plan
+
+
+def probe_and_time(spec: WorkloadSpec, *, device: str, memory_limit: int | None, effective: int,
+                   threads: int | None, settings: BenchSettings, world: int = 1, nodes: int = 1,
+                   over_ranks: bool = False) -> ProbedAndTimed:
+    """``spec`` probed on ``device`` (all ``world`` ranks), then its plan's split timed by the bench with
+    ``settings``: what ``gaplan plan --measure`` records of a layout or a lever row. A probe that finds nothing
+    fits raises :class:`DoesNotFit`; a workload the device cannot run, :class:`GaplanError`."""
+    probed = probe(spec, device=device, memory_limit=memory_limit, effective_batch=effective, world_size=world,
+                   threads=threads)
+    split = candidate_splits(effective, probed.max_micro_batch, world)[0]
+    row = bench(probed, effective, settings, threads=threads, splits=[split], over_ranks=over_ranks).rows[0]
+    plan = probed.plan
+    # The peak under the budget (the probe's, at the plan's micro-batch), not the timing run's: that one ran with the
+    # allocators as training has them, whose resident peak is not what the budget bounds.
+    return ProbedAndTimed(probed, row, probed_peak(probed, plan.micro_batch) or row.peak_bytes,
+                          launch_command(spec.to_dict(), plan.micro_batch, effective, world, nodes,
+                                         device=None if probed.device.startswith("cuda") else probed.device))
