@@ -185,12 +185,6 @@ def spec_from_options(options: dict[str, Any]):
     return spec_from_flat(options, given_on_command_line(ctx) if ctx else ())
 
 
-def memory_limit_from_options(options: dict[str, Any]) -> int | None:
-    from gaplan.workflows.parse_options import memory_limit_of
-
-    return memory_limit_of(options["memory_limit"])
-
-
 def command_line() -> str:
     """This invocation as a shell command, recorded in plan.json so a report says how to reproduce it.
 
