@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from gaplan.cli.options import (
+    OVERWRITE_OPTION,
     batch_by_options,
     command_line,
     data_options,
@@ -35,6 +36,7 @@ from gaplan.core.lines import histogram_lines, token_bench_lines, trial_line
 @batch_by_options
 @data_options
 @click.option("--out", default=None, metavar="DIR", help="Run folder (default reports/bench-<model>-<time>).")
+@OVERWRITE_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object on stdout.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 def bench_command(**options: Any) -> None:

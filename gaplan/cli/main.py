@@ -6,8 +6,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -16,6 +19,7 @@ import click
 from gaplan.cli.bench import bench_command
 from gaplan.cli.estimate import estimate_command
 from gaplan.cli.options import (
+    OVERWRITE_OPTION,
     SEARCH_CAP_OPTION,
     batch_by_options,
     command_line,
@@ -30,6 +34,7 @@ from gaplan.cli.plan import plan_command
 from gaplan.cli.train import train_command
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import GaplanError
+from gaplan.core.interrupt import catching_signals, received
 from gaplan.core.lines import histogram_lines, throughput_line, trial_line
 from gaplan.core.options import OptionError
 from gaplan.core.options import flag as flag_of_name
@@ -37,20 +42,44 @@ from gaplan.core.version import __version__
 from gaplan.runs.folder import REPORT_HTML, REPORT_MD, TOKENS_JSON, path_in
 
 
+def _tell_torchrun(line: str) -> None:
+    """Under torchrun, a rank's one line goes into the error file torchrun reads, so its failure summary names it
+    as the root cause (instead of "To enable traceback see ...")."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        with contextlib.suppress(OSError):
+            with open(path, "w", encoding="utf-8") as handle:
+                json.dump({"message": line, "timestamp": int(time.time())}, handle)
+
+
 class GaplanGroup(click.Group):
     """Turns every :class:`GaplanError` into one line on stderr and exit status 2."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except GaplanError as exc:
-            if ctx.params.get("debug"):  # what raised it, through the exceptions chained to it (a disk fault's writer)
-                click.echo("".join(traceback.format_exception(exc)).rstrip(), err=True)
-            click.echo(f"gaplan: {self._message(exc, ctx)}", err=True)
-            ctx.exit(2)
-        except KeyboardInterrupt:
-            click.echo("gaplan: interrupted", err=True)
-            ctx.exit(130)
+        with catching_signals():
+            try:
+                done = super().invoke(ctx)
+            except GaplanError as exc:
+                if received():  # the signal came first: a trial worker it ended reads as a failure
+                    self._interrupted(ctx)
+                if ctx.params.get("debug"):  # what raised it, through the exceptions chained to it (a disk fault)
+                    click.echo("".join(traceback.format_exception(exc)).rstrip(), err=True)
+                line = f"gaplan: {self._message(exc, ctx)}"
+                if int(os.environ.get("RANK", "0")) == 0:  # under torchrun rank 0 says it; every rank exits 2
+                    click.echo(line, err=True)
+                _tell_torchrun(line)
+                ctx.exit(2)
+            except KeyboardInterrupt:
+                self._interrupted(ctx)
+            if received():  # a signal swallowed on the way (a destructor's, a callback's) is still an interruption
+                self._interrupted(ctx)
+            return done
+
+    @staticmethod
+    def _interrupted(ctx: click.Context) -> None:
+        """SIGINT and SIGTERM end every command alike: one line, exit 130 (a train checkpoints first)."""
+        click.echo(f"gaplan: interrupted ({received() or 'SIGINT'})", err=True)
+        ctx.exit(130)
 
     def _message(self, exc: GaplanError, ctx: click.Context) -> str:
         """The error's line; an option the library named by its field is named by the command's flag for it."""
@@ -115,6 +144,7 @@ def main(debug: bool) -> None:
 @batch_by_options
 @data_options
 @click.option("--out", default=None, metavar="DIR", help="Run folder for plan.json (default reports/probe-<model>-<time>).")
+@OVERWRITE_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of the table.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 def probe(**options: Any) -> None:

@@ -171,6 +171,11 @@ def timing_options(func: Callable) -> Callable:
     return func
 
 
+OVERWRITE_OPTION = click.option(
+    "--overwrite", is_flag=True,
+    help="Replace the run that --out holds: its gaplan files are removed first (the folder's other files are kept). "
+         "Without it, an --out that holds a run is refused.")
+
 SEARCH_CAP_OPTION = click.option("--search-cap", "--max-micro-batch", "search_cap", type=int, default=None,
                                  help="Do not try micro-batches above this (default: the effective batch per "
                                       "device, ceil(E/W): a larger one is never used by the plan).")

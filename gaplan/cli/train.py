@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from gaplan.cli.options import (
+    OVERWRITE_OPTION,
     batch_by_options,
     command_line,
     data_options,
@@ -71,7 +72,9 @@ from gaplan.runs.folder import REPORT_HTML, REPORT_MD, path_in
                                                                 "(config, weights, tokenizer) that transformers loads.")
 @click.option("--merge", is_flag=True, help="With --lora and --save-model: write the adapters merged into the base, "
                                             "a full model for from_pretrained (default: the adapter folder).")
-@click.option("--out", default=None, metavar="DIR", help="Run folder (default reports/train-<model>-<time>).")
+@click.option("--out", default=None, metavar="DIR", help="Run folder (default reports/train-<model>-<time>); one that "
+                                                         "holds a run is refused (--resume continues it).")
+@OVERWRITE_OPTION
 @click.option("--enforce-memory-limit", is_flag=True, help="CPU: train under --memory-limit (default 1 GiB) as the "
                                                            "probe's trials do, so a plan that is too big hits real OOMs.")
 @click.option("--compare", is_flag=True, help="After training, time the plan against other splits and a true "
@@ -125,7 +128,7 @@ def train_command(**options: Any) -> None:
     try:
         run = run_train(spec, run_dir, train_options, device=setup.device, memory_limit=setup.memory_limit, say=say,
                         on_step=bar.step, on_event=bar.write, on_row=lambda row: say(throughput_line(row)),
-                        on_bench_trial=progress.trial, on_bench_start=bench_start)
+                        on_bench_trial=progress.trial, on_bench_start=bench_start, overwrite=setup.overwrite)
     finally:
         bar.close()
         progress.close()

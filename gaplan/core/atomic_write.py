@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from gaplan.core.disk import disk_faults_as_one_line, ensure_room
 from gaplan.core.errors import GaplanError
+from gaplan.core.interrupt import raise_if_interrupted
 
 
 def atomic_write(path: str, write: Callable[[str], object], fsync: bool = False, size: int | None = None,
@@ -21,6 +22,7 @@ def atomic_write(path: str, write: Callable[[str], object], fsync: bool = False,
     calls, becomes a one-line :class:`gaplan.core.disk.WriteFailed` (``what`` names the file in it), another
     ``OSError`` a one-line :class:`GaplanError`; anything else (a bug) goes through.
     """
+    raise_if_interrupted()  # nothing is written once SIGINT or SIGTERM has come (gaplan.core.interrupt)
     directory = os.path.dirname(os.path.abspath(path))
     temp = os.path.join(directory, f".{os.path.basename(path)}.tmp.{os.getpid()}")
     try:

@@ -3,6 +3,7 @@ line before any probe or step runs, and nothing is left half-written. No torch."
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 
@@ -30,3 +31,21 @@ def check_output_file(path: str, what: str) -> None:
     if os.path.isdir(path):
         raise GaplanError(f"{what} {path} is a directory: give the path of the file to write")
     check_writable(os.path.dirname(os.path.abspath(path)), what)
+
+
+def check_path_exists(path: str, what: str) -> None:
+    """``path`` (given as ``what``) exists: else one line that says why not, a link that loops or leads nowhere
+    told apart from a path with nothing there."""
+    if os.path.exists(path):
+        return
+    why = "no such file or folder"
+    if os.path.islink(path):
+        try:
+            os.stat(path)
+        except OSError as exc:
+            why = ("a symbolic link that loops" if exc.errno == errno.ELOOP
+                   else f"a symbolic link to {os.readlink(path)}, which does not exist")
+    elif os.path.lexists(os.path.dirname(os.path.abspath(path))) and not os.path.exists(os.path.dirname(
+            os.path.abspath(path))):
+        why = "a folder on its path is a symbolic link that loops or leads nowhere"
+    raise GaplanError(f"{what} {path}: cannot read it ({why})")

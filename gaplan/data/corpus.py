@@ -7,12 +7,12 @@ probing): the records, the tokenizer against the model's vocabulary, the labels 
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gaplan.core.errors import GaplanError
+from gaplan.core.outputs import check_path_exists
 from gaplan.core.tasks import CAUSAL_LM
 from gaplan.data.readers import Record, read_records
 from gaplan.data.tasks.component import LABEL_FIELD, TARGET_FIELD
@@ -247,8 +247,7 @@ def load_corpus(path: str, *, seq_len: int, vocab_size: int | None, task: str = 
     """
     if long_samples not in LONG_SAMPLES:
         raise GaplanError(f"--long-samples {long_samples}: choose {' or '.join(LONG_SAMPLES)}")
-    if not os.path.exists(path):  # the cheapest mistake first, before a tokenizer is looked for
-        raise GaplanError(f"--data {path}: cannot read it (no such file or folder)")
+    check_path_exists(path, "--data")  # the cheapest mistake first, before a tokenizer is looked for
     tokenizer = load_tokenizer(tokenizer_dir, tokenizer_choice, trust_remote_code)
     tokenizer.check_fits(vocab_size, task)  # before reading: a wrong tokenizer is found fast
     records = read_records(path, text_field, *_second_field(task, label_field, target_field))

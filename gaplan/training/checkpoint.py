@@ -36,10 +36,12 @@ from gaplan.parallel.state import (
     save_sharded_state,
 )
 from gaplan.plan.split import Plan
+from gaplan.runs.claim import remove_temporary_writes
 from gaplan.runs.folder import CHECKPOINT
 from gaplan.training.train_log import truncate_log
 from gaplan.workload.build import Workload, optimizer_state_bytes
 from gaplan.workload.quantize import is_quantized, trainable_state
+from gaplan.workload.spec import SPLIT_ONLY_FIELDS
 from gaplan.workload.state_size import tensor_bytes
 
 
@@ -118,6 +120,66 @@ def checkpoint_position(run_dir: str) -> tuple[int, Plan]:
     """The step a run folder's checkpoint holds and the plan of that step."""
     header = _checkpoint_header(run_dir)
     return int(header["step"]), Plan.from_dict(header["plan"])
+
+
+# What a checkpoint's workload record may differ in from the run's: how a step is split (a resume may change it),
+# and what does not change the trained state (where the starting weights came from, whether a folder's code runs).
+_RECORD_FREE = (*SPLIT_ONLY_FIELDS, "init", "trust_remote_code")
+
+
+def check_checkpoint_record(run_dir: str, spec: dict[str, Any]) -> None:
+    """The checkpoint's own record of its workload (model, task, sequence length, dtype, optimizer, adapters)
+    against the run's (``spec``, from train.json): a checkpoint of another run is one line, before anything is
+    written. A field an older checkpoint does not record is not compared."""
+    record = _checkpoint_header(run_dir).get("workload") or {}
+    for name, value in spec.items():
+        if name in _RECORD_FREE or name not in record or record[name] == value:
+            continue
+        raise GaplanError(f"--resume {run_dir}: {CHECKPOINT} is not this run's: its {name} is {record[name]!r}, "
+                          f"train.json's {value!r} (a checkpoint of another run, copied in?)")
+
+
+def check_checkpoint_fits(run_dir: str, workload: Workload) -> None:
+    """The checkpoint's tensors against the model built for the run and its optimizer: every name and shape, and
+    the optimizer's parameter count and state shapes, checked before anything is written or loaded. (A sharded
+    checkpoint's shards are checked by torch's distributed checkpoint as it loads them.)"""
+    header = _checkpoint_header(run_dir)
+    if header.get("sharded_state"):
+        return
+    expected = {name: tuple(value.shape) for name, value in model_state(workload.model).items()
+                if isinstance(value, torch.Tensor)}
+    saved = {name: tuple(value.shape) for name, value in (header.get("model") or {}).items()
+             if isinstance(value, torch.Tensor)}
+    where = f"--resume {run_dir}: {CHECKPOINT} does not fit the model train.json names"
+    missing, extra = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
+    if missing or extra:
+        name = (missing or extra)[0]
+        count = len(missing or extra)
+        raise GaplanError(f"{where}: {name}{f' and {count - 1} more' if count > 1 else ''} "
+                          f"{'missing from it' if missing else 'in it, not in the model'}")
+    for name, shape in expected.items():
+        if saved[name] != shape:
+            raise GaplanError(f"{where}: {name} is {list(saved[name])} in it, {list(shape)} in the model")
+    _check_optimizer_fits(header.get("optimizer") or {}, workload.optimizer, where)
+
+
+def _check_optimizer_fits(saved: dict[str, Any], optimizer: torch.optim.Optimizer, where: str) -> None:
+    """The saved optimizer's groups hold as many parameters as this one's, and its per-weight states (moments,
+    momentum) have the weights' shapes."""
+    groups = saved.get("param_groups") or []
+    counts = [len(group.get("params", [])) for group in groups]
+    mine = [len(group["params"]) for group in optimizer.param_groups]
+    if counts != mine:
+        raise GaplanError(f"{where}: its optimizer holds {sum(counts)} parameters in {len(counts)} groups, this "
+                          f"run's {sum(mine)} in {len(mine)}")
+    params = [param for group in optimizer.param_groups for param in group["params"]]
+    ids = [index for group in groups for index in group.get("params", [])]
+    for index, param in zip(ids, params, strict=True):
+        for key, value in (saved.get("state") or {}).get(index, {}).items():
+            if key in ("exp_avg", "exp_avg_sq", "momentum_buffer") and isinstance(value, torch.Tensor) \
+                    and tuple(value.shape) != tuple(param.shape):
+                raise GaplanError(f"{where}: its optimizer's {key} of parameter {index} is {list(value.shape)}, "
+                                  f"the parameter {list(param.shape)}")
 
 
 @dataclass
@@ -220,6 +282,8 @@ class RunState:
         self.replanned = state["plan"]["world_size"] != dist.world_size or new_split
         plan = plan if self.replanned else Plan.from_dict(state["plan"])
         truncate_log(self.run_dir, start_step)
+        if dist.rank == 0:  # the checkpoint is known good now: what a write cut off by a kill left beside it goes
+            remove_temporary_writes(run_dir)
         return start_step, plan
 
 

@@ -16,6 +16,7 @@ from gaplan.core.options import from_options
 from gaplan.core.outputs import check_writable
 from gaplan.core.progress import Say, quiet
 from gaplan.data.source import DataSource
+from gaplan.runs.claim import claim_run_folder
 from gaplan.runs.folder import default_run_dir
 from gaplan.workflows.parse_options import (
     check_by_tokens,
@@ -54,6 +55,7 @@ class BenchCommand:
     source: DataSource | None = None  # --data (by tokens); its fields refused without it
     command: str | None = None  # the command line, recorded in plan.json
     out: str | None = None  # None: reports/bench-<model>-<time>
+    overwrite: bool = False  # replace the run that ``out`` holds (its files only), else that is refused
     settings: Any = field(default=None, init=False)  # by samples: the BenchSettings of the timing fields
 
     def __post_init__(self) -> None:
@@ -113,6 +115,15 @@ def run_bench_command(command: BenchCommand, *, say: Say = quiet, on_trial: Call
     :func:`gaplan.workflows.bench.probe_and_bench`; by tokens a
     :class:`gaplan.workflows.bench_tokens.TokenBenchResult`. The run folder is checked before any work."""
     check_writable(command.out)
+    inputs = [command.plan_file] if command.plan_file else []
+    with claim_run_folder(command.out, "bench", overwrite=command.overwrite, inputs=inputs):
+        return _run_bench_command(command, say=say, on_trial=on_trial, on_bench_trial=on_bench_trial,
+                                  on_start=on_start, on_profile=on_profile, on_run=on_run)
+
+
+def _run_bench_command(command: BenchCommand, *, say: Say, on_trial: Callable | None,
+                       on_bench_trial: Callable | None, on_start: Callable | None, on_profile: Callable | None,
+                       on_run: Callable | None):
     if command.by_tokens:
         from gaplan.workflows.bench_tokens import run_token_bench
 

@@ -15,6 +15,7 @@ from gaplan.core.options import from_options
 from gaplan.core.outputs import check_writable
 from gaplan.core.progress import Say, quiet
 from gaplan.data.source import DataSource
+from gaplan.runs.claim import claim_run_folder
 from gaplan.runs.folder import default_run_dir
 from gaplan.workflows.parse_options import (
     check_by_tokens,
@@ -50,6 +51,7 @@ class ProbeCommand:
     source: DataSource | None = None  # --data (by tokens, or goodput's measuring run); its fields refused without it
     emit: str | None = None  # "hf": the plan as TrainingArguments to paste
     out: str | None = None  # the run folder (None: reports/probe-<model>-<time>)
+    overwrite: bool = False  # replace the run that ``out`` holds (its files only), else that is refused
     ranks: int = field(default=1, init=False)  # processes each trial runs (the world size under FSDP)
 
     def __post_init__(self) -> None:
@@ -129,6 +131,14 @@ def run_probe_command(command: ProbeCommand, *, say: Say = quiet, on_trial: Call
     :class:`gaplan.workflows.probe_tokens.TokenProbeRun` by tokens. The run folder is checked before any work."""
     out = command.out
     check_writable(out)
+    with claim_run_folder(out, "probe", overwrite=command.overwrite):
+        return _run_probe_command(command, say=say, on_trial=on_trial, on_row=on_row, on_bench_trial=on_bench_trial,
+                                  on_bench_start=on_bench_start, on_profile=on_profile)
+
+
+def _run_probe_command(command: ProbeCommand, *, say: Say, on_trial: Callable | None, on_row: Callable | None,
+                       on_bench_trial: Callable | None, on_bench_start: Callable | None, on_profile: Callable | None):
+    out = command.out
     probe = command.probe
     if command.by_tokens:
         from gaplan.workflows.probe_tokens import run_token_probe

@@ -50,13 +50,34 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
               memory_limit: int | None = None, say: Say = quiet, on_step: Callable[[Any], None] | None = None,
               on_event: Say | None = None, on_row: Callable[[Any], None] | None = None,
               on_bench_trial: Callable[[int, str, float | None], None] | None = None,
-              on_bench_start: Callable[[Any], None] | None = None) -> TrainRun:
+              on_bench_start: Callable[[Any], None] | None = None, overwrite: bool = False) -> TrainRun:
     """Plan (from ``--plan``, ``--micro-batch``, the cache or a new probe), train, and with ``compare`` bench and report.
 
     Under torchrun every rank calls this; the first process of each node probes for its node,
     all ranks plan with the smallest B* of any node, and only rank 0 writes the run folder's files
-    (``TrainRun.is_main``).
+    (``TrainRun.is_main``). Rank 0 holds the run folder as its only writer throughout
+    (:func:`gaplan.runs.claim.claim_run_folder`): a folder that holds another run is refused before any work, unless
+    this continues it (``options.resume``) or ``overwrite`` replaces it.
     """
+    from gaplan.runs.claim import check_run_folder, claim_run_folder
+
+    check_before_work(spec, run_dir, options)
+    resume = options.resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # a restart goes on
+    inputs = [options.plan_file] if options.plan_file else []
+    if int(os.environ.get("RANK", "0")) != 0:  # rank 0 holds the folder; the others only check it, as it does
+        if not resume:
+            check_run_folder(run_dir, "train", overwrite=overwrite)
+        return _train(spec, run_dir, options, device, memory_limit, say, on_step, on_event, on_row, on_bench_trial,
+                      on_bench_start)
+    with claim_run_folder(run_dir, "train", overwrite=overwrite, resume=resume, inputs=inputs):
+        return _train(spec, run_dir, options, device, memory_limit, say, on_step, on_event, on_row, on_bench_trial,
+                      on_bench_start)
+
+
+def _train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, device: str, memory_limit: int | None, say: Say,
+           on_step: Callable[[Any], None] | None, on_event: Say | None, on_row: Callable[[Any], None] | None,
+           on_bench_trial: Callable[[int, str, float | None], None] | None,
+           on_bench_start: Callable[[Any], None] | None) -> TrainRun:
     import torch
 
     from gaplan.devices.backend import resolve_device
@@ -64,7 +85,6 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
     from gaplan.training.config import TrainConfig
     from gaplan.training.loop import train
 
-    check_before_work(spec, run_dir, options)
     device = resolve_device(device)
     formed_here = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     dist = init_distributed(device)
@@ -78,7 +98,7 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
                           "torchrun --nproc-per-node N -m gaplan train ... (N at least 2)")
     is_main = dist.rank == 0
     main_say = say if is_main else quiet
-    saved = saved_position(run_dir, options) if options.resume else None  # the checkpoint's step and plan
+    saved = saved_position(run_dir, spec, options) if options.resume else None  # the checkpoint's step and plan
     options, restart = _after_an_oom_restart(spec, run_dir, options, dist, main_say)
     if dist.active and device == "cpu" and memory_limit is not None:
         main_say(f"each of the {dist.world_size} ranks has its own {memory_limit / 2**30:.2f} GiB budget "
@@ -96,6 +116,10 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
         say_split(saved[1], plan, changed, dist.world_size, main_say)
     meter = _memory_meter(spec, options, device, memory_limit, main_say)
     workload = _build(spec, options, device, dist, main_say)
+    if options.resume:  # the checkpoint's tensors against this model, before any file of the run is written
+        from gaplan.training.checkpoint import check_checkpoint_fits
+
+        check_checkpoint_fits(run_dir, workload)
     corpus = _check_corpus(corpus, spec, options, workload)
     if not options.token_budget:  # by tokens, the micro-batches are packed anew each step (said below)
         main_say(f"plan{' at the top of the schedule' if schedule is not None else ''}: {plan.describe()}")

@@ -34,8 +34,11 @@ class TrainCommand:
     resume: str | None = None  # a run folder to continue from its checkpoint
     out: str | None = None  # None: reports/train-<model>-<time>
     given: frozenset[str] = frozenset()  # with resume: the options given again (by name)
+    overwrite: bool = False  # replace the run that ``out`` holds (its files only), else that is refused
 
     def __post_init__(self) -> None:
+        if self.overwrite and self.resume is not None:
+            raise GaplanError("--overwrite replaces a run and --resume continues one: give one")
         if self.token_plan is not None:  # the options hold the budget it gives: it needs tokens, and no budget
             if self.options.batch_by != "tokens":
                 raise GaplanError("--token-plan needs --batch-by tokens")
@@ -58,7 +61,7 @@ class TrainCommand:
         train_options = TrainOptions.from_flat(options, resume=False, command=command)
         return cls(spec=spec, options=train_options, device=options.get("device") or "auto",
                    memory_limit=memory_limit, token_plan=options.get("token_plan"), resume=options.get("resume"),
-                   out=options.get("out"), given=frozenset(given))
+                   out=options.get("out"), given=frozenset(given), overwrite=bool(options.get("overwrite")))
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class TrainSetup:
     options: TrainOptions
     device: str
     memory_limit: int | None
+    overwrite: bool = False
 
 
 def prepare_train(command: TrainCommand, *, say: Say = quiet) -> TrainSetup:
@@ -99,4 +103,4 @@ def prepare_train(command: TrainCommand, *, say: Say = quiet) -> TrainSetup:
         budget = token_budget_from_plan(command.token_plan, spec, resolve_device(device), memory_limit)
         say(f"token plan {command.token_plan}: {budget.describe()}")
         options = dataclasses.replace(options, token_budget=budget.token_budget)
-    return TrainSetup(spec, command.run_dir, options, device, memory_limit)
+    return TrainSetup(spec, command.run_dir, options, device, memory_limit, command.overwrite)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from gaplan.core.errors import GaplanError
+from gaplan.core.outputs import check_path_exists
 from gaplan.core.progress import Say
 from gaplan.data.source import DataSource
 from gaplan.workload.spec import WorkloadSpec, model_source_kind
@@ -48,8 +49,7 @@ def read_data_lengths(spec: WorkloadSpec, source: DataSource, say: Say):
     from gaplan.workload.build import model_shape
 
     _check_data_applies(spec)
-    if not os.path.exists(source.path):  # as load_corpus says it, before anything is looked up
-        raise GaplanError(f"--data {source.path}: cannot read it (no such file or folder)")
+    check_path_exists(source.path, "--data")  # as load_corpus says it, before anything is looked up
     task, seq_len, vocab_size, _ = model_shape(spec)
     source.check_applies(task)
     cached = load_lengths(_lengths_cache(spec, source, task, seq_len), source.path)

@@ -82,7 +82,7 @@ def scaled_for_goodput_plan(spec: WorkloadSpec, probed: ProbeResult | None, effe
 def batch_schedule_for(spec: WorkloadSpec, options: TrainOptions, plan: Plan, say: Say) -> BatchSchedule | None:
     """The run's batch schedule (None: fixed), between ``--effective-batch-min`` (default B* x world size) and the
     plan's effective batch."""
-    kind, _ = parse_schedule(options.batch_schedule)
+    kind, steps = parse_schedule(options.batch_schedule)
     if kind == "fixed":
         return None
     minimum = options.effective_batch_min or min(plan.micro_batch_cap * plan.world_size, plan.effective_batch)
@@ -96,6 +96,10 @@ def batch_schedule_for(spec: WorkloadSpec, options: TrainOptions, plan: Plan, sa
     if not options.resume:
         say(f"batch schedule {options.batch_schedule}: effective batch {' -> '.join(map(str, schedule.levels))}"
             f"{' (by the noise scale)' if kind == 'adaptive' else ''}, micro-batch at most {plan.micro_batch_cap}")
+    if kind == "warmup" and steps > options.steps:  # legal (a resume may extend the run), but never silent
+        say(f"batch schedule {options.batch_schedule} is longer than the run's {options.steps} steps: it ends at "
+            f"effective batch {schedule.ramp_batch(options.steps - 1)}, not {plan.effective_batch} (--steps {steps} or "
+            "more reaches it)")
     return schedule
 
 

@@ -14,13 +14,14 @@ from typing import Any
 
 from gaplan.core.atomic_write import atomic_write_text
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import get_path, leaf_fields, option_name, replace_path
+from gaplan.core.options import OptionError, get_path, leaf_fields, option_name, replace_path
+from gaplan.core.outputs import check_path_exists
 from gaplan.core.progress import Say
 from gaplan.data.source import reads_as
 from gaplan.plan.split import Plan
 from gaplan.runs.folder import CHECKPOINT, TRAIN_JSON, path_in
 from gaplan.workflows.train_options import TrainOptions, resume_marks
-from gaplan.workload.spec import WorkloadSpec
+from gaplan.workload.spec import SPLIT_ONLY_FIELDS, WorkloadSpec
 
 
 def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Mapping[str, Any],
@@ -35,16 +36,22 @@ def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Map
     the old card) is dropped, so the resumed run re-plans (a cached probe of the new setting, or a new probe).
     Returns the spec, the options and the saved environment (device, memory limit).
     """
+    check_path_exists(run_dir, "--resume")  # a link that loops is not "no checkpoint in it"
     if not os.path.isfile(path_in(run_dir, CHECKPOINT)):  # before anything else: nothing to resume from
         raise GaplanError(f"--resume {run_dir}: no {CHECKPOINT} in it")
     path = path_in(run_dir, TRAIN_JSON)
     marks = resume_marks()
+    section = "workload"
     try:
         with open(path, encoding="utf-8") as handle:
             saved = json.load(handle)
         spec = WorkloadSpec(**saved["workload"])
+        section = "options"
         options = TrainOptions.from_flat({k: v for k, v in saved["options"].items() if k in marks})
         options = dataclasses.replace(options, source=options.source.without_defaults())
+    except OptionError as exc:  # a value in the file, named by its key there: the user gave no such flag
+        raise GaplanError(f"--resume {run_dir}: {TRAIN_JSON} holds a value that cannot be used: "
+                          + exc.for_cli(lambda name: f'"{section}"."{name}"')) from None
     except FileNotFoundError:
         raise GaplanError(f"--resume {run_dir}: no {TRAIN_JSON} in it (not a gaplan train run folder)") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -72,11 +79,6 @@ def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Map
     return spec, dataclasses.replace(options, resume=True), environment
 
 
-# What a resumed run may change, for it changes how a step is split or run, not the step: the workload's memory settings here,
-# and the options marked "free" with the device and the budget (train.json's environment).
-SPLIT_ONLY_FIELDS = ("grad_checkpointing", "attention", "parallel", "cpu_offload", "grad_sync", "compile")
-
-
 def new_split(run_dir: str, spec: WorkloadSpec, options: TrainOptions, device: str,
               memory_limit: int | None) -> list[str]:
     """What differs, of what sets the split, between the run as started in ``run_dir`` and this resume of it: names
@@ -98,11 +100,12 @@ def save_settings(run_dir: str, spec: WorkloadSpec, options: TrainOptions, devic
     atomic_write_text(path_in(run_dir, TRAIN_JSON), json.dumps(data, indent=2) + "\n")
 
 
-def saved_position(run_dir: str, options: TrainOptions) -> tuple[int, Plan]:
-    """The step and the plan the checkpoint in ``run_dir`` holds (its header read once); ``--steps`` below that step
-    is refused (before anything is written)."""
-    from gaplan.training.checkpoint import checkpoint_position
+def saved_position(run_dir: str, spec: WorkloadSpec, options: TrainOptions) -> tuple[int, Plan]:
+    """The step and the plan the checkpoint in ``run_dir`` holds; a checkpoint whose own record of its workload is
+    not ``spec``'s, and ``--steps`` below its step, are refused (before anything is written)."""
+    from gaplan.training.checkpoint import check_checkpoint_record, checkpoint_position
 
+    check_checkpoint_record(run_dir, spec.to_dict())
     done, saved = checkpoint_position(run_dir)
     if options.steps < done:
         raise GaplanError(f"--resume {run_dir}: --steps {options.steps} is below the {done} steps the run has done "

@@ -24,6 +24,10 @@ INITS = ("auto", "pretrained", "random")  # auto: the folder's weights when it h
 OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw-8bit", "adafactor", "lion", "sgd")
 SHARDED_OPTIMIZERS = ("adamw", "sgd")  # what --parallel fsdp trains with: the others keep states FSDP2 does not shard
 LOSSES = ("plain", "chunked")  # --loss plain | chunked[:TOKENS] (gaplan.workload.chunked_loss)
+
+# The fields that set how a step is split or run, not the step: memory and speed, not the math (both losses are
+# token-exact), so a resumed run may change them (and re-plans). docs/resume.md has the table.
+SPLIT_ONLY_FIELDS = ("grad_checkpointing", "attention", "parallel", "cpu_offload", "grad_sync", "compile", "loss")
 DEFAULT_MODEL = "tiny-gpt2"
 
 # Presets train without dropout (as most LLM pre-training does): accumulation over any split

@@ -1,0 +1,185 @@
+"""Who may write a run folder: one run a folder, one writer at a time. No torch.
+
+A command that writes a run folder claims it first (:func:`claim_run_folder`): the folder as it resolves (symlinks,
+``..``) is locked with an OS lock (``flock`` on the folder itself, so nothing is left in it, and the kernel
+releases it when the process ends, however it ends), then checked: a folder that already holds a run's files is
+refused in one line, unless the command continues that run (``--resume``) or was told ``--overwrite`` (then the
+old run's files are removed, and only those). A probe or a bench never writes into a train run's folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+from collections.abc import Iterator
+
+from gaplan.core.errors import GaplanError
+from gaplan.runs import folder
+
+# Every file name gaplan writes into a run folder (the shards of FSDP checkpoints by their prefix).
+RUN_FILE_NAMES = frozenset(
+    value for name, value in vars(folder).items()
+    if name.isupper() and isinstance(value, str) and "." in value and name not in ("REPORTS_ROOT",)
+)
+TRAIN_RUN_FILES = (folder.TRAIN_JSON, folder.CHECKPOINT)  # what makes a folder a train run's
+
+
+def run_files_in(directory: str) -> list[str]:
+    """The names in ``directory`` that gaplan writes (its run files, FSDP shard folders and the temporary files of
+    a write that was cut off), sorted; empty for a folder that does not exist."""
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(name for name in names if name in RUN_FILE_NAMES or name.startswith(folder.SHARDED_STATE_PREFIX)
+                  or is_temporary_write(name))
+
+
+def is_temporary_write(name: str) -> bool:
+    """``.<run file>.tmp.<pid>``: what :func:`gaplan.core.atomic_write.atomic_write` writes before its rename."""
+    if not name.startswith("."):
+        return False
+    base, sep, pid = name[1:].rpartition(".tmp.")
+    return bool(sep) and pid.isdigit() and (base in RUN_FILE_NAMES or base.startswith(folder.SHARDED_STATE_PREFIX))
+
+
+def check_run_folder(out: str, command: str, *, overwrite: bool = False, what: str = "--out") -> list[str]:
+    """Refuse ``out`` when it holds a run that ``command`` (``train``, ``probe``, ``bench``) would replace, unless
+    ``overwrite``; a probe or bench never replaces a train run. Returns the run's files that ``overwrite`` removes."""
+    found = run_files_in(os.path.realpath(out))
+    if not found:
+        return []
+    shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    is_train_run = any(name in found for name in TRAIN_RUN_FILES)
+    if is_train_run and command != "train":
+        raise GaplanError(f"{what} {out} holds a train run ({shown}): a {command} never writes into one; give a "
+                          f"fresh {what}")
+    if overwrite:
+        return found
+    go_on = f"continue it with gaplan train --resume {out}, " if is_train_run else ""
+    raise GaplanError(f"{what} {out} already holds a run ({shown}): {go_on}give a fresh {what}, or add --overwrite "
+                      "to replace it")
+
+
+def remove_run_files(directory: str, names: list[str]) -> None:
+    """Remove the run files ``names`` from ``directory`` (``--overwrite``): gaplan's files, never the user's."""
+    for name in names:
+        path = os.path.join(directory, name)
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+
+
+def remove_temporary_writes(directory: str) -> list[str]:
+    """Remove the temporary files that writes cut off by a kill left in ``directory``; their names. Call it only
+    while holding the folder (no other writer), once the files they would have replaced are known good."""
+    stale = [name for name in run_files_in(directory) if is_temporary_write(name)]
+    remove_run_files(directory, stale)
+    return stale
+
+
+# Folders this process holds: realpath -> [descriptor, depth]. A command that writes a folder it already holds (a
+# train's --compare benches into its own run folder) takes it again, not a second lock that would wait for itself.
+_held: dict[str, list[int]] = {}
+
+
+@contextlib.contextmanager
+def hold_run_folder(out: str, what: str = "--out") -> Iterator[str]:
+    """Hold ``out`` as its only writer while the block runs: the folder is made if missing (and removed again if
+    the block leaves it empty), locked, and its resolved path yielded. Another process holding it is one line that
+    names that process. Without ``fcntl`` (Windows) nothing is locked."""
+    real = os.path.realpath(out)
+    if real in _held:
+        _held[real][1] += 1
+        try:
+            yield real
+        finally:
+            _held[real][1] -= 1
+        return
+    made = not os.path.exists(real)
+    try:
+        os.makedirs(real, exist_ok=True)
+    except OSError as exc:
+        raise GaplanError(f"{what} {out}: cannot make the folder ({exc.strerror or exc})") from None
+    descriptor = _lock(real, out, what, made)
+    _held[real] = [descriptor, 1]
+    try:
+        yield real
+    finally:
+        del _held[real]
+        if made:  # a command that wrote nothing leaves no folder behind
+            with contextlib.suppress(OSError):
+                os.rmdir(real)
+        if descriptor >= 0:
+            os.close(descriptor)  # closing the descriptor releases the lock
+
+
+def _lock(real: str, out: str, what: str, made: bool) -> int:
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock
+        return -1
+    descriptor = os.open(real, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(descriptor)
+        if made:
+            with contextlib.suppress(OSError):
+                os.rmdir(real)
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise GaplanError(f"{what} {out}: cannot lock the folder ({exc.strerror or exc})") from None
+        raise GaplanError(f"{what} {out} is being written by {holder_of(real)}: wait for it to end, or give "
+                          f"another {what}") from None
+    return descriptor
+
+
+def holder_of(path: str) -> str:
+    """Which process holds the ``flock`` on ``path``, as ``process PID (its command line)``, read from
+    ``/proc/locks``; ``another process`` where that cannot be read (not Linux)."""
+    try:
+        stat = os.stat(path)
+        device = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+        with open("/proc/locks", encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return "another process"
+    for line in lines:
+        parts = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"
+        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == device and parts[4].isdigit():
+            pid = int(parts[4])
+            return f"process {pid}" + (f" ({command})" if (command := _command_line(pid)) else "")
+    return "another process"
+
+
+def _command_line(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            words = handle.read().split(b"\0")
+    except OSError:
+        return ""
+    text = " ".join(" ".join(word.decode(errors="replace").split()) for word in words if word)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+@contextlib.contextmanager
+def claim_run_folder(out: str, command: str, *, overwrite: bool = False, resume: bool = False,
+                     inputs: list[str] | tuple[str, ...] = (), what: str = "--out") -> Iterator[str]:
+    """Hold ``out`` (:func:`hold_run_folder`) and check it (:func:`check_run_folder`; skipped for a run that is
+    continued); with ``overwrite`` the old run's files are removed first, unless one of them is among the command's
+    ``inputs`` (a ``--plan`` read from the folder it would empty). Yields the resolved path."""
+    with hold_run_folder(out, what) as real:
+        if not resume and _held[real][1] == 1:  # a nested claim (a train's --compare) writes its own folder
+            old = check_run_folder(out, command, overwrite=overwrite, what=what)
+            read = {os.path.realpath(path) for path in inputs}
+            for name in old:
+                if os.path.join(real, name) in read:
+                    raise GaplanError(f"--overwrite would remove {name} of {out}, which this command reads: copy it "
+                                      f"out of the folder first, or give a fresh {what}")
+            remove_run_files(real, old)
+        yield real
