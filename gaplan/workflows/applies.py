@@ -46,6 +46,8 @@ TRAIN_SCOPES = (
     Scope("--quantize", "`--lora` (QLoRA)", ("--quantize", "4bit")),
     Scope("--loss", "`chunked`: tasks `causal-lm` and `seq2seq-lm` (`plain` everywhere)",
           ("--model", "tiny-bert-cls", "--loss", "chunked")),
+    Scope("--overwrite", "without `--resume` (it replaces a run, `--resume` continues one)",
+          ("--resume", "reports/run", "--overwrite")),
 )
 
 
