@@ -88,13 +88,25 @@ def load_run(run_dir: str) -> RunData:
         trials=trials_frame(plan.get("trials") or []),
         throughput=read_table(run_dir, THROUGHPUT),
         breakdown=read_table(run_dir, BREAKDOWN),
-        train_log=read_table(run_dir, TRAIN_LOG),
+        train_log=_one_run_log(run_dir, read_table(run_dir, TRAIN_LOG)),
         tokens=read_tokens_json(tokens_path) if os.path.isfile(tokens_path := path_in(run_dir, TOKENS_JSON)) else None,
         loss_check=read_loss_check_json(check_path) if os.path.isfile(check_path := path_in(run_dir, LOSS_CHECK_JSON))
         else None,
         bench=read_bench_json(bench_path) if os.path.isfile(bench_path := path_in(run_dir, BENCH_JSON)) else None,
         enforced_budget=_enforced_budget(path_in(run_dir, TRAIN_JSON)),
     )
+
+
+def _one_run_log(run_dir: str, log: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The training log, refused where its steps do not count up one by one (two writers mixed into it)."""
+    if not has_rows(log) or "step" not in log:
+        return log
+    steps = [int(step) for step in log["step"]]
+    for index, (before, after) in enumerate(zip(steps, steps[1:], strict=False)):
+        if after != before + 1:
+            raise GaplanError(f"{run_dir}: {TRAIN_LOG.name} is not one run's log: step {after} follows step {before} "
+                              f"(line {index + 3}); two runs wrote into the folder")
+    return log
 
 
 def _enforced_budget(path: str) -> bool | None:

@@ -13,6 +13,7 @@ a report can be made on any machine from a copied folder.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ from gaplan.report.document import write_pages
 from gaplan.report.load import has_rows, load_run
 from gaplan.report.sections import report_blocks
 from gaplan.report.training_report import report_title
+from gaplan.runs.claim import hold_run_folder
 from gaplan.runs.folder import (
     BREAKDOWN_PNG,
     LENGTHS_PNG,
@@ -59,8 +61,16 @@ def write_report(run_dir: str) -> ReportFiles:
 
     A folder of ``--batch-by tokens`` (with ``tokens.json``) also gets the lengths histogram and its section.
 
-    The memory chart needs probe trials: a plan made with ``--micro-batch`` gets none.
+    The memory chart needs probe trials: a plan made with ``--micro-batch`` gets none. The folder is held as its
+    only writer meanwhile (:func:`gaplan.runs.claim.hold_run_folder`): a run still writing it is one line.
     """
+    if not os.path.isdir(run_dir):
+        return _write_report(run_dir)  # load_run says what is wrong with it
+    with hold_run_folder(run_dir, what="run folder"):
+        return _write_report(run_dir)
+
+
+def _write_report(run_dir: str) -> ReportFiles:
     run = load_run(run_dir)
     written: list[str] = []
 

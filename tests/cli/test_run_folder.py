@@ -244,4 +244,28 @@ def test_a_refusal_under_torchrun_is_one_line_and_the_root_cause_of_torchruns_su
     assert [text for text in done.stderr.splitlines() if text.startswith("gaplan:")] == [line]
     root_cause = done.stderr.split("Root Cause")[1]
     assert f"traceback : {line}" in root_cause and "exitcode  : 2" in root_cause
+    with open(os.path.join(REPO_ROOT, "docs", "run-folder.md"), encoding="utf-8") as handle:
+        page = handle.read()
+    assert f"    {line}\n" in page and f"      traceback : {line}\n" in page and "Root Cause (first observed" in page
     assert snapshot(run) == before
+
+
+def test_report_refuses_a_folder_a_run_is_writing(tmp_path):
+    (tmp_path / "plan.json").write_text(json.dumps({"model": "tiny-gpt2", "plan": {"effective_batch": 8}}))
+    holding = subprocess.Popen([sys.executable, "-c", "import time\nfrom gaplan.runs.claim import hold_run_folder\n"
+                                f"with hold_run_folder({str(tmp_path)!r}):\n    print('held', flush=True)\n"
+                                "    time.sleep(60)\n"], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holding.stdout.readline().strip() == "held"
+        refused(gaplan("report", str(tmp_path)), f"run folder {tmp_path} is being written by process {holding.pid}")
+    finally:
+        holding.kill()
+        holding.wait()
+        holding.stdout.close()
+
+
+@pytest.mark.slow
+def test_report_refuses_a_log_that_two_runs_wrote(run):
+    log = (run / "train_log.csv").read_text().splitlines()
+    (run / "train_log.csv").write_text("\n".join([*log, log[1]]) + "\n")  # step 1 again after step 1
+    refused(gaplan("report", str(run)), "train_log.csv is not one run's log: step 1 follows step 1")

@@ -134,3 +134,15 @@ def test_cut_off_writes_are_removed_and_nothing_else(tmp_path):
         (tmp_path / name).write_text("x")
     assert remove_temporary_writes(str(tmp_path)) == [".checkpoint.pt.tmp.99999"]
     assert sorted(os.listdir(tmp_path)) == [".notes.tmp.3", "checkpoint.pt", "notes.txt"]
+
+
+def test_the_run_folder_page_quotes_the_refusal_as_it_is(tmp_path, monkeypatch):
+    with open(os.path.join(REPO_ROOT, "docs", "run-folder.md"), encoding="utf-8") as handle:
+        page = handle.read()
+    monkeypatch.chdir(tmp_path)
+    os.makedirs("reports/run")
+    for name in ("checkpoint.pt", "loss_check.json", "plan.json", "train.json", "train_log.csv"):
+        open(os.path.join("reports/run", name), "w").close()
+    with pytest.raises(GaplanError) as refusal:
+        check_run_folder("reports/run", "train")
+    assert f"    gaplan: {refusal.value}\n" in page
