@@ -48,13 +48,24 @@ def refused(result, *fragments):
     return lines[0]
 
 
+def train_into(root, name, *extra):
+    result = gaplan(*TRAIN, "--steps", "1", "--out", str(root / name), *extra)
+    assert result.exit_code == 0, result.output
+    return root / name
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A 1-step run of tiny-gpt2 at seq 16, and checkpoints of two other runs: tiny-llama, and tiny-gpt2 at seq 32."""
-    root = tmp_path_factory.mktemp("runs")
-    for name, extra in (("run", []), ("llama", ["--model", "tiny-llama"]), ("seq32", ["--seq-len", "32"])):
-        result = gaplan(*TRAIN, "--steps", "1", "--out", str(root / name), *extra)
-        assert result.exit_code == 0, result.output
+    """A 1-step run of tiny-gpt2 at seq 16."""
+    return train_into(tmp_path_factory.mktemp("runs"), "run").parent
+
+
+@pytest.fixture(scope="module")
+def other_runs(tmp_path_factory):
+    """Checkpoints of two other runs: tiny-llama, and tiny-gpt2 at seq 32."""
+    root = tmp_path_factory.mktemp("others")
+    train_into(root, "llama", "--model", "tiny-llama")
+    train_into(root, "seq32", "--seq-len", "32")
     return root
 
 
@@ -100,6 +111,7 @@ def test_overwrite_replaces_the_run_whole_and_keeps_the_users_files(run):
     refused(gaplan(*TRAIN, "--resume", str(run), "--overwrite"), "--overwrite replaces a run and --resume continues one")
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_a_second_writer_is_refused_while_a_run_trains(tmp_path):
     """A real second writer: ``--resume`` of a run that is still training, and the same command started again."""
@@ -126,11 +138,12 @@ def test_a_second_writer_is_refused_while_a_run_trains(tmp_path):
     assert json.loads((live / "train.json").read_text())["options"]["steps"] == 400
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.parametrize("other, says", [("llama", "its model is 'tiny-llama', train.json's 'tiny-gpt2'"),
                                          ("seq32", "its seq_len is 32, train.json's 16")])
-def test_a_checkpoint_of_another_run_is_refused_before_anything_is_written(run, trained, other, says):
-    shutil.copy(trained / other / "checkpoint.pt", run / "checkpoint.pt")
+def test_a_checkpoint_of_another_run_is_refused_before_anything_is_written(run, other_runs, other, says):
+    shutil.copy(other_runs / other / "checkpoint.pt", run / "checkpoint.pt")
     before = snapshot(run)
     refused(gaplan("train", "--resume", str(run), "--steps", "2"), "checkpoint.pt is not this run's", says)
     assert snapshot(run) == before
@@ -209,10 +222,16 @@ def signalled(args, sig, after_line, delay, out):
 PROBE = ["probe", "--seq-len", "16", "--memory-limit", "256MiB", "--threads", "1", "--no-seed-from-estimate"]
 
 
+MOMENTS = [("probing", 0.0), ("probing", 1.0), ("micro-batch", 0.2)]
+SIGNALS_AT = [pytest.param(sig, after, delay, marks=[] if (sig, delay) == (signal.SIGTERM, 0.0) else [pytest.mark.heavy],
+                           id=f"{signal.Signals(sig).name.lower()}-{name}")
+              for sig in (signal.SIGINT, signal.SIGTERM)
+              for (after, delay), name in zip(MOMENTS, ("at-the-workers-start", "a-second-in", "between-trials"),
+                                              strict=True)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
-@pytest.mark.parametrize("after, delay", [("probing", 0.0), ("probing", 1.0), ("micro-batch", 0.2)],
-                         ids=["at-the-workers-start", "a-second-in", "between-trials"])
+@pytest.mark.parametrize("sig, after, delay", SIGNALS_AT)
 def test_a_signal_ends_a_probe_in_one_line_and_writes_nothing(tmp_path, sig, after, delay):
     code, err, out = signalled(PROBE, sig, after, delay, tmp_path / "p")
     assert code == 130, err
@@ -221,6 +240,7 @@ def test_a_signal_ends_a_probe_in_one_line_and_writes_nothing(tmp_path, sig, aft
     assert not (tmp_path / "p").exists()  # nothing half-written: not even the folder
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
 def test_a_signal_ends_a_bench_in_one_line(tmp_path, sig):
@@ -231,6 +251,7 @@ def test_a_signal_ends_a_bench_in_one_line(tmp_path, sig):
     assert "Traceback" not in err
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_a_refusal_under_torchrun_is_one_line_and_the_root_cause_of_torchruns_summary(run):
