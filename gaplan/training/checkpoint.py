@@ -26,6 +26,7 @@ import torch
 from gaplan.core.atomic_write import atomic_write
 from gaplan.core.disk import WriteFailed, ensure_room
 from gaplan.core.errors import GaplanError, one_line
+from gaplan.data.source import reads_as
 from gaplan.parallel.fsdp import is_sharded
 from gaplan.parallel.process_group import Distributed
 from gaplan.parallel.state import (
@@ -127,15 +128,20 @@ def checkpoint_position(run_dir: str) -> tuple[int, Plan]:
 _RECORD_FREE = (*SPLIT_ONLY_FIELDS, "init", "trust_remote_code")
 
 
-def check_checkpoint_record(run_dir: str, spec: dict[str, Any]) -> None:
-    """The checkpoint's own record of its workload (model, task, sequence length, dtype, optimizer, adapters)
-    against the run's (``spec``, from train.json): a checkpoint of another run is one line, before anything is
-    written. A field an older checkpoint does not record is not compared."""
-    record = _checkpoint_header(run_dir).get("workload") or {}
-    for name, value in spec.items():
-        if name in _RECORD_FREE or name not in record or record[name] == value:
-            continue
-        raise GaplanError(f"--resume {run_dir}: {CHECKPOINT} is not this run's: its {name} is {record[name]!r}, "
+def check_checkpoint_record(run_dir: str, spec: dict[str, Any], data: dict[str, Any]) -> None:
+    """The checkpoint's own record of its workload (model, task, sequence length, dtype, optimizer, adapters) and
+    its data (the file, the tokenizer, the fields read) against the run's (``spec`` and ``data``, from train.json):
+    a checkpoint of another run is one line, before anything is written. A field an older checkpoint does not
+    record is not compared; a data field is compared by what it reads as (None: its default)."""
+    header = _checkpoint_header(run_dir)
+    record, read = header.get("workload") or {}, header.get("data") or {}
+    differ = [(name, record[name], value) for name, value in spec.items()
+              if name not in _RECORD_FREE and name in record and record[name] != value]
+    differ += [("data" if name == "path" else name, reads_as(name, read[name]), reads_as(name, value))
+               for name, value in data.items() if name in read and reads_as(name, read[name]) != reads_as(name, value)]
+    if differ:
+        name, saved, value = differ[0]
+        raise GaplanError(f"--resume {run_dir}: {CHECKPOINT} is not this run's: its {name} is {saved!r}, "
                           f"train.json's {value!r} (a checkpoint of another run, copied in?)")
 
 
@@ -195,6 +201,7 @@ class RunState:
     saved_step: int | None = None  # the step the run folder's checkpoint holds (None: none of this run)
     loop_state: dict[str, Any] | None = None  # what the loop keeps besides (a batch schedule, the noise scale's EMAs)
     replanned: bool = False  # restored onto the caller's plan (a new split), not the checkpoint's
+    data: dict[str, Any] | None = None  # the data source's fields, recorded beside the workload's
 
     def save(self, step: int, plan: Plan, loop_state: dict[str, Any] | None = None) -> None:
         """Checkpoint ``step`` (a collective), with the loop's own ``loop_state``. A disk fault on any rank is
@@ -213,6 +220,7 @@ class RunState:
                     **weights, "scheduler": self.scheduler.state_dict(),
                     "scaler": self.scaler.state_dict() if self.scaler else None,
                     "rng": rng, "step": step, "plan": plan.to_dict(), "workload": workload.spec.to_dict(),
+                    "data": self.data,
                     "loop_state": loop_state,
                 })
             except WriteFailed as exc:

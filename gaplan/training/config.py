@@ -45,5 +45,6 @@ class TrainConfig(LoopOptions):
     micro_batch_limit: int | None = None  # no micro-batch above this (the size ranks agreed on after an OOM restart)
     schedule: BatchSchedule | None = None  # the effective batch over the run (None: the plan's, every step)
     new_split: bool = False  # resume: the plan given is for a new device, budget or micro-batch (not the saved one)
+    data: dict | None = None  # the data source's fields (path, tokenizer, ...): the checkpoint records them
     lr_scaling: str | None = None  # with a schedule: the lr scaled from its largest batch to each step's (None: sqrt,
     # gaplan.plan.goodput.SCHEDULE_LR_SCALING)

@@ -132,7 +132,7 @@ def train(
                 if config.schedule is not None and config.schedule.kind != "fixed" else None)
     batch_factor = follower.lr_factor if follower is not None else (lambda: 1.0)
     run = RunState(workload, torch.optim.lr_scheduler.LambdaLR(workload.optimizer, _schedule(config, batch_factor)),
-                   scaler, shards, dist, config.run_dir)
+                   scaler, shards, dist, config.run_dir, data=config.data)
     if config.run_dir and dist.rank == 0:
         os.makedirs(config.run_dir, exist_ok=True)
     start_step = 0

@@ -133,7 +133,7 @@ def _train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, device: str,
     config = TrainConfig(**dataclasses.asdict(options.loop), run_dir=run_dir, token_budget=options.token_budget,
                          effective_tokens=options.effective_tokens,
                          micro_batch_limit=restart.micro_batch if restart is not None else None,
-                         new_split=bool(changed),
+                         new_split=bool(changed), data=dataclasses.asdict(options.source),
                          schedule=schedule, lr_scaling=options.lr_scaling if schedule is not None else "none")
     if options.token_budget:
         step = (f"samples until their real tokens reach {options.effective_tokens}" if options.effective_tokens

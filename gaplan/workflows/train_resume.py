@@ -105,7 +105,7 @@ def saved_position(run_dir: str, spec: WorkloadSpec, options: TrainOptions) -> t
     not ``spec``'s, and ``--steps`` below its step, are refused (before anything is written)."""
     from gaplan.training.checkpoint import check_checkpoint_record, checkpoint_position
 
-    check_checkpoint_record(run_dir, spec.to_dict())
+    check_checkpoint_record(run_dir, spec.to_dict(), dataclasses.asdict(options.source))
     done, saved = checkpoint_position(run_dir)
     if options.steps < done:
         raise GaplanError(f"--resume {run_dir}: --steps {options.steps} is below the {done} steps the run has done "

@@ -66,6 +66,8 @@ def other_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("others")
     train_into(root, "llama", "--model", "tiny-llama")
     train_into(root, "seq32", "--seq-len", "32")
+    (root / "d.jsonl").write_text("".join(json.dumps({"text": f"line {i} of the corpus"}) + "\n" for i in range(32)))
+    train_into(root, "data", "--data", str(root / "d.jsonl"), "--tokenizer", "bytes")
     return root
 
 
@@ -141,7 +143,8 @@ def test_a_second_writer_is_refused_while_a_run_trains(tmp_path):
 @pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.parametrize("other, says", [("llama", "its model is 'tiny-llama', train.json's 'tiny-gpt2'"),
-                                         ("seq32", "its seq_len is 32, train.json's 16")])
+                                         ("seq32", "its seq_len is 32, train.json's 16"),
+                                         ("data", "its data is '")])
 def test_a_checkpoint_of_another_run_is_refused_before_anything_is_written(run, other_runs, other, says):
     shutil.copy(other_runs / other / "checkpoint.pt", run / "checkpoint.pt")
     before = snapshot(run)
