@@ -1,7 +1,7 @@
 """SIGINT and SIGTERM end a command the same way, and none is lost. No torch.
 
-The CLI runs each command in :func:`catching_signals`: both signals then raise :class:`KeyboardInterrupt` in the main thread and
-are remembered. A :class:`KeyboardInterrupt` can still be swallowed where Python cannot raise it (a destructor, a
+The CLI runs each command in :func:`catching_signals`: both signals then raise :class:`KeyboardInterrupt` in the
+main thread and are remembered. A :class:`KeyboardInterrupt` can still be swallowed where Python cannot raise it (a destructor, a
 callback of the garbage collector, a child's death read as a failed trial), so a writer asks
 :func:`raise_if_interrupted` before it writes a run's files, and the CLI asks :func:`received` before it reports
 success: a signal that arrived is an interruption, never a result. (The training loop takes both signals over
@@ -38,6 +38,7 @@ def catching_signals() -> Iterator[None]:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+        _received.clear()  # a signal belongs to the command it came to: a caller's next command starts clean
 
 
 def _on_signal(number: int, frame: Any) -> None:

@@ -27,6 +27,8 @@ def test_a_signal_swallowed_on_the_way_still_stops_every_write(tmp_path, sig):
             raise_if_interrupted()
     assert not (tmp_path / "plan.json").exists() and os.listdir(tmp_path) == []
     assert signal.getsignal(sig) is before  # the handlers before it are back
+    assert received() is None  # and the next command starts clean
+    atomic_write_text(str(tmp_path / "plan.json"), "{}")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
