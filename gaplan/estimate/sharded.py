@@ -43,6 +43,7 @@ from gaplan.estimate.assumptions import Assumption, nccl_buffers, sharded_assump
 from gaplan.estimate.depth import extrapolate, truncated_copy, uniform_stack
 from gaplan.estimate.device import DeviceModel, GraphCount
 from gaplan.estimate.fake import fake_batch_maker, fake_tensor_errors, fake_tensor_mode, readable_values
+from gaplan.estimate.recompute import recompute_under_forward_modes
 from gaplan.estimate.result import TracedRow
 from gaplan.estimate.shard_tracking import (
     by_category,
@@ -213,6 +214,7 @@ class ShardedTracer:
         self._stack.enter_context(fast_peak_tracking())
         self._stack.enter_context(quiet_module_tracking())
         self._stack.enter_context(readable_values())
+        self._stack.enter_context(recompute_under_forward_modes())  # the device's modes, in recomputation too
         self._stack.enter_context(self.device.allocator())
         self._stack.enter_context(self.mode)
         self._stack.enter_context(self.helper)
