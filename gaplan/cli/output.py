@@ -176,6 +176,8 @@ def print_estimate(result) -> None:
     click.echo(f"largest micro-batch predicted to fit: {edge}   [{result.trace_count} traces, "
                f"{result.trace_seconds:.1f} s, peak {format_bytes(result.peak_bytes)}{per_rank}]")
     click.echo(f"plan: {Plan.from_dict(result.plan).describe()}")
+    if result.plan_peak_bytes and result.plan_peak_bytes != result.peak_bytes:
+        click.echo(f"plan's peak: {format_bytes(result.plan_peak_bytes)}{per_rank}{plan_peak_note(result)}")
     if result.launch_command:
         click.echo(f"launch: {result.launch_command}")
     if result.trust is not None:
@@ -183,6 +185,20 @@ def print_estimate(result) -> None:
     click.echo("assumptions:")
     for assumption in result.assumptions:
         click.echo(f"  - {assumption.text}")
+
+
+def plan_peak_note(result) -> str:
+    """Why the plan's peak is not B*'s: a plan of one micro-step holds nothing from an earlier one."""
+    if any(not getattr(r, "accumulated", True) for r in result.rows) and result.plan.get("grad_accum_steps") == 1:
+        return " (one micro-step, no accumulation: no unsharded gradients held from an earlier one)"
+    return ""
+
+
+def phase_label(row) -> str:
+    """The row's phase; a step of one micro-step (no accumulation, traced alone) is told apart."""
+    if getattr(row, "accumulated", True):
+        return row.phase
+    return "micro-step" if row.phase == "micro-steps" else "step, no accum"
 
 
 def ranks_line(result) -> str:
@@ -216,5 +232,5 @@ def _print_sharded_rows(rows) -> None:
         detail = row.detail or {}
         values = [detail.get(key, 0) + (detail.get("inputs", 0) if key == "activations" else 0)
                   for _, key in _SHARDED_COLUMNS]
-        click.echo(f"  {row.micro_batch:>11} {row.phase:>14} " + " ".join(f"{format_bytes(v):>10}" for v in values)
+        click.echo(f"  {row.micro_batch:>11} {phase_label(row):>14} " + " ".join(f"{format_bytes(v):>10}" for v in values)
                    + f" {format_bytes(row.peak_bytes):>10}")

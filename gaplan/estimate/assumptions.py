@@ -283,8 +283,13 @@ def _attention(ops, calls) -> Assumption:
 # --- several ranks ------------------------------------------------------------------------------------------------
 
 
-def sharded_assumptions(spec, device_kind: str, world_size: int, blocks: int, depths) -> list[Assumption]:
-    """What a traced rank of a ``world_size``-way FSDP2 step assumed."""
+def sharded_assumptions(spec, device_kind: str, world_size: int, blocks: int, depths, held_gradient_bytes: int = 0,
+                        one_micro_step_batch: int | None = None) -> list[Assumption]:
+    """What a traced rank of a ``world_size``-way FSDP2 step assumed.
+
+    ``held_gradient_bytes``: the unsharded gradients an accumulated micro-step's peak held (``--grad-sync last``);
+    ``one_micro_step_batch``: the plan's micro-batch when the plan has one micro-step (no accumulation), else None.
+    """
     depth_text = (f"all {blocks} blocks traced" if len(depths) == 1 else
                   f"its {blocks} identical blocks traced at depths {' and '.join(map(str, depths))} and every category "
                   f"extrapolated to {blocks} along the line through them")
@@ -303,13 +308,21 @@ def sharded_assumptions(spec, device_kind: str, world_size: int, blocks: int, de
             f"gradients reduced in fp32, the shards kept in {spec.weights_dtype}; autocast runs over the gathered "
             f"{spec.dtype} weights, so it caches no copies of them.", {"param_dtype": spec.dtype, "reduce_dtype": "fp32"}))
     if spec.grad_sync == "last":
-        notes.append(Assumption(
-            "sharding",
-            "Gradients reduce-scattered on the last micro-step only (--grad-sync last): the earlier micro-steps leave the "
-            "whole model's unsharded gradients (in fp32 under mixed precision) on every rank, held into the last one. "
-            "--grad-sync every keeps them sharded (less memory, a reduce-scatter per micro-step). A plan of one "
-            "micro-step holds none: the estimate, which traces two, is then an upper bound.",
-            {"grad_sync": "last"}))
+        held = f" ({format_bytes(held_gradient_bytes)} on this rank)" if held_gradient_bytes else ""
+        accumulated = (
+            "Gradients reduce-scattered on the last micro-step only (--grad-sync last): each micro-step before the last "
+            f"leaves the whole model's unsharded gradients{held} (fp32 under mixed precision) on every rank, held into "
+            "the next, so the peak of a step with accumulation (B*'s) is charged with them. --grad-sync every keeps "
+            "them sharded (less memory, a reduce-scatter per micro-step).")
+        if one_micro_step_batch is None:
+            notes.append(Assumption("sharding", accumulated, {"grad_sync": "last", "plan_micro_steps": None}))
+        else:
+            notes.append(Assumption(
+                "sharding",
+                f"{accumulated} The plan has one micro-step (micro-batch {one_micro_step_batch}, no accumulation): no "
+                "earlier micro-step holds unsharded gradients, so the plan's step is traced with one micro-step and "
+                "charged none; a rank's gradients are unsharded only per block, until its reduce-scatter.",
+                {"grad_sync": "last", "plan_micro_steps": 1}))
     else:
         notes.append(Assumption(
             "sharding", "Gradients reduce-scattered on every micro-step (--grad-sync every): only sharded gradients are "

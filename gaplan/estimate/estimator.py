@@ -82,7 +82,12 @@ def estimate(
         except DoesNotFit as exc:
             raise DoesNotFit(f"{exc}{does_not_fit_hint(spec, tracer, world_size)}", exc.needed_bytes) from None
         plan = make_plan(effective_batch, edge, world_size)
-        if trace_plan and not any(r.phase == "step" and r.micro_batch == plan.micro_batch for r in tracer.rows):
+        single = one_micro_step(tracer, spec, effective_batch // world_size, edge, line, the_budget.usable_bytes,
+                                search_cap)
+        if single is not None:  # no accumulation: nothing held from an earlier micro-step
+            plan = make_plan(effective_batch, max(edge, single.micro_batch), world_size)
+        accumulated = plan.grad_accum_steps > 1 or single is None
+        if trace_plan and step_peak(tracer.rows, plan.micro_batch, accumulated) is None:
             tracer.step(plan.micro_batch)
         rows = tracer.final_rows()
         peak = step_peak(rows, edge)
@@ -97,15 +102,40 @@ def estimate(
             trace_seconds=time.perf_counter() - started, param_count=workload.param_count,
             static_bytes=tracer.static_bytes(), task=workload.task, seq_len=workload.seq_len,
             trace_count=sum(not r.composed for r in rows), extra=tracer.extra(), world_size=world_size, nodes=nodes,
-            plan_peak_bytes=step_peak(rows, plan.micro_batch),
+            plan_peak_bytes=step_peak(rows, plan.micro_batch, accumulated),
             trust=trust_of(model_family(workload.model), spec.to_dict(), device_kind, world_size),
             launch_command=launch_command(spec.to_dict(), plan.micro_batch, effective_batch, world_size, nodes,
                                           "cpu" if device_kind == "cpu" else None))
 
 
-def step_peak(rows: Sequence[TracedRow], micro_batch: int) -> int | None:
-    """The last traced whole-step peak at ``micro_batch``, or None when that size's step was not traced."""
-    return next((r.peak_bytes for r in reversed(rows) if r.phase == "step" and r.micro_batch == micro_batch), None)
+def step_peak(rows: Sequence[TracedRow], micro_batch: int, accumulated: bool = True) -> int | None:
+    """The last traced whole-step peak at ``micro_batch`` (of an accumulated step, or of a step of one micro-step when
+    not ``accumulated``), or None when that size's step was not traced."""
+    return next((r.peak_bytes for r in reversed(rows)
+                 if r.phase == "step" and r.micro_batch == micro_batch and r.accumulated == accumulated), None)
+
+
+def one_micro_step(tracer, spec: WorkloadSpec, share: int, edge: int, line: tuple[float, float], usable: int,
+                   cap: int) -> TracedRow | None:
+    """Under FSDP with ``--grad-sync last``, the step of one micro-step of ``share`` samples (a rank's whole share of
+    the effective batch) traced alone, when it fits; else None.
+
+    B* is searched with two accumulated micro-steps, the first holding the whole model's unsharded gradients into
+    the second. A plan without accumulation has no earlier micro-step: it holds none, so its peak is traced with one
+    micro-step, and it may fit at a share above B*. Above B*, it is traced only when the line less the held gradients
+    predicts a fit.
+    """
+    if spec.parallel != "fsdp" or spec.grad_sync != "last" or share > cap:
+        return None
+    if share > edge:
+        held = tracer.last_step(edge).detail.get("unsharded_gradients", 0)
+        if line[0] + line[1] * share - held + tracer.overhead() > usable:
+            return None
+    row = tracer.step(share, accumulated=False)
+    if row.peak_bytes > usable:
+        return None
+    tracer.one_micro_step_plan = row
+    return row
 
 
 def make_tracer(spec: WorkloadSpec, device_kind: str, threads: int | None, world_size: int) -> Tracer | ShardedTracer:

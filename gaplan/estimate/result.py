@@ -34,6 +34,9 @@ class TracedRow:
     tracked_total: int
     peak_bytes: int
     composed: bool = False  # a ``step`` row made of this size's micro-steps row and the optimizer-step row
+    # False: the micro-step of a step without accumulation, traced alone (under FSDP with --grad-sync last it holds
+    # no unsharded gradients from an earlier micro-step); True: one of several accumulated micro-steps.
+    accumulated: bool = True
     # A sharded (FSDP) trace's own categories (gaplan.estimate.sharded.FSDP_CATEGORIES, plus host_bytes: what
     # --cpu-offload keeps in host memory); empty for one process.
     detail: dict = field(default_factory=dict)

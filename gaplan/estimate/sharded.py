@@ -43,6 +43,7 @@ from gaplan.estimate.assumptions import Assumption, nccl_buffers, sharded_assump
 from gaplan.estimate.depth import extrapolate, truncated_copy, uniform_stack
 from gaplan.estimate.device import DeviceModel, GraphCount
 from gaplan.estimate.fake import fake_batch_maker, fake_tensor_errors, fake_tensor_mode, readable_values
+from gaplan.estimate.recompute import recompute_under_forward_modes
 from gaplan.estimate.result import TracedRow
 from gaplan.estimate.shard_tracking import (
     by_category,
@@ -171,6 +172,8 @@ class ShardedTracer:
         self.workload: Workload  # the full-depth model on the meta device (parameter count, task, sequence length)
         self.blocks = 0  # transformer blocks in the full model
         self.depths: tuple[int, ...] = ()
+        # the estimate's plan has one micro-step (no accumulation) and this is its traced step (estimator.one_micro_step)
+        self.one_micro_step_plan: TracedRow | None = None
 
     # -- setting up ------------------------------------------------------------------------------
 
@@ -213,6 +216,7 @@ class ShardedTracer:
         self._stack.enter_context(fast_peak_tracking())
         self._stack.enter_context(quiet_module_tracking())
         self._stack.enter_context(readable_values())
+        self._stack.enter_context(recompute_under_forward_modes())  # the device's modes, in recomputation too
         self._stack.enter_context(self.device.allocator())
         self._stack.enter_context(self.mode)
         self._stack.enter_context(self.helper)
@@ -238,15 +242,16 @@ class ShardedTracer:
 
     # -- traces ----------------------------------------------------------------------------------
 
-    def _trace_copy(self, copy_: _Copy, micro_batch: int) -> dict[str, int]:
-        """FSDPMemTracker's peak of the accumulated micro-steps on one sharded copy, by FSDP category."""
+    def _trace_copy(self, copy_: _Copy, micro_batch: int, accumulated: bool = True) -> dict[str, int]:
+        """FSDPMemTracker's peak of the accumulated micro-steps on one sharded copy, by FSDP category (of the one
+        micro-step of a step without accumulation when not ``accumulated``: nothing held from an earlier one)."""
         from gaplan.parallel.fsdp import no_sync_for
         from gaplan.training.step import accumulate_gradients
 
         tracker_class = private("torch.distributed._tools.fsdp2_mem_tracker", "FSDPMemTracker")
         workload = copy_.workload
         workload.optimizer.zero_grad(set_to_none=True)
-        batches = [workload.make_batch(micro_batch) for _ in range(MICRO_STEPS)]
+        batches = [workload.make_batch(micro_batch) for _ in range(MICRO_STEPS if accumulated else 1)]
         tracker = tracker_class(workload.model, workload.optimizer)
         tracker.track_inputs(tuple(batches))
 
@@ -264,9 +269,10 @@ class ShardedTracer:
         del batches
         return by_category(tracker.get_tracker_snapshot("peak"), FSDP_CATEGORY_OF)
 
-    def micro_steps(self, micro_batch: int) -> TracedRow:
-        traced = {c.depth: self._trace_copy(c, micro_batch) for c in self._copies}
-        return self._add(self._row(micro_batch, "micro-steps", extrapolate(traced, self.blocks)))
+    def micro_steps(self, micro_batch: int, accumulated: bool = True) -> TracedRow:
+        traced = {c.depth: self._trace_copy(c, micro_batch, accumulated) for c in self._copies}
+        row = self._row(micro_batch, "micro-steps", extrapolate(traced, self.blocks))
+        return self._add(dataclasses.replace(row, accumulated=accumulated))
 
     def optimizer_step(self) -> TracedRow:
         if self._optimizer_row is None:
@@ -294,15 +300,18 @@ class ShardedTracer:
                              "temporaries": breakdown.other}
         return extrapolate(traced, self.blocks)
 
-    def step(self, micro_batch: int) -> TracedRow:
-        return self.composed_step(self.micro_steps(micro_batch), self.optimizer_step())
+    def step(self, micro_batch: int, accumulated: bool = True) -> TracedRow:
+        """The whole step at ``micro_batch``; not ``accumulated``: a step of one micro-step (no accumulation)."""
+        return self.composed_step(self.micro_steps(micro_batch, accumulated), self.optimizer_step())
 
     def composed_step(self, micro_steps: TracedRow, optimizer_step: TracedRow) -> TracedRow:
         larger = max(micro_steps, optimizer_step, key=lambda r: r.tracked_total)
-        return self._add(dataclasses.replace(larger, micro_batch=micro_steps.micro_batch, phase="step", composed=True))
+        return self._add(dataclasses.replace(larger, micro_batch=micro_steps.micro_batch, phase="step", composed=True,
+                                             accumulated=micro_steps.accumulated))
 
     def last_step(self, micro_batch: int) -> TracedRow:
-        return next(r for r in reversed(self.rows) if r.phase == "step" and r.micro_batch == micro_batch)
+        return next(r for r in reversed(self.rows)
+                    if r.phase == "step" and r.micro_batch == micro_batch and r.accumulated)
 
     def _add(self, row: TracedRow) -> TracedRow:
         self.rows.append(row)
@@ -361,7 +370,11 @@ class ShardedTracer:
         notes = trace_assumptions(self.spec, self.device, self.helper, self.static_bytes(),
                                   step.tracked_total if step is not None else None, self.graph_nodes(),
                                   panel_at_every_peak=True)
-        notes += sharded_assumptions(self.spec, self.device.kind, self.world_size, self.blocks, self.depths)
+        held = max((r.detail.get("unsharded_gradients", 0) for r in self.rows if r.accumulated), default=0)
+        single = self.one_micro_step_plan
+        notes += sharded_assumptions(self.spec, self.device.kind, self.world_size, self.blocks, self.depths,
+                                     held_gradient_bytes=held,
+                                     one_micro_step_batch=single.micro_batch if single is not None else None)
         if self.nccl_bytes():
             notes.append(nccl_buffers(self.nccl_bytes(), self.world_size))
         return notes + ([lora_assumption(self.spec, self.workload.model)] if self.spec.lora else [])

@@ -37,6 +37,7 @@ from gaplan.estimate.fake import (
     no_step_optimizer,
     readable_values,
 )
+from gaplan.estimate.recompute import recompute_under_forward_modes
 from gaplan.estimate.result import TracedRow
 from gaplan.estimate.torch_private import private, private_attr, private_module
 
@@ -78,6 +79,7 @@ class Tracer:
             self._stack.enter_context(fast_peak_tracking())
             self._stack.enter_context(quiet_module_tracking())
             self._stack.enter_context(readable_values())
+            self._stack.enter_context(recompute_under_forward_modes())  # the device's modes, in recomputation too
             self.pools = self._stack.enter_context(self.device.allocator())
             self._stack.enter_context(self.mode)
             self._stack.enter_context(self.helper)

@@ -283,9 +283,15 @@ class WorkloadSpec:
                                   "add lora", "quantize", "lora")
             return
         if self.quantize and self.parallel == "fsdp":
-            raise OptionError("quantize 4bit with parallel fsdp is not supported: bitsandbytes' 4-bit weights "
-                              "shard only with their own storage dtype setup; use QLoRA on one card, or LoRA with fsdp",
-                              "quantize", "parallel")
+            # FSDP+QLoRA as published (PEFT's guide, Answer.AI's) is FSDP1's flat parameters over 4-bit weights stored
+            # as bf16 (bnb_4bit_quant_storage). gaplan shards with FSDP2, whose fully_shard makes each Params4bit a
+            # plain DTensor shard and drops its quant_state: a forward then fails (measured on the CPU, bitsandbytes
+            # 0.50, torch 2.13; tests/estimate/test_lora_estimate.py) or, on CUDA, computes wrong values
+            # (bitsandbytes#1945, accelerate#3874, both open).
+            raise OptionError("quantize 4bit with parallel fsdp is not supported: gaplan shards with FSDP2, whose "
+                              "fully_shard turns bitsandbytes' 4-bit weights into plain shards without their "
+                              "quantization state (the published FSDP+QLoRA recipe is FSDP1's); use QLoRA on one card, "
+                              "or LoRA with fsdp", "quantize", "parallel")
         if kind == "function":
             raise OptionError("lora does not apply to a module:function model (its function builds it): wrap it "
                               "with peft.get_peft_model there", "lora")

@@ -115,7 +115,7 @@ def test_a_4_bit_layers_products_hold_its_dequantized_copy_and_nothing_else_does
 
 
 @pytest.mark.parametrize("fields, message", [
-    (dict(parallel="fsdp"), "quantize 4bit with parallel fsdp is not supported"),
+    (dict(parallel="fsdp"), "quantize 4bit with parallel fsdp is not supported: gaplan shards with FSDP2"),
 ])
 def test_what_qlora_cannot_be_estimated_for_is_one_line(fields, message):
     with pytest.raises(GaplanError, match=message):
@@ -145,3 +145,34 @@ def test_the_8b_example_of_the_lora_page():
     values = next(a for a in qlora.assumptions if a.topic == "quantization").values
     assert (round(values["quantized_bytes"] / 2**30, 2), round(values["traced_bytes"] / 2**30, 2)) == (3.35, 13.0)
     assert values["dequantized_bytes"] == 112 * 2**20
+
+
+@pytest.mark.slow
+def test_fsdp2_drops_the_quantization_state_of_4bit_weights_the_reason_fsdp_qlora_is_refused(tmp_path):
+    """The refusal's reason, probed on the CPU: a bitsandbytes nf4 layer with bf16 storage (the FSDP+QLoRA setting,
+    shardable) under FSDP2's fully_shard (one gloo rank) has a plain DTensor for a weight, no quant_state, and its
+    forward fails. When a bitsandbytes or torch release keeps the state, this fails: then estimate FSDP+QLoRA."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from gaplan.workload.quantize import import_bitsandbytes
+
+    bnb = import_bitsandbytes()
+    layer = bnb.nn.Linear4bit(64, 64, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4",
+                              quant_storage=torch.bfloat16)
+    layer.weight = bnb.nn.Params4bit(torch.randn(64, 64), requires_grad=False, quant_type="nf4",
+                                     quant_storage=torch.bfloat16)._quantize("cpu")
+    x = torch.randn(2, 64)
+    assert layer(x).shape == (2, 64) and layer.weight.quant_state is not None  # quantized, and it runs unsharded
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(layer)
+        fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+        weight = model[0].weight
+        assert type(weight.to_local()) is torch.Tensor and getattr(weight, "quant_state", None) is None
+        with pytest.raises(Exception, match="quant_state"):
+            model(x)
+    finally:
+        dist.destroy_process_group()

@@ -130,6 +130,9 @@ def test_the_estimate_plans_over_the_world_and_gives_the_torchrun_command():
     assert f"--micro-batch {result.plan['micro_batch']} --effective-batch 64" in result.launch_command
     assert result.extra["parallel"] == "fsdp" and result.extra["traced_depths"] == [4]
     assert any(a.topic == "sharding" and "2 ranks" in a.text for a in result.assumptions)
+    assert result.plan["grad_accum_steps"] > 1 and not any(not r.accumulated for r in result.rows)
+    note = next(a for a in result.assumptions if a.values.get("grad_sync") == "last")  # B*'s and the plan's steps
+    assert note.values["plan_micro_steps"] is None and "charged with them" in note.text
     steps = {r.micro_batch: r for r in result.rows if r.phase == "step"}
     edge = result.max_micro_batch
     assert steps[edge].peak_bytes <= result.usable_bytes
@@ -234,3 +237,21 @@ def test_the_cpu_fsdp_estimate_is_within_3_percent_of_the_fsdp_probes_peaks_and_
           f"B* {predicted_edge} vs {probed['max_micro_batch']}")
     assert all(abs(error) <= 0.03 for error in errors.values()), errors
     assert abs(predicted_edge - probed["max_micro_batch"]) <= 1, (predicted_edge, probed["max_micro_batch"])
+
+
+@pytest.mark.slow
+def test_a_plan_of_one_micro_step_is_not_charged_unsharded_gradients_from_an_earlier_one():
+    """--grad-sync last: an accumulated step holds the whole model's unsharded gradients from its first micro-step into
+    the next; a plan without accumulation has no earlier micro-step, so its traced peak holds none (a block's
+    gradients are unsharded only until its reduce-scatter), and the assumption says which was charged."""
+    kwargs = dict(device_kind="cpu", memory_limit=120 * 2**20, world_size=2, threads=1, search_cap=8)
+    result = estimate(fsdp(), effective_batch=4, **kwargs)
+    assert result.plan["grad_accum_steps"] == 1 and result.plan["micro_batch"] == 2
+    accumulated = next(r for r in result.rows if r.phase == "micro-steps" and r.micro_batch == 2)  # traced first
+    held = accumulated.detail["unsharded_gradients"]
+    plan_peak = result.plan_peak_bytes or result.peak_bytes  # the plan's peak, as gaplan plan reads it
+    assert held > 0 and plan_peak <= accumulated.peak_bytes - held // 2
+    single = next(r for r in result.rows if r.phase == "step" and r.micro_batch == 2 and not r.accumulated)
+    assert accumulated.accumulated and result.plan_peak_bytes == single.peak_bytes
+    note = next(a for a in result.assumptions if a.values.get("grad_sync") == "last")
+    assert note.values["plan_micro_steps"] == 1 and "charged none" in note.text
