@@ -5,7 +5,7 @@ the exact ``B_simple`` from every per-sample gradient in float64). Then gaplan's
 that point with SGD at 1e-12: each epoch a permutation of the 240 samples, steps of 96 (4 micro-batches of 24), so
 every other step crosses an epoch boundary. The reading compared is the run's ratio of the mean logged step
 estimates, ``mean(step_grad_var) / mean(step_grad_sq)`` in samples, with a 95% interval over the steps (delta
-method). Counting the draws as independent read high there by about ``1 / (1 - B_simple/N)``, 1.4x.
+method, over blocks of 5 steps). Counting the draws as independent read high there by about ``1 / (1 - B_simple/N)``, 1.4x.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def _point() -> tuple[dict, list, tuple[float, float, float]]:
 
 def reading(seed: int, steps: int, effective: int = EFFECTIVE, micro: int = MICRO
             ) -> tuple[float, float, list[str], list]:
-    """gaplan's reading at the point: ``(B_noise in samples, its 95% half-width, the run's notices, its logs)``."""
+    """gaplan's reading at the point: ``(B_noise in samples, its 95% half-width relative to it, the run's notices,
+    its logs)``."""
     state, samples, _ = _point()
     net = finite_corpus.model(VOCAB)
     net.load_state_dict(state)
@@ -51,9 +52,12 @@ def reading(seed: int, steps: int, effective: int = EFFECTIVE, micro: int = MICR
     grad_sq = [log.step_grad_sq for log in logs]
     grad_var = [log.step_grad_var / per_sample for log in logs]  # per item -> per sample, as B_simple is
     ratio = statistics.mean(grad_var) / statistics.mean(grad_sq)
+    # The delta method over blocks of 5 steps (two epochs here: steps within an epoch are not independent), t(39).
     residuals = [v - ratio * s for s, v in zip(grad_sq, grad_var, strict=True)]
-    half = 1.96 * statistics.stdev(residuals) / math.sqrt(len(logs)) / statistics.mean(grad_sq)
-    return ratio, half, events, logs
+    blocks = [statistics.mean(residuals[i:i + 5]) for i in range(0, len(residuals) - 4, 5)]
+    half = (2.02 * statistics.stdev(blocks) / math.sqrt(len(blocks)) / statistics.mean(grad_sq)
+            if len(blocks) > 1 else math.inf)
+    return ratio, half / ratio, events, logs
 
 
 def test_the_point_is_late_enough_for_the_finite_population_to_matter():
@@ -68,7 +72,7 @@ def test_gaplans_own_data_path_reads_the_exact_noise_scale_of_a_finite_corpus():
     _, _, (_, _, exact) = _point()
     measured, half, events, _ = reading(seed=0, steps=150)
     assert abs(measured / exact - 1) < 0.05, (measured, exact, half)
-    assert abs(measured / exact - 1) < half, (measured, exact, half)
+    assert abs(exact / measured - 1) < half, (measured, exact, half)  # its 95% interval covers it
     assert any("without replacement, a permutation of the 240 samples each epoch" in line for line in events), events
 
 
@@ -85,18 +89,19 @@ def test_a_step_of_the_whole_corpus_measures_the_full_gradient_and_is_not_noise(
 
 @pytest.mark.heavy
 def test_over_ten_seeds_the_reading_is_within_3_percent_and_its_interval_covers_the_exact_value():
-    """Ten data orders (seeds 0-9), 200 steps each at the same point: the mean ratio within 1%, every seed within
-    3%, and the 95% intervals miss the exact value in at most 2 of the 10 (measured on 2026-12-05: 0 of 10,
-    ratios 0.983-1.019, see docs/noise-scale.md)."""
+    """Ten data orders (seeds 0-9), 200 steps each at the same point: their mean ratio within 3% of the exact value
+    (its standard error is about 0.7%; counting the draws as independent reads 1.42x), every seed within 6% (one
+    seed's own spread is about 2%), and the 95% intervals miss the exact value in at most 3 of the 10 (over seeds
+    0-29 they missed 4 of 30: docs/noise-scale.md gives the run's numbers)."""
     _, _, (_, _, exact) = _point()
     ratios, misses = [], 0
     for seed in range(10):
         measured, half, _, _ = reading(seed, steps=200)
         ratios.append(measured / exact)
-        misses += abs(measured - exact) > half * measured
-    assert abs(statistics.mean(ratios) - 1) < 0.01, ratios
-    assert all(abs(r - 1) < 0.03 for r in ratios), ratios
-    assert misses <= 2, (misses, ratios)
+        misses += abs(exact / measured - 1) > half
+    assert abs(statistics.mean(ratios) - 1) < 0.03, ratios
+    assert all(abs(r - 1) < 0.06 for r in ratios), ratios
+    assert misses <= 3, (misses, ratios)
 
 
 def test_exact_noise_is_the_population_variance_of_the_per_sample_gradients():
