@@ -1,8 +1,9 @@
-"""A finite corpus and a tiny GPT-2 trained on it, with the exact noise scale from every per-sample gradient.
+"""A finite corpus and a small language model trained on it, with the exact noise scale from every per-sample gradient.
 
 The brute force the noise-scale tests hold gaplan's reading to (issue 58): ``N`` token sequences of one length from a
 random Markov chain, a next-token MLP trained on them full-batch (Adam) until the gradient's mean is small against its
-spread (``B_simple`` a given share of ``N``), and at that point every sample's gradient of its own mean token loss, in float64. The exact figures are the population's:
+spread (``B_simple`` a given share of ``N``), and at that point every sample's gradient of its own mean token loss,
+in float64. The exact figures are the population's:
 
     G = mean_i g_i,  tr(S) = mean_i |g_i - G|^2 (divided by N),  B_simple = tr(S) / |G|^2  (in samples)
 
