@@ -22,7 +22,7 @@ from torch import nn
 
 from gaplan.core.tasks import CAUSAL_LM
 from gaplan.data import Sample
-from gaplan.workload.build import Workload, WorkloadSpec
+from gaplan.workload.build import CustomWorkload, Workload, WorkloadSpec
 from gaplan.workload.loss import summed_token_loss
 
 
@@ -120,3 +120,51 @@ def exact_noise(net, samples: list[Sample]) -> tuple[float, float, float]:
     grad_sq = float(mean.square().sum())
     grad_var = float((flat - mean).square().sum(1).mean())
     return grad_sq, grad_var, grad_var / grad_sq
+
+
+def regression(count: int = 64, dim: int = 6, offset: float = 0.05, draws: str | int | None = None, seed: int = 0
+               ) -> tuple[CustomWorkload, tuple[float, float, float]]:
+    """A ``module:function`` workload on a fixed dataset of ``count`` samples whose ``make_batch`` takes each call's
+    samples without replacement (``torch.randperm``), declaring ``draws``; held at the least-squares fit moved by
+    ``offset`` along its first axis. A sample's gradient of ``(w . x - y)^2 / 2`` is ``(w . x - y) x`` exactly, so
+    the exact ``(|G|^2, tr(S), B_simple)`` come with it."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(count, dim, generator=generator, dtype=torch.float64)
+    y = x @ torch.linspace(-1, 1, dim, dtype=torch.float64) + torch.randn(count, generator=generator,
+                                                                            dtype=torch.float64)
+    fit = torch.linalg.lstsq(x, y.unsqueeze(1)).solution.squeeze(1)
+    fit[0] += offset
+    per_sample = (x @ fit - y).unsqueeze(1) * x
+    mean = per_sample.mean(0)
+    exact = (float(mean.square().sum()), float((per_sample - mean).square().sum(1).mean()))
+    model = nn.Linear(dim, 1, bias=False).double()
+    with torch.no_grad():
+        model.weight.copy_(fit.unsqueeze(0))
+
+    def make_batch(size: int) -> dict:
+        chosen = torch.randperm(count)[:size]
+        return {"x": x[chosen], "y": y[chosen]}
+
+    def loss(module: nn.Module, batch: dict) -> torch.Tensor:
+        return 0.5 * (module(batch["x"]).squeeze(-1) - batch["y"]).pow(2).mean()
+
+    workload = CustomWorkload(model, make_batch, loss, loss_is_scaled_for_ga=False, draws=draws)
+    return workload, (*exact, exact[1] / exact[0])
+
+
+REGRESSION_OFFSET = 0.45  # B_simple = 25.1 of the 64 samples: 0.39 of them
+
+
+def regression_declared() -> CustomWorkload:
+    """``--model tests.training.finite_corpus:regression_declared``: says it draws without replacement from 64."""
+    return regression(offset=REGRESSION_OFFSET, draws=64)[0]
+
+
+def regression_undeclared() -> CustomWorkload:
+    """The same workload, saying nothing of how it draws."""
+    return regression(offset=REGRESSION_OFFSET)[0]
+
+
+def regression_shuffled() -> CustomWorkload:
+    """A declaration gaplan does not know (for the refusal's test)."""
+    return regression(offset=REGRESSION_OFFSET, draws="shuffled")[0]
