@@ -119,3 +119,14 @@ def step_parts(first: int, population: int, micro_positions: Sequence[Iterable[i
         counts = Counter(position // population - base for position in positions)
         parts.append(tuple(sorted(counts.items())))
     return parts
+
+
+def unknown_drawing(loop: str, size: int | None = None) -> str:
+    """What an integration whose loop draws the samples says of its readings: they assume independent draws. A
+    sampler that takes each epoch's samples without replacement (the usual shuffle) makes them read high where the
+    noise scale nears the dataset's size."""
+    data = f"its {size} samples" if size else "the dataset's N samples"
+    bound = f"1/(1 - B_noise/{size})" if size else "1/(1 - B_noise/N)"
+    return (f"{loop} draws the samples: the reading assumes independent draws. A sampler that shuffles each epoch "
+            f"draws without replacement from {data}, and the reading is then high, by about {bound}, which matters "
+            "where the noise scale nears that size (gaplan train corrects for its own order)")

@@ -55,6 +55,7 @@ class TrainResult:
     real_tokens: int = 0  # of which real tokens (attention mask)
     loss_check: LossCheck | None = None  # step 1 against the same samples as one batch (or why it was skipped)
     checkpoint_step: int | None = None  # the step the run folder's checkpoint holds at the end (None: none)
+    noise_drawing: str | None = None  # how the noise scale took the samples' draws (gaplan.plan.draws.KINDS)
 
     @property
     def padding_fraction(self) -> float | None:
@@ -188,6 +189,7 @@ def train(
         if noise is not None:
             noise.close()
     result.checkpoint_step = run.saved_step
+    result.noise_drawing = noise.drawing.kind if noise is not None else None
     return result
 
 
