@@ -119,7 +119,7 @@ def test_exact_noise_is_the_population_variance_of_the_per_sample_gradients():
     assert grad_var == pytest.approx(float((flat[0] - flat[1]).square().sum()) / 4, rel=1e-5)
 
 
-def _regression_reading(name: str) -> tuple[float, list[str]]:
+def _regression_reading(name: str) -> tuple[float, list[str], dict]:
     from gaplan.workload.build import WorkloadSpec, build_workload
 
     workload = build_workload(WorkloadSpec(model=f"tests.training.finite_corpus:{name}", optimizer="sgd", lr=1e-12),
@@ -128,7 +128,10 @@ def _regression_reading(name: str) -> tuple[float, list[str]]:
     result = train(workload, make_plan(32, 8), None, TrainConfig(steps=300, seed=0), on_event=events.append)
     logs = [log for log in result.logs if log.step_grad_sq is not None]
     assert {log.items_per_sample for log in logs} == {1.0}
-    return statistics.mean(log.step_grad_var for log in logs) / statistics.mean(log.step_grad_sq for log in logs), events
+    from gaplan.workflows.train import _noise_scale
+
+    ratio = statistics.mean(log.step_grad_var for log in logs) / statistics.mean(log.step_grad_sq for log in logs)
+    return ratio, events, _noise_scale(result)
 
 
 def test_a_workload_that_declares_its_draws_without_replacement_is_read_exactly_and_one_that_does_not_says_so():
@@ -137,12 +140,15 @@ def test_a_workload_that_declares_its_draws_without_replacement_is_read_exactly_
     (0.985 measured); undeclared, it assumes independent draws, reads 1.65x, and the run's line says so."""
     _, (_, _, exact) = finite_corpus.regression(offset=finite_corpus.REGRESSION_OFFSET)
     assert 0.35 < exact / 64 < 0.45
-    declared, events = _regression_reading("regression_declared")
+    declared, events, summary = _regression_reading("regression_declared")
     assert abs(declared / exact - 1) < 0.05, (declared, exact)
     assert "each batch drawn without replacement from 64 samples" in events[0]
-    undeclared, events = _regression_reading("regression_undeclared")
+    assert summary["drawing"] == "per-call" and "assuming" not in summary["summary"]
+    undeclared, events, summary = _regression_reading("regression_undeclared")
     assert undeclared / exact > 1.4, (undeclared, exact)
     assert "how the samples are drawn is unknown: the reading assumes independent draws" in events[0]
+    # gaplan train's closing line says it too: not a number that looks exact.
+    assert summary["drawing"] == "unknown" and "[assuming independent draws" in summary["summary"]
 
 
 def test_a_declaration_gaplan_cannot_read_is_refused_in_one_line():
