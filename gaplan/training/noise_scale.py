@@ -172,7 +172,7 @@ class NoiseScaleMeter:
 
 def _draw_sums(steps: Sequence[tuple[Any, float, float, tuple[tuple[int, int], ...]]]) -> list[float]:
     """This rank's sums of the micro-steps' draws, to add over the ranks: ``sum_m sum_P s_mP^2 / s_m``; the weight
-    ``sum_m w_m s_mP / s_m`` of each shared part (epoch offsets 0 and 1); the squared weights of this rank's own
+    ``sum_m w_m s_mP / s_m`` of each shared part (epoch offsets 0 and 1); the squared weight of this rank's own
     part (one draw a step: the rank's micro-batches are slices of one ``make_batch`` call); and how many parts lie
     past the shared ones."""
     drawn, own, beyond = 0.0, 0.0, 0.0
