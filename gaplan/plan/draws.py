@@ -10,8 +10,9 @@ one permutation have covariance ``-tr(S)/(N - 1)`` with one another, and a mean 
 
 where ``P`` runs over the independent draws the samples come from (two permutations for a step that crosses an
 epoch boundary: their parts do not covary). For a plain mean of ``n`` samples of one permutation this is the
-finite-population correction ``(N - n) / (n (N - 1))``; counting ``1/n`` there reads ``|G|^2`` high by
-``tr(S)/n * (n-1)/(N-1)``, and the noise scale high by about ``1 / (1 - B_noise/N)``.
+finite-population correction ``(N - n) / (n (N - 1))``. Counting ``1/n`` there reads ``|G|^2`` low by
+``tr(S)/(N - 1)`` (``tr(S)`` right to a factor ``N/(N - 1)``), so the noise scale high by about
+``1 / (1 - B_noise/N)``.
 
 The kinds of drawing:
 

@@ -80,11 +80,17 @@ def test_two_ranks_shares_of_one_order_are_one_step_of_it():
 
 
 def test_counting_the_draws_as_independent_is_what_biases_it():
-    """The same step under the independent formula misses the enumeration: |G|^2 would read high."""
+    """The same step under the independent formula misses the enumeration, and the estimator that assumes it reads
+    |G|^2 low by exactly tr(S)/(N - 1) and tr(S) high by N/(N - 1) (noise-scale.md)."""
     micro = [[0, 1], [2, 3]]
     small, big = _by_enumeration(0, micro, [2, 2])
     naive_small, naive_big = _formula(Drawing("independent"), micro, [2, 2], 0)
     assert naive_small > small * 1.01 and naive_big > big * 1.01
+    b_small, b_big = 2, 4  # the independent estimator's two batches, on the enumerated expectations
+    grad_sq = (b_big * big - b_small * small) / (b_big - b_small)
+    grad_var = (small - big) / (1 / b_small - 1 / b_big)
+    assert grad_sq == pytest.approx(_square(G) - TRACE / (N - 1), rel=1e-12)
+    assert grad_var == pytest.approx(TRACE * N / (N - 1), rel=1e-12)
 
 
 def test_per_call_draws_of_two_ranks_are_independent_parts():
