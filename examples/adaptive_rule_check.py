@@ -9,7 +9,8 @@ scale is ``B_noise = d + 1 + d s^2 / |D|^2`` exactly, at every step. Each run is
 ``--batch-schedule adaptive`` and SGD at a learning rate of 1e-12 (the weights stay, so the noise scale does too).
 
 - ``replay``: from 2 to 64, at the known noise scales 3, 17 and 23, 20 seeds each (0-19), 300 and 120 steps. The
-  rule's level is the largest E with ``B_noise >= 2 E``: it should stop there.
+  rule's level is the first E of the doublings with ``2 E >= B_noise`` (it doubles only while ``B_noise > 2 E``):
+  it should stop there.
 - ``rates``: one doubling, from E to 2E, at noise scales ``r x 2E`` for margins r below and above 1, --seeds seeds
   each: the share of runs that doubled within --steps steps (a false growth where r < 1) and the median steps it took.
   At E = 2 (two micro-batches of one sample, the hardest case) and E = 8.
@@ -50,9 +51,10 @@ def batches(dim: int, noise_std: float, minimum: int, maximum: int, steps: int, 
 
 
 def rule_level(noise_scale: float, minimum: int, maximum: int) -> int:
-    """The level the rule should stop at: the largest doubling E from ``minimum`` with ``noise_scale >= 2 E``."""
+    """The level the rule should stop at: the first doubling E from ``minimum`` with ``2 E >= noise_scale`` (the rule
+    doubles only while ``noise_scale > 2 E``), or ``maximum``."""
     level = minimum
-    while level * 2 <= maximum and noise_scale >= 2 * level:
+    while level * 2 <= maximum and noise_scale > 2 * level:
         level *= 2
     return level
 

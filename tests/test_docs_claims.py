@@ -128,6 +128,76 @@ def test_the_noise_scale_line_is_what_the_code_says_for_its_ratio():
     assert shown == noise_scale_summary(int(batch), int(batch) / float(ratio))
 
 
+def _unbiased_statements() -> list[str]:
+    """noise-scale.md's statements of when the reading is unbiased, one a bullet, unwrapped."""
+    block = page("docs/noise-scale.md").split("<!-- unbiased: statements and the tests that hold them -->", 1)[1]
+    block = block.split("<!-- end unbiased -->", 1)[0]
+    return [" ".join(("- **" + item).split()) for item in block.split("\n- **")[1:]]
+
+
+def test_each_statement_of_when_the_noise_scale_is_unbiased_names_a_test_that_exists():
+    """Every condition noise-scale.md states (with replacement, without replacement with the correction, across an
+    epoch boundary, the ranks, declared per-call draws, unknown drawings) names the test holding it, and that test is
+    there. The statements the issue asked for are all present."""
+    import ast
+
+    statements = _unbiased_statements()
+    heads = [re.match(r"- \*\*([^*]+)\*\*", s).group(1) for s in statements]
+    for words in ("With replacement", "Without replacement, with the finite-population correction",
+                  "A step across an epoch boundary", "Ranks (DDP)", "draws without replacement", "Unknown drawing"):
+        assert any(words in head for head in heads), (words, heads)
+    for statement in statements:
+        names = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", statement)
+        names = names or [(path, None) for path in re.findall(r"(tests/[\w/]+\.py)", statement)]
+        assert names, statement
+        for path, name in names:
+            tree = ast.parse((ROOT / path).read_text())
+            defined = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+            assert name is None or name in defined, (path, name)
+
+
+def test_the_finite_population_correction_the_page_states_is_the_codes():
+    """``v = (N − n) / (n (N − 1))`` for a mean of n samples of one permutation, and the bias of counting 1/n, as
+    gaplan.plan.draws computes them and as the unknown drawing's line says it."""
+    from gaplan.plan.draws import Drawing, inverse_sizes, unknown_drawing
+
+    text = " ".join(_unbiased_statements())
+    assert "`v = (N − n) / (n (N − 1))`" in text and "`1/(1 − B_noise/N)`" in text
+    for population, n in ((240, 24), (64, 8), (1000, 999)):
+        v_small, v_big = inverse_sizes(Drawing("epochs", population), 2, 2 * n, 2 * n, 2 * n, 2.0, 2 / n, 4.0)
+        assert v_small == pytest.approx((population - n) / (n * (population - 1)), rel=1e-12)
+        assert v_big == pytest.approx((population - 2 * n) / (2 * n * (population - 1)), rel=1e-12)
+    assert "1/(1 - B_noise/N)" in unknown_drawing("the Trainer")
+    assert "1/(1 - B_noise/1000)" in unknown_drawing("the Trainer", 1000)
+
+
+def test_the_adaptive_pages_rule_level_is_where_the_rule_stops():
+    """adaptive.md: the rule's level is the first E of the doublings with 2E ≥ B_noise. The schedule itself
+    (BatchSchedule.after_step, fed noise-free step estimates at each known noise scale of the page's table, plus the
+    boundary 16 = 2 x 8) stops there, and the table's "the rule stops at" column is that level."""
+    from gaplan.plan.growth_test import StepNoise
+    from gaplan.plan.schedule import BatchSchedule
+
+    text = " ".join(page("docs/adaptive.md").split())
+    assert "The rule's level is the first `E` of the doublings with `2E ≥ B_noise`" in text
+    rows = re.findall(r"^\| (\d+) \| (\d+) \| (\d+) \| \d+ of 20 \|", page("docs/adaptive.md"), re.MULTILINE)
+    assert len(rows) == 6
+    schedule = BatchSchedule("adaptive", minimum=2, maximum=64)
+
+    def stops_at(noise_scale: float) -> int:
+        state = schedule.start()
+        for step in range(400):
+            state, _ = schedule.after_step(state, step, StepNoise(grad_var=noise_scale, grad_sq=1.0))
+        return state.effective_batch
+
+    def page_level(noise_scale: float) -> int:
+        return next((e for e in schedule.levels if 2 * e >= noise_scale), schedule.maximum)
+
+    for _, scale, level in rows:
+        assert stops_at(float(scale)) == page_level(float(scale)) == int(level), (scale, level)
+    assert stops_at(16.0) == page_level(16.0) == 8  # at B_noise = 2E exactly the rule does not double
+
+
 def test_the_learning_rate_note_is_the_tuners():
     from gaplan.plan.goodput import scaled_learning_rate
 

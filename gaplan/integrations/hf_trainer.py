@@ -16,7 +16,10 @@ whatever the padding. It follows the ``Trainer``'s own switches the way the ``Tr
   micro-batches' gradients (:mod:`gaplan.training.noise_scale`, as ``gaplan train`` does) and logs ``noise_scale``,
   ``grad_sq`` and ``grad_var`` with the loss. The step's gradient is read after the last micro-batch's backward (DDP
   has reduced it) and before the Trainer clips it. Not measured, and said once in the log, under fp16's loss
-  scaling (the Trainer unscales inside its clipping), FSDP or DeepSpeed (sharded gradients).
+  scaling (the Trainer unscales inside its clipping), FSDP or DeepSpeed (sharded gradients). The Trainer's sampler
+  draws the samples, so the reading assumes independent draws, and says so once in the log with the dataset's size:
+  a sampler that shuffles each epoch draws without replacement, and the reading is then high by about
+  ``1/(1 - B_noise/N)`` (:mod:`gaplan.plan.draws`).
 
 Defined on first use (:func:`trainer_class`), since it subclasses ``transformers.Trainer``.
 """
@@ -24,7 +27,7 @@ Defined on first use (:func:`trainer_class`), since it subclasses ``transformers
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sized
 from typing import Any
 
 from gaplan.core.errors import GaplanError
@@ -44,6 +47,7 @@ def trainer_class(base: str = "Trainer") -> type:
 
     from gaplan.data.tasks.infer import infer_task
     from gaplan.data.tasks.registry import task_component, task_names
+    from gaplan.plan.draws import unknown_drawing
     from gaplan.training.noise_scale import NoiseScaleMeter
     from gaplan.workload.loss import batch_size, count_step_targets, count_targets, summed_token_loss
 
@@ -157,6 +161,8 @@ def trainer_class(base: str = "Trainer") -> type:
                 def reduce(values: list[float]) -> list[float]:  # one collective a step, over the ranks
                     total = torch.tensor(values, dtype=torch.float64, device=self.args.device)
                     return self.accelerator.reduce(total, reduction="sum").tolist()
+            size = len(self.train_dataset) if isinstance(self.train_dataset, Sized) else None
+            logger.warning(f"noise scale: {unknown_drawing('the Trainer', size)}")
             return NoiseScaleMeter(model, reduce=reduce)
 
         def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None,

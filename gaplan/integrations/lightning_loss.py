@@ -68,6 +68,11 @@ class TokenExactLoss(Callback):
 
                 total = torch.tensor(values, dtype=torch.float64, device=trainer.strategy.root_device)
                 return trainer.strategy.reduce(total, reduce_op="sum").tolist()
+        from pytorch_lightning.utilities import rank_zero_warn
+
+        from gaplan.plan.draws import unknown_drawing
+
+        rank_zero_warn(f"noise scale: {unknown_drawing('Lightning')}")
         self.meter = NoiseScaleMeter(pl_module, reduce=reduce)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:

@@ -26,6 +26,7 @@ from gaplan.core.errors import GaplanError
 from gaplan.data import Sample
 from gaplan.parallel.fsdp import is_sharded
 from gaplan.parallel.process_group import Distributed
+from gaplan.plan.draws import Drawing
 from gaplan.plan.goodput import SCHEDULE_LR_SCALING
 from gaplan.plan.split import Plan, make_plan
 from gaplan.training.batch_schedule import ScheduleFollower
@@ -54,6 +55,7 @@ class TrainResult:
     real_tokens: int = 0  # of which real tokens (attention mask)
     loss_check: LossCheck | None = None  # step 1 against the same samples as one batch (or why it was skipped)
     checkpoint_step: int | None = None  # the step the run folder's checkpoint holds at the end (None: none)
+    noise_drawing: str | None = None  # how the noise scale took the samples' draws (gaplan.plan.draws.KINDS)
 
     @property
     def padding_fraction(self) -> float | None:
@@ -169,7 +171,10 @@ def train(
         if on_event:
             on_event("noise scale: not measured under FSDP (each rank holds a shard of every gradient)")
     elif config.noise_scale:
-        noise = NoiseScaleMeter(workload.model, reduce=dist.sums if dist.active else None)
+        drawing = _drawing(workload, corpus)
+        noise = NoiseScaleMeter(workload.model, reduce=dist.sums if dist.active else None, drawing=drawing)
+        if on_event and not resume:
+            on_event(f"noise scale: {drawing.describe()}")
         if loop_state.get("noise"):  # the smoothed estimates go on where the checkpoint left them
             noise.load_state_dict(loop_state["noise"])
     inputs = StepInputs(workload, model, corpus, dist, scaler, config.max_grad_norm, config.seed, shards,
@@ -184,7 +189,16 @@ def train(
         if noise is not None:
             noise.close()
     result.checkpoint_step = run.saved_step
+    result.noise_drawing = noise.drawing.kind if noise is not None else None
     return result
+
+
+def _drawing(workload: Workload, corpus: Sequence[Sample] | None) -> Drawing:
+    """How the run's samples are drawn: gaplan's own order (a permutation of the corpus each epoch), or what a
+    ``module:function`` workload declared (``CustomWorkload.draws``)."""
+    if corpus is not None:
+        return Drawing("epochs", len(corpus)) if len(corpus) > 1 else Drawing("independent")
+    return Drawing.declared(workload.draws)
 
 
 def _rates_on_this_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, step: int,
@@ -293,7 +307,8 @@ def _loop(inputs: StepInputs, run: RunState, plan: Plan, config: TrainConfig, st
             t0 = time.perf_counter()
             step_samples = len(indices) if indices is not None else plan.effective_batch
             done_step = step_until_it_fits(inputs, step, plan, token_budget, indices, fell_back,
-                                           follower.state.first_sample if follower is not None else None)
+                                           follower.state.first_sample if follower is not None else
+                                           token_steps.first(step) if token_steps else None)
             if follower is not None and done_step.plan is not plan:
                 follower.fell_back_to(done_step.plan)
             plan, token_budget, micro_batches = done_step.plan, done_step.token_budget, done_step.micro_batches

@@ -17,6 +17,7 @@ from gaplan.core.options import OptionError
 from gaplan.core.tasks import IGNORE_INDEX
 from gaplan.data import Sample, collate, permuted_indices, step_indices
 from gaplan.parallel.process_group import Distributed
+from gaplan.plan.draws import LOCAL, step_parts
 from gaplan.plan.packing import PackingError, pack_step
 from gaplan.plan.split import Plan
 from gaplan.workload.build import Workload
@@ -81,6 +82,11 @@ class TokenSteps:
         self._indices.extend(indices.tolist())
         self._lengths.extend(len(self.corpus[i].ids) for i in indices.tolist())
 
+    def first(self, step: int) -> int:
+        """Where optimizer step ``step`` (0-based) starts in the order (epoch after epoch)."""
+        self.indices(step)
+        return self._starts[step]
+
     def indices(self, step: int) -> list[int]:
         """The sample indices of optimizer step ``step`` (0-based)."""
         while len(self._starts) <= step + 1:
@@ -128,6 +134,30 @@ def token_micro_batches(workload: Workload, plan: Plan, corpus: Sequence[Sample]
             batch[PLACEHOLDER] = True
         batches.append({k: (v.to(workload.device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()})
     return batches
+
+
+def micro_batch_parts(plan: Plan, corpus: Sequence[Sample] | None, step: int, rank: int, seed: int,
+                      first: int | None = None, token_budget: int | None = None,
+                      indices: Sequence[int] | None = None) -> list[tuple[tuple[int, int], ...]]:
+    """Which draws this rank's micro-batches of step ``step`` take their samples from, as the noise scale's meter
+    needs them (:mod:`gaplan.plan.draws`): per micro-batch, its samples per epoch of gaplan's order (offsets from
+    the step's first epoch; every rank's share is a slice of the same order), or, for a ``module:function``
+    workload, of this rank's one ``make_batch`` call of the step. The same micro-batches, in the same order, as
+    :func:`sample_micro_batches` and :func:`token_micro_batches` make (``first``: the step's first position in the
+    order; a token step's with ``indices``)."""
+    if corpus is None:
+        return [((LOCAL, size),) for size in plan.rank_micro_batch_sizes[rank]]
+    start = step * plan.effective_batch if first is None else first
+    if token_budget:
+        if indices is None:
+            indices = step_indices(step, plan.effective_batch, len(corpus), seed, first)
+        lengths = [len(corpus[i].ids) for i in indices]
+        packed = pack_step(lengths, token_budget, plan.world_size).micro_batches[rank]
+        return step_parts(start, len(corpus), [[start + p for p in positions] for positions in packed])
+    share = plan.effective_batch // plan.world_size
+    mine = start + rank * share
+    bounds = _bounds(plan.rank_micro_batch_sizes[rank])
+    return step_parts(start, len(corpus), [range(mine + a, mine + b) for a, b in bounds])
 
 
 def longest_sample(micro_batches: Sequence[dict[str, torch.Tensor]]) -> int:

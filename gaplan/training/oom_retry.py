@@ -18,7 +18,13 @@ from gaplan.data import Sample
 from gaplan.devices.backend import is_out_of_memory, release_after_oom
 from gaplan.parallel.process_group import Distributed
 from gaplan.plan.split import Plan
-from gaplan.training.micro_batches import PLACEHOLDER, longest_sample, sample_micro_batches, token_micro_batches
+from gaplan.training.micro_batches import (
+    PLACEHOLDER,
+    longest_sample,
+    micro_batch_parts,
+    sample_micro_batches,
+    token_micro_batches,
+)
 from gaplan.training.noise_scale import NoiseScaleMeter
 from gaplan.training.oom import OomAgreement, PeerOutOfMemory, halved_sizes, sharded_out_of_memory
 from gaplan.training.optimizer_step import optimizer_step
@@ -56,7 +62,8 @@ class StepInputs:
 def step_until_it_fits(inputs: StepInputs, step: int, plan: Plan, token_budget: int | None, indices: list[int] | None,
                        on_fallback: Callable[[str], None], first_sample: int | None = None) -> StepDone:
     """Train step ``step``; on an OOM, halve and redo it (``on_fallback`` hears why) until it fits.
-    ``first_sample``: where the step's samples start in the data's order (a batch schedule's; default by step)."""
+    ``first_sample``: where the step's samples start in the data's order (a batch schedule's or a token step's;
+    default by step)."""
     workload, dist = inputs.workload, inputs.dist
     while True:
         micro_batches = (token_micro_batches(workload, plan, inputs.corpus, step, dist, inputs.seed, token_budget,
@@ -64,10 +71,13 @@ def step_until_it_fits(inputs: StepInputs, step: int, plan: Plan, token_budget: 
                          if token_budget else
                          sample_micro_batches(workload, plan, inputs.corpus, step, dist.rank, inputs.seed,
                                               first_sample))
+        parts = (micro_batch_parts(plan, inputs.corpus, step, dist.rank, inputs.seed, first_sample, token_budget,
+                                   indices)
+                 if inputs.noise is not None and inputs.noise.drawing.without_replacement else None)
         agreement = OomAgreement(dist)
         try:
             loss, tokens = optimizer_step(workload, inputs.model, micro_batches, dist, inputs.scaler,
-                                          inputs.max_grad_norm, agreement, inputs.noise)
+                                          inputs.max_grad_norm, agreement, inputs.noise, parts)
             padded = int(dist.sum(sum(int(mb["attention_mask"].numel()) for mb in micro_batches
                                       if "attention_mask" in mb and PLACEHOLDER not in mb)))
             return StepDone(loss, tokens, padded, micro_batches, plan, token_budget)

@@ -28,9 +28,11 @@ class OptimizerStepDoesNotFit(GaplanError):
 
 def optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[dict], dist: Distributed,
                    scaler: torch.amp.GradScaler | None, max_grad_norm: float | None,
-                   agreement: OomAgreement | None = None, noise: NoiseScaleMeter | None = None) -> tuple[float, int]:
+                   agreement: OomAgreement | None = None, noise: NoiseScaleMeter | None = None,
+                   parts: list[tuple[tuple[int, int], ...]] | None = None) -> tuple[float, int]:
     """Accumulate, then step. Returns the large-batch loss and the tokens seen (all ranks); ``noise`` measures the
-    gradient noise scale of the step (its reading in ``noise.last``)."""
+    gradient noise scale of the step (its reading in ``noise.last``), told which draws each micro-batch's samples
+    come from by ``parts`` (:func:`gaplan.training.micro_batches.micro_batch_parts`)."""
     # Each micro-batch counted once: the step's total, and each one's share for the noise scale.
     counts = [count_step_targets([mb], workload.task) for mb in micro_batches]
     num_items = int(dist.sum(sum(counts)))
@@ -47,7 +49,7 @@ def optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[dic
         before_last=agreement.before_last if agreement is not None and dist.active else None,
         before_last_backward=agreement.before_last_backward if agreement is not None and dist.active else None,
         noise=noise, grad_scale=float(scaler.get_scale()) if scaler is not None and noise is not None else 1.0,
-        items_per_batch=counts)
+        items_per_batch=counts, parts_per_batch=parts)
     if scaler is not None:
         scaler.unscale_(workload.optimizer)  # before clipping: clip the true gradient
     if noise is not None:  # the reduced, unscaled step gradient, before clipping changes it

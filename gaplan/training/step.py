@@ -44,6 +44,7 @@ def accumulate_gradients(
     noise: NoiseScaleMeter | None = None,
     grad_scale: float = 1.0,
     items_per_batch: list[int] | None = None,
+    parts_per_batch: list[tuple[tuple[int, int], ...]] | None = None,
 ) -> StepResult:
     """Forward and backward every micro-batch so the summed gradient is the large-batch gradient.
 
@@ -63,6 +64,8 @@ def accumulate_gradients(
             contribution to ``.grad`` relates to its own mean gradient; ``grad_scale`` the loss scale (fp16).
         items_per_batch: each micro-batch's targets on this rank, when the caller has counted them (default: counted
             here, for the noise scale; a count reads a value off the device).
+        parts_per_batch: each micro-batch's samples per draw, for the noise scale where they were drawn without
+            replacement (:meth:`gaplan.training.noise_scale.NoiseScaleMeter.end_micro_step`).
     """
     if num_items_in_batch is None:
         num_items_in_batch = count_step_targets(micro_batches, task)
@@ -95,7 +98,8 @@ def accumulate_gradients(
                     items = items_per_batch[index] if items_per_batch is not None else count_step_targets([batch], task)
                     # Its loss: its sum over the step's items, or its mean over the steps (= its sum / (items x steps)).
                     divisor = items * steps if loss_is_scaled_for_ga is False else num_items_in_batch
-                    noise.end_micro_step(items, divisor, loss_multiplier, grad_scale)
+                    noise.end_micro_step(items, divisor, loss_multiplier, grad_scale,
+                                         parts_per_batch[index] if parts_per_batch is not None else None)
             except Exception as exc:
                 # Where it failed, for the caller's message (an OOM in a later micro-step's forward or backward).
                 exc.gaplan_phase = f"the {phase} of micro-step {index + 1} of {steps}"  # type: ignore[attr-defined]

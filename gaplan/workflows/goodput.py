@@ -157,6 +157,8 @@ def measure_noise_scale(spec: WorkloadSpec, effective: int, edge: int, options: 
     if noise is None or not noise > 0:
         raise GaplanError(f"the measuring run ({options.measure_steps} steps at {effective}) measured no positive "
                           "noise scale: give more --measure-steps")
-    say(f"noise scale ~{noise:.1f} samples after {measured['steps_measured']} steps")
+    assumed = (" (assuming independent draws: the workload does not say how it draws its samples)"
+               if measured.get("drawing") == "unknown" else "")
+    say(f"noise scale ~{noise:.1f} samples after {measured['steps_measured']} steps{assumed}")
     return float(noise), run_dir
 

@@ -376,9 +376,13 @@ def _noise_scale(result: Any) -> dict[str, Any] | None:
     if not measured:
         return None
     last = measured[-1]
+    drawing = getattr(result, "noise_drawing", None)
+    summary = noise_scale_summary(result.plan.effective_batch, last.noise_scale, result.plan.world_size)
+    if drawing == "unknown":  # not a number that looks exact: the workload did not say how it draws
+        summary += (" [assuming independent draws: the workload does not say how it draws its samples; drawn "
+                    "without replacement from N it reads high by about 1/(1 - B_noise/N) (CustomWorkload.draws)]")
     return {"noise_scale": last.noise_scale, "grad_sq": last.grad_sq, "grad_var": last.grad_var,
-            "steps_measured": len(measured),
-            "summary": noise_scale_summary(result.plan.effective_batch, last.noise_scale, result.plan.world_size)}
+            "steps_measured": len(measured), "drawing": drawing, "summary": summary}
 
 
 def _mean(values: list[float | None]) -> float | None:

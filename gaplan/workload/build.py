@@ -28,6 +28,7 @@ from gaplan.core.errors import GaplanError
 from gaplan.core.tasks import CAUSAL_LM, CUSTOM
 from gaplan.data.tasks.infer import task_of_config
 from gaplan.data.tasks.registry import task_component
+from gaplan.plan.draws import Drawing
 from gaplan.workload.checkpointing import apply_checkpointing
 from gaplan.workload.compile import compile_model
 from gaplan.workload.loss import summed_token_loss
@@ -53,12 +54,17 @@ class CustomWorkload:
         loss: ``loss(model, batch)`` returns a scalar; default ``model(**batch)``'s ``loss``.
         loss_is_scaled_for_ga: True if ``loss`` already divides by ``num_items_in_batch``
             (passed as ``batch["num_items_in_batch"]``); False for a per-batch mean.
+        draws: how ``make_batch`` draws its samples, for the gradient noise scale (:mod:`gaplan.plan.draws`):
+            ``"independent"`` (with replacement, or fresh samples each call), ``N`` (each call takes its samples
+            without replacement from ``N`` samples, independently of other calls), or None: not said, and the
+            noise scale then says that it assumed independent draws.
     """
 
     model: nn.Module
     make_batch: Callable[[int], Mapping[str, torch.Tensor]]
     loss: Callable[[nn.Module, Mapping[str, Any]], torch.Tensor] | None = None
     loss_is_scaled_for_ga: bool = False
+    draws: str | int | None = None
 
 
 @dataclass
@@ -77,6 +83,7 @@ class Workload:
     vocab_size: int | None = None
     num_labels: int | None = None
     info: dict = field(default_factory=dict)
+    draws: str | int | None = None  # a module:function workload's declared drawing (CustomWorkload.draws)
 
     @property
     def param_count(self) -> int:
@@ -341,6 +348,10 @@ def _build_custom(spec: WorkloadSpec, device: torch.device) -> Workload:
         made = CustomWorkload(*made)
     if not isinstance(made, CustomWorkload) or not isinstance(made.model, nn.Module):
         raise GaplanError(f"--model {spec.model!r} must return gaplan.CustomWorkload or (model, make_batch[, loss])")
+    try:
+        Drawing.declared(made.draws)
+    except ValueError as exc:
+        raise GaplanError(f"--model {spec.model!r}: {exc}") from None
     apply_checkpointing(made.model, spec.checkpointing, spec.model)
     model = made.model.to(device).train()
     if spec.compile:
@@ -367,4 +378,4 @@ def _build_custom(spec: WorkloadSpec, device: torch.device) -> Workload:
 
     return Workload(spec, model, make_optimizer(model, spec.optimizer, spec.learning_rate), CUSTOM, spec.seq_len,
                     make_batch, raw_loss, made.loss_is_scaled_for_ga, device,
-                    info={"model_type": type(model).__name__})
+                    info={"model_type": type(model).__name__}, draws=made.draws)

@@ -258,6 +258,21 @@ def test_gaplan_trainer_logs_the_noise_scale_of_a_step_as_computed_by_hand(tmp_p
     assert "noise_scale" not in quiet.logs[0]
 
 
+def test_the_trainer_says_its_samplers_draws_are_assumed_independent(tmp_path, caplog):
+    """The Trainer's sampler draws the samples (a shuffle each epoch, without replacement): the reading assumes
+    independent draws, and the log says so once, with the dataset's size and the bias a shuffle gives."""
+    import logging
+
+    from gaplan.integrations.transformers import GaplanTrainer
+
+    with caplog.at_level(logging.WARNING):
+        GaplanTrainer(_model(), _args(tmp_path, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                                      max_steps=2), train_dataset=_samples(8), data_collator=_collate).train()
+    said = [r.getMessage() for r in caplog.records if "reading assumes independent draws" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "the Trainer draws the samples" in said[0] and "1/(1 - B_noise/8)" in said[0]
+
+
 @pytest.mark.slow
 def test_on_the_trainers_mean_loss_path_the_noise_scale_is_that_of_the_mean_of_means(tmp_path):
     """``model_accepts_loss_kwargs=False``: .grad is the plain mean of the four micro-batches' means (4, 4, 30 and 30

@@ -36,7 +36,8 @@ def workload(dim: int = DIM, noise_std: float = NOISE_STD) -> CustomWorkload:
     def loss(module: nn.Module, batch: dict) -> torch.Tensor:
         return 0.5 * (module(batch["x"]).squeeze(-1) - batch["y"]).pow(2).mean()  # the micro-batch's mean
 
-    return CustomWorkload(model, make_batch, loss, loss_is_scaled_for_ga=False)
+    # Fresh samples every call: independent draws, as the noise scale's estimator assumes.
+    return CustomWorkload(model, make_batch, loss, loss_is_scaled_for_ga=False, draws="independent")
 
 
 # Three known noise scales: (dim, noise_std) and the B_noise they give.

@@ -118,7 +118,7 @@ def test_every_step_is_token_exact_for_its_own_effective_batch(tmp_path):
 @pytest.mark.parametrize("scale,level,past,reached", [(3, 2, 2, 20), (17, 16, 0, 0), (23, 16, 1, 10)])
 def test_on_linear_regression_over_20_seeds_the_batch_stops_at_the_rule_level(scale, level, past, reached):
     """Known noise scales (tests/training/linear_regression.py, held at its weights), adaptive from 2 to 64, 300 steps,
-    seeds 100-119 (docs/adaptive.md replays 0-19). The rule's level is the largest E with B_noise >= 2E. At most
+    seeds 100-119 (docs/adaptive.md replays 0-19). The rule's level is the first E with 2E >= B_noise. At most
     ``past`` seeds go beyond it (docs/adaptive.md: about 4% at E = 2, the two-samples case; under 1% above), at
     least ``reached`` reach it where B_noise clears it by 30% or more, and where it clears it by less (17 against
     2 x 8) the seeds end at the level or the one below, but for one at most (about 1 in 100 stays a level lower
