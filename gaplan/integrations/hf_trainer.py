@@ -193,3 +193,11 @@ def trainer_class(base: str = "Trainer") -> type:
     GaplanTrainer.__module__ = "gaplan.integrations.transformers"
     GaplanTrainer.__qualname__ = GaplanTrainer.__name__ = name
     return GaplanTrainer
+
+
+def __getattr__(name: str) -> Any:
+    """``GaplanTrainer`` and ``GaplanSeq2SeqTrainer`` importable from here too (the module that defines them), as
+    from :mod:`gaplan.integrations.transformers`: built on first access."""
+    if name in ("GaplanTrainer", "GaplanSeq2SeqTrainer"):
+        return trainer_class("Trainer" if name == "GaplanTrainer" else "Seq2SeqTrainer")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
