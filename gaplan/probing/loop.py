@@ -39,7 +39,9 @@ from gaplan.worker.loop_trial import LoopFunctions, loop_trial
 
 @dataclass(frozen=True)
 class LoopProbeResult:
-    """The edge of the user's loop: B*, every trial, the plan for the effective batch."""
+    """What a route found and what it runs: B*, every trial, gaplan's plan at B* for the effective batch, and
+    ``split``, the split the route will actually train (``plan`` itself unless the route can only feed equal
+    micro-batches and traded B* for a divisor of the effective batch; it says so in a warning then)."""
 
     max_micro_batch: int
     capped: bool  # the search cap fitted: more may fit
@@ -50,10 +52,30 @@ class LoopProbeResult:
     wall_seconds: float
     spawned: bool = False  # trials ran as new interpreters (CUDA was initialized here), not forks
     notes: list[str] = field(default_factory=list)
+    split: Plan | None = None  # None: the plan itself (set so in __post_init__)
+
+    def __post_init__(self) -> None:
+        if self.split is None:
+            object.__setattr__(self, "split", self.plan)
+
+    @property
+    def uses_plan(self) -> bool:
+        """Whether the route trains gaplan's plan at B* (not a smaller, even split)."""
+        return self.split == self.plan
+
+    def describe(self) -> str:
+        """One line for people: B*, the trials, the plan, and the split used when it is another."""
+        tried = " ".join(f"{t.micro_batch}{'' if t.fits else 'x'}" for t in self.trials)
+        line = f"B* = {self.max_micro_batch}{'+' if self.capped else ''} (tried {tried}); {self.plan.describe()}"
+        if not self.uses_plan:
+            assert self.split is not None
+            line += f"; trains {self.split.describe()}"
+        return line
 
     def to_dict(self) -> dict[str, Any]:
+        assert self.split is not None
         return {"max_micro_batch": self.max_micro_batch, "capped": self.capped, "plan": self.plan.to_dict(),
-                "trials": [t.to_dict() for t in self.trials], "device": self.device,
+                "split": self.split.to_dict(), "trials": [t.to_dict() for t in self.trials], "device": self.device,
                 "memory_limit_bytes": self.memory_limit_bytes, "wall_seconds": round(self.wall_seconds, 2),
                 "spawned": self.spawned, "notes": self.notes}
 
