@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from gaplan.core.errors import GaplanError
 from gaplan.data.tasks.infer import infer_task
-from gaplan.plan.split import Plan, make_plan
+from gaplan.plan.split import Plan, even_trade_message, make_plan
 
 if TYPE_CHECKING:
     from torch import nn
@@ -70,16 +70,8 @@ def even_plan(plan: Plan) -> Plan:
 
 def _uneven_message(plan: Plan, even: Plan) -> str:
     """Why the Trainer gets a smaller micro-batch than gaplan planned, and which batch sizes would avoid it."""
-    cap, world = plan.micro_batch_cap, plan.world_size
-    step = cap * world
-    lower, upper = plan.effective_batch // step * step, (plan.effective_batch // step + 1) * step
-    nearby = f"{lower} or {upper}" if lower else f"{upper}"
-    return (f"gaplan's plan splits {plan.effective_batch // world} samples per device as "
-            f"{','.join(map(str, plan.micro_batch_sizes))}, but the Hugging Face Trainer needs equal micro-batches: "
-            f"using {even.micro_batch} x {even.grad_accum_steps} accumulation steps x {world} device(s) instead "
-            f"(largest micro-batch <= {cap} that divides {plan.effective_batch // world}). "
-            f"An effective batch of {nearby} would split evenly at micro-batch {cap}; "
-            f"GaplanTrainer(..., plan=result.plan) trains the plan itself.")
+    return even_trade_message(plan, even, "the Hugging Face Trainer",
+                              "GaplanTrainer(..., plan=result.plan) trains the plan itself")
 
 
 def hf_snippet(plan: Plan, output_dir: str = "out") -> str:
