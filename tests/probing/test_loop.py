@@ -29,21 +29,21 @@ def run_script(name, *args):
     return completed
 
 
-def probed_edge(what):
-    completed = run_script("probe_edges.py", what, LIMIT)
+def probed_edge(what, limit=LIMIT):
+    completed = run_script("probe_edges.py", what, limit)
     assert completed.returncode == 0, completed.stderr[-3000:]
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def edge_holds_in_fresh_processes(what, script):
+def edge_holds_in_fresh_processes(what, script, limit=LIMIT):
     """Probe ``what`` in a fresh process; then ``script`` trains B* (exit 0) and runs out of memory at B*+1 (exit 3),
     each in a fresh process under ``gaplan.cpu_budget``. Returns the probe's result."""
-    result = probed_edge(what)
+    result = probed_edge(what, limit)
     edge = result["max_micro_batch"]
     assert edge >= 2 and not result["capped"], result
-    fits = run_script(script, edge, LIMIT)
+    fits = run_script(script, edge, limit)
     assert fits.returncode == 0, fits.stderr[-2000:]
-    over = run_script(script, edge + 1, LIMIT)
+    over = run_script(script, edge + 1, limit)
     assert over.returncode == 3, over.stderr[-2000:]
     return result
 
@@ -55,6 +55,16 @@ def test_the_edge_of_a_plain_hf_loop_holds_in_fresh_processes_under_cpu_budget()
     edge, trials = result["max_micro_batch"], result["trials"]
     assert any(t["micro_batch"] == edge and t["fits"] and t["completed_steps"] == 2 for t in trials)
     assert any(t["micro_batch"] == edge + 1 and not t["fits"] for t in trials)
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_the_edge_of_a_nanogpt_like_loop_whose_adamw_makes_its_states_at_its_first_step_holds_in_fresh_processes():
+    """The trial runs the loop's own first step (AdamW makes its states there, lazily, as in the loop), then the
+    measured steady state: B* trains two optimizer steps in a fresh process under cpu_budget, B*+1 fails."""
+    result = edge_holds_in_fresh_processes("nanogpt", "nanogpt_like_loop.py", limit="256MiB")
+    edge, trials = result["max_micro_batch"], result["trials"]
+    assert any(t["micro_batch"] == edge and t["fits"] and t["completed_steps"] == 2 for t in trials)
 
 
 def _tiny_setup():
