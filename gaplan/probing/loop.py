@@ -5,9 +5,10 @@ each trial, under the same budget and search as ``gaplan probe``.
     result.max_micro_batch, result.trials, result.plan
 
 Each trial is a fresh process forked from this one (closures and lambdas work: the child has them), which takes
-the budget at once (:func:`gaplan.devices.cpu.cpu_budget`'s semantics), calls ``setup()``, makes the optimizer's
-states, then trains two optimizer steps of two or more micro-steps: B* fits there and B*+1 does not, past the
-first step. On CUDA this process stays fork-safe: it asks the card its questions in a child
+the budget at once (:func:`gaplan.devices.cpu.cpu_budget`'s semantics), calls ``setup()``, then trains two optimizer
+steps of two or more micro-steps as your loop does (your optimizer makes its states at its first step, as in your
+loop; the second is the steady state): B* fits there and B*+1 does not, past the first step.
+On CUDA this process stays fork-safe: it asks the card its questions in a child
 (:mod:`gaplan.devices.card`) and never starts the driver itself. A process whose CUDA was initialized before the
 probe (a model moved to the GPU, ``TrainingArguments`` built) cannot fork; there each trial is spawned instead and
 the functions go pickled (module-level functions and picklable objects, your script's own included), else one line
