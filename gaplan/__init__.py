@@ -43,6 +43,7 @@ _EXPORTS = {
     "probe": "gaplan.probing.edge",
     "probe_loop": "gaplan.probing.loop",
     "LoopProbeResult": "gaplan.probing.loop",
+    "PlanBatchSampler": "gaplan.data.plan_sampler",
     "cpu_budget": "gaplan.devices.cpu",
     "check_in_fresh_process": "gaplan.probing.edge",
     "count_targets": "gaplan.workload.loss",

@@ -14,13 +14,22 @@ import traceback
 from collections.abc import Callable
 
 
-def run_in_child(work: Callable[[], dict]) -> dict:
-    """Run ``work`` in a forked child and return the dict it produced (or why it produced none)."""
+def run_in_child(work: Callable[[], dict], output: str | None = None, header: str = "") -> dict:
+    """Run ``work`` in a forked child and return the dict it produced (or why it produced none).
+
+    ``output``: a file the child's stdout and stderr (the user's code's prints, its libraries' warnings and
+    progress bars) are appended to, after ``header``, instead of this process's screen."""
+    import sys
+
+    sys.stdout.flush()  # else the child inherits what is buffered here and writes it a second time
+    sys.stderr.flush()
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never return into the caller's stack
         os.close(read_end)
         die_with_parent()
+        if output is not None:
+            _output_to(output, header)
         status = 0
         try:
             message = work()
@@ -33,6 +42,9 @@ def run_in_child(work: Callable[[], dict]) -> dict:
             else:
                 message = {"error": "crash", "message": traceback.format_exc(limit=6)}
             status = 1
+        if output is not None:  # os._exit does not flush Python's buffers
+            sys.stdout.flush()
+            sys.stderr.flush()
         with os.fdopen(write_end, "w") as out:
             out.write(json.dumps(message))
         os._exit(status)
@@ -47,6 +59,30 @@ def run_in_child(work: Callable[[], dict]) -> dict:
         number = os.WTERMSIG(wait_status)
         return {"error": "killed", "message": f"trial process killed by {signal.Signals(number).name}"}
     return {"error": "crash", "message": f"trial process exited with status {os.waitstatus_to_exitcode(wait_status)}"}
+
+
+def _output_to(path: str, header: str) -> None:
+    """This process's stdout and stderr (file descriptors 1 and 2, so C libraries' output too) appended to ``path``."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    if header:
+        os.write(descriptor, header.encode())
+    os.dup2(descriptor, 1)
+    os.dup2(descriptor, 2)
+    os.close(descriptor)
+    import sys
+
+    # Python's own streams too: a notebook's or a test runner's sys.stdout is not file descriptor 1.
+    sys.stdout = open(1, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115 - lives with the child
+    sys.stderr = open(2, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115
+
+
+def output_tail(path: str, lines: int = 20) -> str:
+    """The last ``lines`` lines of a trials' output file (empty when there is none)."""
+    try:
+        with open(path, errors="replace") as handle:
+            return "".join(handle.readlines()[-lines:])
+    except OSError:
+        return ""
 
 
 def die_with_parent() -> None:

@@ -4,7 +4,9 @@
 * :mod:`~gaplan.data.tokenizer` — the model's tokenizer, explicit bytes, or another folder; pad and mask ids;
 * :mod:`~gaplan.data.corpus` — :class:`SyntheticCorpus`, :class:`TextCorpus` and :func:`load_corpus`,
   which reads and checks the data before any model runs;
-* :mod:`~gaplan.data.batches` — :func:`step_indices` (a seeded permutation per epoch) and :func:`collate`.
+* :mod:`~gaplan.data.batches` — :func:`step_indices` (a seeded permutation per epoch) and :func:`collate`;
+* :mod:`~gaplan.data.plan_sampler` — :class:`PlanBatchSampler`, a plan's micro-batches (uneven too) as a DataLoader's
+  ``batch_sampler``.
 
 Samples are addressed by index, and optimizer step ``s`` always takes the same samples, so a resumed
 run sees exactly the data an uninterrupted one would.
@@ -29,6 +31,7 @@ _EXPORTS = {
     "has_tokenizer": ".tokenizer",
     "load_corpus": ".corpus",
     "load_tokenizer": ".tokenizer",
+    "PlanBatchSampler": ".plan_sampler",
     "permuted_index": ".batches",
     "permuted_indices": ".batches",
     "read_records": ".readers",

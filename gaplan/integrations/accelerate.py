@@ -1,13 +1,25 @@
-"""gaplan for accelerate users: the micro-batch of your own step, the accumulation steps set on your ``Accelerator``,
-and the token-exact loss over ``accelerator.accumulate``.
+"""gaplan for accelerate users: the micro-batch of your own step, its plan fed by a batch sampler, and the
+token-exact loss over ``accelerator.accumulate``.
 
 accelerate's ``find_executable_batch_size`` multiplies the batch by 0.9 on each OOM and ignores accumulation.
 :func:`plan_accelerator` instead probes your step (:func:`gaplan.probing.loop.probe_loop`: fresh processes under
-the budget, at steady state, under the Accelerator's mixed precision), plans the split of the effective batch over
-``accelerator.num_processes`` and sets ``accelerator.gradient_accumulation_steps``. The recipe::
+the budget, at steady state, under the Accelerator's mixed precision, your ``optimizer_step`` too) and plans the
+effective batch over ``accelerator.num_processes`` at B* itself. It never changes the Accelerator: how your loop
+scales its loss decides what ``gradient_accumulation_steps`` must be, and only your loop knows it.
+
+* The ``accumulate`` form (``accelerator.backward`` divides by ``gradient_accumulation_steps``): set
+  ``accelerator.gradient_accumulation_steps = result.plan.grad_accum_steps`` yourself, and do not divide again.
+* The manual form (your loop divides its loss by its own accumulation steps and steps the optimizer every
+  ``result.plan.grad_accum_steps`` micro-batches): leave the Accelerator at 1.
+
+An Accelerator built to accumulate another number of steps than the plan's is warned about in one line. The plan
+may be uneven (``12 x14, 11 x8``): :class:`gaplan.data.plan_sampler.PlanBatchSampler` feeds it to ``prepare``::
 
     result = plan_accelerator(accelerator, setup, make_batch, micro_step, effective_batch=256)
-    for micro_batches in steps:                                   # result.plan.grad_accum_steps of them
+    accelerator.gradient_accumulation_steps = result.plan.grad_accum_steps
+    loader = accelerator.prepare(DataLoader(data, batch_sampler=PlanBatchSampler(result.plan, len(data)),
+                                            collate_fn=collate))
+    for micro_batches in steps_of(loader, result.plan.grad_accum_steps):
         items = count_step_items(accelerator, micro_batches, "causal-lm")
         for batch in micro_batches:
             with accelerator.accumulate(model):
@@ -16,17 +28,21 @@ the budget, at steady state, under the Accelerator's mixed precision), plans the
                 optimizer.step(); optimizer.zero_grad()
 
 :func:`step_loss` gives ``sum / num_items_in_batch`` over the whole optimizer step and all ranks: it undoes the
-``1 / gradient_accumulation_steps`` that ``accelerator.backward`` applies and DDP's mean over the ranks.
+``1 / gradient_accumulation_steps`` that ``accelerator.backward`` applies and DDP's mean over the ranks, so uneven
+and padded micro-batches give the one-large-batch gradient.
 """
 
 from __future__ import annotations
 
+import logging
+import warnings
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from gaplan.plan.split import make_even_plan
 from gaplan.probing.loop import LoopProbeResult, probe_loop
+
+log = logging.getLogger(__name__)
 
 
 def accelerator_device(accelerator: Any) -> str:
@@ -65,32 +81,39 @@ def accelerator_autocast(accelerator: Any) -> dict[str, Any] | None:
 
 
 def plan_accelerator(accelerator: Any, setup: Callable[[], tuple[Any, Any]], make_batch: Callable[[int], Any],
-                     micro_step: Callable[[Any, Any], Any], *, effective_batch: int,
-                     memory_limit: int | str | None = None, search_cap: int | None = None,
+                     micro_step: Callable[[Any, Any], Any], optimizer_step: Callable[[Any, Any], Any] | None = None,
+                     *, effective_batch: int, memory_limit: int | str | None = None, search_cap: int | None = None,
                      threads: int | None = None, on_trial: Callable[[Any], None] | None = None) -> LoopProbeResult:
-    """Probe ``micro_step`` (your forward and backward) under the Accelerator's mixed precision, plan
-    ``effective_batch`` over its processes, and set ``accelerator.gradient_accumulation_steps``.
+    """Probe ``micro_step`` (your forward and backward) under the Accelerator's mixed precision and
+    ``optimizer_step`` (clipping, a scheduler: default ``step()`` then ``zero_grad``), and plan ``effective_batch``
+    over the Accelerator's processes at B*.
 
-    ``setup``, ``make_batch`` and ``micro_step`` are :func:`gaplan.probing.loop.probe_loop`'s. Over several
-    processes the main one probes (its device is every rank's) and every rank takes its answer. Returns the probe;
-    ``result.plan.micro_batch`` is the per-process micro-batch for your DataLoader, a divisor of the effective
-    batch's share, so that ``micro x steps x processes`` is the effective batch exactly.
+    ``setup``, ``make_batch``, ``micro_step`` and ``optimizer_step`` are :func:`gaplan.probing.loop.probe_loop`'s.
+    Over several processes the main one probes (its device is every rank's) and every rank takes its answer.
+    Returns the probe: ``result.plan`` (``result.split``, the same) is the per-process split at B*, possibly uneven;
+    feed it with :class:`gaplan.data.plan_sampler.PlanBatchSampler`. The Accelerator is left as it is (see the
+    module docstring for the two loss forms); one warning when it accumulates another number of steps.
     """
     world = accelerator.num_processes
     result = None
     if accelerator.is_main_process:
         autocast_step = AutocastStep(micro_step, accelerator_autocast(accelerator))
-        result = probe_loop(setup, make_batch, autocast_step, device=accelerator_device(accelerator),
-                            memory_limit=memory_limit, effective_batch=effective_batch, world_size=world,
-                            search_cap=search_cap, threads=threads, on_trial=on_trial)
+        result = probe_loop(setup, make_batch, autocast_step, optimizer_step,
+                            device=accelerator_device(accelerator), memory_limit=memory_limit,
+                            effective_batch=effective_batch, world_size=world, search_cap=search_cap,
+                            threads=threads, on_trial=on_trial)
     if world > 1:
         from accelerate.utils import broadcast_object_list
 
         result = broadcast_object_list([result])[0]
     assert result is not None
-    # One DataLoader batch size: the micro-batch divides the effective batch (256 at B* 48 is 32 x 8, not 43 x 6).
-    result = replace(result, plan=make_even_plan(effective_batch, result.max_micro_batch, world))
-    accelerator.gradient_accumulation_steps = result.plan.grad_accum_steps
+    steps = accelerator.gradient_accumulation_steps
+    if steps != 1 and steps != result.plan.grad_accum_steps:
+        warnings.warn(f"your Accelerator accumulates {steps} micro-steps (accelerator.backward divides the loss by "
+                      f"{steps}), but gaplan's plan runs {result.plan.grad_accum_steps} per optimizer step "
+                      f"({result.plan.describe()}); plan_accelerator does not change the Accelerator: set "
+                      f"accelerator.gradient_accumulation_steps = result.plan.grad_accum_steps", stacklevel=2)
+    log.info("plan_accelerator: %s", result.describe())
     return result
 
 

@@ -31,6 +31,7 @@ from collections.abc import Iterator, Mapping, Sized
 from typing import Any
 
 from gaplan.core.errors import GaplanError
+from gaplan.plan.split import Plan
 
 # Batch keys that are targets or bookkeeping, never model inputs.
 NOT_INPUTS = ("labels", "shift_labels", "num_items_in_batch")
@@ -45,6 +46,7 @@ def trainer_class(base: str = "Trainer") -> type:
     from torch import nn
     from transformers.utils import logging
 
+    from gaplan.data.plan_sampler import PlanBatchSampler
     from gaplan.data.tasks.infer import infer_task
     from gaplan.data.tasks.registry import task_component, task_names
     from gaplan.plan.draws import unknown_drawing
@@ -60,11 +62,21 @@ def trainer_class(base: str = "Trainer") -> type:
         Args:
             task: ``causal-lm``, ``masked-lm``, ``classification`` or ``seq2seq-lm``; default: from the model's class.
             noise_scale: measure and log the gradient noise scale of each step.
+            plan: train this :class:`~gaplan.plan.split.Plan` (B* itself, uneven too: ``12 x14, 11 x8``): its split
+                set in the arguments and its micro-batches fed by :class:`~gaplan.data.plan_sampler.PlanBatchSampler`
+                (a dataset with ``__len__``; the last samples that do not fill a step are left out).
             Everything else as ``transformers.Trainer``. Batches need ``labels`` (or ``shift_labels``).
         """
 
-        def __init__(self, *args: Any, task: str | None = None, noise_scale: bool = True, **kwargs: Any) -> None:
+        def __init__(self, *args: Any, task: str | None = None, noise_scale: bool = True, plan: Plan | None = None,
+                     **kwargs: Any) -> None:
+            if plan is not None:  # the plan's split in the arguments, before the Trainer builds its Accelerator
+                args, kwargs = _with_plan_arguments(plan, args, kwargs)
             super().__init__(*args, **kwargs)
+            self.gaplan_plan = plan
+            if plan is not None and self.args.world_size != plan.world_size:
+                raise GaplanError(f"the plan is for {plan.world_size} process(es); this Trainer runs "
+                                  f"{self.args.world_size}")
             self.gaplan_noise_scale = noise_scale
             self.noise_meter: NoiseScaleMeter | None = None  # during train(), when measured
             self._noise_pending = False  # train() started and its meter not yet (see train)
@@ -88,6 +100,26 @@ def trainer_class(base: str = "Trainer") -> type:
         @loss_is_scaled_for_ga.setter
         def loss_is_scaled_for_ga(self, value: Any) -> None:
             pass  # decided by the two switches above; a Trainer that assigns it keeps them in charge
+
+        def get_train_dataloader(self) -> torch.utils.data.DataLoader:
+            """The Trainer's loader; with ``plan=``, the plan's micro-batches (uneven too) from
+            :class:`~gaplan.data.plan_sampler.PlanBatchSampler`, seeded by ``args.seed``, sharded by ``prepare``."""
+            if self.gaplan_plan is None:
+                return super().get_train_dataloader()
+            if self.train_dataset is None:
+                raise ValueError("Trainer: training requires a train_dataset.")
+            dataset, collator = self.train_dataset, self.data_collator
+            if isinstance(dataset, torch.utils.data.IterableDataset):
+                raise GaplanError("GaplanTrainer(plan=...) samples by index: give a dataset with __len__, not a stream")
+            if callable(getattr(dataset, "remove_columns", None)):  # a datasets.Dataset, as the Trainer treats it
+                dataset = self._remove_unused_columns(dataset, description="Training")
+            else:
+                collator = self._get_collator_with_removed_columns(collator, description="Training")
+            sampler = PlanBatchSampler(self.gaplan_plan, len(dataset), seed=self.args.seed)
+            loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collator,
+                                                 num_workers=self.args.dataloader_num_workers,
+                                                 pin_memory=self.args.dataloader_pin_memory)
+            return self.accelerator.prepare(loader)
 
         def get_batch_samples(self, epoch_iterator: Iterator, num_batches: int, *args: Any,
                               **kwargs: Any) -> tuple[list, int | None]:
@@ -199,3 +231,26 @@ def trainer_class(base: str = "Trainer") -> type:
     GaplanTrainer.__module__ = "gaplan.integrations.transformers"
     GaplanTrainer.__qualname__ = GaplanTrainer.__name__ = name
     return GaplanTrainer
+
+
+def _with_plan_arguments(plan: Plan, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The Trainer's ``(args, kwargs)`` with its ``TrainingArguments`` (the second positional one, or ``args=``) set to
+    the plan's split: ``per_device_train_batch_size`` its largest micro-batch, ``gradient_accumulation_steps`` its
+    micro-steps per optimizer step."""
+    import dataclasses
+
+    batch = dict(per_device_train_batch_size=plan.micro_batch, gradient_accumulation_steps=plan.grad_accum_steps,
+                 auto_find_batch_size=False)
+    if len(args) > 1:
+        return (args[0], dataclasses.replace(args[1], **batch), *args[2:]), kwargs
+    if kwargs.get("args") is None:
+        raise GaplanError("GaplanTrainer(plan=...) needs the TrainingArguments (args=) to set the plan's split in")
+    return args, {**kwargs, "args": dataclasses.replace(kwargs["args"], **batch)}
+
+
+def __getattr__(name: str) -> Any:
+    """``GaplanTrainer`` and ``GaplanSeq2SeqTrainer`` importable from here too (the module that defines them), as
+    from :mod:`gaplan.integrations.transformers`: built on first access."""
+    if name in ("GaplanTrainer", "GaplanSeq2SeqTrainer"):
+        return trainer_class("Trainer" if name == "GaplanTrainer" else "Seq2SeqTrainer")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,8 +12,17 @@ probes its own device and all take the smallest edge. Then it sets your module's
 
     trainer = Trainer(callbacks=[GaplanBatchSize(effective_batch=256, memory_limit="8GiB"), TokenExactLoss()])
 
-The micro-batch divides the effective batch (:func:`gaplan.plan.split.make_even_plan`): one loader batch size,
-``micro x accumulate x world == effective`` exactly. On CPU the trials fork. On CUDA the Trainer has initialized
+By default the micro-batch divides the effective batch (:func:`gaplan.plan.split.make_even_plan`): one loader batch
+size, ``micro x accumulate x world == effective`` exactly, and one warning when that is under B* (what is given up,
+and the effective batches that split evenly at B*). ``uneven=True`` trains gaplan's plan at B* itself (``12 x14,
+11 x8``): your ``train_dataloader`` takes :func:`loader_options` (the plan's
+:class:`~gaplan.data.plan_sampler.PlanBatchSampler` once the probe has run, your ``batch_size`` before)::
+
+    def train_dataloader(self):
+        return DataLoader(self.data, collate_fn=collate,
+                          **loader_options(self.trainer, len(self.data), self.batch_size))
+
+On CPU the trials fork. On CUDA the Trainer has initialized
 the card before any callback runs (``strategy.setup_environment()`` sets the device), and such a process cannot
 fork: the trials are spawned, and get your module pickled as Lightning's ``ddp_spawn`` sends it (without its
 trainer: ``configure_optimizers`` must not need one), the precision plugin, and the largest samples with the
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -34,7 +44,7 @@ from gaplan.core.errors import GaplanError
 from gaplan.core.fork import failure_line, run_in_child
 from gaplan.core.units import parse_bytes
 from gaplan.data.longest import DEFAULT_SCAN, LargestBatches, largest_first
-from gaplan.plan.split import Plan, make_even_plan
+from gaplan.plan.split import Plan, even_trade_message, make_even_plan, make_plan
 from gaplan.probing.loop import LoopProbeResult, probe_loop
 
 log = logging.getLogger(__name__)
@@ -50,15 +60,17 @@ class GaplanBatchSize(Callback):
         make_batch: ``(b) -> batch`` of ``b`` samples at your longest; default: the ``b`` largest of the first
             ``scan`` samples of your training set, collated by its DataLoader's ``collate_fn``.
         search_cap, threads, on_trial, start: :func:`gaplan.probing.loop.probe_loop`'s.
+        uneven: train gaplan's plan at B* (fed by :func:`loader_options` in your ``train_dataloader``), not the
+            largest even split under it.
 
-    After ``fit`` starts: ``plan`` (the split), ``max_micro_batch`` (B*, the smallest over the ranks) and
-    ``result`` (this rank's probe).
+    After ``fit`` starts: ``plan`` (the split it trains), ``max_micro_batch`` (B*, the smallest over the ranks) and
+    ``result`` (this rank's probe: ``result.plan`` gaplan's plan at B*, ``result.split`` the split it trains).
     """
 
     def __init__(self, effective_batch: int, memory_limit: int | str | None = None, *,
                  batch_arg_name: str = "batch_size", make_batch: Callable[[int], Any] | None = None,
                  scan: int = DEFAULT_SCAN, search_cap: int | None = None, threads: int | None = None,
-                 on_trial: Callable[[Any], None] | None = None, start: str = "auto") -> None:
+                 on_trial: Callable[[Any], None] | None = None, start: str = "auto", uneven: bool = False) -> None:
         if not isinstance(effective_batch, int) or isinstance(effective_batch, bool) or effective_batch < 1:
             raise GaplanError(f"effective_batch must be a positive integer (got {effective_batch!r})")
         self.effective_batch = effective_batch
@@ -70,6 +82,7 @@ class GaplanBatchSize(Callback):
         self.threads = threads
         self.on_trial = on_trial
         self.start = start
+        self.uneven = uneven
         self.result: LoopProbeResult | None = None
         self.plan: Plan | None = None
         self.max_micro_batch: int | None = None
@@ -97,9 +110,14 @@ class GaplanBatchSize(Callback):
             raise GaplanError("another rank's probe failed (its own error is in its log); this rank's edge was "
                               f"{self.result.max_micro_batch if self.result else 'not measured'}")
         self.max_micro_batch = edge
-        self.plan = make_even_plan(self.effective_batch, edge, world)
+        full = make_plan(self.effective_batch, edge, world)
+        self.plan = full if self.uneven else make_even_plan(self.effective_batch, edge, world)
+        if self.plan != full:
+            warnings.warn(even_trade_message(full, self.plan, "a DataLoader with one batch_size",
+                                             "GaplanBatchSize(..., uneven=True) with loader_options in your "
+                                             "train_dataloader trains the plan itself"), stacklevel=2)
         if self.result is not None:
-            self.result = replace(self.result, plan=self.plan)
+            self.result = replace(self.result, plan=full, split=self.plan)
         lightning_setattr(pl_module, self.batch_arg_name, self.plan.micro_batch)
         trainer.accumulate_grad_batches = self.plan.grad_accum_steps
         # A loader built already (by a callback before this one) holds the old batch size: make the loop build it
@@ -108,6 +126,21 @@ class GaplanBatchSize(Callback):
             trainer.fit_loop._combined_loader = None
             trainer.fit_loop.setup_data()
         log.info("GaplanBatchSize: the largest micro-batch that fits is %d; %s", edge, self.plan.describe())
+
+
+def loader_options(trainer: Any, num_samples: int, batch_size: int, **sampler_options: Any) -> dict[str, Any]:
+    """``DataLoader`` keyword arguments for your ``train_dataloader``: ``batch_sampler``, the plan of the trainer's
+    ``GaplanBatchSize(..., uneven=True)`` (this rank's micro-batches), once its probe has run; else ``batch_size``
+    (before the probe, or without such a callback). ``sampler_options`` go to
+    :class:`~gaplan.data.plan_sampler.PlanBatchSampler` (``shuffle``, ``seed``). Under DDP build the Trainer with
+    ``use_distributed_sampler=False``: the sampler gives each rank its own share."""
+    from gaplan.data.plan_sampler import PlanBatchSampler
+
+    for callback in getattr(trainer, "callbacks", None) or []:
+        if isinstance(callback, GaplanBatchSize) and callback.uneven and callback.plan is not None:
+            rank = trainer.global_rank if callback.plan.world_size > 1 else None
+            return {"batch_sampler": PlanBatchSampler(callback.plan, num_samples, rank=rank, **sampler_options)}
+    return {"batch_size": batch_size}
 
 
 def check_probeable(trainer: Any, pl_module: Any, batch_arg_name: str) -> None:

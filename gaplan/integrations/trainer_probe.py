@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import os
 import tempfile
 import time
@@ -35,6 +36,8 @@ from gaplan.plan.split import default_search_cap, make_plan
 from gaplan.probing.loop import LoopProbeResult, forks_start_threads, resolve_budget, trial_from
 
 MICRO_STEPS = OPTIMIZER_STEPS = 2
+
+log = logging.getLogger(__name__)
 
 
 def longest_samples(dataset: Any, count: int, length: Callable[[Any], int] | None = None) -> Any:
@@ -103,12 +106,18 @@ def probe_trainer(model: Any, args: Any, train_dataset: Any, *, effective_batch:
     single_thread = not forks_start_threads()
     order = _longest_first(train_dataset, length)
     started = time.perf_counter()
+    # The Trainer's own output in each trial ({'train_runtime': ...}, dataset progress bars, config warnings): once
+    # in a file, not once per trial on screen; a failed trial's last lines are logged.
+    output = os.path.join(tempfile.mkdtemp(prefix="gaplan-probe-trainer-"), "trials.log")
 
     def measure(micro_batch: int) -> Trial:
         sample = _cycled(train_dataset, order, micro_batch * MICRO_STEPS * OPTIMIZER_STEPS)
         message = run_in_child(lambda: _trial(model, args, sample, data_collator, trainer_class, trainer_kwargs,
-                                              device, limit, micro_batch, single_thread))
-        trial = trial_from(message, micro_batch)
+                                              device, limit, micro_batch, single_thread),
+                               output, f"--- gaplan trial: per_device_train_batch_size {micro_batch}\n")
+        trial = trial_from(message, micro_batch, output)
+        log.info("probe_trainer: batch size %d %s (%.1f s)", micro_batch,
+                 "fits" if trial.fits else f"does not fit ({trial.error})", trial.seconds)
         if on_trial is not None:
             on_trial(trial)
         return trial
@@ -118,6 +127,7 @@ def probe_trainer(model: Any, args: Any, train_dataset: Any, *, effective_batch:
         raise DoesNotFit(f"the Trainer does not fit in {format_bytes(limit)} even at batch size 1 "
                          f"({result.trials[-1].error})")
     notes = ["each forked trial ran one thread (this process had run parallel torch ops)"] if single_thread else []
+    notes.append(f"the trials' own output (the Trainer's and your code's) is in {output}")
     if not _is_init(model):
         notes.append("the model was built in this process, so the trials did not pay its first-use costs (lazy "
                      "imports, caches) that a new process pays under its budget; pass model_init for the exact edge")

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from gaplan.core.errors import GaplanError
 from gaplan.data.tasks.infer import infer_task
-from gaplan.plan.split import Plan, make_plan
+from gaplan.plan.split import Plan, even_trade_message, make_plan
 
 if TYPE_CHECKING:
     from torch import nn
@@ -47,7 +47,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GaplanTrainer",  # noqa: F822 - defined on first access by the module's __getattr__
-    "UnevenPlanWarning", "even_plan", "hf_snippet", "infer_task", "plan_training_arguments", "resolve_plan",
+    "TrainerPlan", "UnevenPlanWarning", "even_plan", "hf_snippet", "infer_task", "plan_trainer",
+    "plan_training_arguments", "resolve_plan",
 ]
 
 class UnevenPlanWarning(UserWarning):
@@ -69,15 +70,8 @@ def even_plan(plan: Plan) -> Plan:
 
 def _uneven_message(plan: Plan, even: Plan) -> str:
     """Why the Trainer gets a smaller micro-batch than gaplan planned, and which batch sizes would avoid it."""
-    cap, world = plan.micro_batch_cap, plan.world_size
-    step = cap * world
-    lower, upper = plan.effective_batch // step * step, (plan.effective_batch // step + 1) * step
-    nearby = f"{lower} or {upper}" if lower else f"{upper}"
-    return (f"gaplan's plan splits {plan.effective_batch // world} samples per device as "
-            f"{','.join(map(str, plan.micro_batch_sizes))}, but the Hugging Face Trainer needs equal micro-batches: "
-            f"using {even.micro_batch} x {even.grad_accum_steps} accumulation steps x {world} device(s) instead "
-            f"(largest micro-batch <= {cap} that divides {plan.effective_batch // world}). "
-            f"An effective batch of {nearby} would split evenly at micro-batch {cap}.")
+    return even_trade_message(plan, even, "the Hugging Face Trainer",
+                              "GaplanTrainer(..., plan=result.plan) trains the plan itself")
 
 
 def hf_snippet(plan: Plan, output_dir: str = "out") -> str:
@@ -171,16 +165,53 @@ def plan_training_arguments(
             cannot be probed, or the plan cannot be read.
         DoesNotFit: when even micro-batch 1 does not fit.
     """
-    chosen = resolve_plan(model_or_spec, args, effective_batch, plan=plan, memory_limit=memory_limit, device=device,
-                          seq_len=seq_len, world_size=world_size, probe=probe, train_dataset=train_dataset,
-                          data_collator=data_collator, trainer_class=trainer_class, trainer_kwargs=trainer_kwargs)
-    even = even_plan(chosen)
-    if even is not chosen:
-        warnings.warn(_uneven_message(chosen, even), UnevenPlanWarning, stacklevel=2)
+    return plan_trainer(model_or_spec, args, effective_batch, plan=plan, memory_limit=memory_limit, device=device,
+                        seq_len=seq_len, world_size=world_size, probe=probe, train_dataset=train_dataset,
+                        data_collator=data_collator, trainer_class=trainer_class, trainer_kwargs=trainer_kwargs).args
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerPlan:
+    """What the Trainer route found and what it runs: ``plan`` is gaplan's plan at B* (``max_micro_batch``),
+    possibly uneven; ``split`` the even split that ``args`` run (``plan`` itself when it is even); ``probe`` the
+    probe behind it, with its trials (a :class:`~gaplan.probing.loop.LoopProbeResult` for ``probe="trainer"``, a
+    :class:`~gaplan.runs.probe_result.ProbeResult` for ``"workload"``, None for ``plan=``)."""
+
+    args: Any  # TrainingArguments
+    plan: Plan
+    split: Plan
+    probe: Any = None
+
+    @property
+    def max_micro_batch(self) -> int:
+        return self.plan.micro_batch_cap
+
+    @property
+    def trials(self) -> list:
+        """The probe's trials (none when the plan was given)."""
+        return list(getattr(self.probe, "trials", None) or [])
+
+    def describe(self) -> str:
+        """One line: B*, the trials, the plan, and the split the arguments run when it is another."""
+        tried = " ".join(f"{t.micro_batch}{'' if t.fits else 'x'}" for t in self.trials)
+        line = f"B* = {self.max_micro_batch}{f' (tried {tried})' if tried else ''}; {self.plan.describe()}"
+        return line if self.split == self.plan else f"{line}; the arguments run {self.split.describe()}"
+
+
+def plan_trainer(model_or_spec: nn.Module | WorkloadSpec | str | None, args: TrainingArguments, effective_batch: int,
+                 **options: Any) -> TrainerPlan:
+    """:func:`plan_training_arguments` (the same arguments), returning what it found with the arguments: B*, the
+    trials, gaplan's plan and the split the arguments run. An uneven plan warns (:class:`UnevenPlanWarning`) that the
+    arguments run a smaller even split; ``GaplanTrainer(..., plan=result.plan)`` trains the plan itself."""
     from gaplan.integrations.trainer_probe import built_arguments
 
-    return dataclasses.replace(built_arguments(args), per_device_train_batch_size=even.micro_batch,
-                               gradient_accumulation_steps=even.grad_accum_steps, auto_find_batch_size=False)
+    chosen, probed = _chosen_plan(model_or_spec, args, effective_batch, **options)
+    even = even_plan(chosen)
+    if even is not chosen:
+        warnings.warn(_uneven_message(chosen, even), UnevenPlanWarning, stacklevel=3)
+    planned = dataclasses.replace(built_arguments(args), per_device_train_batch_size=even.micro_batch,
+                                  gradient_accumulation_steps=even.grad_accum_steps, auto_find_batch_size=False)
+    return TrainerPlan(planned, chosen, even, probed)
 
 
 def resolve_plan(
@@ -204,6 +235,17 @@ def resolve_plan(
     Useful to probe once and then both build the arguments (``plan=`` the result) and show the plan
     (:func:`hf_snippet`).
     """
+    return _chosen_plan(model_or_spec, args, effective_batch, plan=plan, memory_limit=memory_limit, device=device,
+                        seq_len=seq_len, world_size=world_size, probe=probe, train_dataset=train_dataset,
+                        data_collator=data_collator, trainer_class=trainer_class, trainer_kwargs=trainer_kwargs)[0]
+
+
+def _chosen_plan(model_or_spec: Any, args: Any, effective_batch: int, *, plan: Any = None,
+                 memory_limit: int | str | None = None, device: str = "auto", seq_len: int | None = None,
+                 world_size: int | None = None, probe: str = "workload", train_dataset: Any = None,
+                 data_collator: Any = None, trainer_class: type | None = None,
+                 trainer_kwargs: Mapping[str, Any] | None = None) -> tuple[Plan, Any]:
+    """:func:`resolve_plan`'s plan and the probe behind it (None when ``plan`` was given)."""
     from gaplan.integrations.trainer_probe import built_arguments, launch_world_size
 
     world_size = launch_world_size() if world_size is None else world_size
@@ -221,7 +263,7 @@ def resolve_plan(
         result = probe_trainer(model_or_spec, args, train_dataset, effective_batch=effective_batch,
                                data_collator=data_collator, trainer_class=trainer_class, memory_limit=memory_limit,
                                world_size=world_size, **dict(trainer_kwargs or {}))
-        return result.plan
+        return result.plan, result
     args = built_arguments(args)  # the workload's trials run in a new process, not forked from this one
     if device == "auto" and getattr(args, "use_cpu", False):
         device = "cpu"
@@ -229,8 +271,8 @@ def resolve_plan(
 
 
 def _resolve_plan(model_or_spec: Any, args: TrainingArguments, effective_batch: int, world_size: int, plan: Any,
-                  memory_limit: int | str | None, device: str, seq_len: int | None) -> Plan:
-    """gaplan's plan (possibly uneven) for ``effective_batch`` on ``world_size`` devices."""
+                  memory_limit: int | str | None, device: str, seq_len: int | None) -> tuple[Plan, Any]:
+    """gaplan's plan (possibly uneven) for ``effective_batch`` on ``world_size`` devices, and the probe behind it."""
     import importlib
 
     from gaplan.runs.probe_result import ProbeResult, load_probe
@@ -246,7 +288,7 @@ def _resolve_plan(model_or_spec: Any, args: TrainingArguments, effective_batch: 
             cap = plan.micro_batch_cap
         else:
             raise GaplanError(f"plan= must be a plan.json path, a Plan or a ProbeResult (got {type(plan).__name__})")
-        return make_plan(effective_batch, cap, world_size)
+        return make_plan(effective_batch, cap, world_size), None
     if model_or_spec is None:
         raise GaplanError("give a model, a WorkloadSpec or a preset to probe, or plan= to use an existing plan")
     make_plan(effective_batch, max(1, effective_batch // max(world_size, 1)), world_size)  # a bad batch fails here
@@ -258,7 +300,7 @@ def _resolve_plan(model_or_spec: Any, args: TrainingArguments, effective_batch: 
         # The search stops at a device's share of the step (the probe's default cap): more is never used.
         result = probing.probe(spec, device=device, memory_limit=memory_limit, effective_batch=effective_batch,
                                world_size=world_size)
-    return make_plan(effective_batch, result.plan_cap, world_size)
+    return make_plan(effective_batch, result.plan_cap, world_size), result
 
 
 # The Trainer's ``optim`` names (transformers' OptimizerNames, 5.25) whose optimizer keeps the states gaplan counts for

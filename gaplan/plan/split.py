@@ -141,3 +141,19 @@ def make_even_plan(effective_batch: int, micro_batch_cap: int, world_size: int =
     share = effective_batch // world_size
     steps = next(g for g in range(plan.grad_accum_steps, share + 1) if share % g == 0)
     return replace(make_plan(effective_batch, share // steps, world_size), micro_batch_cap=micro_batch_cap)
+
+
+def even_trade_message(plan: Plan, even: Plan, route: str, remedy: str) -> str:
+    """One line for a route that can only feed equal micro-batches and runs ``even`` instead of ``plan`` (gaplan's
+    plan at B*): what it gives up, and the nearest effective batches that split evenly at B*. ``route`` names who
+    needs equal micro-batches; ``remedy`` how to train the plan itself."""
+    cap, world = plan.micro_batch_cap, plan.world_size
+    step = min(cap, plan.effective_batch // world) * world
+    lower, upper = plan.effective_batch // step * step, (plan.effective_batch // step + 1) * step
+    nearby = f"{lower} or {upper}" if lower else f"{upper}"
+    return (f"gaplan's plan splits {plan.effective_batch // world} samples per device as "
+            f"{','.join(map(str, plan.micro_batch_sizes))}, but {route} needs equal micro-batches: "
+            f"using {even.micro_batch} x {even.grad_accum_steps} accumulation steps x {world} device(s) instead "
+            f"(largest micro-batch <= {cap} that divides {plan.effective_batch // world}), "
+            f"{plan.micro_batch - even.micro_batch} samples under the micro-batch that fits. "
+            f"An effective batch of {nearby} would split evenly at micro-batch {cap}; {remedy}.")

@@ -5,9 +5,10 @@ each trial, under the same budget and search as ``gaplan probe``.
     result.max_micro_batch, result.trials, result.plan
 
 Each trial is a fresh process forked from this one (closures and lambdas work: the child has them), which takes
-the budget at once (:func:`gaplan.devices.cpu.cpu_budget`'s semantics), calls ``setup()``, makes the optimizer's
-states, then trains two optimizer steps of two or more micro-steps: B* fits there and B*+1 does not, past the
-first step. On CUDA this process stays fork-safe: it asks the card its questions in a child
+the budget at once (:func:`gaplan.devices.cpu.cpu_budget`'s semantics), calls ``setup()``, then trains two optimizer
+steps of two or more micro-steps as your loop does (your optimizer makes its states at its first step, as in your
+loop; the second is the steady state): B* fits there and B*+1 does not, past the first step.
+On CUDA this process stays fork-safe: it asks the card its questions in a child
 (:mod:`gaplan.devices.card`) and never starts the driver itself. A process whose CUDA was initialized before the
 probe (a model moved to the GPU, ``TrainingArguments`` built) cannot fork; there each trial is spawned instead and
 the functions go pickled (module-level functions and picklable objects, your script's own included), else one line
@@ -18,9 +19,11 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,10 +39,14 @@ from gaplan.plan.search import find_edge
 from gaplan.plan.split import Plan, default_search_cap, make_plan
 from gaplan.worker.loop_trial import LoopFunctions, loop_trial
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class LoopProbeResult:
-    """The edge of the user's loop: B*, every trial, the plan for the effective batch."""
+    """What a route found and what it runs: B*, every trial, gaplan's plan at B* for the effective batch, and
+    ``split``, the split the route will actually train (``plan`` itself unless the route can only feed equal
+    micro-batches and traded B* for a divisor of the effective batch; it says so in a warning then)."""
 
     max_micro_batch: int
     capped: bool  # the search cap fitted: more may fit
@@ -50,10 +57,30 @@ class LoopProbeResult:
     wall_seconds: float
     spawned: bool = False  # trials ran as new interpreters (CUDA was initialized here), not forks
     notes: list[str] = field(default_factory=list)
+    split: Plan | None = None  # None: the plan itself (set so in __post_init__)
+
+    def __post_init__(self) -> None:
+        if self.split is None:
+            object.__setattr__(self, "split", self.plan)
+
+    @property
+    def uses_plan(self) -> bool:
+        """Whether the route trains gaplan's plan at B* (not a smaller, even split)."""
+        return self.split == self.plan
+
+    def describe(self) -> str:
+        """One line for people: B*, the trials, the plan, and the split used when it is another."""
+        tried = " ".join(f"{t.micro_batch}{'' if t.fits else 'x'}" for t in self.trials)
+        line = f"B* = {self.max_micro_batch}{'+' if self.capped else ''} (tried {tried}); {self.plan.describe()}"
+        if not self.uses_plan:
+            assert self.split is not None
+            line += f"; trains {self.split.describe()}"
+        return line
 
     def to_dict(self) -> dict[str, Any]:
+        assert self.split is not None
         return {"max_micro_batch": self.max_micro_batch, "capped": self.capped, "plan": self.plan.to_dict(),
-                "trials": [t.to_dict() for t in self.trials], "device": self.device,
+                "split": self.split.to_dict(), "trials": [t.to_dict() for t in self.trials], "device": self.device,
                 "memory_limit_bytes": self.memory_limit_bytes, "wall_seconds": round(self.wall_seconds, 2),
                 "spawned": self.spawned, "notes": self.notes}
 
@@ -105,12 +132,23 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
         threads = 1
         notes.append("this process had run parallel torch ops before the probe, so each forked trial runs one "
                      "thread (OpenMP cannot start threads after a fork); probe before training for your thread count")
+    output = None
+    if not spawned:
+        # Your code's own output in the trials (prints, progress bars, warnings), once in a file, not once per trial.
+        output = os.path.join(tempfile.mkdtemp(prefix="gaplan-probe-loop-"), "trials.log")
+        notes.append(f"the trials' own output (your code's prints and warnings) is in {output}")
     run = _spawner(functions, device, limit, micro_steps, threads) if spawned else \
-        _forker(functions.resolved(), device, limit, micro_steps, threads)
+        _forker(functions.resolved(), device, limit, micro_steps, threads, output)
     started = time.perf_counter()
+    log.info("probe_loop: probing your loop on %s under %s (effective batch %d, search cap %d)", device,
+             format_bytes(limit or 0), effective_batch, cap)
 
     def measure(micro_batch: int, steps: int = optimizer_steps) -> Trial:
         trial = run(micro_batch, steps)
+        log.info("probe_loop: micro-batch %d %s (%d optimizer step(s), %.1f s)", micro_batch,
+                 f"fits, peak {format_bytes(trial.peak_bytes)}" if trial.fits and trial.peak_bytes else
+                 "fits" if trial.fits else f"does not fit ({trial.error})", trial.completed_steps,
+                 trial.seconds)
         if on_trial is not None:
             on_trial(trial)
         return trial
@@ -125,9 +163,11 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
     if result.edge == 0:
         raise DoesNotFit(f"your loop does not fit in {format_bytes(limit or 0)} even at micro-batch 1 "
                          f"({result.trials[-1].error})")
-    return LoopProbeResult(result.edge, result.capped, result.trials,
-                           make_plan(effective_batch, result.edge, world_size), device, limit,
-                           time.perf_counter() - started, spawned, notes)
+    found = LoopProbeResult(result.edge, result.capped, result.trials,
+                            make_plan(effective_batch, result.edge, world_size), device, limit,
+                            time.perf_counter() - started, spawned, notes)
+    log.info("probe_loop: %s", found.describe())
+    return found
 
 
 SPAWNED_NOTE = ("this process had initialized CUDA before the probe, so each trial ran as a new process with your "
@@ -192,21 +232,32 @@ def forks_start_threads(seconds: int = 3) -> bool:
     return bool(run_in_child(check).get("ok"))
 
 
-def trial_from(message: dict, micro_batch: int) -> Trial:
+def trial_from(message: dict, micro_batch: int, output: str | None = None) -> Trial:
+    """The trial a child sent back; a failure for another reason than memory raises, its own output logged (the
+    last lines of ``output``, the trials' output file) and the file named."""
     if "error" in message and "micro_batch" not in message:
         last = failure_line(message)
         if message["error"] == "killed":  # the kernel's OOM killer: past the machine's memory, not the budget
             return Trial(micro_batch, False, error=last)
+        where = ""
+        if output is not None:
+            from gaplan.core.fork import output_tail
+
+            tail = output_tail(output)
+            if tail:
+                log.warning("the failed trial's own output (last lines of %s):\n%s", output, tail)
+            where = f" (its output: {output})"
         raise GaplanError(f"a trial of your loop failed at micro-batch {micro_batch} for another reason than memory: "
-                          f"{last}")
+                          f"{last}{where}")
     return Trial.from_dict(message)
 
 
 def _forker(functions: dict[str, Callable], device: str, limit: int | None, micro_steps: int,
-            threads: int | None) -> Callable[[int, int], Trial]:
+            threads: int | None, output: str | None = None) -> Callable[[int, int], Trial]:
     def run(micro_batch: int, steps: int) -> Trial:
-        message = run_in_child(lambda: loop_trial(functions, device, limit, micro_batch, micro_steps, steps, threads))
-        return trial_from(message, micro_batch)
+        message = run_in_child(lambda: loop_trial(functions, device, limit, micro_batch, micro_steps, steps, threads),
+                               output, f"--- gaplan trial: micro-batch {micro_batch}, {steps} optimizer step(s)\n")
+        return trial_from(message, micro_batch, output)
 
     return run
 

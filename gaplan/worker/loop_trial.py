@@ -1,6 +1,9 @@
 """A probe trial of a loop the user brings: their ``setup``, ``make_batch``, ``micro_step`` and ``optimizer_step``,
-run under the budget at steady state (the optimizer's states made first, then optimizer steps of accumulated
-micro-steps), measured by the same loop as gaplan's own trials (:func:`gaplan.worker.trial.measure_steps`).
+run under the budget as the loop runs, measured by the same loop as gaplan's own trials
+(:func:`gaplan.worker.trial.measure_steps`). The optimizer makes its states itself, at its first ``step()`` (AdamW's
+lazy creation, as in the user's loop): states made before, another way, land in the heap at another moment and cost
+a sample at the edge on CPU (measured on a nanoGPT loop at 1 GiB). The first optimizer step is therefore the
+loop's own first, and the steady state is measured from the second on; the trial's peak is the larger.
 
 Forked from the caller (closures work), or, where the caller's CUDA is initialized and cannot fork, spawned as
 ``python -m gaplan.worker.loop_trial``: the request pickled on stdin, the trial as JSON on stdout. A spawned trial
@@ -85,11 +88,12 @@ def _tokens(batch: Any) -> int:
 
 def loop_trial(functions: dict[str, Callable], device: str, limit_bytes: int | None, micro_batch: int,
                micro_steps: int = 2, optimizer_steps: int = 2, threads: int | None = None) -> dict:
-    """In a fresh child: the budget, the user's model and optimizer, their states, then the measured steps."""
+    """In a fresh child: the budget, the user's model and optimizer, then ``optimizer_steps`` steps as the loop runs
+    them (the first makes the optimizer's states), each measured."""
     import torch
 
     from gaplan.devices.backend import is_out_of_memory, make_backend
-    from gaplan.worker.trial import make_optimizer_states, measure_steps
+    from gaplan.worker.trial import measure_steps
 
     if threads:
         torch.set_num_threads(threads)
@@ -102,11 +106,10 @@ def loop_trial(functions: dict[str, Callable], device: str, limit_bytes: int | N
     setup, make_batch, micro_step, optimizer_step = (functions[name] for name in FUNCTION_NAMES)
     try:
         model, optimizer = setup()
-        make_optimizer_states(model, optimizer, lambda: optimizer_step(model, optimizer))
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
-        return Trial(micro_batch, False, error="the model and its optimizer states themselves do not fit").to_dict()
+        return Trial(micro_batch, False, error="the model and its optimizer themselves do not fit").to_dict()
 
     def accumulate() -> tuple[int, Any]:
         batch = None

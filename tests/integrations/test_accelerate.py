@@ -1,6 +1,8 @@
 """gaplan with accelerate: the plan set on the Accelerator from a probe of the user's own step, and the token-exact
 loss over ``accelerator.accumulate``, in one process and over two DDP ranks."""
 
+import os
+
 import pytest
 import torch
 
@@ -8,6 +10,7 @@ accelerate = pytest.importorskip("accelerate")
 
 from gaplan.data import SyntheticCorpus, collate  # noqa: E402
 from gaplan.integrations.accelerate import count_step_items, plan_accelerator, step_loss  # noqa: E402
+from gaplan.plan.split import make_plan  # noqa: E402
 from gaplan.workload.loss import summed_token_loss  # noqa: E402
 from tests.conftest import SMALL_BUDGET  # noqa: E402
 
@@ -76,8 +79,92 @@ def test_the_recipe_gives_the_gradient_of_one_full_batch_on_padded_uneven_micro_
     assert worst > 1e-3
 
 
+def sgd_update_of_one_batch(samples, lr, mean_loss=False):
+    """The weights after one SGD step on ``samples`` as one batch (the summed token loss over its targets)."""
+    model = tiny_model()
+    whole = collate(samples, TASK)
+    loss = model(**whole).loss if mean_loss else \
+        summed_token_loss(model(**whole).logits, whole, TASK) / (whole["labels"][:, 1:] != -100).sum()
+    loss.backward()
+    torch.optim.SGD(model.parameters(), lr=lr).step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def worst_update_difference(model, expected, start):
+    """The largest difference of ``model``'s update (its weights less ``start``) from ``expected``'s, relative to
+    the largest of ``expected``'s update."""
+    worst = 0.0
+    for name, param in model.named_parameters():
+        want = expected[name] - start[name]
+        worst = max(worst, ((param.detach() - start[name]) - want).abs().max().item() / want.abs().max().item())
+    return worst
+
+
+def test_an_uneven_plan_through_the_batch_sampler_and_accumulate_gives_one_large_batchs_sgd_update():
+    """The accumulate form: the plan's 4,4,3 fed by PlanBatchSampler through accelerator.prepare, the accumulation
+    steps set by the loop (plan_accelerator leaves the Accelerator as it is), step_loss: on padded samples the SGD
+    update equals that of the 11 samples as one batch."""
+    from torch.utils.data import DataLoader
+
+    from gaplan.data.plan_sampler import PlanBatchSampler
+
+    corpus = SyntheticCorpus(32, seed=0)
+    samples = [corpus[i] for i in range(11)]
+    plan = make_plan(11, 4)
+    assert plan.micro_batch_sizes == (4, 4, 3)
+    accelerator = accelerate.Accelerator(cpu=True)
+    accelerator.gradient_accumulation_steps = plan.grad_accum_steps
+    model = tiny_model()
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    loader = DataLoader(samples, batch_sampler=PlanBatchSampler(plan, len(samples), shuffle=False),
+                        collate_fn=lambda rows: collate(rows, TASK))
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    micro_batches = list(loader)
+    assert [len(b["input_ids"]) for b in micro_batches] == [4, 4, 3]
+    items = count_step_items(accelerator, micro_batches, TASK)
+    steps = 0
+    for batch in micro_batches:
+        with accelerator.accumulate(model):
+            accelerator.backward(step_loss(accelerator, summed_token_loss(model(**batch).logits, batch, TASK), items))
+            steps += accelerator.sync_gradients
+            optimizer.step()
+            optimizer.zero_grad()
+    assert steps == 1
+    worst = worst_update_difference(accelerator.unwrap_model(model), sgd_update_of_one_batch(samples, 0.5), start)
+    assert worst < 1e-5, worst
+
+
+def test_the_manual_form_divides_by_its_own_steps_on_an_accelerator_plan_accelerator_left_at_one():
+    """The older form: the loop divides each micro-batch's mean loss by its own steps and steps the optimizer itself.
+    On full blocks of equal micro-batches (where a mean is exact) the update equals one large batch's; had the
+    Accelerator been set to the plan's steps (what plan_accelerator did before), backward would divide again."""
+    from gaplan.data.corpus import Sample
+
+    samples = [Sample(tuple(range(i + 1, i + 25))) for i in range(12)]  # full blocks: no padding
+    plan = make_plan(12, 4)
+    expected = sgd_update_of_one_batch(samples, 0.5, mean_loss=True)
+    worst = {}
+    for accelerator_steps in (1, plan.grad_accum_steps):
+        accelerate.state.AcceleratorState._reset_state(True)
+        accelerate.state.GradientState._reset_state()
+        accelerator = accelerate.Accelerator(cpu=True)
+        accelerator.gradient_accumulation_steps = accelerator_steps
+        model = tiny_model()
+        start = {n: p.detach().clone() for n, p in model.named_parameters()}
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        for index, size in enumerate(plan.micro_batch_sizes):
+            batch = collate(samples[index * size:(index + 1) * size], TASK)
+            accelerator.backward(model(**batch).loss / plan.grad_accum_steps)
+        optimizer.step()
+        worst[accelerator_steps] = worst_update_difference(accelerator.unwrap_model(model), expected, start)
+    assert worst[1] < 1e-5, worst
+    assert abs(worst[plan.grad_accum_steps] - (1 - 1 / plan.grad_accum_steps)) < 1e-3, worst  # divided twice
+
+
 @pytest.mark.slow
-def test_plan_accelerator_probes_the_users_step_under_its_mixed_precision_and_sets_the_accumulation():
+def test_plan_accelerator_probes_the_users_step_and_optimizer_step_and_leaves_the_accelerator_as_it_is(tmp_path):
     accelerator = accelerate.Accelerator(cpu=True, mixed_precision="bf16")
 
     def setup():
@@ -91,15 +178,28 @@ def test_plan_accelerator_probes_the_users_step_under_its_mixed_precision_and_se
         assert torch.is_autocast_enabled("cpu"), "the probe must run the step as the Accelerator trains it"
         model(input_ids=ids, labels=ids).loss.backward()
 
-    result = plan_accelerator(accelerator, setup, make_batch, micro_step, effective_batch=64,
+    def optimizer_step(model, optimizer):  # the user's own: clipping, then the step
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        (tmp_path / f"stepped-{os.getpid()}").touch()
+
+    result = plan_accelerator(accelerator, setup, make_batch, micro_step, optimizer_step, effective_batch=64,
                               memory_limit=SMALL_BUDGET, threads=1)
-    assert result.max_micro_batch >= 1 and result.plan.effective_batch == 64
-    assert accelerator.gradient_accumulation_steps == result.plan.grad_accum_steps >= 1
-    assert result.plan.micro_batch <= result.max_micro_batch and result.plan.is_even
-    assert result.plan.micro_batch * result.plan.grad_accum_steps == 64
+    assert accelerator.gradient_accumulation_steps == 1  # left as it was
+    assert result.split == result.plan == make_plan(64, result.max_micro_batch)  # B* itself, not a divisor
+    assert len(list(tmp_path.iterdir())) >= len(result.trials) - 1  # each trial that fitted ran optimizer_step
     fits = [t for t in result.trials if t.fits]
     assert max(t.micro_batch for t in fits) == result.max_micro_batch
     assert result.capped or any(not t.fits and t.micro_batch == result.max_micro_batch + 1 for t in result.trials)
+    assert str(result.max_micro_batch) in result.describe()
+
+    accelerate.state.AcceleratorState._reset_state(True)
+    accumulating = accelerate.Accelerator(cpu=True, mixed_precision="bf16", gradient_accumulation_steps=3)
+    with pytest.warns(UserWarning, match="accumulates 3 micro-steps.*does not change the Accelerator"):
+        plan_accelerator(accumulating, setup, make_batch, micro_step, effective_batch=64,
+                         memory_limit=SMALL_BUDGET, threads=1, search_cap=1)
+    assert accumulating.gradient_accumulation_steps == 3
 
 
 @pytest.mark.slow
@@ -125,7 +225,8 @@ def test_the_recipe_over_two_ddp_ranks_gives_the_gradient_of_both_ranks_samples_
     assert result["worst"] < 1e-5, result
     # plan_accelerator from inside the launch: both ranks take rank 0's probe; one step at its split is exact too
     assert 1 <= result["micro_batch"] <= result["edge"] < 32, result  # the budget binds below a rank's share
-    assert result["micro_batch"] * result["accumulation"] * result["world"] == 64
+    assert result["edge"] >= result["micro_batch"] and result["accumulation"] == -(-32 // result["edge"])
+    assert result["untouched"] == 1  # plan_accelerator left the Accelerator as it was
     assert result["accelerator_steps"] == result["accumulation"] > 1
     assert result["planned_worst"] < 1e-5, result
 

@@ -353,3 +353,43 @@ def test_gaplan_seq2seq_trainer_steps_as_one_batch_over_uneven_targets(tmp_path)
     scale = whole.abs().max()
     assert (accumulated - whole).abs().max() <= 1e-5 * scale
     assert (means - whole).abs().max() > 0.05 * scale
+
+
+def test_gaplan_trainer_trains_an_uneven_plan_at_b_star_with_one_large_batchs_sgd_update(tmp_path):
+    """GaplanTrainer(plan=...) feeds the plan 4,4,3 (B* 4 for 11 samples, no divisor traded) through its own loader;
+    on padded samples of different target counts one optimizer step's SGD update equals the 11 as one batch."""
+    from gaplan.integrations.hf_trainer import GaplanTrainer
+    from gaplan.plan.split import make_plan
+    from gaplan.workload.loss import summed_token_loss
+
+    samples = _samples(11)
+    plan = make_plan(11, 4)
+    assert plan.micro_batch_sizes == (4, 4, 3)
+    reference = _model()
+    start = {n: p.detach().clone() for n, p in reference.named_parameters()}
+    whole = _collate(samples)
+    (summed_token_loss(reference(**whole).logits, whole, "causal-lm") / (whole["labels"][:, 1:] != -100).sum()).backward()
+    torch.optim.SGD(reference.parameters(), lr=0.1).step()
+
+    args = transformers.TrainingArguments(str(tmp_path), per_device_train_batch_size=1, gradient_accumulation_steps=1,
+                                          max_steps=1, learning_rate=0.1, optim="sgd", lr_scheduler_type="constant",
+                                          max_grad_norm=0.0, weight_decay=0.0, report_to=[], use_cpu=True,
+                                          save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=7)
+    sizes = []
+    trainer = GaplanTrainer(model=_model(), args=args, train_dataset=samples, data_collator=_collate, plan=plan,
+                            noise_scale=False)
+    assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (4, 3)
+    original = trainer.compute_loss
+
+    def compute_loss(model, inputs, *rest, **kwargs):
+        sizes.append(len(inputs["input_ids"]))
+        return original(model, inputs, *rest, **kwargs)
+
+    trainer.compute_loss = compute_loss
+    trainer.train()
+    assert sorted(sizes) == [3, 4, 4]
+    worst = 0.0
+    for name, param in trainer.model.named_parameters():
+        want = dict(reference.named_parameters())[name].detach() - start[name]
+        worst = max(worst, ((param.detach() - start[name]) - want).abs().max().item() / want.abs().max().item())
+    assert worst < 1e-5, worst

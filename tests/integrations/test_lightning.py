@@ -126,6 +126,44 @@ def test_in_a_long_lived_process_the_callback_sets_the_split_of_the_effective_ba
     assert trainer.global_step == 1 and trainer.train_dataloader.batch_size == module.batch_size
 
 
+class PlanFedModule(GptModule):
+    """A module whose train_dataloader takes loader_options: the plan's batch sampler once the probe has run."""
+
+    def train_dataloader(self):
+        from torch.utils.data import DataLoader
+
+        from gaplan.integrations.lightning import loader_options
+
+        corpus = SyntheticCorpus(self.seq_len, seed=0)
+        samples = [corpus[i] for i in range(self.samples)]
+        return DataLoader(samples, collate_fn=lambda s: collate(s, TASK),
+                          **loader_options(self.trainer, len(samples), self.batch_size, shuffle=False))
+
+
+@pytest.mark.slow
+def test_uneven_true_trains_the_plan_at_b_star_exactly_and_the_default_says_what_its_even_split_gives_up():
+    """11 padded samples at B* 4 (the search capped there): uneven=True trains 4,4,3 and the step's gradient is the
+    11 as one batch; the default trains 1 x 11 (11 is prime) and warns once, naming 8 or 12 as batches that split
+    evenly at 4."""
+    options = dict(memory_limit=SMALL_BUDGET // 4, threads=1, search_cap=4)
+    callback = GaplanBatchSize(11, uneven=True, **options)
+    module = PlanFedModule(batch_size=1, samples=11, seq_len=32, fixed_length=False, optimizer="sgd", lr=0.0)
+    trainer = quiet_trainer(max_steps=1, callbacks=[callback, TokenExactLoss(TASK)])
+    trainer.fit(module)
+    assert callback.max_micro_batch == 4 and callback.plan.micro_batch_sizes == (4, 4, 3)
+    assert callback.result.split == callback.result.plan == callback.plan and trainer.accumulate_grad_batches == 3
+    corpus = SyntheticCorpus(32, seed=0)
+    expected = full_batch_gradient([corpus[i] for i in range(11)], 32)
+    assert len(module.step_grads) == 1
+    assert worst_relative_difference(module.step_grads[0], expected) < 1e-5
+
+    even = GaplanBatchSize(11, **options)
+    with pytest.warns(UserWarning, match=r"4,4,3, but a DataLoader with one batch_size.*1 x 11.*8 or 12"):
+        quiet_trainer(max_steps=1, callbacks=[even, TokenExactLoss(TASK)]).fit(
+            GptModule(batch_size=1, samples=11, seq_len=32, fixed_length=False, optimizer="sgd", lr=0.0))
+    assert even.plan.micro_batch == 1 and even.result.plan.micro_batch == 4 and not even.result.uses_plan
+
+
 @pytest.mark.heavy
 @pytest.mark.slow
 def test_where_the_trainer_cannot_fork_the_trials_are_spawned_with_the_module_pickled():

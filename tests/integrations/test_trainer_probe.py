@@ -48,8 +48,6 @@ def _tiny():
 def test_plan_training_arguments_in_trainer_mode_plans_from_the_trainers_own_edge(tmp_path, given):
     """The arguments as built, or (as on a CUDA machine, where building them sets the device) the function that
     builds them, called in the trials and at the end only."""
-    from gaplan.integrations.transformers import plan_training_arguments
-
     rows = [{"input_ids": torch.randint(0, 300, (32,)), "labels": torch.randint(0, 300, (32,))} for _ in range(8)]
 
     def build():
@@ -57,10 +55,24 @@ def test_plan_training_arguments_in_trainer_mode_plans_from_the_trainers_own_edg
                                               save_strategy="no", disable_tqdm=True, remove_unused_columns=False,
                                               dataloader_pin_memory=False)
 
+    import warnings
+
+    from gaplan.integrations.transformers import plan_trainer
+
     args = build() if given == "arguments" else build
-    planned = plan_training_arguments(_tiny, args, 64, probe="trainer", train_dataset=rows, memory_limit="256MiB",
-                                      data_collator=lambda batch: {k: torch.stack([r[k] for r in batch])
-                                                                   for k in ("input_ids", "labels")})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an uneven plan's warning: what it says is tested in test_transformers.py
+        found = plan_trainer(_tiny, args, 64, probe="trainer", train_dataset=rows, memory_limit="256MiB",
+                             data_collator=lambda batch: {k: torch.stack([r[k] for r in batch])
+                                                          for k in ("input_ids", "labels")})
+    # What the route found, typed: B*, its trials, gaplan's plan at B*, the split the arguments run
+    assert found.max_micro_batch == found.probe.max_micro_batch == found.plan.micro_batch_cap
+    assert found.trials and max(t.micro_batch for t in found.trials if t.fits) == found.max_micro_batch
+    assert found.plan.micro_batch == min(found.max_micro_batch, 64) and found.split.micro_batch <= found.plan.micro_batch
+    assert f"B* = {found.max_micro_batch}" in found.describe()
+    planned = found.args
+    assert (planned.per_device_train_batch_size, planned.gradient_accumulation_steps) == \
+        (found.split.micro_batch, found.split.grad_accum_steps)
     assert planned.per_device_train_batch_size * planned.gradient_accumulation_steps == 64
     assert planned.per_device_train_batch_size >= 1 and not planned.auto_find_batch_size
     assert isinstance(planned, transformers.TrainingArguments) and planned.use_cpu

@@ -94,6 +94,18 @@ def test_uneven_plan_warns_and_splits_evenly(base_args, world_size, expected):
     assert ("240 or 288" if world_size == 1 else "192 or 288") in message
 
 
+def test_plan_trainer_returns_the_plan_at_b_star_and_the_even_split_its_arguments_run(base_args):
+    from gaplan.integrations.transformers import plan_trainer
+
+    with pytest.warns(UnevenPlanWarning, match=r"240 or 288.*GaplanTrainer\(\.\.\., plan=result.plan\)"):
+        found = plan_trainer(None, base_args, 256, plan=make_plan(256, 48))
+    assert found.max_micro_batch == 48 and found.plan == make_plan(256, 48) and not found.plan.is_even
+    assert found.split == even_plan(found.plan) and (found.split.micro_batch, found.split.grad_accum_steps) == (32, 8)
+    assert (found.args.per_device_train_batch_size, found.args.gradient_accumulation_steps) == (32, 8)
+    assert found.probe is None and found.trials == []  # given, not probed
+    assert "the arguments run effective batch 256 = micro-batch 32 x 8" in found.describe()
+
+
 def test_a_prime_share_falls_back_to_micro_batch_one(base_args):
     with pytest.warns(UnevenPlanWarning):
         args = plan_training_arguments(None, base_args, 251, plan=make_plan(251, 48))

@@ -7,6 +7,7 @@ optimizer steps under ``gaplan.cpu_budget`` in a new process, and B*+1 runs out 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -29,21 +30,21 @@ def run_script(name, *args):
     return completed
 
 
-def probed_edge(what):
-    completed = run_script("probe_edges.py", what, LIMIT)
+def probed_edge(what, limit=LIMIT):
+    completed = run_script("probe_edges.py", what, limit)
     assert completed.returncode == 0, completed.stderr[-3000:]
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def edge_holds_in_fresh_processes(what, script):
+def edge_holds_in_fresh_processes(what, script, limit=LIMIT):
     """Probe ``what`` in a fresh process; then ``script`` trains B* (exit 0) and runs out of memory at B*+1 (exit 3),
     each in a fresh process under ``gaplan.cpu_budget``. Returns the probe's result."""
-    result = probed_edge(what)
+    result = probed_edge(what, limit)
     edge = result["max_micro_batch"]
     assert edge >= 2 and not result["capped"], result
-    fits = run_script(script, edge, LIMIT)
+    fits = run_script(script, edge, limit)
     assert fits.returncode == 0, fits.stderr[-2000:]
-    over = run_script(script, edge + 1, LIMIT)
+    over = run_script(script, edge + 1, limit)
     assert over.returncode == 3, over.stderr[-2000:]
     return result
 
@@ -55,6 +56,16 @@ def test_the_edge_of_a_plain_hf_loop_holds_in_fresh_processes_under_cpu_budget()
     edge, trials = result["max_micro_batch"], result["trials"]
     assert any(t["micro_batch"] == edge and t["fits"] and t["completed_steps"] == 2 for t in trials)
     assert any(t["micro_batch"] == edge + 1 and not t["fits"] for t in trials)
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_the_edge_of_a_nanogpt_like_loop_whose_adamw_makes_its_states_at_its_first_step_holds_in_fresh_processes():
+    """The trial runs the loop's own first step (AdamW makes its states there, lazily, as in the loop), then the
+    measured steady state: B* trains two optimizer steps in a fresh process under cpu_budget, B*+1 fails."""
+    result = edge_holds_in_fresh_processes("nanogpt", "nanogpt_like_loop.py", limit="256MiB")
+    edge, trials = result["max_micro_batch"], result["trials"]
+    assert any(t["micro_batch"] == edge and t["fits"] and t["completed_steps"] == 2 for t in trials)
 
 
 def _tiny_setup():
@@ -74,7 +85,40 @@ def test_closures_and_lambdas_work_in_this_process():
     failed = {t.micro_batch for t in result.trials if not t.fits}
     assert edge in fitted and (edge + 1 in failed or result.capped)
     # A process that ran parallel ops (a test run, a notebook) cannot start threads in a forked child: it says so.
-    assert bool(result.notes) == (not forks_start_threads()) or torch.get_num_threads() == 1
+    threads_note = any("one thread" in note for note in result.notes)
+    assert threads_note == (not forks_start_threads()) or torch.get_num_threads() == 1
+
+
+def test_the_trials_own_output_goes_to_one_file_progress_is_logged_and_a_failed_trials_output_is_shown(
+        capfd, caplog):
+    def noisy_setup():
+        print("my loop: 1.2M parameters")  # what a user's script prints on each model it builds
+        return _tiny_setup()
+
+    def micro_step(model, x):
+        model(x).pow(2).mean().backward()
+
+    with caplog.at_level(logging.INFO, logger="gaplan.probing.loop"):
+        result = gaplan.probe_loop(noisy_setup, lambda b: torch.randn(b, 256), micro_step, memory_limit="160MiB",
+                                   effective_batch=2, search_cap=2)
+    assert "1.2M parameters" not in capfd.readouterr().out  # not on screen once per trial
+    output = next(note.split(" is in ")[1] for note in result.notes if "own output" in note)
+    with open(output) as handle:
+        text = handle.read()
+    assert text.count("my loop: 1.2M parameters") == len(result.trials) == text.count("--- gaplan trial")
+    progress = [r.getMessage() for r in caplog.records]
+    assert sum("probe_loop: micro-batch" in line for line in progress) == len(result.trials)
+    assert any(f"B* = {result.max_micro_batch}" in line for line in progress)
+
+    def broken(model, x):
+        print("my loop: about to fail")
+        raise ValueError("the user's bug")
+
+    with pytest.raises(GaplanError, match=r"the user's bug \(its output: .*trials.log\)"), \
+            caplog.at_level(logging.WARNING, logger="gaplan.probing.loop"):
+        gaplan.probe_loop(noisy_setup, lambda b: torch.randn(b, 256), broken, memory_limit="160MiB",
+                          effective_batch=8)
+    assert any("my loop: about to fail" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
 
 
 def test_a_loop_that_fails_for_another_reason_is_one_line():

@@ -80,19 +80,23 @@ def main():
         model(input_ids=ids, labels=ids).loss.backward()
 
     effective = 64  # a rank's share, 32, is above what the budget holds: the plan accumulates
+    accelerator.gradient_accumulation_steps = 1  # plan_accelerator leaves it as it is; the plan's is set below
     result = plan_accelerator(accelerator, setup, lambda size: torch.randint(1, 256, (size, 32)), micro_step,
                               effective_batch=effective, memory_limit=12 << 20, threads=1)
     plan = result.plan
+    untouched = accelerator.gradient_accumulation_steps
+    accelerator.gradient_accumulation_steps = plan.grad_accum_steps  # the accumulate form: set by the loop
     share = effective // world
     planned = [corpus[i] for i in range(100, 100 + effective)]
     planned_got, _ = train_one_step(accelerator, planned[rank * share:(rank + 1) * share],
-                                    (plan.micro_batch,) * plan.grad_accum_steps)
+                                    plan.rank_micro_batch_sizes[rank])
     if rank == 0:
         worst, targets = worst_difference(got, samples)
         planned_worst, _ = worst_difference(planned_got, planned)
         print(json.dumps({"world": world, "items": items, "targets": targets, "worst": worst,
                           "edge": result.max_micro_batch, "micro_batch": plan.micro_batch,
                           "accumulation": plan.grad_accum_steps, "accelerator_steps": accelerator.gradient_accumulation_steps,
+                          "untouched": untouched,
                           "planned_worst": planned_worst}))
     accelerator.end_training()
     if torch.distributed.is_initialized():

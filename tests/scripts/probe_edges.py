@@ -1,7 +1,7 @@
 """Probe the edge of a user's loop in this fresh process and print it as JSON: ``python probe_edges.py WHAT LIMIT``.
 
-WHAT: ``loop`` (gaplan.probe_loop on plain_hf_loop's functions), ``trainer`` or ``trainer-lora``
-(probe_trainer on hf_trainer_loop's Trainer, through model_init). The tests then train B* and B*+1 in fresh
+WHAT: ``loop`` (gaplan.probe_loop on plain_hf_loop's functions), ``nanogpt`` (on nanogpt_like_loop's), ``trainer``
+or ``trainer-lora`` (probe_trainer on hf_trainer_loop's Trainer, through model_init). The tests then train B* and B*+1 in fresh
 processes under gaplan.cpu_budget (plain_hf_loop.py / hf_trainer_loop.py).
 """
 
@@ -21,6 +21,11 @@ def main(what, limit):
         import plain_hf_loop
 
         result = gaplan.probe_loop(plain_hf_loop.setup, plain_hf_loop.make_batch, plain_hf_loop.micro_step,
+                                   memory_limit=limit, effective_batch=64)
+    elif what == "nanogpt":
+        import nanogpt_like_loop as loop
+
+        result = gaplan.probe_loop(loop.setup, loop.make_batch, loop.micro_step, loop.optimizer_step,
                                    memory_limit=limit, effective_batch=64)
     else:
         import hf_trainer_loop
