@@ -85,15 +85,9 @@ def optimizer_step(model, optimizer):
 def main(micro_batch, limit):
     gaplan.cpu_budget(limit)  # after the imports, before the model: as a trial takes it
     model, optimizer = setup()
-    try:
-        for _ in range(2):
-            for _ in range(ACCUMULATION):
-                micro_step(model, make_batch(micro_batch))
-            optimizer_step(model, optimizer)
-    except RuntimeError as exc:
-        if "can't allocate memory" not in str(exc):
-            raise
-        sys.exit(3)
+    from fresh_steps import two_steps_or_exit_3  # beside this script (run as one, its folder is on the path)
+
+    two_steps_or_exit_3(model, optimizer, micro_batch, ACCUMULATION, make_batch, micro_step, optimizer_step)
 
 
 if __name__ == "__main__":
