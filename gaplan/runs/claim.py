@@ -105,20 +105,22 @@ def hold_run_folder(out: str, what: str = "--out") -> Iterator[str]:
         os.makedirs(real, exist_ok=True)
     except OSError as exc:
         raise GaplanError(f"{what} {out}: cannot make the folder ({exc.strerror or exc})") from None
-    descriptor = _lock(real, out, what, made)
-    _held[real] = [descriptor, 1]
     try:
-        yield real
+        descriptor = _lock(real, out, what)
+        _held[real] = [descriptor, 1]
+        try:
+            yield real
+        finally:
+            del _held[real]
+            if descriptor >= 0:
+                os.close(descriptor)  # closing the descriptor releases the lock
     finally:
-        del _held[real]
-        if made:  # a command that wrote nothing leaves no folder behind
+        if made:  # a command that wrote nothing (or was refused) leaves no folder behind
             with contextlib.suppress(OSError):
                 os.rmdir(real)
-        if descriptor >= 0:
-            os.close(descriptor)  # closing the descriptor releases the lock
 
 
-def _lock(real: str, out: str, what: str, made: bool) -> int:
+def _lock(real: str, out: str, what: str) -> int:
     try:
         import fcntl
     except ImportError:  # Windows: no flock
@@ -128,9 +130,6 @@ def _lock(real: str, out: str, what: str, made: bool) -> int:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         os.close(descriptor)
-        if made:
-            with contextlib.suppress(OSError):
-                os.rmdir(real)
         if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             raise GaplanError(f"{what} {out}: cannot lock the folder ({exc.strerror or exc})") from None
         raise GaplanError(f"{what} {out} is being written by {holder_of(real)}: wait for it to end, or give "

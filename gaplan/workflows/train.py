@@ -64,12 +64,13 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
     check_before_work(spec, run_dir, options)
     resume = options.resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # a restart goes on
     inputs = [options.plan_file] if options.plan_file else []
-    if int(os.environ.get("RANK", "0")) != 0:  # rank 0 holds the folder; the others only check it, as it does
+    if int(os.environ.get("RANK", "0")) == 0:
+        claim = claim_run_folder(run_dir, "train", overwrite=overwrite, resume=resume, inputs=inputs)
+    else:  # rank 0 holds the folder; the others only check it, as it does
         if not resume:
             check_run_folder(run_dir, "train", overwrite=overwrite)
-        return _train(spec, run_dir, options, device, memory_limit, say, on_step, on_event, on_row, on_bench_trial,
-                      on_bench_start)
-    with claim_run_folder(run_dir, "train", overwrite=overwrite, resume=resume, inputs=inputs):
+        claim = contextlib.nullcontext()
+    with claim:
         return _train(spec, run_dir, options, device, memory_limit, say, on_step, on_event, on_row, on_bench_trial,
                       on_bench_start)
 
