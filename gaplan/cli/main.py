@@ -33,7 +33,7 @@ from gaplan.cli.output import BenchProgress, print_probe, same_terminal
 from gaplan.cli.plan import plan_command
 from gaplan.cli.train import train_command
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
-from gaplan.core.errors import GaplanError
+from gaplan.core.errors import GaplanError, is_rank_own
 from gaplan.core.interrupt import catching_signals, received
 from gaplan.core.lines import histogram_lines, throughput_line, trial_line
 from gaplan.core.options import OptionError
@@ -49,7 +49,9 @@ def _tell_torchrun(line: str) -> None:
     if path:
         with contextlib.suppress(OSError):
             with open(path, "w", encoding="utf-8") as handle:
-                json.dump({"message": line, "timestamp": int(time.time())}, handle)
+                # The form torchrun's own error handler writes, so torchrun reads it without a warning.
+                json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line,
+                                                                      "timestamp": str(int(time.time()))}}}, handle)
 
 
 class GaplanGroup(click.Group):
@@ -65,7 +67,8 @@ class GaplanGroup(click.Group):
                 if ctx.params.get("debug"):  # what raised it, through the exceptions chained to it (a disk fault)
                     click.echo("".join(traceback.format_exception(exc)).rstrip(), err=True)
                 line = f"gaplan: {self._message(exc, ctx)}"
-                if int(os.environ.get("RANK", "0")) == 0:  # under torchrun rank 0 says it; every rank exits 2
+                # Under torchrun rank 0 says what every rank raises alike, and a rank its own failure; all exit 2.
+                if int(os.environ.get("RANK", "0")) == 0 or is_rank_own(exc):
                     click.echo(line, err=True)
                 _tell_torchrun(line)
                 ctx.exit(2)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+E = TypeVar("E", bound=BaseException)
+
 
 class GaplanError(Exception):
     """A problem with the user's input or environment, explained in one line."""
@@ -13,6 +17,17 @@ class DoesNotFit(GaplanError):
     def __init__(self, message: str, needed_bytes: int | None = None) -> None:
         super().__init__(message)
         self.needed_bytes = needed_bytes
+
+
+def mark_rank_own(exc: E) -> E:
+    """Mark ``exc`` as this rank's own failure, which rank 0 did not share: under torchrun rank 0 alone prints the
+    errors every rank raises alike, and a rank prints a line marked so as well, as it is the line that says why."""
+    exc.gaplan_rank_own = True  # type: ignore[attr-defined]
+    return exc
+
+
+def is_rank_own(exc: BaseException) -> bool:
+    return bool(getattr(exc, "gaplan_rank_own", False))
 
 
 def one_line(text: object) -> str:

@@ -38,9 +38,11 @@ NOT_INPUTS = ("labels", "shift_labels", "num_items_in_batch")
 
 
 @functools.lru_cache(maxsize=2)
-def trainer_class(base: str = "Trainer") -> type:
-    """Define ``GaplanTrainer`` over transformers' ``Trainer`` (or ``GaplanSeq2SeqTrainer`` over ``Seq2SeqTrainer``,
-    ``base="Seq2SeqTrainer"``: its generation in evaluation kept) on first use, importing transformers and torch."""
+def trainer_class(base: str | type = "Trainer") -> type:
+    """Define ``GaplanTrainer`` over transformers' ``Trainer`` on first use, importing transformers and torch; over
+    another of its trainers by name (``"Seq2SeqTrainer"``: ``GaplanSeq2SeqTrainer``, its generation in evaluation
+    kept), or over a ``Trainer`` subclass itself (TRL's ``SFTTrainer``: ``GaplanSFTTrainer``, its own tokenizing and
+    collator kept, its loss replaced by gaplan's)."""
     import torch
     import transformers
     from torch import nn
@@ -55,7 +57,11 @@ def trainer_class(base: str = "Trainer") -> type:
 
     logger = logging.get_logger("gaplan")
 
-    class GaplanTrainer(getattr(transformers, base)):
+    parent = getattr(transformers, base) if isinstance(base, str) else base
+    if not (isinstance(parent, type) and issubclass(parent, transformers.Trainer)):
+        raise GaplanError(f"GaplanTrainer extends a transformers.Trainer; {base!r} is not one")
+
+    class GaplanTrainer(parent):
         """A ``Trainer`` with gaplan's token-exact loss under gradient accumulation (see
         :mod:`gaplan.integrations.hf_trainer`).
 
@@ -227,7 +233,7 @@ def trainer_class(base: str = "Trainer") -> type:
                         "grad_var": reading.grad_var, "noise_scale_items": reading.noise_scale_items}
             super().log(logs, *args, **kwargs)
 
-    name = "GaplanTrainer" if base == "Trainer" else f"Gaplan{base}"
+    name = "GaplanTrainer" if parent is transformers.Trainer else f"Gaplan{parent.__name__}"
     GaplanTrainer.__module__ = "gaplan.integrations.transformers"
     GaplanTrainer.__qualname__ = GaplanTrainer.__name__ = name
     return GaplanTrainer
@@ -248,9 +254,29 @@ def _with_plan_arguments(plan: Plan, args: tuple, kwargs: dict) -> tuple[tuple, 
     return args, {**kwargs, "args": dataclasses.replace(kwargs["args"], **batch)}
 
 
+# The trainers gaplan's loss extends by name: transformers' by their name there, TRL's (an optional extra) by import.
+TRAINER_BASES = {"GaplanTrainer": "Trainer", "GaplanSeq2SeqTrainer": "Seq2SeqTrainer", "GaplanSFTTrainer": "trl"}
+
+
+def named_trainer(name: str) -> type | None:
+    """``GaplanTrainer``, ``GaplanSeq2SeqTrainer`` or ``GaplanSFTTrainer`` (over TRL's ``SFTTrainer``, imported
+    here: ``pip install trl``), built on first use; None for another name."""
+    base = TRAINER_BASES.get(name)
+    if base is None:
+        return None
+    if base == "trl":
+        try:
+            from trl import SFTTrainer
+        except ImportError as exc:
+            raise GaplanError("GaplanSFTTrainer extends TRL's SFTTrainer: pip install trl") from exc
+        return trainer_class(SFTTrainer)
+    return trainer_class(base)
+
+
 def __getattr__(name: str) -> Any:
-    """``GaplanTrainer`` and ``GaplanSeq2SeqTrainer`` importable from here too (the module that defines them), as
-    from :mod:`gaplan.integrations.transformers`: built on first access."""
-    if name in ("GaplanTrainer", "GaplanSeq2SeqTrainer"):
-        return trainer_class("Trainer" if name == "GaplanTrainer" else "Seq2SeqTrainer")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """The trainers of :data:`TRAINER_BASES`, importable from here too (the module that defines them), as from
+    :mod:`gaplan.integrations.transformers`: built on first access."""
+    found = named_trainer(name)
+    if found is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return found

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from gaplan.workload.build import WorkloadSpec
 
 __all__ = [
-    "GaplanTrainer",  # noqa: F822 - defined on first access by the module's __getattr__
+    "GaplanTrainer", "GaplanSeq2SeqTrainer", "GaplanSFTTrainer",  # noqa: F822 - built on first access (__getattr__)
     "TrainerPlan", "UnevenPlanWarning", "even_plan", "hf_snippet", "infer_task", "plan_trainer",
     "plan_training_arguments", "resolve_plan",
 ]
@@ -352,8 +352,9 @@ def _workload_spec(model_or_spec: Any, args: TrainingArguments, seq_len: int | N
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("GaplanTrainer", "GaplanSeq2SeqTrainer"):
-        from gaplan.integrations.hf_trainer import trainer_class
+    from gaplan.integrations.hf_trainer import named_trainer
 
-        return trainer_class("Trainer" if name == "GaplanTrainer" else "Seq2SeqTrainer")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    found = named_trainer(name)
+    if found is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return found

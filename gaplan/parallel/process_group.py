@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from gaplan.core.disk import WriteFailed
-from gaplan.core.errors import GaplanError
+from gaplan.core.errors import GaplanError, mark_rank_own
 
 
 class Distributed:
@@ -49,8 +49,12 @@ class Distributed:
                       cleanup: Callable[[], None] | None = None) -> None:
         """Raise on every rank when any rank has ``failure``: its own, or on the others a one-line
         :class:`WriteFailed` saying ``elsewhere``; ``cleanup`` runs on rank 0 first (then all wait for it)."""
-        if not self.any(failure is not None):
+        failed = 1.0 if failure is not None else 0.0
+        anywhere, on_rank_0 = self.sums([failed, failed if self.rank == 0 else 0.0]) if self.active else (failed, failed)
+        if not anywhere:
             return
+        if failure is not None and not on_rank_0:  # rank 0 says "another rank ...": this rank's line says why
+            mark_rank_own(failure)
         if cleanup is not None:
             if self.rank == 0:
                 cleanup()

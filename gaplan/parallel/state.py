@@ -15,7 +15,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from gaplan.core.disk import WriteFailed, describe, disk_errno, ensure_room
-from gaplan.core.errors import GaplanError
+from gaplan.core.errors import GaplanError, mark_rank_own
 from gaplan.parallel.process_group import Distributed
 from gaplan.runs.folder import SHARDED_STATE_PREFIX
 
@@ -77,6 +77,8 @@ def _shard_write_failure(exc: BaseException, rank: int, temp: str, mine: int, wh
                               code)
     else:
         failure = WriteFailed(describe(temp, code, mine, what), code)
+        if isinstance(failed, dict) and 0 not in failed:  # rank 0's line points here
+            mark_rank_own(failure)
     failure.__cause__ = exc  # the writer's own exception, for --debug
     return failure
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from gaplan.core.disk import WriteFailed
-from gaplan.core.errors import GaplanError
+from gaplan.core.errors import GaplanError, is_rank_own, mark_rank_own
 from gaplan.data import Sample
 from gaplan.parallel.fsdp import is_sharded
 from gaplan.parallel.process_group import Distributed
@@ -225,10 +225,12 @@ def _kept_from(failure: WriteFailed, run: RunState) -> WriteFailed:
     if run.dist.rank == 0:
         truncate_log(run_dir, run.saved_step or 0)
     if run.saved_step is None:
-        return WriteFailed(f"{failure}; no checkpoint of this run was written, so none of its steps are kept "
+        kept = WriteFailed(f"{failure}; no checkpoint of this run was written, so none of its steps are kept "
                            "(train_log.csv is cut back to none): make room and train again", failure.code)
-    return WriteFailed(f"{failure}; the checkpoint of step {run.saved_step} is kept and train_log.csv is cut back to "
-                       f"it: make room, then gaplan train --resume {run_dir}", failure.code)
+    else:
+        kept = WriteFailed(f"{failure}; the checkpoint of step {run.saved_step} is kept and train_log.csv is cut back "
+                           f"to it: make room, then gaplan train --resume {run_dir}", failure.code)
+    return mark_rank_own(kept) if is_rank_own(failure) else kept
 
 
 def _check(inputs: StepInputs, plan: Plan, start_step: int, token_budget: int | None,

@@ -56,7 +56,8 @@ def test_probe_by_tokens_writes_t_star_and_the_profile(tmp_path, monkeypatch, sm
     assert tokens["probes"]["shortest"]["max_micro_batch"] == budget["short_edge"]
     assert (out / "lengths.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The table output says T* (the probes are cached now), and the report gets the token section.
-    table = invoke(["probe", *SMALL, "--data", data, "--batch-by", "tokens", "--granule", "16", "--out", str(out)])
+    table = invoke(["probe", *SMALL, "--data", data, "--batch-by", "tokens", "--granule", "16", "--out", str(out),
+                    "--overwrite"])
     assert table.exit_code == 0, table.output
     assert f"T* = {t_star} tokens per micro-batch (granule 16)" in table.stdout
     assert "lengths    200 samples of 8 to 16 tokens" in table.stdout

@@ -3,6 +3,7 @@ under DDP or FSDP, to the uninterrupted run's weights; an extended run goes on a
 data, and one that names a callable is refused unread."""
 
 import csv
+import fcntl
 import math
 import os
 import pickle
@@ -50,9 +51,27 @@ def killed_mid_run(ranks: int, args: list[str], run_dir, after: int = 2) -> int:
     os.killpg(cut.pid, signal.SIGKILL)
     cut.wait(timeout=60)
     cut.stderr.close()
+    wait_until_released(run_dir)
     done, _ = checkpoint_position(str(run_dir))  # the log can hold one step more: the kill can fall before its checkpoint
     assert after - 1 <= done < 6
     return done
+
+
+def wait_until_released(run_dir, timeout: float = 60.0) -> None:
+    """torchrun is reaped before its ranks have all died: a rank still exiting holds the run folder's lock, and a
+    resume then (rightly) refuses the folder as being written."""
+    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                assert time.monotonic() < deadline, f"{run_dir} still held {timeout} s after the kill"
+                time.sleep(0.05)
+    finally:
+        os.close(fd)  # drops the lock taken to test it
 
 
 def run(ranks: int, args: list[str]) -> subprocess.CompletedProcess:
