@@ -213,3 +213,33 @@ def test_noise_scale_overhead_prints_the_step_time_and_peak_ratios():
         assert line is not None, (start, out)
     ratio = next(line for line in out.splitlines() if line.startswith("gaplan train, step time"))
     assert float(ratio.split(": ")[1].split("x")[0]) > 0, ratio
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_accelerate_example_trains_the_uneven_plan_at_b_star_as_one_batch():
+    """docs/accelerate.md's example: the plan's sizes reach the loop through prepare, uneven, and the first step's
+    update is one batch's of its samples."""
+    pytest.importorskip("accelerate")
+    out = run_example("accelerate_uneven.py", "--steps", "2", timeout=600)
+    found = next(line for line in out.splitlines() if line.startswith("B* = "))
+    b_star = int(found.split()[2])
+    sizes = [int(size) for size in out.split("micro-batches [")[1].split("]")[0].split(", ")]
+    assert sum(sizes) == 40 and max(sizes) <= b_star and len(sizes) == -(-40 // b_star), (found, sizes)
+    exact = next(line for line in out.splitlines() if line.startswith("first step's update"))
+    assert float(exact.split("relative difference ")[1].split()[0]) < 1e-5, exact
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_trl_example_trains_sft_at_the_probed_plan():
+    """docs/trl.md's example: the SFTTrainer's probed B* and gaplan's plan at it, trained micro-batch for micro-batch."""
+    pytest.importorskip("trl")
+    out = run_example("trl_sft.py", "--effective-batch", "24", "--steps", "2", timeout=600)
+    found = next(line for line in out.splitlines() if line.startswith("B* = "))
+    b_star = int(found.split()[2])
+    steps = [line for line in out.splitlines() if line.startswith("step ")]
+    assert len(steps) == 2, out
+    for line in steps:
+        sizes = [int(size) for size in line.split("micro-batches [")[1].split("]")[0].split(", ")]
+        assert sum(sizes) == 24 and max(sizes) <= b_star and len(sizes) == -(-24 // b_star), (found, line)

@@ -19,7 +19,9 @@ may be uneven (``12 x14, 11 x8``): :class:`gaplan.data.plan_sampler.PlanBatchSam
     accelerator.gradient_accumulation_steps = result.plan.grad_accum_steps
     loader = accelerator.prepare(DataLoader(data, batch_sampler=PlanBatchSampler(result.plan, len(data)),
                                             collate_fn=collate))
-    for micro_batches in steps_of(loader, result.plan.grad_accum_steps):
+    batches = iter(loader)
+    for _ in range(len(loader) // result.plan.grad_accum_steps):
+        micro_batches = [next(batches) for _ in range(result.plan.grad_accum_steps)]
         items = count_step_items(accelerator, micro_batches, "causal-lm")
         for batch in micro_batches:
             with accelerator.accumulate(model):

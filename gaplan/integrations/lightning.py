@@ -32,22 +32,21 @@ loader's ``collate_fn``; a ``make_batch`` you pass must be picklable then. One l
 from __future__ import annotations
 
 import copy
-import logging
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from pytorch_lightning import Callback
+from pytorch_lightning.utilities.rank_zero import rank_zero_info
 
 from gaplan.core.errors import GaplanError
 from gaplan.core.fork import failure_line, run_in_child
+from gaplan.core.lines import trial_line
 from gaplan.core.units import parse_bytes
 from gaplan.data.longest import DEFAULT_SCAN, LargestBatches, largest_first
 from gaplan.plan.split import Plan, even_trade_message, make_even_plan, make_plan
 from gaplan.probing.loop import LoopProbeResult, probe_loop
-
-log = logging.getLogger(__name__)
 
 
 class GaplanBatchSize(Callback):
@@ -99,7 +98,7 @@ class GaplanBatchSize(Callback):
                                      TrainingMicroStep(trainer.precision_plugin), device=module_device(pl_module),
                                      memory_limit=self.memory_limit, effective_batch=self.effective_batch,
                                      world_size=world, search_cap=self.search_cap, threads=self.threads,
-                                     on_trial=self.on_trial, start=self.start)
+                                     on_trial=self._on_trial, start=self.start)
             edge = self.result.max_micro_batch
         except Exception as exc:  # noqa: BLE001 - DoesNotFit or any other: the other ranks must hear of it first
             error, edge = exc, 0
@@ -125,7 +124,13 @@ class GaplanBatchSize(Callback):
         if trainer.fit_loop._combined_loader is not None:
             trainer.fit_loop._combined_loader = None
             trainer.fit_loop.setup_data()
-        log.info("GaplanBatchSize: the largest micro-batch that fits is %d; %s", edge, self.plan.describe())
+        rank_zero_info(f"GaplanBatchSize: the largest micro-batch that fits is {edge}; {self.plan.describe()}")
+
+    def _on_trial(self, trial: Any) -> None:
+        """Each trial in Lightning's own log (shown by default, as BatchSizeFinder's sizes are), then yours."""
+        rank_zero_info(f"GaplanBatchSize:{trial_line(trial)}")
+        if self.on_trial is not None:
+            self.on_trial(trial)
 
 
 def loader_options(trainer: Any, num_samples: int, batch_size: int, **sampler_options: Any) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """gaplan with Lightning: GaplanBatchSize probes the LightningModule's own step and sets the batch size and the
 accumulation for a fixed effective batch; TokenExactLoss makes the step's gradient that of one full batch."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -115,12 +116,44 @@ def test_fit_trains_at_the_probed_edge_with_the_effective_batch_kept_and_one_mor
     assert not fresh_process("--batch", edge + 1, "--accumulate", 2, "--budget", budget)["fits"]
 
 
+@contextlib.contextmanager
+def lightning_log():
+    """The lines of Lightning's ``rank_zero_info``, which a script shows by default (the test below)."""
+    import logging
+
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    loggers = [logging.getLogger(name) for name in ("pytorch_lightning", "lightning_fabric")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+def test_a_script_shows_lightnings_rank_zero_info_by_default():
+    """Where GaplanBatchSize says each trial: Lightning sets up a stderr handler at INFO for it on import (pytest's
+    own handlers stop that here, so a script of its own shows it)."""
+    done = subprocess.run([sys.executable, "-c", "from pytorch_lightning.utilities.rank_zero import rank_zero_info\n"
+                           "rank_zero_info('GaplanBatchSize: shown')"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "GaplanBatchSize: shown" in done.stderr, done.stderr
+
+
 def test_in_a_long_lived_process_the_callback_sets_the_split_of_the_effective_batch():
     """After other fits in this process (its freed heap sealed in each trial); the edge itself is checked above."""
     callback = GaplanBatchSize(48, memory_limit=SMALL_BUDGET // 4, threads=1)
     module = GptModule(samples=96)
     trainer = quiet_trainer(max_steps=1, callbacks=[callback])
-    trainer.fit(module)
+    with lightning_log() as lines:
+        trainer.fit(module)
+    # Each trial and the answer in Lightning's own log, which Lightning shows by default (as BatchSizeFinder's).
+    trials = [line for line in lines if line.startswith("GaplanBatchSize:  micro-batch")]
+    assert len(trials) == len(callback.result.trials) >= 2, lines
+    assert any(line.startswith(f"GaplanBatchSize: the largest micro-batch that fits is {callback.max_micro_batch};")
+               for line in lines), lines
     assert callback.plan.micro_batch * trainer.accumulate_grad_batches == 48
     assert module.batch_size == callback.plan.micro_batch <= callback.max_micro_batch < 48
     assert trainer.global_step == 1 and trainer.train_dataloader.batch_size == module.batch_size
