@@ -208,7 +208,7 @@ def test_plan_accelerator_probes_the_users_step_and_optimizer_step_and_leaves_th
 def test_the_recipe_over_two_ddp_ranks_gives_the_gradient_of_both_ranks_samples_as_one_batch():
     """torchrun, 2 CPU ranks (gloo): each rank's 7 padded samples as 3 + 2 + 2; the synced gradient is that of all 14
     as one batch (the step's targets counted over both ranks). Then plan_accelerator inside the launch, and one step
-    at its planned split, exact as well."""
+    at its planned split, exact as well; and an uneven plan fed by PlanBatchSampler through prepare."""
     import json
     import os
     import subprocess
@@ -229,6 +229,10 @@ def test_the_recipe_over_two_ddp_ranks_gives_the_gradient_of_both_ranks_samples_
     assert result["untouched"] == 1  # plan_accelerator left the Accelerator as it was
     assert result["accelerator_steps"] == result["accumulation"] > 1
     assert result["planned_worst"] < 1e-5, result
+    # PlanBatchSampler through prepare over the 2 ranks: each rank trains the uneven plan's 4,4,3, and the step's
+    # gradient is that of its 22 distinct samples as one batch.
+    assert result["sampled_sizes"] == [[4, 4, 3], [4, 4, 3]] and result["sampled_samples"] == 22, result
+    assert result["sampled_worst"] < 1e-5, result
 
 
 def _bf16_micro_step(model, batch):

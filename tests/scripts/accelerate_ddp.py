@@ -50,6 +50,38 @@ def train_one_step(accelerator, samples, splits):
     return got, items
 
 
+def train_sampled_step(accelerator, samples, plan):
+    """One optimizer step of the recipe with the plan's micro-batches fed by ``PlanBatchSampler`` through
+    ``prepare``: this rank's micro-batch sizes, the synced gradient, and the indices of the step on all ranks."""
+    from torch.utils.data import DataLoader
+
+    from gaplan import PlanBatchSampler
+
+    sampler = PlanBatchSampler(plan, len(samples), seed=3)
+    loader = DataLoader(samples, batch_sampler=sampler, collate_fn=lambda rows: collate(rows, TASK))
+    step_indices = [i for micro in list(sampler)[:plan.grad_accum_steps * plan.world_size] for i in micro]
+    model = tiny_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    batches = iter(loader)
+    micro_batches = [next(batches) for _ in range(plan.grad_accum_steps)]
+    items = count_step_items(accelerator, micro_batches, TASK)
+    accelerator.step = 0
+    got = None
+    for batch in micro_batches:
+        with accelerator.accumulate(model):
+            accelerator.backward(step_loss(accelerator, summed_token_loss(model(**batch).logits, batch, TASK), items))
+            if accelerator.sync_gradients:
+                got = {n: p.grad.detach().clone() for n, p in accelerator.unwrap_model(model).named_parameters()}
+            optimizer.step()
+            optimizer.zero_grad()
+    del model, optimizer, loader, batches
+    import gc
+
+    gc.collect()
+    return [len(batch["input_ids"]) for batch in micro_batches], got, step_indices
+
+
 def worst_difference(got, samples):
     """The largest relative difference of ``got`` from the gradient of ``samples`` as one batch."""
     reference = tiny_model()
@@ -90,14 +122,25 @@ def main():
     planned = [corpus[i] for i in range(100, 100 + effective)]
     planned_got, _ = train_one_step(accelerator, planned[rank * share:(rank + 1) * share],
                                     plan.rank_micro_batch_sizes[rank])
+    # An uneven plan (22 over 2 ranks at B* 4: each rank 4,4,3) fed by PlanBatchSampler through prepare.
+    from gaplan.plan.split import make_plan
+
+    uneven = make_plan(22, 4, world)
+    accelerator.gradient_accumulation_steps = uneven.grad_accum_steps
+    pool = [corpus[i] for i in range(200, 244)]  # two steps' worth
+    sampled_sizes, sampled_got, step_indices = train_sampled_step(accelerator, pool, uneven)
+    every_rank_sizes = [None] * world
+    torch.distributed.all_gather_object(every_rank_sizes, sampled_sizes)
     if rank == 0:
         worst, targets = worst_difference(got, samples)
         planned_worst, _ = worst_difference(planned_got, planned)
+        sampled_worst, _ = worst_difference(sampled_got, [pool[i] for i in step_indices])
         print(json.dumps({"world": world, "items": items, "targets": targets, "worst": worst,
                           "edge": result.max_micro_batch, "micro_batch": plan.micro_batch,
                           "accumulation": plan.grad_accum_steps, "accelerator_steps": accelerator.gradient_accumulation_steps,
                           "untouched": untouched,
-                          "planned_worst": planned_worst}))
+                          "planned_worst": planned_worst, "sampled_sizes": every_rank_sizes,
+                          "sampled_samples": len(set(step_indices)), "sampled_worst": sampled_worst}))
     accelerator.end_training()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
