@@ -17,6 +17,7 @@ import gaplan  # first: the budget's allocator settings before torch loads
 
 import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
+from accelerate.utils import GradientAccumulationPlugin  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
@@ -74,7 +75,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
 
-    accelerator = Accelerator(cpu=True)
+    # The recipe takes each step's micro-batches before their backward (to count the step's targets): the
+    # Accelerator must not also sync at the end of its dataloader, or the epoch's last step would sync on each.
+    accelerator = Accelerator(cpu=True, gradient_accumulation_plugin=GradientAccumulationPlugin(
+        num_steps=1, sync_with_dataloader=False))
     result = plan_accelerator(accelerator, setup, make_batch, micro_step, effective_batch=args.effective_batch,
                               memory_limit=args.budget, threads=1)
     plan = result.plan
@@ -92,9 +96,10 @@ def main() -> None:
     for step in range(sampler.steps):
         micro_batches = [next(batches) for _ in range(plan.grad_accum_steps)]
         items = count_step_items(accelerator, micro_batches, "causal-lm")
-        total = 0.0
+        total, syncs = 0.0, []
         for batch in micro_batches:
             with accelerator.accumulate(model):
+                syncs.append(accelerator.sync_gradients)
                 summed = summed_token_loss(model(input_ids=batch["input_ids"],
                                                  attention_mask=batch["attention_mask"]).logits, batch, "causal-lm")
                 accelerator.backward(step_loss(accelerator, summed, items))
@@ -102,6 +107,7 @@ def main() -> None:
                 optimizer.step()
                 optimizer.zero_grad()
         print(f"step {step + 1}: micro-batches {[len(b['input_ids']) for b in micro_batches]}, "
+              f"optimizer stepped after micro-batch {[i + 1 for i, sync in enumerate(syncs) if sync]}, "
               f"loss {total / items:.4f} over {items} targets")
         if step == 0:
             update = [param.detach() - start for param, start in zip(model.parameters(), before, strict=True)]

@@ -226,6 +226,9 @@ def test_accelerate_example_trains_the_uneven_plan_at_b_star_as_one_batch():
     b_star = int(found.split()[2])
     sizes = [int(size) for size in out.split("micro-batches [")[1].split("]")[0].split(", ")]
     assert sum(sizes) == 40 and max(sizes) <= b_star and len(sizes) == -(-40 // b_star), (found, sizes)
+    # One optimizer step a step, after its last micro-batch: the epoch's last step too.
+    steps = [line for line in out.splitlines() if line.startswith("step ")]
+    assert len(steps) == 2 and all(f"optimizer stepped after micro-batch [{len(sizes)}]" in line for line in steps), steps
     exact = next(line for line in out.splitlines() if line.startswith("first step's update"))
     assert float(exact.split("relative difference ")[1].split()[0]) < 1e-5, exact
 

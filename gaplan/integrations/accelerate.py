@@ -9,12 +9,18 @@ scales its loss decides what ``gradient_accumulation_steps`` must be, and only y
 
 * The ``accumulate`` form (``accelerator.backward`` divides by ``gradient_accumulation_steps``): set
   ``accelerator.gradient_accumulation_steps = result.plan.grad_accum_steps`` yourself, and do not divide again.
+  Build the Accelerator with ``GradientAccumulationPlugin(num_steps=1, sync_with_dataloader=False)``: the recipe
+  takes a step's micro-batches before their backward (to count the step's targets), and an Accelerator that syncs
+  at the end of its dataloader would sync every micro-batch of an epoch's last step (:func:`count_step_items`
+  refuses it).
 * The manual form (your loop divides its loss by its own accumulation steps and steps the optimizer every
   ``result.plan.grad_accum_steps`` micro-batches): leave the Accelerator at 1.
 
 An Accelerator built to accumulate another number of steps than the plan's is warned about in one line. The plan
 may be uneven (``12 x14, 11 x8``): :class:`gaplan.data.plan_sampler.PlanBatchSampler` feeds it to ``prepare``::
 
+    accelerator = Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=1,
+                                                                                      sync_with_dataloader=False))
     result = plan_accelerator(accelerator, setup, make_batch, micro_step, effective_batch=256)
     accelerator.gradient_accumulation_steps = result.plan.grad_accum_steps
     loader = accelerator.prepare(DataLoader(data, batch_sampler=PlanBatchSampler(result.plan, len(data)),
@@ -119,11 +125,28 @@ def plan_accelerator(accelerator: Any, setup: Callable[[], tuple[Any, Any]], mak
     return result
 
 
+SYNC_WITH_DATALOADER_FIX = ("Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=1, "
+                            "sync_with_dataloader=False))")
+
+
 def count_step_items(accelerator: Any, micro_batches: Iterable[Mapping[str, Any]], task: str) -> int:
-    """``num_items_in_batch`` of one optimizer step over all processes: the targets of its micro-batches."""
+    """``num_items_in_batch`` of one optimizer step over all processes: the targets of its micro-batches.
+
+    The step's micro-batches are taken from the loader before the first of them runs backward. Under ``accumulate``
+    an Accelerator that syncs at the end of its dataloader (accelerate's default) then syncs on every micro-batch of
+    an epoch's last step, as the loader has handed out its last batch already: the optimizer would step on each
+    partial gradient. That Accelerator is refused here, at the first step, in one line that says how to build it."""
     import torch
 
+    from gaplan.core.errors import GaplanError
     from gaplan.workload.loss import count_step_targets
+
+    state = accelerator.gradient_state
+    if accelerator.gradient_accumulation_steps > 1 and state.sync_with_dataloader and state.in_dataloader:
+        raise GaplanError("count_step_items: the step's micro-batches are taken before their backward, and this "
+                          "Accelerator syncs at the end of its dataloader, so on an epoch's last step accumulate() "
+                          "would step the optimizer on every micro-batch; build it with "
+                          f"{SYNC_WITH_DATALOADER_FIX} (the plan's steps set later)")
 
     local = torch.tensor([count_step_targets(micro_batches, task)], device=accelerator.device)
     return int(accelerator.reduce(local, reduction="sum").item())

@@ -8,6 +8,7 @@ import torch
 
 accelerate = pytest.importorskip("accelerate")
 
+from gaplan import GaplanError  # noqa: E402
 from gaplan.data import SyntheticCorpus, collate  # noqa: E402
 from gaplan.integrations.accelerate import count_step_items, plan_accelerator, step_loss  # noqa: E402
 from gaplan.plan.split import make_plan  # noqa: E402
@@ -104,6 +105,7 @@ def test_an_uneven_plan_through_the_batch_sampler_and_accumulate_gives_one_large
     """The accumulate form: the plan's 4,4,3 fed by PlanBatchSampler through accelerator.prepare, the accumulation
     steps set by the loop (plan_accelerator leaves the Accelerator as it is), step_loss: on padded samples the SGD
     update equals that of the 11 samples as one batch."""
+    from accelerate.utils import GradientAccumulationPlugin
     from torch.utils.data import DataLoader
 
     from gaplan.data.plan_sampler import PlanBatchSampler
@@ -112,7 +114,10 @@ def test_an_uneven_plan_through_the_batch_sampler_and_accumulate_gives_one_large
     samples = [corpus[i] for i in range(11)]
     plan = make_plan(11, 4)
     assert plan.micro_batch_sizes == (4, 4, 3)
-    accelerator = accelerate.Accelerator(cpu=True)
+    # As docs/accelerate.md builds it: the recipe takes a step's micro-batches before their backward, so the
+    # Accelerator must not sync at the end of its dataloader (the epoch's last step, here its only one).
+    accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_plugin=GradientAccumulationPlugin(
+        num_steps=1, sync_with_dataloader=False))
     accelerator.gradient_accumulation_steps = plan.grad_accum_steps
     model = tiny_model()
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -120,19 +125,44 @@ def test_an_uneven_plan_through_the_batch_sampler_and_accumulate_gives_one_large
     loader = DataLoader(samples, batch_sampler=PlanBatchSampler(plan, len(samples), shuffle=False),
                         collate_fn=lambda rows: collate(rows, TASK))
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    micro_batches = list(loader)
+    batches = iter(loader)  # the recipe's loop: one step's micro-batches at a time
+    micro_batches = [next(batches) for _ in range(plan.grad_accum_steps)]
     assert [len(b["input_ids"]) for b in micro_batches] == [4, 4, 3]
     items = count_step_items(accelerator, micro_batches, TASK)
-    steps = 0
+    syncs = []
     for batch in micro_batches:
         with accelerator.accumulate(model):
             accelerator.backward(step_loss(accelerator, summed_token_loss(model(**batch).logits, batch, TASK), items))
-            steps += accelerator.sync_gradients
+            syncs.append(accelerator.sync_gradients)
             optimizer.step()
             optimizer.zero_grad()
-    assert steps == 1
+    assert syncs == [False, False, True]
     worst = worst_update_difference(accelerator.unwrap_model(model), sgd_update_of_one_batch(samples, 0.5), start)
     assert worst < 1e-5, worst
+
+
+def test_an_accelerator_that_syncs_at_the_end_of_its_dataloader_is_refused_before_the_epochs_last_step():
+    """accelerate's default Accelerator under the recipe: the loader has handed out the epoch's last micro-batch before
+    the step's first backward, so accumulate() syncs on all three (the optimizer would step on each partial
+    gradient: 36.5% off one batch on a held-out loop). count_step_items refuses it at the first step, in one line."""
+    from torch.utils.data import DataLoader
+
+    from gaplan.data.plan_sampler import PlanBatchSampler
+
+    corpus = SyntheticCorpus(32, seed=0)
+    samples = [corpus[i] for i in range(11)]
+    plan = make_plan(11, 4)
+    accelerator = accelerate.Accelerator(cpu=True)
+    accelerator.gradient_accumulation_steps = plan.grad_accum_steps
+    model, optimizer = accelerator.prepare(tiny_model(), torch.optim.SGD(tiny_model().parameters(), lr=0.5))
+    loader = accelerator.prepare(DataLoader(samples, batch_sampler=PlanBatchSampler(plan, len(samples)),
+                                            collate_fn=lambda rows: collate(rows, TASK)))
+    batches = iter(loader)
+    micro_batches = [next(batches) for _ in range(plan.grad_accum_steps)]
+    with accelerator.accumulate(model):  # what accumulate() would do on this step, had the count not refused it
+        assert accelerator.sync_gradients
+    with pytest.raises(GaplanError, match=r"syncs at the end of its dataloader.*sync_with_dataloader=False"):
+        count_step_items(accelerator, micro_batches, TASK)
 
 
 def test_the_manual_form_divides_by_its_own_steps_on_an_accelerator_plan_accelerator_left_at_one():

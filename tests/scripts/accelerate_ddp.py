@@ -99,7 +99,11 @@ def main():
 
     corpus = SyntheticCorpus(32, seed=0)
     samples = [corpus[i] for i in range(14)]  # 7 a rank, split 3 + 2 + 2: uneven, and padded differently
-    accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=3)
+    from accelerate.utils import GradientAccumulationPlugin
+
+    # The recipe takes a step's micro-batches before their backward: no sync at the end of the dataloader.
+    accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_plugin=GradientAccumulationPlugin(
+        num_steps=3, sync_with_dataloader=False))
     rank, world = accelerator.process_index, accelerator.num_processes
     got, items = train_one_step(accelerator, samples[rank * 7:(rank + 1) * 7], (3, 2, 2))
 
