@@ -37,11 +37,17 @@ _M_MMAP_THRESHOLD = -3
 # allocators as a user's own loop has them: set to "1", gaplan's import does not switch MKL's pool off either.
 NATIVE_ALLOCATOR_ENV = "GAPLAN_NATIVE_ALLOCATOR"
 _set_by_gaplan: set[str] = set()  # the pins gaplan's import put in this environment (not the user)
-_bound = False  # whether this process is under a CPU budget (CpuBackend.activate with enforce)
+_bound: int | None = None  # the CPU budget this process set itself (CpuBackend.activate with enforce), in bytes
 
 
 def budget_bound() -> bool:
     """Whether this process runs under a CPU budget it set (RLIMIT_DATA), as a probe trial or a budgeted run."""
+    return _bound is not None
+
+
+def bound_budget() -> int | None:
+    """The CPU budget this process set itself (``gaplan.cpu_budget``), in bytes; None without one. A probe of your
+    loop started from it takes the same budget by default: the budget you bound your loop to is its answer's."""
     return _bound
 
 
@@ -171,7 +177,7 @@ class CpuBackend:
             soft = min(soft, hard)
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
         global _bound
-        _bound = True
+        _bound = self.limit_bytes
 
 
     def reset_peak(self) -> None:

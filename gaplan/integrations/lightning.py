@@ -54,7 +54,8 @@ class GaplanBatchSize(Callback):
 
     Args:
         effective_batch: samples per optimizer step over all ranks, kept fixed.
-        memory_limit: each rank's budget, bytes or text (``"8GiB"``); default 1 GiB on CPU.
+        memory_limit: each rank's budget, bytes or text (``"8GiB"``); default on CPU this process's own
+            ``gaplan.cpu_budget``, else 1 GiB.
         batch_arg_name: the field that holds the batch size (on the module, its ``hparams`` or the datamodule).
         make_batch: ``(b) -> batch`` of ``b`` samples at your longest; default: the ``b`` largest of the first
             ``scan`` samples of your training set, collated by its DataLoader's ``collate_fn``.

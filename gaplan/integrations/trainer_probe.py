@@ -77,7 +77,8 @@ def probe_trainer(model: Any, args: Any, train_dataset: Any, *, effective_batch:
                   length: Callable[[Any], int] | None = None, on_trial: Callable[[Trial], None] | None = None,
                   **trainer_kwargs: Any) -> LoopProbeResult:
     """The largest ``per_device_train_batch_size`` at which ``trainer_class(model, args, ...).train()`` trains at
-    steady state under ``memory_limit`` (default 1 GiB on CPU, the card on CUDA), and the plan for
+    steady state under ``memory_limit`` (default on CPU this process's own ``gaplan.cpu_budget``, else 1 GiB;
+    the card on CUDA), and the plan for
     ``effective_batch``. ``model``: the model, or a function that builds it (``model_init``: see the module's
     note). ``args``: the ``TrainingArguments`` (or TRL's config), or a function that builds them: on a CUDA
     machine building them sets the device, after which no trial can fork, so pass the function there.

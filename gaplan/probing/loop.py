@@ -100,7 +100,8 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
         optimizer_step: ``(model, optimizer) -> None``; default ``optimizer.step()`` then
             ``optimizer.zero_grad(set_to_none=True)``.
         device: ``cpu`` or ``cuda[:N]`` (``auto``: CUDA when there is one).
-        memory_limit: the budget, bytes or text (``"1GiB"``); default 1 GiB on CPU, the whole card on CUDA.
+        memory_limit: the budget, bytes or text (``"1GiB"``); default on CPU the budget this process bound
+            itself to with ``gaplan.cpu_budget``, else 1 GiB; the whole card on CUDA.
         effective_batch, world_size: what the plan splits; the search stops at a device's share.
         micro_steps, optimizer_steps: per trial (at least 2 each: the edge holds past the first step).
         on_trial: called after each trial, for progress.
@@ -145,10 +146,11 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
 
     def measure(micro_batch: int, steps: int = optimizer_steps) -> Trial:
         trial = run(micro_batch, steps)
-        log.info("probe_loop: micro-batch %d %s (%d optimizer step(s), %.1f s)", micro_batch,
-                 f"fits, peak {format_bytes(trial.peak_bytes)}" if trial.fits and trial.peak_bytes else
-                 "fits" if trial.fits else f"does not fit ({trial.error})", trial.completed_steps,
-                 trial.seconds)
+        # A trial that failed says at which of its steps (its completed steps are the ones before).
+        log.info("probe_loop: micro-batch %d %s (%.1f s)", micro_batch,
+                 (f"fits, peak {format_bytes(trial.peak_bytes)}" if trial.peak_bytes else "fits") +
+                 f" in {trial.completed_steps} optimizer step(s)" if trial.fits else
+                 f"does not fit: {trial.error} at optimizer step {trial.completed_steps + 1}", trial.seconds)
         if on_trial is not None:
             on_trial(trial)
         return trial
@@ -190,18 +192,20 @@ def trial_start(start: str, cuda_context: bool) -> tuple[bool, str | None]:
 
 
 def resolve_budget(device: str, memory_limit: int | str | None) -> int | None:
-    """The trials' budget in bytes: ``memory_limit`` (bytes or text) checked, else 1 GiB on CPU, the card on CUDA.
+    """The trials' budget in bytes: ``memory_limit`` (bytes or text) checked, else on CPU the budget this process
+    bound itself to (``gaplan.cpu_budget``) or 1 GiB, and the card on CUDA.
 
     On CUDA a given limit is a card's memory, as ``gaplan probe --memory-limit`` takes it: the allocator's cap is
     that less the context's allowance (:data:`gaplan.devices.reserve.CONTEXT_BYTES`), which the allocator never
     holds. The whole card (the default) is the physical one, its context already off it."""
     from gaplan.devices.backend import cuda_total_bytes
+    from gaplan.devices.cpu import bound_budget
     from gaplan.devices.reserve import CONTEXT_BYTES
     from gaplan.probing.edge import check_cpu_budget
 
     limit = parse_bytes(memory_limit) if memory_limit is not None else None
     if device == "cpu":
-        limit = limit or DEFAULT_CPU_BUDGET
+        limit = limit or bound_budget() or DEFAULT_CPU_BUDGET
         check_cpu_budget(limit)
     elif limit is None:
         limit = cuda_total_bytes(device)

@@ -187,3 +187,9 @@ def test_cpu_budget_binds_a_fresh_process_and_meters_it():
             "    print('bound')\n")
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert completed.stdout.strip() == "bound", completed.stderr[-2000:]
+    # A probe from a process under cpu_budget takes its budget when given none (a given one still wins).
+    code = ("import gaplan\nfrom gaplan.probing.loop import resolve_budget\n"
+            "before = resolve_budget('cpu', None)\ngaplan.cpu_budget('300MiB')\n"
+            "print(before, resolve_budget('cpu', None), resolve_budget('cpu', '200MiB'))\n")
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert completed.stdout.split() == [str(1 << 30), str(300 << 20), str(200 << 20)], completed.stderr[-2000:]
