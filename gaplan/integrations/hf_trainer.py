@@ -51,7 +51,7 @@ def trainer_class(base: str | type = "Trainer") -> type:
     from gaplan.data.plan_sampler import PlanBatchSampler
     from gaplan.data.tasks.infer import infer_task
     from gaplan.data.tasks.registry import task_component, task_names
-    from gaplan.plan.draws import unknown_drawing
+    from gaplan.plan.draws import Drawing, unknown_drawing
     from gaplan.training.noise_scale import NoiseScaleMeter
     from gaplan.workload.loss import batch_size, count_step_targets, count_targets, summed_token_loss
 
@@ -80,6 +80,7 @@ def trainer_class(base: str | type = "Trainer") -> type:
                 args, kwargs = _with_plan_arguments(plan, args, kwargs)
             super().__init__(*args, **kwargs)
             self.gaplan_plan = plan
+            self.gaplan_sampler: PlanBatchSampler | None = None  # the plan's sampler, once the loader is built
             if plan is not None and self.args.world_size != plan.world_size:
                 raise GaplanError(f"the plan is for {plan.world_size} process(es); this Trainer runs "
                                   f"{self.args.world_size}")
@@ -121,7 +122,7 @@ def trainer_class(base: str | type = "Trainer") -> type:
                 dataset = self._remove_unused_columns(dataset, description="Training")
             else:
                 collator = self._get_collator_with_removed_columns(collator, description="Training")
-            sampler = PlanBatchSampler(self.gaplan_plan, len(dataset), seed=self.args.seed)
+            sampler = self.gaplan_sampler = PlanBatchSampler(self.gaplan_plan, len(dataset), seed=self.args.seed)
             loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collator,
                                                  num_workers=self.args.dataloader_num_workers,
                                                  pin_memory=self.args.dataloader_pin_memory)
@@ -199,9 +200,14 @@ def trainer_class(base: str | type = "Trainer") -> type:
                 def reduce(values: list[float]) -> list[float]:  # one collective a step, over the ranks
                     total = torch.tensor(values, dtype=torch.float64, device=self.args.device)
                     return self.accelerator.reduce(total, reduction="sum").tolist()
-            size = len(self.train_dataset) if isinstance(self.train_dataset, Sized) else None
-            logger.warning(f"noise scale: {unknown_drawing('the Trainer', size)}")
-            return NoiseScaleMeter(model, reduce=reduce)
+            # plan=: gaplan's sampler draws, and the reading is corrected for it; else the Trainer's sampler does.
+            drawing = self.gaplan_sampler.drawing if self.gaplan_sampler is not None else Drawing()
+            if drawing.known:
+                logger.info(f"noise scale: {drawing.describe()}")
+            else:
+                size = len(self.train_dataset) if isinstance(self.train_dataset, Sized) else None
+                logger.warning(f"noise scale: {unknown_drawing('the Trainer', size)}")
+            return NoiseScaleMeter(model, reduce=reduce, drawing=drawing)
 
         def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None,
                           *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -212,15 +218,19 @@ def trainer_class(base: str | type = "Trainer") -> type:
             if meter is None:
                 return super().training_step(model, inputs, num_items_in_batch, *args, **kwargs)
             items = count_targets(inputs, self.gaplan_task)
-            self._noise_samples += batch_size(inputs)
+            samples = batch_size(inputs)
+            self._noise_samples += samples
+            # Without replacement, each micro-batch says its draws: all of one epoch's permutation (the sampler's
+            # step never crosses an epoch), shared by the ranks.
+            parts = ((0, samples),) if meter.drawing.without_replacement else None
             meter.start_micro_step()
             loss = super().training_step(model, inputs, num_items_in_batch, *args, **kwargs)
             # Its loss: the summed loss over the step's targets on all ranks (times the ranks, undoing DDP's average),
             # or its mean over the accumulation steps.
             if self.loss_is_scaled_for_ga and num_items_in_batch is not None:
-                meter.end_micro_step(items, int(num_items_in_batch), self.accelerator.num_processes)
+                meter.end_micro_step(items, int(num_items_in_batch), self.accelerator.num_processes, parts=parts)
             else:
-                meter.end_micro_step(items, items * self.current_gradient_accumulation_steps)
+                meter.end_micro_step(items, items * self.current_gradient_accumulation_steps, parts=parts)
             if self.accelerator.sync_gradients:  # the step's last micro-batch: .grad is reduced, not yet clipped
                 samples, self._noise_samples = self._noise_samples, 0
                 meter.finish(samples)

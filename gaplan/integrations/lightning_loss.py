@@ -49,6 +49,7 @@ class TokenExactLoss(Callback):
         self.reading = None  # the latest step's NoiseReading
         self._batch_items = 0
         self._step_samples = 0
+        self._batch_samples = 0
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         from gaplan.training.noise_scale import NoiseScaleMeter
@@ -68,12 +69,24 @@ class TokenExactLoss(Callback):
 
                 total = torch.tensor(values, dtype=torch.float64, device=trainer.strategy.root_device)
                 return trainer.strategy.reduce(total, reduce_op="sum").tolist()
-        from pytorch_lightning.utilities import rank_zero_warn
+        self.meter = NoiseScaleMeter(pl_module, reduce=reduce)  # how it draws: known once the loader is (below)
 
-        from gaplan.plan.draws import unknown_drawing
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """The loader is built now: fed by gaplan's PlanBatchSampler (``loader_options``), the reading is corrected
+        for its draws; by another sampler, it assumes independent draws and says so once."""
+        if self.meter is None:
+            return
+        from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 
-        rank_zero_warn(f"noise scale: {unknown_drawing('Lightning')}")
-        self.meter = NoiseScaleMeter(pl_module, reduce=reduce)
+        from gaplan.data.plan_sampler import plan_sampler_of
+        from gaplan.plan.draws import Drawing, unknown_drawing
+
+        sampler = plan_sampler_of(trainer.train_dataloader)
+        self.meter.drawing = sampler.drawing if sampler is not None else Drawing()
+        if self.meter.drawing.known:
+            rank_zero_info(f"noise scale: {self.meter.drawing.describe()}")
+        else:
+            rank_zero_warn(f"noise scale: {unknown_drawing('Lightning')}")
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         if self.meter is not None:  # no hooks left on the module after fit
@@ -88,9 +101,10 @@ class TokenExactLoss(Callback):
         self.step_items += self._batch_items
         if self.meter is not None:
             try:
-                self._step_samples += batch_size(batch)
+                self._batch_samples = batch_size(batch)
             except (TypeError, KeyError, IndexError, AttributeError, StopIteration):  # a batch of your own shape: its items
-                self._step_samples += self._batch_items
+                self._batch_samples = self._batch_items
+            self._step_samples += self._batch_samples
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         if self.meter is not None:
@@ -103,7 +117,10 @@ class TokenExactLoss(Callback):
         # before DDP averages it), and fp16 multiplied it by the loss scale: back to its own mean gradient.
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         scale = float(scaler.get_scale()) if scaler is not None else 1.0
-        self.meter.end_micro_step(self._batch_items, trainer.accumulate_grad_batches, loss_scale=scale)
+        # Without replacement (the plan's sampler), each micro-batch's samples are of one epoch's permutation,
+        # shared by the ranks.
+        parts = ((0, self._batch_samples),) if self.meter.drawing.without_replacement else None
+        self.meter.end_micro_step(self._batch_items, trainer.accumulate_grad_batches, loss_scale=scale, parts=parts)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         import torch

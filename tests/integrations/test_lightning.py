@@ -170,7 +170,7 @@ class PlanFedModule(GptModule):
         corpus = SyntheticCorpus(self.seq_len, seed=0)
         samples = [corpus[i] for i in range(self.samples)]
         return DataLoader(samples, collate_fn=lambda s: collate(s, TASK),
-                          **loader_options(self.trainer, len(samples), self.batch_size, shuffle=False))
+                          **loader_options(self.trainer, len(samples), self.batch_size))
 
 
 @pytest.mark.slow
@@ -181,8 +181,11 @@ def test_uneven_true_trains_the_plan_at_b_star_exactly_and_the_default_says_what
     options = dict(memory_limit=SMALL_BUDGET // 4, threads=1, search_cap=4)
     callback = GaplanBatchSize(11, uneven=True, **options)
     module = PlanFedModule(batch_size=1, samples=11, seq_len=32, fixed_length=False, optimizer="sgd", lr=0.0)
-    trainer = quiet_trainer(max_steps=1, callbacks=[callback, TokenExactLoss(TASK)])
+    loss = TokenExactLoss(TASK)
+    trainer = quiet_trainer(max_steps=1, callbacks=[callback, loss])
     trainer.fit(module)
+    # The plan's sampler draws each step from one epoch's permutation: the noise reading is corrected for it.
+    assert loss.reading is not None and loss.reading.drawing == "epochs"
     assert callback.max_micro_batch == 4 and callback.plan.micro_batch_sizes == (4, 4, 3)
     assert callback.result.split == callback.result.plan == callback.plan and trainer.accumulate_grad_batches == 3
     corpus = SyntheticCorpus(32, seed=0)
@@ -191,10 +194,12 @@ def test_uneven_true_trains_the_plan_at_b_star_exactly_and_the_default_says_what
     assert worst_relative_difference(module.step_grads[0], expected) < 1e-5
 
     even = GaplanBatchSize(11, **options)
+    even_loss = TokenExactLoss(TASK)
     with pytest.warns(UserWarning, match=r"4,4,3, but a DataLoader with one batch_size.*1 x 11.*8 or 12"):
-        quiet_trainer(max_steps=1, callbacks=[even, TokenExactLoss(TASK)]).fit(
+        quiet_trainer(max_steps=1, callbacks=[even, even_loss]).fit(
             GptModule(batch_size=1, samples=11, seq_len=32, fixed_length=False, optimizer="sgd", lr=0.0))
     assert even.plan.micro_batch == 1 and even.result.plan.micro_batch == 4 and not even.result.uses_plan
+    assert even_loss.reading is not None and even_loss.reading.drawing == "unknown"  # the loader's own sampler
 
 
 @pytest.mark.heavy
