@@ -219,10 +219,21 @@ def adaptive_rule(data: dict, key: str) -> str:
     raise KeyError(key)
 
 
+def published_gpu(data: dict, key: str | None) -> str:
+    """The estimate vs published GPU peaks: the table examples/published_gpu_check.py prints."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("published_gpu_check", ROOT / "examples" / "published_gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.render_table(data) + "\n"
+
+
 RENDERERS = {"docs/data/probes.json": lambda data, key: probe_sentence(data, key) if key else probe_runs(data, key),
              "reports/peers/peers.json": peers, "docs/data/profile_probe.json": profile, "docs/data/levers.json": levers,
              "docs/data/zoo_optimizers.json": zoo_optimizers, "docs/data/chunked_loss.json": chunked_loss,
-             "docs/data/adaptive_rule.json": adaptive_rule}
+             "docs/data/adaptive_rule.json": adaptive_rule,
+             "docs/data/published_gpu_results.json": published_gpu}
 
 
 def blocks(page: pathlib.Path) -> list[re.Match]:

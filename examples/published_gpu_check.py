@@ -1,0 +1,154 @@
+"""gaplan's estimate against GPU peak memory that others measured and published (docs/estimate-vs-published.md).
+
+Each expressible row of ``docs/data/published_gpu.json`` is traced at its own micro-batch on fake tensors
+(:func:`gaplan.estimate.trace_steps`, nothing allocated) and compared in the row's own kind:
+
+* ``allocated`` (``torch.cuda.max_memory_allocated``): the traced peak plus the target's cuBLAS/cuBLASLt workspaces,
+  which PyTorch takes from its caching allocator;
+* ``reserved``: the same (the trace counts every tensor at its allocator block and adds unfilled shared segments);
+* ``nvidia-smi``: that plus the CUDA context the source itself measured (``context_mib``); a row without one would
+  take gaplan's own allowance and say so.
+
+    python examples/published_gpu_check.py                       # every row, a Markdown table (about 15 s a row)
+    python examples/published_gpu_check.py --only hf-bert-vanilla
+    python examples/published_gpu_check.py --json docs/data/published_gpu_results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ROWS = ROOT / "docs" / "data" / "published_gpu.json"
+RESULTS = ROOT / "docs" / "data" / "published_gpu_results.json"
+GiB = 1024**3
+UNITS = {"MiB": 1024**2, "GB": 10**9, "GiB": GiB}
+KINDS = ("allocated", "reserved", "nvidia-smi")
+
+
+def load_rows() -> list[dict]:
+    return json.loads(ROWS.read_text())
+
+
+def published_bytes(row: dict) -> int:
+    return round(row["published"]["value"] * UNITS[row["published"]["unit"]])
+
+
+def spec_of(row: dict):
+    """The row's settings as gaplan's workload."""
+    from gaplan.workload.spec import WorkloadSpec
+
+    s = row["settings"]
+    lora = s.get("lora") or {}
+    return WorkloadSpec(model=str(ROOT / row["config"]), task=s["task"], seq_len=s["seq_len"], dtype=s["dtype"],
+                        weights_dtype=s["weights_dtype"], optimizer=s["optimizer"],
+                        grad_checkpointing=s["grad_checkpointing"], attention=s.get("attention"), lora=bool(lora),
+                        lora_r=lora.get("r", 16), lora_alpha=float(lora.get("alpha", 32)),
+                        lora_dropout=lora.get("dropout", 0.05), lora_targets=lora.get("targets"))
+
+
+def estimate_row(row: dict) -> dict:
+    """Trace one row at its micro-batch; the estimate in the row's kind, in bytes, and what went into it."""
+    from gaplan.devices.reserve import CONTEXT_BYTES
+    from gaplan.estimate import lookup_target, trace_steps
+
+    target = lookup_target(row["target"])
+    started = time.perf_counter()
+    (traced,) = trace_steps(spec_of(row), [row["settings"]["micro_batch"]], device_kind="cuda")
+    seconds = time.perf_counter() - started
+    estimate = traced.peak_bytes + target.workspace_bytes
+    context = None
+    if row["kind"] == "nvidia-smi":
+        # The source's own measure of the context where it gives one: gaplan's allowance is a floor, not a measure.
+        context = row["context_mib"] * 2**20 if row.get("context_mib") else CONTEXT_BYTES
+        estimate += context
+    published = published_bytes(row)
+    return {"id": row["id"], "model": row["model"], "settings": settings_text(row), "kind": row["kind"],
+            "gpu": row["target"], "published_bytes": published, "estimated_bytes": estimate,
+            "traced_peak_bytes": traced.peak_bytes, "traced_activations_bytes": traced.activations,
+            "workspace_bytes": target.workspace_bytes,
+            "context_bytes": context, "context_from": "source" if row.get("context_mib") else None,
+            "error_pct": round(100 * (estimate - published) / published, 2), "seconds": round(seconds, 1)}
+
+
+def settings_text(row: dict) -> str:
+    """One short line of the settings that move memory."""
+    s = row["settings"]
+    parts = [f"seq {s['seq_len']}", f"mb {s['micro_batch']}", s["dtype"] if s["weights_dtype"] == "fp32"
+             else f"{s['dtype']} weights", s["optimizer"]]
+    if s["grad_checkpointing"]:
+        parts.append("checkpointing")
+    if s.get("lora"):
+        parts.append(f"LoRA r{s['lora']['r']} ({s['lora']['targets']})")
+    if s.get("quantize"):
+        parts.append(s["quantize"])
+    return ", ".join(parts)
+
+
+def render_table(results: dict) -> str:
+    """The Markdown table of a results file (the page's generated block is this, verbatim)."""
+    lines = ["| row | model | settings | kind | GPU | published GiB | estimated GiB | error |",
+             "|---|---|---|---|---|--:|--:|--:|"]
+    for r in results["rows"]:
+        lines.append(f"| `{r['id']}` | {r['model']} | {r['settings']} | {r['kind']} | {r['gpu']} | "
+                     f"{r['published_bytes'] / GiB:.2f} | {r['estimated_bytes'] / GiB:.2f} | {r['error_pct']:+.1f}% |")
+    for r in results.get("not_expressible", []):
+        lines.append(f"| `{r['id']}` | {r['model']} | {r['settings']} | {r['kind']} | {r['gpu']} | "
+                     f"{r['published_bytes'] / GiB:.2f} | not expressible | |")
+    return "\n".join(lines)
+
+
+def summary(results: dict) -> dict:
+    """The median absolute error, and the worst row."""
+    errors = [r["error_pct"] for r in results["rows"]]
+    worst = max(results["rows"], key=lambda r: abs(r["error_pct"]))
+    return {"median_abs_error_pct": round(statistics.median(abs(e) for e in errors), 1),
+            "median_error_pct": round(statistics.median(errors), 1),
+            "worst_id": worst["id"], "worst_error_pct": round(worst["error_pct"], 1),
+            "within_5_pct": sum(abs(e) <= 5 for e in errors), "rows": len(errors)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", metavar="ID", help="only this row (repeatable)")
+    parser.add_argument("--json", metavar="PATH", help="write the results here (e.g. docs/data/published_gpu_results.json)")
+    args = parser.parse_args(argv)
+    rows = load_rows()
+    if args.only:
+        unknown = set(args.only) - {r["id"] for r in rows}
+        if unknown:
+            parser.error(f"unknown row(s): {', '.join(sorted(unknown))}")
+        rows = [r for r in rows if r["id"] in args.only]
+    results = {"rows": [], "not_expressible": []}
+    for row in rows:
+        if not row["expressible"]:
+            results["not_expressible"].append({"id": row["id"], "model": row["model"], "settings": settings_text(row),
+                                               "kind": row["kind"], "gpu": row["target"],
+                                               "published_bytes": published_bytes(row), "why_not": row["why_not"]})
+            continue
+        result = estimate_row(row)
+        print(f"{row['id']}: {result['error_pct']:+.1f}% ({result['seconds']} s)", file=sys.stderr, flush=True)
+        results["rows"].append(result)
+    import torch
+    import transformers
+
+    results["machine"] = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+                          "transformers": transformers.__version__, "python": platform.python_version()}
+    if results["rows"]:
+        results["summary"] = summary(results)
+    print(render_table(results))
+    if "summary" in results:
+        print(f"\n{json.dumps(results['summary'])}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
