@@ -16,10 +16,11 @@ whatever the padding. It follows the ``Trainer``'s own switches the way the ``Tr
   micro-batches' gradients (:mod:`gaplan.training.noise_scale`, as ``gaplan train`` does) and logs ``noise_scale``,
   ``grad_sq`` and ``grad_var`` with the loss. The step's gradient is read after the last micro-batch's backward (DDP
   has reduced it) and before the Trainer clips it. Not measured, and said once in the log, under fp16's loss
-  scaling (the Trainer unscales inside its clipping), FSDP or DeepSpeed (sharded gradients). The Trainer's sampler
-  draws the samples, so the reading assumes independent draws, and says so once in the log with the dataset's size:
-  a sampler that shuffles each epoch draws without replacement, and the reading is then high by about
-  ``1/(1 - B_noise/N)`` (:mod:`gaplan.plan.draws`).
+  scaling (the Trainer unscales inside its clipping), FSDP or DeepSpeed (sharded gradients). With ``plan=`` gaplan's
+  sampler draws each step without replacement from one epoch's permutation, and the reading is corrected for it.
+  Otherwise the Trainer's sampler draws the samples, so the reading assumes independent draws, and says so once in
+  the log with the dataset's size: a sampler that shuffles each epoch draws without replacement, and the reading is
+  then high by about ``1/(1 - B_noise/N)`` (:mod:`gaplan.plan.draws`).
 
 Defined on first use (:func:`trainer_class`), since it subclasses ``transformers.Trainer``.
 """
