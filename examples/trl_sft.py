@@ -61,14 +61,9 @@ def main() -> None:
           f"plan: {found.plan.describe()}")
     trainer = GaplanSFTTrainer(model=model_init(), args=config, train_dataset=texts, processing_class=tokenizer,
                                plan=found.plan)
-    sizes = []
-    compute_loss = trainer.compute_loss
-
-    def counted(model, inputs, *rest, **kwargs):
-        sizes.append(len(inputs["input_ids"]))
-        return compute_loss(model, inputs, *rest, **kwargs)
-
-    trainer.compute_loss = counted
+    sizes = []  # each micro-batch as the collator builds it, for the lines below
+    collate = trainer.data_collator
+    trainer.data_collator = lambda rows: sizes.append(len(rows)) or collate(rows)
     trainer.train()
     steps = found.plan.grad_accum_steps
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]

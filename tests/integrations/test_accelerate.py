@@ -14,6 +14,7 @@ from gaplan.integrations.accelerate import count_step_items, plan_accelerator, s
 from gaplan.plan.split import make_plan  # noqa: E402
 from gaplan.workload.loss import summed_token_loss  # noqa: E402
 from tests.conftest import SMALL_BUDGET  # noqa: E402
+from tests.scripts.trainer_steps import worst_update_difference  # noqa: E402
 
 TASK = "causal-lm"
 
@@ -89,16 +90,6 @@ def sgd_update_of_one_batch(samples, lr, mean_loss=False):
     loss.backward()
     torch.optim.SGD(model.parameters(), lr=lr).step()
     return {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
-def worst_update_difference(model, expected, start):
-    """The largest difference of ``model``'s update (its weights less ``start``) from ``expected``'s, relative to
-    the largest of ``expected``'s update."""
-    worst = 0.0
-    for name, param in model.named_parameters():
-        want = expected[name] - start[name]
-        worst = max(worst, ((param.detach() - start[name]) - want).abs().max().item() / want.abs().max().item())
-    return worst
 
 
 def test_an_uneven_plan_through_the_batch_sampler_and_accumulate_gives_one_large_batchs_sgd_update():

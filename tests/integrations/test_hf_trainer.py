@@ -16,6 +16,7 @@ from gaplan.core.errors import GaplanError
 from gaplan.core.tasks import IGNORE_INDEX
 from gaplan.workload.loss import count_step_targets
 from tests.scripts.noise_by_hand import estimates_by_hand
+from tests.scripts.trainer_steps import record_micro_batch_sizes, worst_update_difference
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -375,23 +376,14 @@ def test_gaplan_trainer_trains_an_uneven_plan_at_b_star_with_one_large_batchs_sg
                                           max_steps=1, learning_rate=0.1, optim="sgd", lr_scheduler_type="constant",
                                           max_grad_norm=0.0, weight_decay=0.0, report_to=[], use_cpu=True,
                                           save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=7)
-    sizes = []
     trainer = GaplanTrainer(model=_model(), args=args, train_dataset=samples, data_collator=_collate, plan=plan,
                             noise_scale=False)
     assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (4, 3)
-    original = trainer.compute_loss
-
-    def compute_loss(model, inputs, *rest, **kwargs):
-        sizes.append(len(inputs["input_ids"]))
-        return original(model, inputs, *rest, **kwargs)
-
-    trainer.compute_loss = compute_loss
+    sizes = record_micro_batch_sizes(trainer)
     trainer.train()
     assert sorted(sizes) == [3, 4, 4]
-    worst = 0.0
-    for name, param in trainer.model.named_parameters():
-        want = dict(reference.named_parameters())[name].detach() - start[name]
-        worst = max(worst, ((param.detach() - start[name]) - want).abs().max().item() / want.abs().max().item())
+    expected = {name: param.detach() for name, param in reference.named_parameters()}
+    worst = worst_update_difference(trainer.model, expected, start)
     assert worst < 1e-5, worst
 
 

@@ -9,6 +9,7 @@ import torch
 from gaplan.plan.split import make_plan
 from gaplan.workload.loss import summed_token_loss
 from tests.model_folders import make_tokenizer
+from tests.scripts.trainer_steps import record_micro_batch_sizes, worst_update_difference
 
 transformers = pytest.importorskip("transformers")
 trl = pytest.importorskip("trl")
@@ -45,14 +46,7 @@ def test_gaplan_sft_trainer_trains_an_uneven_plan_with_one_large_batchs_sgd_upda
     trainer = GaplanSFTTrainer(model=model, args=args, train_dataset=texts, processing_class=tokenizer, plan=plan,
                                noise_scale=False)
     assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (4, 3)
-    sizes = []
-    original = trainer.compute_loss
-
-    def compute_loss(model, inputs, *rest, **kwargs):
-        sizes.append(len(inputs["input_ids"]))
-        return original(model, inputs, *rest, **kwargs)
-
-    trainer.compute_loss = compute_loss
+    sizes = record_micro_batch_sizes(trainer)
     trainer.train()
     assert sorted(sizes) == [3, 4, 4]
 
@@ -62,9 +56,6 @@ def test_gaplan_sft_trainer_trains_an_uneven_plan_with_one_large_batchs_sgd_upda
     logits = reference(input_ids=whole["input_ids"], attention_mask=whole["attention_mask"]).logits
     (summed_token_loss(logits, whole, "causal-lm") / (whole["labels"][:, 1:] != -100).sum()).backward()
     torch.optim.SGD(reference.parameters(), lr=0.1).step()
-    wanted = dict(reference.named_parameters())
-    worst = 0.0
-    for name, param in trainer.model.named_parameters():
-        want = wanted[name].detach() - start[name]
-        worst = max(worst, ((param.detach() - start[name]) - want).abs().max().item() / want.abs().max().item())
+    expected = {name: param.detach() for name, param in reference.named_parameters()}
+    worst = worst_update_difference(trainer.model, expected, start)
     assert worst < 1e-5, worst

@@ -31,6 +31,12 @@ def train_one_step(accelerator, samples, splits):
     model = tiny_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     model, optimizer = accelerator.prepare(model, optimizer)
+    return accumulated_step(accelerator, model, optimizer, micro_batches)
+
+
+def accumulated_step(accelerator, model, optimizer, micro_batches):
+    """The recipe's optimizer step over ``micro_batches`` (prepared model and optimizer): the synced gradient and the
+    step's targets over all ranks."""
     items = count_step_items(accelerator, micro_batches, TASK)
     accelerator.step = 0  # accelerate counts micro-steps over the Accelerator's life: this is a new first step
     got = None
@@ -65,17 +71,9 @@ def train_sampled_step(accelerator, samples, plan):
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     batches = iter(loader)
     micro_batches = [next(batches) for _ in range(plan.grad_accum_steps)]
-    items = count_step_items(accelerator, micro_batches, TASK)
-    accelerator.step = 0
-    got = None
-    for batch in micro_batches:
-        with accelerator.accumulate(model):
-            accelerator.backward(step_loss(accelerator, summed_token_loss(model(**batch).logits, batch, TASK), items))
-            if accelerator.sync_gradients:
-                got = {n: p.grad.detach().clone() for n, p in accelerator.unwrap_model(model).named_parameters()}
-            optimizer.step()
-            optimizer.zero_grad()
-    del model, optimizer, loader, batches
+    del loader, batches
+    got, _ = accumulated_step(accelerator, model, optimizer, micro_batches)
+    del model, optimizer  # this frame's references too, before the interpreter's teardown (see accumulated_step)
     import gc
 
     gc.collect()
