@@ -111,6 +111,13 @@ def probe_trainer(model: Any, args: Any, train_dataset: Any, *, effective_batch:
     # in a file, not once per trial on screen; a failed trial's last lines are logged.
     output = os.path.join(tempfile.mkdtemp(prefix="gaplan-probe-trainer-"), "trials.log")
 
+    # A progress bar as the Trainer's own, on by default and off with its disable_tqdm (arguments given as a function
+    # are not built here: building them may set the CUDA device).
+    from tqdm.auto import tqdm
+
+    quiet = bool(getattr(args, "disable_tqdm", False)) if not callable(args) else False
+    bar = tqdm(desc="gaplan: probing the Trainer", unit="trial", disable=quiet)
+
     def measure(micro_batch: int) -> Trial:
         sample = _cycled(train_dataset, order, micro_batch * MICRO_STEPS * OPTIMIZER_STEPS)
         message = run_in_child(lambda: _trial(model, args, sample, data_collator, trainer_class, trainer_kwargs,
@@ -119,11 +126,16 @@ def probe_trainer(model: Any, args: Any, train_dataset: Any, *, effective_batch:
         trial = trial_from(message, micro_batch, output)
         log.info("probe_trainer: batch size %d %s (%.1f s)", micro_batch,
                  "fits" if trial.fits else f"does not fit ({trial.error})", trial.seconds)
+        bar.set_postfix_str(f"batch size {micro_batch} {'fits' if trial.fits else 'does not fit'}")
+        bar.update(1)
         if on_trial is not None:
             on_trial(trial)
         return trial
 
-    result = find_edge(measure, limit, max_batch=cap)
+    try:
+        result = find_edge(measure, limit, max_batch=cap)
+    finally:
+        bar.close()
     if result.edge == 0:
         raise DoesNotFit(f"the Trainer does not fit in {format_bytes(limit)} even at batch size 1 "
                          f"({result.trials[-1].error})")

@@ -45,7 +45,7 @@ def _tiny():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("given", [pytest.param("arguments", marks=pytest.mark.heavy), "a function that builds them"])
-def test_plan_training_arguments_in_trainer_mode_plans_from_the_trainers_own_edge(tmp_path, given):
+def test_plan_training_arguments_in_trainer_mode_plans_from_the_trainers_own_edge(tmp_path, given, capsys):
     """The arguments as built, or (as on a CUDA machine, where building them sets the device) the function that
     builds them, called in the trials and at the end only."""
     rows = [{"input_ids": torch.randint(0, 300, (32,)), "labels": torch.randint(0, 300, (32,))} for _ in range(8)]
@@ -76,6 +76,10 @@ def test_plan_training_arguments_in_trainer_mode_plans_from_the_trainers_own_edg
     assert planned.per_device_train_batch_size * planned.gradient_accumulation_steps == 64
     assert planned.per_device_train_batch_size >= 1 and not planned.auto_find_batch_size
     assert isinstance(planned, transformers.TrainingArguments) and planned.use_cpu
+    # Progress as the Trainer's own: a bar on stderr unless disable_tqdm (arguments given as a function: not read).
+    bar = capsys.readouterr().err
+    assert ("gaplan: probing the Trainer" in bar) == (given != "arguments"), bar[-500:]
+    assert given == "arguments" or f"{len(found.trials)}trial" in bar.replace(" ", ""), bar[-500:]
 
 
 def test_trainer_mode_needs_the_model_and_the_data(tmp_path):
