@@ -91,12 +91,14 @@ def accelerator_autocast(accelerator: Any) -> dict[str, Any] | None:
 def plan_accelerator(accelerator: Any, setup: Callable[[], tuple[Any, Any]], make_batch: Callable[[int], Any],
                      micro_step: Callable[[Any, Any], Any], optimizer_step: Callable[[Any, Any], Any] | None = None,
                      *, effective_batch: int, memory_limit: int | str | None = None, search_cap: int | None = None,
-                     threads: int | None = None, on_trial: Callable[[Any], None] | None = None) -> LoopProbeResult:
+                     threads: int | None = None, on_trial: Callable[[Any], None] | None = None,
+                     progress: bool = True) -> LoopProbeResult:
     """Probe ``micro_step`` (your forward and backward) under the Accelerator's mixed precision and
     ``optimizer_step`` (clipping, a scheduler: default ``step()`` then ``zero_grad``), and plan ``effective_batch``
     over the Accelerator's processes at B*.
 
-    ``setup``, ``make_batch``, ``micro_step`` and ``optimizer_step`` are :func:`gaplan.probing.loop.probe_loop`'s.
+    ``setup``, ``make_batch``, ``micro_step``, ``optimizer_step`` and ``progress`` (a bar of the trials) are
+    :func:`gaplan.probing.loop.probe_loop`'s.
     Over several processes the main one probes (its device is every rank's) and every rank takes its answer.
     Returns the probe: ``result.plan`` (``result.split``, the same) is the per-process split at B*, possibly uneven;
     feed it with :class:`gaplan.data.plan_sampler.PlanBatchSampler`. The Accelerator is left as it is (see the
@@ -109,7 +111,7 @@ def plan_accelerator(accelerator: Any, setup: Callable[[], tuple[Any, Any]], mak
         result = probe_loop(setup, make_batch, autocast_step, optimizer_step,
                             device=accelerator_device(accelerator), memory_limit=memory_limit,
                             effective_batch=effective_batch, world_size=world, search_cap=search_cap,
-                            threads=threads, on_trial=on_trial)
+                            threads=threads, on_trial=on_trial, progress=progress)
     if world > 1:
         from accelerate.utils import broadcast_object_list
 

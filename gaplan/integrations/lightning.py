@@ -99,7 +99,7 @@ class GaplanBatchSize(Callback):
                                      TrainingMicroStep(trainer.precision_plugin), device=module_device(pl_module),
                                      memory_limit=self.memory_limit, effective_batch=self.effective_batch,
                                      world_size=world, search_cap=self.search_cap, threads=self.threads,
-                                     on_trial=self._on_trial, start=self.start)
+                                     on_trial=self._on_trial, start=self.start, progress=False)
             edge = self.result.max_micro_batch
         except Exception as exc:  # noqa: BLE001 - DoesNotFit or any other: the other ranks must hear of it first
             error, edge = exc, 0

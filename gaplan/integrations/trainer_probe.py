@@ -34,6 +34,7 @@ from gaplan.devices.card import cuda_initialized
 from gaplan.plan.search import find_edge
 from gaplan.plan.split import default_search_cap, make_plan
 from gaplan.probing.loop import LoopProbeResult, forks_start_threads, resolve_budget, trial_from
+from gaplan.probing.progress import TrialBar
 
 MICRO_STEPS = OPTIMIZER_STEPS = 2
 
@@ -113,10 +114,7 @@ def probe_trainer(model: Any, args: Any, train_dataset: Any, *, effective_batch:
 
     # A progress bar as the Trainer's own, on by default and off with its disable_tqdm (arguments given as a function
     # are not built here: building them may set the CUDA device).
-    from tqdm.auto import tqdm
-
     quiet = bool(getattr(args, "disable_tqdm", False)) if not callable(args) else False
-    bar = tqdm(desc="gaplan: probing the Trainer", unit="trial", disable=quiet)
 
     def measure(micro_batch: int) -> Trial:
         sample = _cycled(train_dataset, order, micro_batch * MICRO_STEPS * OPTIMIZER_STEPS)
@@ -126,16 +124,13 @@ def probe_trainer(model: Any, args: Any, train_dataset: Any, *, effective_batch:
         trial = trial_from(message, micro_batch, output)
         log.info("probe_trainer: batch size %d %s (%.1f s)", micro_batch,
                  "fits" if trial.fits else f"does not fit ({trial.error})", trial.seconds)
-        bar.set_postfix_str(f"batch size {micro_batch} {'fits' if trial.fits else 'does not fit'}")
-        bar.update(1)
+        bar.trial("batch size", micro_batch, trial.fits)
         if on_trial is not None:
             on_trial(trial)
         return trial
 
-    try:
+    with TrialBar("the Trainer", show=not quiet) as bar:
         result = find_edge(measure, limit, max_batch=cap)
-    finally:
-        bar.close()
     if result.edge == 0:
         raise DoesNotFit(f"the Trainer does not fit in {format_bytes(limit)} even at batch size 1 "
                          f"({result.trials[-1].error})")

@@ -37,6 +37,7 @@ from gaplan.core.units import format_bytes, parse_bytes
 from gaplan.devices.card import cuda_initialized
 from gaplan.plan.search import find_edge
 from gaplan.plan.split import Plan, default_search_cap, make_plan
+from gaplan.probing.progress import TrialBar
 from gaplan.worker.loop_trial import LoopFunctions, loop_trial
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,8 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
                *, device: str = "cpu", memory_limit: int | str | None = None,
                effective_batch: int = DEFAULT_EFFECTIVE_BATCH, world_size: int = 1, search_cap: int | None = None,
                micro_steps: int = 2, optimizer_steps: int = 2, threads: int | None = None,
-               on_trial: Callable[[Trial], None] | None = None, start: str = "auto") -> LoopProbeResult:
+               on_trial: Callable[[Trial], None] | None = None, start: str = "auto",
+               progress: bool = True) -> LoopProbeResult:
     """The largest micro-batch your loop trains at steady state under ``memory_limit``, and the plan.
 
     Args:
@@ -105,6 +107,7 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
         effective_batch, world_size: what the plan splits; the search stops at a device's share.
         micro_steps, optimizer_steps: per trial (at least 2 each: the edge holds past the first step).
         on_trial: called after each trial, for progress.
+        progress: a bar of the trials on stderr (as a trainer shows its steps).
         start: how trials start: ``fork`` (closures work), ``spawn`` (new interpreters, pickled functions), or
             ``auto``: fork, unless this process has initialized CUDA (then it cannot).
 
@@ -151,6 +154,7 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
                  (f"fits, peak {format_bytes(trial.peak_bytes)}" if trial.peak_bytes else "fits") +
                  f" in {trial.completed_steps} optimizer step(s)" if trial.fits else
                  f"does not fit: {trial.error} at optimizer step {trial.completed_steps + 1}", trial.seconds)
+        bar.trial("micro-batch", micro_batch, trial.fits)
         if on_trial is not None:
             on_trial(trial)
         return trial
@@ -159,7 +163,8 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
     # collections (at the budget, after each step) would walk every object of your process otherwise.
     gc.freeze()
     try:
-        result = find_edge(measure, limit, max_batch=cap, sketch=lambda micro_batch: measure(micro_batch, 1))
+        with TrialBar("your loop", show=progress) as bar:
+            result = find_edge(measure, limit, max_batch=cap, sketch=lambda micro_batch: measure(micro_batch, 1))
     finally:
         gc.unfreeze()
     if result.edge == 0:

@@ -101,7 +101,10 @@ def test_the_trials_own_output_goes_to_one_file_progress_is_logged_and_a_failed_
     with caplog.at_level(logging.INFO, logger="gaplan.probing.loop"):
         result = gaplan.probe_loop(noisy_setup, lambda b: torch.randn(b, 256), micro_step, memory_limit="160MiB",
                                    effective_batch=2, search_cap=2)
-    assert "1.2M parameters" not in capfd.readouterr().out  # not on screen once per trial
+    screen = capfd.readouterr()
+    assert "1.2M parameters" not in screen.out  # not on screen once per trial
+    # Progress as a bar of the trials on stderr, on by default.
+    assert "gaplan: probing your loop" in screen.err and f"{len(result.trials)}trial" in screen.err.replace(" ", "")
     output = next(note.split(" is in ")[1] for note in result.notes if "own output" in note)
     with open(output) as handle:
         text = handle.read()
