@@ -90,15 +90,3 @@ class PlanBatchSampler(Sampler[list[int]]):
         in one epoch's permutation (a step never crosses an epoch: the tail is left out), so a simple random sample
         without replacement from the dataset; the dataset's own order is no random draw at all (unknown)."""
         return Drawing("epochs", self.num_samples) if self.shuffle and self.num_samples > 1 else Drawing()
-
-
-def plan_sampler_of(loader: object) -> PlanBatchSampler | None:
-    """The :class:`PlanBatchSampler` feeding ``loader`` (a ``DataLoader``, accelerate's or Lightning's wrappers of
-    one, through their ``batch_sampler``), or None."""
-    for _ in range(4):  # DataLoaderShard -> BatchSamplerShard -> PlanBatchSampler, and the like
-        if isinstance(loader, PlanBatchSampler):
-            return loader
-        loader = getattr(loader, "batch_sampler", None)
-        if loader is None:
-            return None
-    return None

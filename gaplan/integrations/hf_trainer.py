@@ -16,11 +16,10 @@ whatever the padding. It follows the ``Trainer``'s own switches the way the ``Tr
   micro-batches' gradients (:mod:`gaplan.training.noise_scale`, as ``gaplan train`` does) and logs ``noise_scale``,
   ``grad_sq`` and ``grad_var`` with the loss. The step's gradient is read after the last micro-batch's backward (DDP
   has reduced it) and before the Trainer clips it. Not measured, and said once in the log, under fp16's loss
-  scaling (the Trainer unscales inside its clipping), FSDP or DeepSpeed (sharded gradients). With ``plan=`` gaplan's
-  sampler draws each step without replacement from one epoch's permutation, and the reading is corrected for it.
-  Otherwise the Trainer's sampler draws the samples, so the reading assumes independent draws, and says so once in
-  the log with the dataset's size: a sampler that shuffles each epoch draws without replacement, and the reading is
-  then high by about ``1/(1 - B_noise/N)`` (:mod:`gaplan.plan.draws`).
+  scaling (the Trainer unscales inside its clipping), FSDP or DeepSpeed (sharded gradients). The Trainer's default
+  sampler and ``plan=``'s draw each step without replacement from one epoch's permutation, and the reading is
+  corrected for it (:mod:`gaplan.data.loader_drawing`); on a sampler of another kind the reading assumes independent
+  draws, and says so once in the log with the dataset's size (:mod:`gaplan.plan.draws`).
 
 Defined on first use (:func:`trainer_class`), since it subclasses ``transformers.Trainer``.
 """
@@ -49,10 +48,11 @@ def trainer_class(base: str | type = "Trainer") -> type:
     from torch import nn
     from transformers.utils import logging
 
+    from gaplan.data.loader_drawing import loader_drawing
     from gaplan.data.plan_sampler import PlanBatchSampler
     from gaplan.data.tasks.infer import infer_task
     from gaplan.data.tasks.registry import task_component, task_names
-    from gaplan.plan.draws import Drawing, unknown_drawing
+    from gaplan.plan.draws import unknown_drawing
     from gaplan.training.noise_scale import NoiseScaleMeter
     from gaplan.workload.loss import batch_size, count_step_targets, count_targets, summed_token_loss
 
@@ -81,7 +81,7 @@ def trainer_class(base: str | type = "Trainer") -> type:
                 args, kwargs = _with_plan_arguments(plan, args, kwargs)
             super().__init__(*args, **kwargs)
             self.gaplan_plan = plan
-            self.gaplan_sampler: PlanBatchSampler | None = None  # the plan's sampler, once the loader is built
+            self.gaplan_loader: Any = None  # the training loader, once built (its sampler is how samples are drawn)
             if plan is not None and self.args.world_size != plan.world_size:
                 raise GaplanError(f"the plan is for {plan.world_size} process(es); this Trainer runs "
                                   f"{self.args.world_size}")
@@ -113,7 +113,8 @@ def trainer_class(base: str | type = "Trainer") -> type:
             """The Trainer's loader; with ``plan=``, the plan's micro-batches (uneven too) from
             :class:`~gaplan.data.plan_sampler.PlanBatchSampler`, seeded by ``args.seed``, sharded by ``prepare``."""
             if self.gaplan_plan is None:
-                return super().get_train_dataloader()
+                self.gaplan_loader = super().get_train_dataloader()
+                return self.gaplan_loader
             if self.train_dataset is None:
                 raise ValueError("Trainer: training requires a train_dataset.")
             dataset, collator = self.train_dataset, self.data_collator
@@ -123,11 +124,12 @@ def trainer_class(base: str | type = "Trainer") -> type:
                 dataset = self._remove_unused_columns(dataset, description="Training")
             else:
                 collator = self._get_collator_with_removed_columns(collator, description="Training")
-            sampler = self.gaplan_sampler = PlanBatchSampler(self.gaplan_plan, len(dataset), seed=self.args.seed)
+            sampler = PlanBatchSampler(self.gaplan_plan, len(dataset), seed=self.args.seed)
             loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collator,
                                                  num_workers=self.args.dataloader_num_workers,
                                                  pin_memory=self.args.dataloader_pin_memory)
-            return self.accelerator.prepare(loader)
+            self.gaplan_loader = self.accelerator.prepare(loader)
+            return self.gaplan_loader
 
         def get_batch_samples(self, epoch_iterator: Iterator, num_batches: int, *args: Any,
                               **kwargs: Any) -> tuple[list, int | None]:
@@ -201,8 +203,9 @@ def trainer_class(base: str | type = "Trainer") -> type:
                 def reduce(values: list[float]) -> list[float]:  # one collective a step, over the ranks
                     total = torch.tensor(values, dtype=torch.float64, device=self.args.device)
                     return self.accelerator.reduce(total, reduction="sum").tolist()
-            # plan=: gaplan's sampler draws, and the reading is corrected for it; else the Trainer's sampler does.
-            drawing = self.gaplan_sampler.drawing if self.gaplan_sampler is not None else Drawing()
+            # The Trainer's loader draws each epoch's permutation (its RandomSampler, or plan='s PlanBatchSampler),
+            # and each step ends with its epoch: the reading is corrected for it. Another sampler: unknown.
+            drawing = loader_drawing(self.gaplan_loader)
             if drawing.known:
                 logger.info(f"noise scale: {drawing.describe()}")
             else:

@@ -72,17 +72,17 @@ class TokenExactLoss(Callback):
         self.meter = NoiseScaleMeter(pl_module, reduce=reduce)  # how it draws: known once the loader is (below)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        """The loader is built now: fed by gaplan's PlanBatchSampler (``loader_options``), the reading is corrected
-        for its draws; by another sampler, it assumes independent draws and says so once."""
+        """The loader is built now: where its sampler draws each epoch's permutation (gaplan's PlanBatchSampler,
+        a shuffling DataLoader, Lightning's DistributedSampler) the reading is corrected for it; else it assumes
+        independent draws and says so once."""
         if self.meter is None:
             return
         from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 
-        from gaplan.data.plan_sampler import plan_sampler_of
-        from gaplan.plan.draws import Drawing, unknown_drawing
+        from gaplan.data.loader_drawing import loader_drawing
+        from gaplan.plan.draws import unknown_drawing
 
-        sampler = plan_sampler_of(trainer.train_dataloader)
-        self.meter.drawing = sampler.drawing if sampler is not None else Drawing()
+        self.meter.drawing = loader_drawing(trainer.train_dataloader)
         if self.meter.drawing.known:
             rank_zero_info(f"noise scale: {self.meter.drawing.describe()}")
         else:

@@ -123,11 +123,12 @@ def step_parts(first: int, population: int, micro_positions: Sequence[Iterable[i
 
 
 def unknown_drawing(loop: str, size: int | None = None) -> str:
-    """What an integration whose loop draws the samples says of its readings: they assume independent draws. A
-    sampler that takes each epoch's samples without replacement (the usual shuffle) makes them read high where the
-    noise scale nears the dataset's size."""
+    """What an integration says of its readings when its loader's sampler is of a kind gaplan does not read
+    (:mod:`gaplan.data.loader_drawing`): they assume independent draws, and read high where that sampler in fact
+    draws without replacement and the noise scale nears the dataset's size."""
     data = f"its {size} samples" if size else "the dataset's N samples"
     bound = f"1/(1 - B_noise/{size})" if size else "1/(1 - B_noise/N)"
-    return (f"{loop} draws the samples: the reading assumes independent draws. A sampler that shuffles each epoch "
-            f"draws without replacement from {data}, and the reading is then high, by about {bound}, which matters "
-            "where the noise scale nears that size (gaplan train corrects for its own order)")
+    return (f"{loop} draws the samples with a sampler gaplan does not read: the reading assumes independent draws. "
+            f"If it draws without replacement from {data}, the reading is high, by about {bound}, which matters "
+            "where the noise scale nears that size (a shuffle each epoch, gaplan's PlanBatchSampler and "
+            "DistributedSampler are read and corrected for)")

@@ -259,19 +259,27 @@ def test_gaplan_trainer_logs_the_noise_scale_of_a_step_as_computed_by_hand(tmp_p
     assert "noise_scale" not in quiet.logs[0]
 
 
-def test_the_trainer_says_its_samplers_draws_are_assumed_independent(tmp_path, caplog):
-    """The Trainer's sampler draws the samples (a shuffle each epoch, without replacement): the reading assumes
-    independent draws, and the log says so once, with the dataset's size and the bias a shuffle gives."""
+def test_the_trainer_says_how_its_sampler_draws_and_a_sampler_it_cannot_read_is_assumed_independent(tmp_path, caplog):
+    """The Trainer's default sampler (a shuffle each epoch, without replacement) is read and corrected for, and the
+    log says so; the group_by_length strategy's sampler is not read: the reading assumes independent draws, and the log says so
+    once, with the dataset's size and the bias a shuffle gives."""
     import logging
 
     from gaplan.integrations.transformers import GaplanTrainer
 
-    with caplog.at_level(logging.WARNING):
-        GaplanTrainer(_model(), _args(tmp_path, per_device_train_batch_size=2, gradient_accumulation_steps=2,
-                                      max_steps=2), train_dataset=_samples(8), data_collator=_collate).train()
-    said = [r.getMessage() for r in caplog.records if "reading assumes independent draws" in r.getMessage()]
-    assert len(said) == 1, said
-    assert "the Trainer draws the samples" in said[0] and "1/(1 - B_noise/8)" in said[0]
+    for grouped in (False, True):
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            strategy = "group_by_length" if grouped else "random"
+            GaplanTrainer(_model(), _args(tmp_path, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                                          max_steps=2, train_sampling_strategy=strategy),
+                          train_dataset=_samples(8), data_collator=_collate).train()
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("noise scale: ")]
+        assert len(said) == 1, said
+        if grouped:
+            assert "reading assumes independent draws" in said[0] and "1/(1 - B_noise/8)" in said[0], said
+        else:
+            assert "a permutation of the 8 samples each epoch: corrected" in said[0], said
 
 
 @pytest.mark.slow
@@ -388,11 +396,13 @@ def test_gaplan_trainer_trains_an_uneven_plan_at_b_star_with_one_large_batchs_sg
 
 
 @pytest.mark.slow
-def test_gaplan_trainer_with_a_plan_reads_the_exact_noise_scale_of_a_finite_corpus(tmp_path):
+@pytest.mark.parametrize("fed_by", ["plan", "the Trainer's sampler"])
+def test_gaplan_trainer_reads_the_exact_noise_scale_of_a_finite_corpus(tmp_path, fed_by):
     """The finite corpus of tests/training/test_noise_scale_finite.py (exact B_simple 0.33 N from every per-sample
-    gradient) through GaplanTrainer(plan=...): its PlanBatchSampler draws each step of 96 without replacement from
-    one epoch's permutation of the 240 samples, and the reading is corrected for it. One seed, 200 steps: within 5%
-    (12 seeds averaged 0.999 of exact; taken as independent draws, 1.44-1.55)."""
+    gradient) through GaplanTrainer: plan= (its PlanBatchSampler) or the Trainer's own RandomSampler draws each step
+    of 96 (4 x 24) without replacement from one epoch's permutation of the 240 samples, and the reading is corrected
+    for it. One seed, 200 steps: within 5% (12 seeds averaged 0.999 of exact through the plan; taken as independent
+    draws, 1.44-1.55)."""
     from torch import nn
 
     from gaplan.integrations.hf_trainer import GaplanTrainer
@@ -416,10 +426,12 @@ def test_gaplan_trainer_with_a_plan_reads_the_exact_noise_scale_of_a_finite_corp
     args = transformers.TrainingArguments(str(tmp_path), max_steps=200, learning_rate=1e-12, optim="sgd",
                                           lr_scheduler_type="constant", max_grad_norm=0.0, weight_decay=0.0,
                                           report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no",
-                                          disable_tqdm=True, seed=0, remove_unused_columns=False)
+                                          disable_tqdm=True, seed=0, remove_unused_columns=False,
+                                          per_device_train_batch_size=finite.MICRO,
+                                          gradient_accumulation_steps=finite.EFFECTIVE // finite.MICRO)
     trainer = GaplanTrainer(model=Logits(), args=args, train_dataset=rows, task="causal-lm",
                             data_collator=lambda batch: {k: torch.stack([r[k] for r in batch]) for k in batch[0]},
-                            plan=make_plan(finite.EFFECTIVE, finite.MICRO))
+                            plan=make_plan(finite.EFFECTIVE, finite.MICRO) if fed_by == "plan" else None)
     readings = []
 
     class Readings(transformers.TrainerCallback):

@@ -199,7 +199,7 @@ def test_uneven_true_trains_the_plan_at_b_star_exactly_and_the_default_says_what
         quiet_trainer(max_steps=1, callbacks=[even, even_loss]).fit(
             GptModule(batch_size=1, samples=11, seq_len=32, fixed_length=False, optimizer="sgd", lr=0.0))
     assert even.plan.micro_batch == 1 and even.result.plan.micro_batch == 4 and not even.result.uses_plan
-    assert even_loss.reading is not None and even_loss.reading.drawing == "unknown"  # the loader's own sampler
+    assert even_loss.reading is not None and even_loss.reading.drawing == "unknown"  # the loader's order: not drawn
 
 
 @pytest.mark.heavy
