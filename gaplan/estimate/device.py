@@ -222,6 +222,15 @@ class DeviceModel:
 
         return CudaAttention(calls)
 
+    def dropout(self) -> contextlib.AbstractContextManager:
+        """On ``cuda``, dropout traced through ATen's fused kernel, which keeps a bool mask for backward
+        (:mod:`gaplan.estimate.dropout`); on ``cpu``, as the CPU runs it (it keeps a noise tensor of the input's dtype)."""
+        if self.kind != "cuda":
+            return contextlib.nullcontext()
+        from gaplan.estimate.dropout import CudaDropout
+
+        return CudaDropout()
+
     def allocator(self) -> contextlib.AbstractContextManager:
         """How MemTracker counts a storage: on ``cuda`` at the CUDA allocator's block, the shared segments followed
         (it yields the :class:`gaplan.estimate.allocator.TracePools`); on ``cpu`` as is (it yields None)."""

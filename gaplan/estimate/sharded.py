@@ -222,6 +222,7 @@ class ShardedTracer:
         self._stack.enter_context(self.helper)
         self._stack.enter_context(self.device.autocast(self.spec.dtype))
         self._stack.enter_context(self.device.attention(self.helper.cuda_attention_calls))
+        self._stack.enter_context(self.device.dropout())
         for depth, model in models.items():
             self._copies.append(_Copy(depth, self._materialize(meta, model)))
 

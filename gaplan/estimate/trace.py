@@ -85,6 +85,7 @@ class Tracer:
             self._stack.enter_context(self.helper)
             self._stack.enter_context(self.device.autocast(self.spec.dtype))
             self._stack.enter_context(self.device.attention(self.helper.cuda_attention_calls))
+            self._stack.enter_context(self.device.dropout())
             self._stack.enter_context(self.device.optimizer_step(self.spec.optimizer))
             with fake_tensor_errors(self.spec):
                 from gaplan.worker.trial import materialize_optimizer_state
