@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from gaplan.cli.config_file import GaplanCommand
 from gaplan.cli.options import (
     OVERWRITE_OPTION,
     batch_by_options,
@@ -24,7 +25,7 @@ from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.lines import histogram_lines, token_bench_lines, trial_line
 
 
-@click.command(name="bench")
+@click.command(name="bench", cls=GaplanCommand)
 @workload_options
 @click.option("--effective-batch", type=int, default=DEFAULT_EFFECTIVE_BATCH, show_default=True,
               help="Samples per optimizer step.")

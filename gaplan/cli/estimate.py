@@ -7,13 +7,14 @@ from typing import Any
 
 import click
 
+from gaplan.cli.config_file import GaplanCommand
 from gaplan.cli.options import SEARCH_CAP_OPTION, given_on_command_line, stderr_printer, workload_options
 from gaplan.cli.output import print_estimate
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.units import format_bytes
 
 
-@click.command(name="estimate")
+@click.command(name="estimate", cls=GaplanCommand)
 @workload_options
 @click.option("--target", default=None, metavar="GPU", help="A GPU from --list-targets (default h100-80gb when no "
                                                             "--memory-limit is given).")

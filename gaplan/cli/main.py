@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from gaplan.cli.bench import bench_command
+from gaplan.cli.config_file import GaplanCommand
 from gaplan.cli.estimate import estimate_command
 from gaplan.cli.options import (
     OVERWRITE_OPTION,
@@ -56,6 +57,8 @@ def _tell_torchrun(line: str) -> None:
 
 class GaplanGroup(click.Group):
     """Turns every :class:`GaplanError` into one line on stderr and exit status 2."""
+
+    command_class = GaplanCommand  # --config and --print-config on every command
 
     def invoke(self, ctx: click.Context) -> Any:
         with catching_signals():

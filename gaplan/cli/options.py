@@ -216,8 +216,12 @@ def stderr_printer(quiet: bool) -> Callable[[str], None]:
 
 
 def given_on_command_line(ctx: click.Context) -> set[str]:
-    """The options the user gave (not defaults): what ``--resume`` checks against the saved run."""
+    """The options the user gave (not defaults): on the command line, or in ``--config``'s file other than an
+    option's default; what ``--resume`` checks against the saved run."""
     from click.core import ParameterSource
 
+    from gaplan.cli.config_file import from_config_file
+
     return {name for name in ctx.params
-            if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
+            if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+            or from_config_file(ctx, name)}

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from gaplan.cli.config_file import GaplanCommand
 from gaplan.cli.options import WORKLOAD_HELP, given_on_command_line, lora_options, stderr_printer, task_and_lengths
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.plan.layouts import MACHINERY
@@ -15,7 +16,7 @@ from gaplan.plan.levers import BY_NAME
 from gaplan.workload.spec import OPTIMIZERS
 
 
-@click.command(name="plan")
+@click.command(name="plan", cls=GaplanCommand)
 @click.option("--model", default="tiny-gpt2", show_default=True, metavar="NAME|DIR|MODULE:FUNC",
               help="A preset, a Hugging Face model directory or cached id, or module:function. " + WORKLOAD_HELP
               + " Shapes to plan for: llama-2-7b, llama-2-13b, llama-2-70b.")

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from gaplan.cli.config_file import GaplanCommand
 from gaplan.cli.options import (
     OVERWRITE_OPTION,
     batch_by_options,
@@ -26,7 +27,7 @@ from gaplan.core.units import format_bytes
 from gaplan.runs.folder import REPORT_HTML, REPORT_MD, path_in
 
 
-@click.command(name="train")
+@click.command(name="train", cls=GaplanCommand)
 @workload_options
 @click.option("--effective-batch", type=int, default=None,
               help=f"Samples per optimizer step (default {DEFAULT_EFFECTIVE_BATCH}, or the plan's).")

@@ -20,6 +20,7 @@ WORKLOAD = {"--attention", "--compile", "--device", "--dtype", "--effective-batc
             "--trust-remote-code", "--weights-dtype"}
 # The flags that apply to every run of each command (a new flag is either declared in gaplan/workflows/applies.py or
 # added here).
+EVERYWHERE_OF_ALL = {"--config", "--print-config"}  # every command's (gaplan/cli/config_file.py)
 EVERYWHERE = {
     "train": WORKLOAD | {"--batch-by", "--batch-schedule", "--checkpoint-every", "--compare", "--data",
                          "--enforce-memory-limit", "--max-grad-norm", "--micro-batch", "--noise-scale", "--out",
@@ -49,8 +50,9 @@ CASES = [pytest.param(command, scope, id=f"{command} {scope.flag}") for command,
 def test_every_flag_is_declared_conditional_or_applies_everywhere(command):
     flags = {p.opts[0] for p in main.commands[command].params if isinstance(p, click.Option)}
     declared = {scope.flag for scope in SCOPES[command]}
-    assert not declared & EVERYWHERE[command]
-    assert flags == declared | EVERYWHERE[command], sorted(flags ^ (declared | EVERYWHERE[command]))
+    everywhere = EVERYWHERE[command] | EVERYWHERE_OF_ALL
+    assert not declared & everywhere
+    assert flags == declared | everywhere, sorted(flags ^ (declared | everywhere))
 
 
 @pytest.mark.parametrize("command, scope", CASES)

@@ -1,0 +1,73 @@
+"""``--config FILE`` and ``--print-config`` on every command: the file's options are the flags' (parsed by the same
+types, checked by the same rules), a flag given wins, the printed config reads back to itself, and a bad key, value
+or file is one line, exit 2."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from gaplan.cli.main import main
+
+# Each command with some of its flags (given where they apply), and what its positional arguments need.
+FLAGS = {
+    "train": ["--effective-batch", "64", "--seq-len", "32", "--grad-checkpointing", "every:2", "--lr", "0.0005",
+              "--no-noise-scale", "--steps", "3"],
+    "probe": ["--effective-batch", "32", "--memory-limit", "512MiB", "--dtype", "bf16", "--margin", "0.05"],
+    "bench": ["--effective-batch", "16", "--rounds", "2", "--seq-len", "16"],
+    "estimate": ["--model", "tiny-llama", "--seq-len", "128", "--target", "h100-80gb", "--world-size", "2"],
+    "plan": ["--effective-batch", "128", "--memory-limit", "2GiB", "--world-size", "2"],
+}
+FILE = {
+    "train": 'effective-batch = 64\nseq-len = 32\ngrad-checkpointing = "every:2"\nlr = 0.0005\nnoise-scale = false\n'
+             'steps = 3\n',
+    "probe": 'effective-batch = 32\nmemory-limit = "512MiB"\ndtype = "bf16"\nmargin = 0.05\n',
+    "bench": 'effective-batch = 16\nrounds = 2\nseq-len = 16\n',
+    "estimate": 'model = "tiny-llama"\nseq-len = 128\ntarget = "h100-80gb"\nworld-size = 2\n',
+    "plan": 'effective-batch = 128\nmemory-limit = "2GiB"\nworld-size = 2\n',
+}
+
+
+def printed(*args: str) -> str:
+    result = CliRunner().invoke(main, [*args, "--print-config"])
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+@pytest.mark.parametrize("command", FLAGS)
+def test_a_config_file_gives_what_the_flags_give_and_its_print_reads_back(command, tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text(f"[{command}]\n{FILE[command]}")
+    from_flags = printed(command, *FLAGS[command])
+    assert printed(command, "--config", str(path)) == from_flags
+    assert from_flags != printed(command)  # the flags changed something
+    again = tmp_path / "again.toml"
+    again.write_text(from_flags)  # the printed config is a config
+    assert printed(command, "--config", str(again)) == from_flags
+
+
+def test_a_flag_given_wins_over_the_file_and_the_file_counts_as_given(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('seq-len = 32\nlora-r = 8\n')  # no table: the invoked command's own
+    assert "seq-len = 16\n" in printed("train", "--config", str(path), "--seq-len", "16")
+    result = CliRunner().invoke(main, ["train", "--config", str(path), "--steps", "1", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and result.stderr.strip() == \
+        "gaplan: --lora-r sets LoRA adapters, and --lora is off: add --lora, or leave it out"
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("text, line", [
+    ("[train]\nefective-batch = 3\n", "[train] has no option 'efective-batch' (did you mean effective-batch?)"),
+    ('[train]\neffective-batch = "many"\n', "[train] effective-batch = 'many': 'many' is not a valid integer."),
+    ('[train]\ngrad-sync = "sometimes"\n', "[train] grad-sync = 'sometimes': "),
+    ("[probe]\nseq-len = 16\n", "no [train] table (it has [probe])"),
+    ("[train\n", "not TOML"),
+])
+def test_a_bad_file_is_one_line(text, line, tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    result = CliRunner().invoke(main, ["train", "--config", str(path), "--out", str(tmp_path / "o")])
+    lines = [text for text in result.stderr.splitlines() if text.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"gaplan: --config {path}: {line}"), \
+        result.output
+    assert not (tmp_path / "o").exists()
