@@ -214,30 +214,12 @@ def plan_trainer(model_or_spec: nn.Module | WorkloadSpec | str | None, args: Tra
     return TrainerPlan(planned, chosen, even, probed)
 
 
-def resolve_plan(
-    model_or_spec: nn.Module | WorkloadSpec | str | None,
-    args: TrainingArguments,
-    effective_batch: int,
-    *,
-    plan: str | os.PathLike | Plan | ProbeResult | None = None,
-    memory_limit: int | str | None = None,
-    device: str = "auto",
-    seq_len: int | None = None,
-    world_size: int | None = None,
-    probe: str = "workload",
-    train_dataset: Any = None,
-    data_collator: Any = None,
-    trainer_class: type | None = None,
-    trainer_kwargs: Mapping[str, Any] | None = None,
-) -> Plan:
-    """gaplan's own plan (possibly uneven) behind :func:`plan_training_arguments`, which takes the same arguments.
-
-    Useful to probe once and then both build the arguments (``plan=`` the result) and show the plan
-    (:func:`hf_snippet`).
-    """
-    return _chosen_plan(model_or_spec, args, effective_batch, plan=plan, memory_limit=memory_limit, device=device,
-                        seq_len=seq_len, world_size=world_size, probe=probe, train_dataset=train_dataset,
-                        data_collator=data_collator, trainer_class=trainer_class, trainer_kwargs=trainer_kwargs)[0]
+def resolve_plan(model_or_spec: nn.Module | WorkloadSpec | str | None, args: TrainingArguments, effective_batch: int,
+                 **options: Any) -> Plan:
+    """gaplan's own plan (possibly uneven) behind :func:`plan_training_arguments`, which takes the same arguments
+    (its keyword options are ``options``). Useful to probe once and then both build the arguments (``plan=`` the
+    result) and show the plan (:func:`hf_snippet`)."""
+    return _chosen_plan(model_or_spec, args, effective_batch, **options)[0]
 
 
 def _chosen_plan(model_or_spec: Any, args: Any, effective_batch: int, *, plan: Any = None,
