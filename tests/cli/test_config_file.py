@@ -4,6 +4,8 @@ or file is one line, exit 2."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from click.testing import CliRunner
 
@@ -71,3 +73,22 @@ def test_a_bad_file_is_one_line(text, line, tmp_path):
     assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"gaplan: --config {path}: {line}"), \
         result.output
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", [*FLAGS, "report"])
+def test_help_is_in_sections_and_lists_every_option_once(command):
+    """--help groups the options (model and data, memory, plan, training, timing, output); a new option must be given
+    its section in gaplan/cli/config_file.py (none lands in "Other options")."""
+    import click
+
+    from gaplan.cli.config_file import HELP_SECTIONS
+
+    text = CliRunner().invoke(main, [command, "--help"]).stdout
+    headings = [line[:-1] for line in text.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert "Other options" not in headings and "Output" in headings, headings
+    assert [h for h in HELP_SECTIONS if h in headings] == [h for h in headings if h in HELP_SECTIONS]  # in order
+    for param in main.commands[command].params:
+        if isinstance(param, click.Option) and not param.hidden:
+            long = next(opt for opt in param.opts if opt.startswith("--"))
+            listed = re.findall(rf"^  (?:-\w, )?{re.escape(long)}(?![\w-])", text, re.MULTILINE)
+            assert len(listed) == 1, (command, long, listed)
