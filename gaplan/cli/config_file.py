@@ -16,28 +16,11 @@ from the file counts as given (its option is checked where it applies) unless it
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import click
 
-from gaplan.core.errors import GaplanError
-
 PRINT_CONFIG = "gaplan.print_config"  # ctx.meta: --print-config was given
-
-
-def _read_toml(path: str) -> dict[str, Any]:
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.10
-        import tomli as tomllib
-    try:
-        with open(path, "rb") as handle:
-            return tomllib.load(handle)
-    except OSError as exc:
-        raise GaplanError(f"--config {path}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise GaplanError(f"--config {path}: not TOML ({exc})") from None
 
 
 def _options(command: click.Command) -> dict[str, click.Option]:
@@ -51,31 +34,18 @@ def _options(command: click.Command) -> dict[str, click.Option]:
 
 
 def _load(ctx: click.Context, param: click.Parameter, path: str | None) -> None:
-    """``--config``'s callback (eager: before any other option is read): the file's values as ``default_map``."""
+    """``--config``'s callback (eager: before any other option is read): the file's values as ``default_map``, each
+    checked by its option's own type (gaplan.workflows.config_file)."""
     if path is None:
         return
-    command = ctx.command
-    data = _read_toml(path)
-    tables = [key for key, value in data.items() if isinstance(value, dict)]
-    if tables and command.name not in tables:
-        raise GaplanError(f"--config {path}: no [{command.name}] table (it has {', '.join(f'[{t}]' for t in tables)})")
-    table = data[command.name] if tables else data
-    options = _options(command)
-    defaults: dict[str, Any] = {}
-    for key, value in table.items():
-        option = options.get(key)
-        if option is None:
-            import difflib
+    from functools import partial
 
-            near = difflib.get_close_matches(key.replace("_", "-"), options, n=1)
-            hint = f" (did you mean {near[0]}?)" if near else ""
-            raise GaplanError(f"--config {path}: [{command.name}] has no option {key!r}{hint}")
-        try:
-            option.type_cast_value(ctx, value)
-        except click.BadParameter as exc:
-            raise GaplanError(f"--config {path}: [{command.name}] {key} = {value!r}: {exc.message}") from None
-        defaults[option.name] = value
-    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+    from gaplan.workflows.config_file import read_config
+
+    options = _options(ctx.command)
+    values = read_config(path, ctx.command.name,
+                         {key: partial(option.type_cast_value, ctx) for key, option in options.items()})
+    ctx.default_map = {**(ctx.default_map or {}), **{options[key].name: value for key, value in values.items()}}
 
 
 def _mark(ctx: click.Context, param: click.Parameter, value: bool) -> None:
