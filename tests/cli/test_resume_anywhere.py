@@ -2,6 +2,7 @@
 under DDP or FSDP, to the uninterrupted run's weights; an extended run goes on along its new cosine; a checkpoint is
 data, and one that names a callable is refused unread."""
 
+import contextlib
 import csv
 import fcntl
 import math
@@ -48,6 +49,10 @@ def killed_mid_run(ranks: int, args: list[str], run_dir, after: int = 2) -> int:
     while logged_steps(run_dir) < after and cut.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert cut.poll() is None, f"the run ended before it could be cut: {cut.stderr.read()[-3000:]}"
+    # torchrun starts its ranks in sessions of their own: killing its process group alone leaves them training on.
+    for pid in descendants(cut.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     os.killpg(cut.pid, signal.SIGKILL)
     cut.wait(timeout=60)
     cut.stderr.close()
@@ -57,9 +62,28 @@ def killed_mid_run(ranks: int, args: list[str], run_dir, after: int = 2) -> int:
     return done
 
 
+def descendants(root: int) -> list[int]:
+    """Every process below ``root`` (its children, theirs, ...), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="utf-8") as handle:
+                    parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, queue = [], [root]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
 def wait_until_released(run_dir, timeout: float = 60.0) -> None:
-    """torchrun is reaped before its ranks have all died: a rank still exiting holds the run folder's lock, and a
-    resume then (rightly) refuses the folder as being written."""
+    """A killed rank can still be exiting when torchrun is reaped: while it holds the run folder's lock a resume
+    (rightly) refuses the folder as being written."""
     fd = os.open(run_dir, os.O_RDONLY)
     try:
         deadline = time.monotonic() + timeout
