@@ -23,14 +23,15 @@ import click
 PRINT_CONFIG = "gaplan.print_config"  # ctx.meta: --print-config was given
 
 
+def _key(param: click.Parameter) -> str:
+    """An option's name in a config file and in the help sections: its first long flag without its dashes."""
+    return next((opt for opt in param.opts if opt.startswith("--")), param.opts[0]).lstrip("-")
+
+
 def _options(command: click.Command) -> dict[str, click.Option]:
-    """The command's options by their file key: the first long flag without its dashes."""
-    found = {}
-    for param in command.params:
-        if isinstance(param, click.Option) and param.expose_value:
-            long = next((opt for opt in param.opts if opt.startswith("--")), param.opts[0])
-            found[long.lstrip("-")] = param
-    return found
+    """The command's options by their file key."""
+    return {_key(param): param for param in command.params
+            if isinstance(param, click.Option) and param.expose_value}
 
 
 def _load(ctx: click.Context, param: click.Parameter, path: str | None) -> None:
@@ -122,8 +123,7 @@ class GaplanCommand(click.Command):
             record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
             if record is None:  # an argument: in the usage line
                 continue
-            long = next((opt for opt in param.opts if opt.startswith("--")), param.opts[0]).lstrip("-")
-            sections[_SECTION_OF.get(long, "Other options")].append(record)
+            sections[_SECTION_OF.get(_key(param), "Other options")].append(record)
         for name, records in sections.items():
             if records:
                 with formatter.section(name):
