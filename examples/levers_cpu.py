@@ -39,10 +39,12 @@ def probe_edge(checkpointing: str) -> dict:
 
 
 def fixed_trial(checkpointing: str, compile_: bool) -> dict:
+    from gaplan.core.checkpointing import parse_checkpointing
     from gaplan.worker.client import WorkerProcess
     from gaplan.workload.spec import WorkloadSpec
 
-    spec = WorkloadSpec(model="tiny-gpt2", seq_len=SEQ_LEN, grad_checkpointing=checkpointing, compile=compile_)
+    spec = WorkloadSpec(model="tiny-gpt2", seq_len=SEQ_LEN, grad_checkpointing=parse_checkpointing(checkpointing),
+                        compile=compile_)
     with WorkerProcess(spec, "cpu", 2 * 2**30, threads=1) as worker:
         trial = worker.trial(MICRO_BATCH, optimizer_steps=3, unbounded=True)
     if not trial.fits:

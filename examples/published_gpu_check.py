@@ -42,13 +42,15 @@ def published_bytes(row: dict) -> int:
 
 def spec_of(row: dict):
     """The row's settings as gaplan's workload."""
+    from gaplan.core.checkpointing import parse_checkpointing
     from gaplan.workload.spec import WorkloadSpec
 
     s = row["settings"]
     lora = s.get("lora") or {}
     return WorkloadSpec(model=str(ROOT / row["config"]), task=s["task"], seq_len=s["seq_len"], dtype=s["dtype"],
                         weights_dtype=s["weights_dtype"], optimizer=s["optimizer"],
-                        grad_checkpointing=s["grad_checkpointing"], attention=s.get("attention"), lora=bool(lora),
+                        grad_checkpointing=parse_checkpointing(s["grad_checkpointing"]), attention=s.get("attention"),
+                        lora=bool(lora),
                         lora_r=lora.get("r", 16), lora_alpha=float(lora.get("alpha", 32)),
                         lora_dropout=lora.get("dropout", 0.05), lora_targets=lora.get("targets"))
 

@@ -23,7 +23,7 @@ from gaplan.benchmark.splits import (
     bench,
     candidate_splits,
 )
-from gaplan.core.checkpointing import parse_checkpointing
+from gaplan.core.checkpointing import AUTO, OFF, ON, Checkpointing
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import OptionError
 from gaplan.core.trial import Trial
@@ -42,7 +42,7 @@ class TunerDecision:
     objective: str
     micro_batch: int
     grad_accum_steps: int
-    grad_checkpointing: bool
+    grad_checkpointing: bool | str  # as plan.json holds it (Checkpointing.spec_value)
     samples_per_s: float | None
     reason: str
 
@@ -97,14 +97,14 @@ def _plan_row(measured: BenchResult | None) -> SplitMeasurement | None:
 
 def _decision(objective: str, result: ProbeResult, micro: int, steps: int, row: SplitMeasurement | None,
               reason: str) -> TunerDecision:
-    return TunerDecision(objective, micro, steps, result.workload.grad_checkpointing,
+    return TunerDecision(objective, micro, steps, result.workload.grad_checkpointing.spec_value(),
                          row.samples_per_s if row is not None else None, reason)
 
 
 def tune(
     spec: WorkloadSpec,
     objective: str = "max-micro-batch",
-    grad_checkpointing: str = "off",
+    grad_checkpointing: Checkpointing | str = OFF,
     device: str = "auto",
     memory_limit: int | None = None,
     effective_batch: int = 256,
@@ -121,7 +121,7 @@ def tune(
 
     ``bench_settings``: how splits are timed; choosing by throughput times every split (``all_splits``)."""
     # auto: off and on, the tuner chooses; any other value is the blocks to checkpoint (gaplan.core.checkpointing)
-    settings = [False, True] if grad_checkpointing == "auto" else [parse_checkpointing(grad_checkpointing).spec_value()]
+    settings = [OFF, ON] if grad_checkpointing == AUTO else [grad_checkpointing]
     if objective not in OBJECTIVES:
         raise OptionError(f"objective must be one of {', '.join(OBJECTIVES)} (got {objective!r})", "objective")
     stage = on_stage or (lambda text: None)
@@ -153,7 +153,7 @@ def tune(
                                  on_start=on_bench_start,
                                  splits=splits))
     chosen, decision = choose(objective, list(zip(probes, benches or [None] * len(probes), strict=True)))
-    if objective == "max-micro-batch" and grad_checkpointing != "auto":
+    if objective == "max-micro-batch" and grad_checkpointing != AUTO:
         return TunedProbe(chosen, benches, decision)  # the probe's own plan; nothing was chosen over it
     plan = make_plan(effective_batch, decision.micro_batch, chosen.plan.world_size)
     chosen = dataclasses.replace(chosen, plan=plan, tuner=decision.to_dict())

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from gaplan.cli.config_file import GaplanCommand
+from gaplan.cli.option_types import SIZES
 from gaplan.cli.options import SEARCH_CAP_OPTION, given_on_command_line, stderr_printer, workload_options
 from gaplan.cli.output import print_estimate
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
@@ -21,7 +22,7 @@ from gaplan.core.units import format_bytes
 @click.option("--list-targets", is_flag=True, help="List the known GPUs and their usable memory, then exit.")
 @click.option("--effective-batch", type=int, default=DEFAULT_EFFECTIVE_BATCH, show_default=True,
               help="Samples per optimizer step.")
-@click.option("--sizes", default=None, metavar="B1,B2", help="Micro-batches whose micro-steps draw the memory line "
+@click.option("--sizes", type=SIZES, default=None, metavar="B1,B2", help="Micro-batches whose micro-steps draw the memory line "
                                                              "(default 1,2).")
 @click.option("--world-size", type=int, default=None,
               help="Ranks the effective batch is split over (default 1, or --nodes x --gpus-per-node); every figure is "

@@ -19,6 +19,7 @@ import click
 from gaplan.cli.bench import bench_command
 from gaplan.cli.config_file import GaplanCommand
 from gaplan.cli.estimate import estimate_command
+from gaplan.cli.option_types import BATCH_RANGE
 from gaplan.cli.options import (
     OVERWRITE_OPTION,
     SEARCH_CAP_OPTION,
@@ -134,7 +135,7 @@ def main(debug: bool) -> None:
                    "split: minutes); or goodput: measure the gradient noise scale in a short run at "
                    "--effective-batch, time the plans of --batch-range, and plan the effective batch of most "
                    "samples/s x statistical efficiency.")
-@click.option("--batch-range", default=None, metavar="LOW:HIGH",
+@click.option("--batch-range", type=BATCH_RANGE, default=None, metavar="LOW:HIGH",
               help="--objective goodput: the effective batches to choose from (default E/16:4E).")
 @click.option("--measure-steps", type=int, default=30, show_default=True,
               help="--objective goodput: optimizer steps of the run that measures the noise scale.")

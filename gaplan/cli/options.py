@@ -10,6 +10,8 @@ from typing import Any
 
 import click
 
+from gaplan.cli.option_types import BYTES, CHECKPOINTING
+
 WORKLOAD_HELP = "Presets: tiny-gpt2 (default), small-gpt2, tiny-llama, tiny-bert-mlm, tiny-bert-cls, tiny-t5."
 
 
@@ -55,7 +57,7 @@ def workload_options(func: Callable) -> Callable:
                      help="chunked: the LM head and cross-entropy TOKENS positions at a time, recomputed in backward, so "
                           "the [B, T, V] logits never exist whole (causal-lm and seq2seq-lm; default TOKENS: 16 MiB of "
                           "fp32 logits)."),
-        click.option("--grad-checkpointing", default=None, is_flag=False, flag_value="on",
+        click.option("--grad-checkpointing", type=CHECKPOINTING, default=None, is_flag=False, flag_value="on",
                      metavar="off|on|every:K|layers:N|auto",
                      help="Recompute activations in backward: on (every block), off (default), every:K (every K-th "
                           "block), layers:N (the first N blocks), or auto (probe: on only when a larger micro-batch "
@@ -77,7 +79,7 @@ def workload_options(func: Callable) -> Callable:
                      help="With --parallel fsdp: reduce-scatter gradients on the last micro-step only, or on "
                           "every one (gradients stay sharded between micro-steps: less memory, more traffic)."),
         click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda[:N]"),
-        click.option("--memory-limit", default=None, metavar="SIZE",
+        click.option("--memory-limit", type=BYTES, default=None, metavar="SIZE",
                      help="Memory budget, e.g. 2GiB or 800MB (CPU default 1 GiB; CUDA default: the card)."),
         click.option("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)."),
     ]

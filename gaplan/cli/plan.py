@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from gaplan.cli.config_file import GaplanCommand
+from gaplan.cli.option_types import BYTES
 from gaplan.cli.options import WORKLOAD_HELP, given_on_command_line, lora_options, stderr_printer, task_and_lengths
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.plan.layouts import MACHINERY
@@ -38,7 +39,8 @@ from gaplan.workload.spec import OPTIMIZERS
               help="cuda: plan for GPUs (--target or --memory-limit); cpu: CPU processes (compare with gaplan probe).")
 @click.option("--target", default=None, metavar="GPU", help="A GPU from gaplan estimate --list-targets (default "
                                                             "h100-80gb when no --memory-limit is given).")
-@click.option("--memory-limit", default=None, metavar="SIZE", help="Memory per rank, e.g. 40GiB (instead of a target).")
+@click.option("--memory-limit", type=BYTES, default=None, metavar="SIZE",
+              help="Memory per rank, e.g. 40GiB (instead of a target).")
 @click.option("--world-size", type=int, default=None,
               help="Ranks (default 1, or --nodes x --gpus-per-node).")
 @click.option("--nodes", type=int, default=None, help="Machines the ranks run on (default 1).")

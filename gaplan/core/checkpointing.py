@@ -3,8 +3,10 @@
 A checkpointed block keeps only its input through the forward and runs again in backward; the others keep every
 activation they save. ``every:K`` checkpoints blocks 0, K, 2K, ... (``every:1`` is ``on``, as transformers'
 ``every_n_layers`` counts them); ``layers:N`` the first N blocks, in the model's module order (a T5's encoder
-blocks come before its decoder's). One parser, :func:`parse_checkpointing`, reads every form a caller or a saved
-file holds: the strings, a bool (what plan files and probe caches wrote before every:K), None (off) or the value.
+blocks come before its decoder's). One parser, :func:`parse_checkpointing`, reads the text a user gives (the command
+line's and a config file's value, at the edge) and the forms a saved file holds (a bool: what plan files and probe
+caches wrote before every:K; None: off); past the edge the value is a :class:`Checkpointing`, or :data:`AUTO` where a
+probe may decide it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from gaplan.core.options import OptionError
 
 KINDS = ("off", "on", "every", "layers")
+AUTO = "auto"  # --grad-checkpointing auto: the probe times both and keeps the faster (probe and bench only)
 CHECKPOINTING_CHOICES = "off|on|every:K|layers:N"
 _FIX = "choose off, on, every:K (every K-th block, K >= 1) or layers:N (the first N blocks, N >= 1)"
 
@@ -41,6 +44,9 @@ class Checkpointing:
     def enabled(self) -> bool:
         """Whether any block is checkpointed."""
         return self.kind != "off"
+
+    def __bool__(self) -> bool:  # ``if spec.grad_checkpointing:`` reads as "is any block checkpointed"
+        return self.enabled
 
     @property
     def selective(self) -> bool:
@@ -93,3 +99,22 @@ def parse_checkpointing(value: object) -> Checkpointing:
         if colon and kind in ("every", "layers") and count.isdigit() and int(count) >= 1:
             return Checkpointing(kind, int(count))
     raise OptionError(f"grad_checkpointing {value!r} is not valid; {_FIX}", "grad_checkpointing")
+
+
+def parse_checkpointing_choice(value: object) -> Checkpointing | str:
+    """``value`` as :func:`parse_checkpointing` reads it, or :data:`AUTO` (``"auto"``): what ``--grad-checkpointing``
+    takes where a probe may decide it."""
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return AUTO
+    return parse_checkpointing(value)
+
+
+def check_choice(choice: object, plan_file: str | None) -> None:
+    """A run's ``grad_checkpointing`` as given: None (not given), a :class:`Checkpointing`, or :data:`AUTO` with the
+    ``plan_file`` of the probe that decided it (gaplan probe times both; a run does not)."""
+    if choice is not None and choice != AUTO and not isinstance(choice, Checkpointing):
+        raise OptionError(f"grad_checkpointing must be a Checkpointing, {AUTO!r} or None (got {choice!r})",
+                          "grad_checkpointing")
+    if choice == AUTO and plan_file is None:
+        raise OptionError("grad_checkpointing auto is decided by gaplan probe; give its plan_file, or on/off",
+                          "grad_checkpointing", "plan_file")

@@ -202,7 +202,7 @@ class ShardedTracer:
         stack = uniform_stack(meta.model, blocks)
         # A selective checkpointing (every:K, layers:N) differs block to block, so no line through two depths
         # draws it: such a model is traced whole.
-        whole = stack is None or self.blocks <= FULL_DEPTH_MAX or self.spec.checkpointing.selective
+        whole = stack is None or self.blocks <= FULL_DEPTH_MAX or self.spec.grad_checkpointing.selective
         self.depths = (self.blocks,) if whole else TRACE_DEPTHS
         # Copies and sharding on meta, outside the fake mode (a deep copy under it would copy fake tensors).
         models = {depth: copy.deepcopy(meta.model) if depth == self.blocks else truncated_copy(meta.model, stack, depth)

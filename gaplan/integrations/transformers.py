@@ -34,6 +34,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from gaplan.core.checkpointing import OFF, ON
 from gaplan.core.errors import GaplanError
 from gaplan.data.tasks.infer import infer_task
 from gaplan.plan.split import Plan, even_trade_message, make_plan
@@ -319,7 +320,7 @@ def _workload_spec(model_or_spec: Any, args: TrainingArguments, seq_len: int | N
         return
     fields = dict(seq_len=seq_len, dtype="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
                   optimizer=trainer_optimizer(args.optim), lr=float(args.learning_rate) or 1e-4,
-                  grad_checkpointing=bool(args.gradient_checkpointing))
+                  grad_checkpointing=ON if args.gradient_checkpointing else OFF)
     if isinstance(model_or_spec, str):
         yield WorkloadSpec(model=model_or_spec, **fields)
         return

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from gaplan.core.checkpointing import OFF, ON, Checkpointing
 from gaplan.core.errors import GaplanError
 
 OPTIMIZER_SWAP = ("changes the optimizer: the loss curve is not the {base} one (other update rule and states; "
@@ -61,9 +62,9 @@ LEVERS = (
     Lever("sgd", "optimizer", "optimizer", "sgd", OPTIMIZER_SWAP + "; no adaptive step"),
     Lever("chunked", "loss", "loss", "chunked",
           "the LM head's forward runs again in backward, a chunk of positions at a time", recompute_head=1.0),
-    Lever("ckpt", "checkpointing", "grad_checkpointing", True,
+    Lever("ckpt", "checkpointing", "grad_checkpointing", ON,
           "every block's forward runs again in backward", recompute_blocks=1.0),
-    Lever("every:2", "checkpointing", "grad_checkpointing", "every:2",
+    Lever("every:2", "checkpointing", "grad_checkpointing", Checkpointing("every", 2),
           "every other block's forward runs again in backward", recompute_blocks=0.5),
     Lever("compile", "compile", None, True, "",
           not_built="the estimate traces the eager model and cannot model what compile keeps for backward; "
@@ -109,7 +110,7 @@ class Base:
 
     optimizer: str = "adamw"
     loss: str = "plain"
-    grad_checkpointing: bool | str = False  # True (on) or a selective choice (every:K, layers:N)
+    grad_checkpointing: Checkpointing = OFF
 
     def has(self, lever: Lever) -> bool:
         """True when the workload already has this lever's setting (so the lever adds nothing)."""
@@ -118,7 +119,7 @@ class Base:
         if lever.field == "loss":
             return self.loss.partition(":")[0] == lever.value
         if lever.field == "grad_checkpointing":
-            return self.grad_checkpointing is True or self.grad_checkpointing == lever.value
+            return self.grad_checkpointing in (ON, lever.value)
         return False
 
 

@@ -19,6 +19,7 @@ import os
 from collections.abc import Callable
 
 from gaplan.core.cache import cache_root
+from gaplan.core.checkpointing import AUTO, Checkpointing
 from gaplan.core.errors import GaplanError
 from gaplan.core.trial import Trial
 from gaplan.core.units import format_bytes
@@ -73,7 +74,7 @@ def probe_for(
     memory_limit: int | None,
     needed_micro_batch: int,
     plan_file: str | None = None,
-    grad_checkpointing: str | None = None,
+    grad_checkpointing: Checkpointing | str | None = None,
     threads: int | None = None,
     ddp: bool = False,
     write_cache: bool = True,
@@ -88,7 +89,8 @@ def probe_for(
     default: torchrun's ``WORLD_SIZE``. A plan file made for another world size is refused.
     ``needed_micro_batch`` is one rank's share of the step: the search goes no higher, and a
     cached probe that stopped at a smaller cap is not reused. Returns the workload spec too: a
-    plan's tuner may have chosen gradient checkpointing (``grad_checkpointing`` None or "auto").
+    plan's tuner may have chosen gradient checkpointing (``grad_checkpointing`` None or AUTO: not given; AUTO
+    without a plan is refused by :class:`gaplan.workflows.train_options.TrainOptions`).
     """
     from gaplan.probing.edge import probe
 
@@ -97,7 +99,7 @@ def probe_for(
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if plan_file:
         probed = load_probe(plan_file)
-        if grad_checkpointing in (None, "auto"):
+        if grad_checkpointing in (None, AUTO):
             spec = dataclasses.replace(spec, grad_checkpointing=probed.workload.grad_checkpointing)
         if not same_workload(probed.workload, spec):
             layout = f", --parallel {probed.workload.parallel}" if probed.workload.parallel != spec.parallel else ""
@@ -110,8 +112,6 @@ def probe_for(
         if warning:
             say(warning)
         return spec, probed
-    if grad_checkpointing == "auto":
-        raise GaplanError("--grad-checkpointing auto is decided by gaplan probe; give its --plan, or on/off")
     machine = machine_identity(device)
     cache = plan_cache_path(spec, device, memory_limit, threads, ddp, world_size, machine)
     if os.path.isfile(cache):

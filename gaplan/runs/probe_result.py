@@ -121,7 +121,7 @@ class ProbeResult:
         data = check_plan(data, path)
         try:
             return cls(
-                workload=WorkloadSpec(**data["workload"]),
+                workload=WorkloadSpec.from_dict(data["workload"]),
                 device=data["device"],
                 memory_limit_bytes=_optional_int(data["memory_limit_bytes"]),
                 margin=float(data.get("margin", 0.0)),

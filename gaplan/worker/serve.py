@@ -85,7 +85,7 @@ def _build_under_budget(setup: WorkerSetup, enforce: bool = True, rank: int | No
     backend.activate(setup.allocator_limit(backend.name), enforce=enforce)
     started = _lap(phases, "budget", started)
     # Weights don't change memory: trials build from the config, directly on the device, and read no checkpoint.
-    spec = WorkloadSpec(**setup.workload)
+    spec = WorkloadSpec.from_dict(setup.workload)
     if rank is not None and spec.parallel == "fsdp":  # as gaplan train --parallel fsdp builds it: meta, shard, fill
         from gaplan.parallel.build import build_sharded_workload
 
@@ -240,7 +240,7 @@ def _serve(requests, reply) -> None:
     from gaplan.workload.spec import WorkloadSpec
 
     try:
-        spec = WorkloadSpec(**setup.workload)
+        spec = WorkloadSpec.from_dict(setup.workload)
         # None for a user's function (built in the child), and where importing the model's libraries would
         # initialize CUDA in this process (then no trial could fork): the children import them.
         built = None if _imports_initialize_cuda(setup.device, spec) else load_model_code(spec)

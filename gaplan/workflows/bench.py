@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from gaplan.core.checkpointing import Checkpointing
 from gaplan.core.progress import Say, quiet
 from gaplan.core.trial import Trial
 from gaplan.runs.folder import PLAN_JSON, path_in
@@ -79,7 +80,7 @@ def run_bench(probed: ProbeResult, out: str, effective_batch: int, settings: Any
 
 def probe_and_bench(spec: WorkloadSpec, out: str, effective_batch: int, settings: Any = None, *,
                     device: str = "auto", memory_limit: int | None = None, plan_file: str | None = None,
-                    grad_checkpointing: str | None = None, world_size: int = 1, threads: int | None = None,
+                    grad_checkpointing: Checkpointing | str | None = None, world_size: int = 1, threads: int | None = None,
                     command: str | None = None, say: Say = quiet, on_trial: Callable[[Trial], None] | None = None,
                     on_row: Callable[[Any], None] | None = None,
                     on_bench_trial: Callable[[int, str, float | None], None] | None = None,

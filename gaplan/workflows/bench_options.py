@@ -10,6 +10,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gaplan.core.checkpointing import Checkpointing, check_choice
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import from_options
@@ -23,7 +24,6 @@ from gaplan.workflows.parse_options import (
     check_positive,
     data_given,
     granule_of,
-    memory_limit_of,
     spec_from_flat,
 )
 from gaplan.workload.spec import WorkloadSpec
@@ -41,7 +41,7 @@ class BenchCommand:
     device: str = "auto"
     memory_limit: int | None = None
     threads: int | None = None
-    grad_checkpointing: str | None = None  # as given: None, off, on, every:K, layers:N or auto
+    grad_checkpointing: Checkpointing | str | None = None  # as given: None, the blocks, or AUTO (with plan_file)
     repeats: int = 2
     warmup: int = 1
     rounds: int = 3
@@ -62,6 +62,7 @@ class BenchCommand:
         check_positive({"effective_batch": self.effective_batch, "threads": self.threads,
                         "world_size": self.world_size}, "effective_batch", "threads", "world_size")
         object.__setattr__(self, "source", data_given(self.source))
+        check_choice(self.grad_checkpointing, self.plan_file)
         granule_of({"granule": self.granule, "batch_by": self.batch_by})  # kept as given: replace() checks it again
         if self.out is None:  # named once, so what is printed after names what was written
             object.__setattr__(self, "out", default_run_dir("bench", self.spec.model))
@@ -104,8 +105,7 @@ class BenchCommand:
                   command: str | None = None) -> BenchCommand:
         """From a flat mapping of option names (click's parameters); ``given``: the names the user gave."""
         spec = spec_from_flat(options, given)
-        return from_options(cls, options, spec=spec, memory_limit=memory_limit_of(options.get("memory_limit")),
-                            source=from_options(DataSource, options), command=command)
+        return from_options(cls, options, spec=spec, source=from_options(DataSource, options), command=command)
 
 
 def run_bench_command(command: BenchCommand, *, say: Say = quiet, on_trial: Callable | None = None,

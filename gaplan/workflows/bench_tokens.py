@@ -132,7 +132,7 @@ def bench_child_main() -> None:
     from gaplan.workflows.train import TrainOptions, run_train
 
     request = json.load(sys.stdin)
-    run = run_train(WorkloadSpec(**request["workload"]), request["run_dir"], TrainOptions.from_flat(request["options"]),
+    run = run_train(WorkloadSpec.from_dict(request["workload"]), request["run_dir"], TrainOptions.from_flat(request["options"]),
                     device=request["device"], memory_limit=request["memory_limit"])
     print(json.dumps(run.summary), flush=True)
 

@@ -16,7 +16,7 @@ from gaplan.core.options import from_options
 from gaplan.core.progress import Say, quiet
 from gaplan.plan.layouts import resolve_world
 from gaplan.plan.split import default_search_cap
-from gaplan.workflows.parse_options import check_positive, memory_limit_of, parse_sizes, spec_from_flat
+from gaplan.workflows.parse_options import check_positive, spec_from_flat
 from gaplan.workload.spec import WorkloadSpec
 
 
@@ -48,8 +48,8 @@ class EstimateCommand:
         object.__setattr__(self, "ranks", ranks)
         object.__setattr__(self, "machines", machines)
         check_world_size(self.spec, ranks)
-        if self.sizes is not None:
-            parse_sizes(",".join(map(str, self.sizes)))  # at least two, each positive
+        if self.sizes is not None and (len(self.sizes) < 2 or not all(isinstance(s, int) and s >= 1 for s in self.sizes)):
+            raise GaplanError(f"--sizes needs at least two positive micro-batch sizes (got {self.sizes!r})")
         if self.device_kind == "cpu" and self.target:
             raise GaplanError("--target is a GPU: it does not go with --device cpu")
 
@@ -61,10 +61,8 @@ class EstimateCommand:
     def from_flat(cls, options: Mapping[str, Any], given: Collection[str] = ()) -> EstimateCommand:
         """From a flat mapping of option names (click's parameters); ``given``: the names the user gave."""
         spec = spec_from_flat(options, given)
-        memory_limit = memory_limit_of(options.get("memory_limit"))
-        sizes = parse_sizes(options.get("sizes"))
-        return from_options(cls, options, spec=spec, memory_limit=memory_limit,
-                            sizes=tuple(sizes) if sizes else None)
+        sizes = options.get("sizes")
+        return from_options(cls, options, spec=spec, sizes=tuple(sizes) if sizes else None)
 
 
 def run_estimate_command(command: EstimateCommand, *, say: Say = quiet):

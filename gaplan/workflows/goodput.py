@@ -126,7 +126,7 @@ def choose_by_goodput(probed: ProbeResult, asked: int, options: GoodputOptions, 
     reason = (f"best goodput at the measured noise scale ~{noise:.0f}: effective batch {best.effective_batch} "
               f"({plan.micro_batch} x {plan.grad_accum_steps}), {best.samples_per_s:.1f} samples/s x statistical "
               f"efficiency {best.efficiency:.2f} = {best.goodput:.1f}{versus}; {choice.lr_note(probed.workload.learning_rate)}")
-    decision = TunerDecision("goodput", plan.micro_batch, plan.grad_accum_steps, probed.workload.grad_checkpointing,
+    decision = TunerDecision("goodput", plan.micro_batch, plan.grad_accum_steps, probed.workload.grad_checkpointing.spec_value(),
                              best.samples_per_s, reason)
     return dataclasses.replace(probed, plan=plan, tuner={**decision.to_dict(), "goodput": choice.to_dict()}), choice
 

@@ -9,11 +9,10 @@ No torch at import.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from gaplan.core.errors import GaplanError
-from gaplan.core.units import parse_bytes
 from gaplan.workflows.applies import check_tokens_apply
 
 
@@ -51,30 +50,18 @@ def check_lora_given(options: Mapping[str, Any], given: Collection[str]) -> None
 def spec_from_flat(options: Mapping[str, Any], given: Collection[str] = (), *, device: bool = True,
                    **overrides: Any):
     """The workload of the parsed options, by :class:`WorkloadSpec`'s fields, checked (and for ``device``, checked
-    against ``options["device"]``). ``--grad-checkpointing`` is off|on|every:K|layers:N|auto: the spec holds the blocks
-    chosen (auto is the tuner's to decide, with it off)."""
+    against ``options["device"]``). ``grad_checkpointing`` is a :class:`Checkpointing`, AUTO or None: the spec holds
+    the blocks chosen (off when not given; AUTO is the tuner's to decide, with it off)."""
+    from gaplan.core.checkpointing import OFF, Checkpointing
     from gaplan.core.options import from_options
     from gaplan.workload.spec import WorkloadSpec
 
     check_lora_given(options, given)
-    fields = {"grad_checkpointing": checkpointing_of(options.get("grad_checkpointing")), **lora_fields(options),
-              **length_fields(options), **overrides}
+    checkpointing = options.get("grad_checkpointing")
+    fields = {"grad_checkpointing": checkpointing if isinstance(checkpointing, Checkpointing) else OFF,
+              **lora_fields(options), **length_fields(options), **overrides}
     spec = from_options(WorkloadSpec, options, **fields).validate()
     return spec.check_device(options.get("device") or "auto") if device else spec
-
-
-def checkpointing_of(given: Any) -> bool | str:
-    """``--grad-checkpointing`` as the spec holds it (off when not given, or auto); a bad value is one line."""
-    from gaplan.core.checkpointing import parse_checkpointing
-
-    return False if given in (None, "auto") else parse_checkpointing(given).spec_value()
-
-
-def memory_limit_of(text: str | int | None) -> int | None:
-    """``--memory-limit``'s bytes (a size such as 2GiB; an int is bytes already)."""
-    if text is None or isinstance(text, int):
-        return text
-    return parse_bytes(text)
 
 
 def check_positive(options: Mapping[str, Any], *names: str) -> None:
@@ -84,20 +71,23 @@ def check_positive(options: Mapping[str, Any], *names: str) -> None:
             raise GaplanError(f"--{name.replace('_', '-')} must be a positive integer (got {value})")
 
 
-def parse_batch_range(value: str | tuple[int, int] | None) -> tuple[int, int] | None:
-    """``--batch-range LOW:HIGH`` -> (low, high), positive integers with low <= high; else a one-line error."""
-    if value is None or isinstance(value, tuple):
-        return value
-    low, colon, high = value.partition(":")
+def parse_batch_range(value: str | Sequence[int] | None) -> tuple[int, int] | None:
+    """``--batch-range LOW:HIGH`` (or a config file's ``[LOW, HIGH]``) -> (low, high), positive integers with low <=
+    high; else a one-line error."""
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else ":".join(map(str, value))
+    low, colon, high = text.partition(":")
     if colon and low.strip().isdigit() and high.strip().isdigit() and 1 <= int(low) <= int(high):
         return int(low), int(high)
     raise GaplanError(f"--batch-range must be LOW:HIGH, positive integers with LOW <= HIGH, e.g. 8:256 (got {value!r})")
 
 
-def parse_sizes(text: str | None) -> list[int] | None:
-    """``--sizes B1,B2``: at least two positive micro-batches (None: the estimate's own)."""
-    if not text:
+def parse_sizes(value: str | Sequence[int] | None) -> list[int] | None:
+    """``--sizes B1,B2`` (or a config file's list): at least two positive micro-batches (None: the estimate's own)."""
+    if not value:
         return None
+    text = value if isinstance(value, str) else ",".join(map(str, value))
     try:
         sizes = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:

@@ -21,6 +21,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
+from gaplan.core.checkpointing import OFF, ON
 from gaplan.core.errors import DoesNotFit, GaplanError, one_line
 from gaplan.core.options import OptionError
 from gaplan.plan.layouts import (
@@ -127,7 +128,7 @@ def compare_layouts(
 
 def spec_of(spec: WorkloadSpec, layout: Layout) -> WorkloadSpec:
     """``spec`` trained the ``layout``'s way (its parallel, precision, checkpointing, offload and gradient sync)."""
-    settings = dict(parallel=layout.parallel, grad_checkpointing=layout.grad_checkpointing,
+    settings = dict(parallel=layout.parallel, grad_checkpointing=ON if layout.grad_checkpointing else OFF,
                     cpu_offload=layout.cpu_offload, weights_dtype=layout.weights_dtype, dtype=layout.dtype,
                     grad_sync=layout.grad_sync)
     return dataclasses.replace(spec, **settings).validate()

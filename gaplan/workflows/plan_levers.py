@@ -197,7 +197,7 @@ def measure_levers(comparison: LeverComparison, *, device: str, memory_limit: in
     from gaplan.benchmark.measurement import BenchSettings
     from gaplan.workflows.plan_measure import probe_and_time
 
-    spec = WorkloadSpec(**comparison.workload)
+    spec = WorkloadSpec.from_dict(comparison.workload)
     settings = BenchSettings(repeats=repeats, warmup=1, min_rounds=rounds, max_rounds=rounds, large_batch=False)
     effective = comparison.effective_batch
     measured: list[LeverResult] = []

@@ -19,7 +19,7 @@ from gaplan.core.outputs import check_writable
 from gaplan.core.progress import Say, quiet
 from gaplan.plan.layouts import MACHINERY, resolve_world
 from gaplan.runs.folder import default_run_dir
-from gaplan.workflows.parse_options import check_positive, memory_limit_of, spec_from_flat
+from gaplan.workflows.parse_options import check_positive, spec_from_flat
 from gaplan.workflows.plan_levers import lever_selection
 from gaplan.workload.spec import WorkloadSpec
 
@@ -84,8 +84,7 @@ class PlanCommand:
     def from_flat(cls, options: Mapping[str, Any], given: Collection[str] = ()) -> PlanCommand:
         """From a flat mapping of option names (click's parameters); ``given``: the names the user gave."""
         # By the spec's fields; plan's --grad-sync (auto|last|every) is a choice per layout, not the spec's.
-        return from_options(cls, options, spec=spec_from_flat(options, given, device=False, grad_sync="last"),
-                            memory_limit=memory_limit_of(options.get("memory_limit")))
+        return from_options(cls, options, spec=spec_from_flat(options, given, device=False, grad_sync="last"))
 
 
 @dataclass(frozen=True)

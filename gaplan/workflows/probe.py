@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gaplan.benchmark.measurement import BenchSettings
-from gaplan.core.checkpointing import parse_checkpointing
+from gaplan.core.checkpointing import AUTO, OFF, Checkpointing
 from gaplan.core.constants import DEFAULT_CPU_BUDGET, DEFAULT_EFFECTIVE_BATCH, SEARCH_CAP
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import OptionError, nested
@@ -49,7 +49,7 @@ class ProbeOptions:
     margin: float = 0.0  # checked where the probe uses it (gaplan.probing.edge.probe), for every caller
     search_cap: int | None = None
     objective: str = "max-micro-batch"  # or "throughput", or "goodput" (gaplan.workflows.goodput)
-    grad_checkpointing: str = "off"  # off | on | every:K | layers:N | auto (the tuner decides)
+    grad_checkpointing: Checkpointing | str = OFF  # the blocks, or AUTO ("auto": the tuner decides)
     report: bool = False
     bench: BenchSettings = nested(BenchSettings)  # how --report and --objective throughput time the splits
     goodput: GoodputOptions = nested(GoodputOptions)  # --objective goodput: its range and measuring run
@@ -62,8 +62,9 @@ class ProbeOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise OptionError(f"{name} must be a positive integer (got {value})", name)
-        if self.grad_checkpointing != "auto":
-            parse_checkpointing(self.grad_checkpointing)  # a bad value is one line, before any work
+        if not isinstance(self.grad_checkpointing, Checkpointing) and self.grad_checkpointing != AUTO:
+            raise OptionError(f"grad_checkpointing must be a Checkpointing or {AUTO!r} (got "
+                              f"{self.grad_checkpointing!r})", "grad_checkpointing")
         if self.objective not in OBJECTIVES:
             raise OptionError(f"objective must be one of {', '.join(OBJECTIVES)} (got {self.objective!r})",
                               "objective")

@@ -10,6 +10,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gaplan.core.checkpointing import AUTO
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import from_options
 from gaplan.core.outputs import check_writable
@@ -22,8 +23,6 @@ from gaplan.workflows.parse_options import (
     check_untimed,
     data_given,
     granule_of,
-    memory_limit_of,
-    parse_batch_range,
     spec_from_flat,
     target_budget,
 )
@@ -97,7 +96,7 @@ class ProbeCommand:
                 raise GaplanError(f"{flag} applies to a probe by samples, not to --batch-by tokens")
         if self.emit is not None:
             raise GaplanError("--emit applies to a probe by samples, not to --batch-by tokens")
-        if self.probe.grad_checkpointing == "auto":
+        if self.probe.grad_checkpointing == AUTO:
             raise GaplanError("--grad-checkpointing auto applies to a probe by samples: give on or off with --batch-by "
                               "tokens")
 
@@ -109,19 +108,16 @@ class ProbeCommand:
     def timing(self) -> bool:
         """Whether the probe times splits after the search (the report, a throughput or goodput tuner, auto)."""
         probe = self.probe
-        return probe.report or probe.objective in ("throughput", "goodput") or probe.grad_checkpointing == "auto"
+        return probe.report or probe.objective in ("throughput", "goodput") or probe.grad_checkpointing == AUTO
 
     @classmethod
     def from_flat(cls, options: Mapping[str, Any], given: Collection[str] = (), *,
                   command: str | None = None) -> ProbeCommand:
         """From a flat mapping of option names (click's parameters); ``given``: the names the user gave."""
         spec = spec_from_flat(options, given)
-        flat = {**options, "batch_range": parse_batch_range(options.get("batch_range"))}
-        memory_limit = memory_limit_of(options.get("memory_limit"))
-        probe = from_options(ProbeOptions, flat, grad_checkpointing=options.get("grad_checkpointing") or "off",
-                             command=command)
-        return from_options(cls, flat, spec=spec, probe=probe, memory_limit=memory_limit,
-                            source=from_options(DataSource, options))
+        probe = from_options(ProbeOptions, options, grad_checkpointing=spec.grad_checkpointing
+                             if options.get("grad_checkpointing") != AUTO else AUTO, command=command)
+        return from_options(cls, options, spec=spec, probe=probe, source=from_options(DataSource, options))
 
 
 def run_probe_command(command: ProbeCommand, *, say: Say = quiet, on_trial: Callable | None = None,

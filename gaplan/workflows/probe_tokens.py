@@ -146,7 +146,7 @@ def token_budget_from_plan(path: str, spec: WorkloadSpec, device: str | None = N
 
     record = read_tokens_json(path)
     try:
-        probed = WorkloadSpec(**record["workload"])
+        probed = WorkloadSpec.from_dict(record["workload"])
         budget = TokenBudget(**record["token_budget"])
     except (TypeError, ValueError) as exc:
         raise GaplanError(f"{path} is not a gaplan token plan: {one_line(exc)}") from None

@@ -13,10 +13,12 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gaplan.core.checkpointing import AUTO
 from gaplan.core.errors import GaplanError
+from gaplan.core.options import from_options
 from gaplan.core.progress import Say, quiet
 from gaplan.runs.folder import default_run_dir
-from gaplan.workflows.parse_options import checkpointing_of, memory_limit_of, spec_from_flat
+from gaplan.workflows.parse_options import spec_from_flat
 from gaplan.workflows.train_options import TrainOptions
 from gaplan.workload.spec import WorkloadSpec
 
@@ -56,11 +58,10 @@ class TrainCommand:
                   command: str | None = None) -> TrainCommand:
         """From a flat mapping of option names (click's parameters); ``given``: the names the user gave."""
         spec = spec_from_flat(options, given)
-        memory_limit = memory_limit_of(options.get("memory_limit"))
         # Built by its fields and checked there (errors name fields; the CLI says flags).
-        train_options = TrainOptions.from_flat(options, resume=False, command=command)
+        train_options = from_options(TrainOptions, options, resume=False, command=command)
         return cls(spec=spec, options=train_options, device=options.get("device") or "auto",
-                   memory_limit=memory_limit, token_plan=options.get("token_plan"), resume=options.get("resume"),
+                   memory_limit=options.get("memory_limit"), token_plan=options.get("token_plan"), resume=options.get("resume"),
                    out=options.get("out"), given=frozenset(given), overwrite=bool(options.get("overwrite")))
 
 
@@ -84,10 +85,8 @@ def prepare_train(command: TrainCommand, *, say: Say = quiet) -> TrainSetup:
         from gaplan.workflows.train_resume import resume_settings
 
         given = command.given
-        given_spec = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
-                      if f.name in given and f.name != "grad_checkpointing"}  # given with auto: below
-        if "grad_checkpointing" in given and options.grad_checkpointing != "auto":
-            given_spec["grad_checkpointing"] = checkpointing_of(options.grad_checkpointing)
+        given_spec = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name in given
+                      and not (f.name == "grad_checkpointing" and options.grad_checkpointing == AUTO)}
         flat = options.to_flat()
         given_options = {name: flat[name] for name in given if name in flat}
         given_options.update(command=options.command)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gaplan.core.checkpointing import parse_checkpointing
+from gaplan.core.checkpointing import Checkpointing, check_choice, parse_checkpointing_choice
 from gaplan.core.options import OptionError, from_options, leaf_fields, nested, option, option_name, to_flat
 from gaplan.data.source import DataSource
 from gaplan.plan.goodput import LR_SCALINGS, SCHEDULE_LR_SCALING
@@ -39,7 +39,9 @@ class TrainOptions:
     lr_scaling: str | None = option(None, resume="fixed")
     batch_schedule: str = option("fixed", resume="fixed")  # fixed | adaptive | warmup:STEPS (gaplan.plan.schedule)
     effective_batch_min: int | None = option(None, resume="fixed")  # a schedule's first batch (default B* x ranks)
-    grad_checkpointing: str | None = option(None)  # as given: None, off, on, every:K, layers:N or auto (needs a plan)
+    # As given, beside the spec's resolved value: None (not given: a --plan's choice stands), AUTO (a --plan's choice,
+    # which it needs) or the blocks given (a --plan made with others is refused).
+    grad_checkpointing: Checkpointing | str | None = option(None)
     source: DataSource = nested(DataSource)
     loop: LoopOptions = nested(LoopOptions)
     resume: bool = option(False)
@@ -56,8 +58,7 @@ class TrainOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise OptionError(f"{name} must be a positive integer (got {value})", name)
-        if self.grad_checkpointing not in (None, "auto"):
-            parse_checkpointing(self.grad_checkpointing)  # a bad value is one line, before any work
+        check_choice(self.grad_checkpointing, self.plan_file)
         scheduled = self._check_schedule()
         if self.lr_scaling is None:  # a schedule changes the batch under one --lr
             object.__setattr__(self, "lr_scaling", SCHEDULE_LR_SCALING if scheduled else "none")
@@ -136,12 +137,16 @@ class TrainOptions:
         return self.loop.steps
 
     def to_flat(self) -> dict[str, Any]:
-        """By option name, as ``train.json`` holds them (and as a fresh process's request carries them)."""
-        return to_flat(self)
+        """By option name, as ``train.json`` holds them (and as a fresh process's request carries them): JSON."""
+        given = self.grad_checkpointing
+        return {**to_flat(self), "grad_checkpointing": given.spec_value() if isinstance(given, Checkpointing) else given}
 
     @classmethod
     def from_flat(cls, options: Mapping[str, Any], **overrides: Any) -> TrainOptions:
-        """From option names (``train.json``, a request, click's parameters); unknown names are left out."""
+        """From option names as :meth:`to_flat` writes them (``train.json``, a request); unknown names are left out."""
+        given = options.get("grad_checkpointing")
+        if given is not None and "grad_checkpointing" not in overrides:  # the saved form, read here once
+            overrides["grad_checkpointing"] = parse_checkpointing_choice(given)
         return from_options(cls, options, **overrides)
 
 

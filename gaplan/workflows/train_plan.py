@@ -50,8 +50,6 @@ def plan_for_ranks(spec: WorkloadSpec, options: TrainOptions, device: str, memor
         dist.barrier()  # the node's other processes wait for its probe
         # Every node's B* stays in its own record; the plan's cap is the smallest over the nodes.
         cap = dist.min(probed.plan_cap if probed is not None else 2**62)
-    elif options.grad_checkpointing == "auto":
-        raise GaplanError("--grad-checkpointing auto is decided by gaplan probe; give its --plan, or on/off")
     else:
         cap = options.micro_batch
     if options.lr_scaling != "none" and not options.resume and options.batch_schedule == "fixed":

@@ -45,7 +45,7 @@ def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Map
     try:
         with open(path, encoding="utf-8") as handle:
             saved = json.load(handle)
-        spec = WorkloadSpec(**saved["workload"])
+        spec = WorkloadSpec.from_dict(saved["workload"])
         section = "options"
         options = TrainOptions.from_flat({k: v for k, v in saved["options"].items() if k in marks})
         options = dataclasses.replace(options, source=options.source.without_defaults())

@@ -195,7 +195,7 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
         from gaplan.workload.quantize import quantize_base
 
         model = quantize_base(model, DTYPES[spec.dtype], model_device)
-    apply_checkpointing(model, spec.checkpointing, spec.model)
+    apply_checkpointing(model, spec.grad_checkpointing, spec.model)
     if spec.lora:
         from gaplan.workload.lora import apply_lora
 
@@ -352,7 +352,7 @@ def _build_custom(spec: WorkloadSpec, device: torch.device) -> Workload:
         Drawing.declared(made.draws)
     except ValueError as exc:
         raise GaplanError(f"--model {spec.model!r}: {exc}") from None
-    apply_checkpointing(made.model, spec.checkpointing, spec.model)
+    apply_checkpointing(made.model, spec.grad_checkpointing, spec.model)
     model = made.model.to(device).train()
     if spec.compile:
         compile_model(model, device)

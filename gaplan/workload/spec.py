@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field, fields
 
-from gaplan.core.checkpointing import Checkpointing, parse_checkpointing
+from gaplan.core.checkpointing import OFF, Checkpointing, parse_checkpointing
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import OptionError, positive_finite
 from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, MASKED_LM, SEQ2SEQ_LM
@@ -105,10 +105,10 @@ class WorkloadSpec:
     optimizer: str = "adamw"
     # probe_key=False: no effect on memory, so a cached probe of another value still holds (same_workload).
     lr: float | None = field(default=None, metadata={"probe_key": False})  # None: DEFAULT_LR (``learning_rate``)
-    # False (off), True (on) or "every:K" / "layers:N" (gaplan.core.checkpointing); "off"/"on" are stored as bools,
-    # so plan files and caches written before selective checkpointing read the same.
-    grad_checkpointing: bool | str = False
-    # Added later: a plan file or worker message without these keys gets the defaults (WorkloadSpec(**d)).
+    # Which blocks recompute their activations in backward. Saved as a plan file has always held it (False, True or
+    # "every:K" / "layers:N"): to_dict writes that form and from_dict reads it, the one place it is parsed.
+    grad_checkpointing: Checkpointing = OFF
+    # Added later: a plan file or worker message without these keys gets the defaults (WorkloadSpec.from_dict).
     init: str = field(default="auto", metadata={"probe_key": False})  # auto|pretrained|random: the starting weights
     weights_dtype: str = "fp32"  # the master weights' dtype (``dtype`` is the autocast compute dtype)
     trust_remote_code: bool = field(default=False, metadata={"probe_key": False})  # run the folder's own code
@@ -132,15 +132,9 @@ class WorkloadSpec:
     compile: bool = False
 
     def __post_init__(self) -> None:
-        try:  # one spelling for each choice (on, every:1 and True are one value); a bad one is validate()'s to refuse
-            object.__setattr__(self, "grad_checkpointing", parse_checkpointing(self.grad_checkpointing).spec_value())
-        except GaplanError:
-            pass
-
-    @property
-    def checkpointing(self) -> Checkpointing:
-        """``grad_checkpointing`` as the typed value: which blocks recompute their activations in backward."""
-        return parse_checkpointing(self.grad_checkpointing)
+        if not isinstance(self.grad_checkpointing, Checkpointing):  # a typed field: text is parsed at the edge
+            raise OptionError(f"grad_checkpointing must be a Checkpointing, e.g. parse_checkpointing('on') (got "
+                              f"{self.grad_checkpointing!r})", "grad_checkpointing")
 
     @property
     def learning_rate(self) -> float:
@@ -148,7 +142,13 @@ class WorkloadSpec:
         return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The spec as plan files, caches and worker messages hold it (JSON); :meth:`from_dict` reads it back."""
+        return {**asdict(self), "grad_checkpointing": self.grad_checkpointing.spec_value()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> WorkloadSpec:
+        """A spec from :meth:`to_dict`'s form, as any gaplan wrote it (a key added later takes its default)."""
+        return cls(**{**data, "grad_checkpointing": parse_checkpointing(data.get("grad_checkpointing"))})
 
     @classmethod
     def probe_key_fields(cls) -> tuple[str, ...]:
@@ -194,7 +194,6 @@ class WorkloadSpec:
             raise OptionError("grad_sync every needs parallel fsdp (DDP syncs on the last micro-step)", "grad_sync", "parallel")
         if not isinstance(self.trust_remote_code, bool):
             raise GaplanError(f"trust_remote_code must be true or false (got {self.trust_remote_code!r})")
-        self.checkpointing  # noqa: B018 (parsing it raises the one-line error)
         kind = model_source_kind(self.model)
         self._validate_lora(kind)
         if self.optimizer not in OPTIMIZERS:

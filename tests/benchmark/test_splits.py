@@ -17,6 +17,7 @@ from gaplan.benchmark.splits import (
     split_label,
 )
 from gaplan.benchmark.tuner import choose
+from gaplan.core.checkpointing import ON
 from gaplan.training.breakdown import CATEGORIES, measure_breakdown
 from gaplan.worker.trial import materialize_optimizer_state
 from gaplan.workload.build import WorkloadSpec, build_workload
@@ -143,7 +144,7 @@ def test_tuner_picks_the_fastest_split_not_the_largest(small_probe):
 
 
 def test_checkpointing_only_when_larger_and_faster(small_probe):
-    on = dataclasses.replace(small_probe, workload=dataclasses.replace(small_probe.workload, grad_checkpointing=True))
+    on = dataclasses.replace(small_probe, workload=dataclasses.replace(small_probe.workload, grad_checkpointing=ON))
     off_bench = BenchResult(64, [row("32 x 2", PLAN, 32, 2, 10.0)])
     slower = BenchResult(64, [row("64 x 1", PLAN, 64, 1, 8.0)])
     faster = BenchResult(64, [row("64 x 1", PLAN, 64, 1, 11.0)])

@@ -5,6 +5,7 @@ import pytest
 import gaplan.benchmark.tuner
 from gaplan.benchmark.splits import PLAN, SPLIT, BenchSettings
 from gaplan.benchmark.tuner import tune
+from gaplan.core.checkpointing import OFF, ON
 from gaplan.workload.spec import WorkloadSpec
 from tests.conftest import SMALL_BUDGET, SMALL_SPEC
 
@@ -51,9 +52,9 @@ def test_grad_checkpointing_auto_probes_a_checkpointed_model(monkeypatch):
     monkeypatch.setattr(gaplan.benchmark.tuner, "probe", recording_probe)
     tuned = tune(WorkloadSpec(**SMALL_SPEC, optimizer="sgd"), grad_checkpointing="auto", device="cpu",
                  memory_limit=SMALL_BUDGET, effective_batch=256, bench_settings=ONE_LOOK)
-    assert [spec.grad_checkpointing for spec, _ in probes] == [False, True]
+    assert [spec.grad_checkpointing for spec, _ in probes] == [OFF, ON]
     (_, off), (_, on) = probes
-    assert off.workload.grad_checkpointing is False and on.workload.grad_checkpointing is True
+    assert off.workload.grad_checkpointing == OFF and on.workload.grad_checkpointing == ON
     assert not off.capped and not on.capped
     assert on.max_micro_batch > off.max_micro_batch, (off.max_micro_batch, on.max_micro_batch)
     # Checkpointing pays for itself only if its larger split wins on measured throughput: either way, said why.

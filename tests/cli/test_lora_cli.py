@@ -162,11 +162,12 @@ def test_bad_lora_options_are_one_line_and_exit_2(tmp_path, args, message):
 def test_the_launch_command_of_a_lora_plan_rebuilds_its_workload():
     from gaplan.cli.options import spec_from_options
     from gaplan.cli.train import train_command
+    from gaplan.core.checkpointing import ON
     from gaplan.plan.layouts import workload_flags
     from gaplan.workload.spec import WorkloadSpec
 
     spec = WorkloadSpec(model="tiny-llama", seq_len=64, weights_dtype="bf16", dtype="bf16", lora=True, lora_r=8,
-                        lora_alpha=16.0, lora_dropout=0.0, lora_targets="q_proj,v_proj", grad_checkpointing=True)
+                        lora_alpha=16.0, lora_dropout=0.0, lora_targets="q_proj,v_proj", grad_checkpointing=ON)
     words = workload_flags(spec.to_dict())
     assert "--lora" in words and "--lora-r" in words and "--lora-alpha" in words
     context = train_command.make_context("train", [*words, "--device", "cpu"])

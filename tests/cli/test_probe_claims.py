@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from gaplan.cli.main import main
+from gaplan.core.checkpointing import parse_checkpointing
 
 from ..conftest import REPO_ROOT, SMALL_BUDGET
 
@@ -155,7 +156,8 @@ def _saved_activation_bytes(grad_checkpointing: bool) -> tuple[int, object]:
     from gaplan.workload.build import build_workload
     from gaplan.workload.spec import WorkloadSpec
 
-    workload = build_workload(WorkloadSpec(model="tiny-gpt2", seq_len=16, grad_checkpointing=grad_checkpointing),
+    spec = WorkloadSpec(model="tiny-gpt2", seq_len=16, grad_checkpointing=parse_checkpointing(grad_checkpointing))
+    workload = build_workload(spec,
                               "cpu")
     batch = workload.make_batch(4)
     saved = 0

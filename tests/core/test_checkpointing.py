@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gaplan.core.checkpointing import OFF, ON, Checkpointing, parse_checkpointing
+from gaplan.core.checkpointing import AUTO, OFF, ON, Checkpointing, parse_checkpointing
 from gaplan.core.options import OptionError
 
 
@@ -41,13 +41,27 @@ def test_more_blocks_than_the_model_has_is_one_line_with_the_fix(value):
     assert f"{value.kind}:4 at most" in str(caught.value) and "\n" not in str(caught.value)
 
 
-@pytest.mark.parametrize("options", ["gaplan.workflows.probe.ProbeOptions", "gaplan.workflows.train_options.TrainOptions"])
-def test_the_python_apis_options_refuse_a_bad_value_and_keep_auto(options):
+@pytest.mark.parametrize("options", ["gaplan.workflows.probe.ProbeOptions", "gaplan.workflows.train_options.TrainOptions",
+                                     "gaplan.workload.spec.WorkloadSpec"])
+def test_the_python_apis_options_hold_the_typed_value_and_refuse_text(options):
+    """Text is parsed at the edge (the command line's types, parse_checkpointing); past it the field is typed."""
     import importlib
 
     module, name = options.rsplit(".", 1)
     cls = getattr(importlib.import_module(module), name)
-    assert cls(grad_checkpointing="every:2").grad_checkpointing == "every:2"
-    assert cls(grad_checkpointing="auto").grad_checkpointing == "auto"
-    with pytest.raises(OptionError, match="every:K"):
-        cls(grad_checkpointing="every:0")
+    every_2 = parse_checkpointing("every:2")
+    assert cls(grad_checkpointing=every_2).grad_checkpointing == every_2
+    for text in ("every:2", True, "every:0"):
+        with pytest.raises(OptionError, match="grad_checkpointing must be a Checkpointing"):
+            cls(grad_checkpointing=text)
+
+
+def test_auto_is_a_choice_of_the_probe_and_of_a_run_from_its_plan():
+    from gaplan.workflows.probe import ProbeOptions
+    from gaplan.workflows.train_options import TrainOptions
+
+    assert ProbeOptions(grad_checkpointing=AUTO).grad_checkpointing == AUTO
+    assert TrainOptions(grad_checkpointing=AUTO, plan_file="plan.json").grad_checkpointing == AUTO
+    with pytest.raises(OptionError, match="decided by gaplan probe; give its plan_file") as caught:
+        TrainOptions(grad_checkpointing=AUTO)
+    assert caught.value.fields == ("grad_checkpointing", "plan_file")

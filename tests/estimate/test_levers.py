@@ -7,6 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from gaplan.cli.main import main
+from gaplan.core.checkpointing import parse_checkpointing
 from gaplan.estimate import estimate, trace_steps
 from gaplan.workload.build import WorkloadSpec, build_workload
 from gaplan.workload.optimizers import optimizer_state_bytes
@@ -106,8 +107,8 @@ def test_bad_checkpointing_on_probe_and_train_is_one_line_and_writes_nothing(com
 @pytest.mark.slow
 def test_every_other_block_checkpointed_lies_between_off_and_on():
     """The trace runs the model's own blocks, each with its flag: every:2 keeps two of four blocks' activations."""
-    peaks = {v: trace_steps(WorkloadSpec(model="tiny-gpt2", seq_len=64, grad_checkpointing=v), [16], threads=1)[0]
-             .peak_bytes for v in ("off", "every:2", "on")}
+    peaks = {v: trace_steps(WorkloadSpec(model="tiny-gpt2", seq_len=64, grad_checkpointing=parse_checkpointing(v)), [16],
+                            threads=1)[0].peak_bytes for v in ("off", "every:2", "on")}
     assert peaks["on"] < peaks["every:2"] < peaks["off"], peaks
     # two blocks' worth of what checkpointing saves: half the way from off to on, within a tenth of the span
     assert abs((peaks["off"] - peaks["every:2"]) / (peaks["off"] - peaks["on"]) - 0.5) < 0.1, peaks
@@ -121,7 +122,7 @@ def test_the_selective_checkpointing_estimate_is_within_3_percent_of_real_trials
     layers:1 +0.00%, +0.03% (off -0.12%, -0.00%; on +0.09%, +0.07%)."""
     from gaplan.worker.client import WorkerProcess
 
-    spec = WorkloadSpec(model="tiny-gpt2", seq_len=64, grad_checkpointing=value)
+    spec = WorkloadSpec(model="tiny-gpt2", seq_len=64, grad_checkpointing=parse_checkpointing(value))
     rows = trace_steps(spec, [2, 16], device_kind="cpu", threads=1)
     with WorkerProcess(spec, "cpu", 2 * 2**30, threads=1) as worker:
         for size, row in zip([2, 16], rows, strict=True):
@@ -135,7 +136,8 @@ def test_the_launch_command_rebuilds_the_blocks_checkpointed_and_compile(checkpo
     from gaplan.cli.train import train_command
     from gaplan.plan.layouts import workload_flags
 
-    spec = WorkloadSpec(model="tiny-gpt2", seq_len=16, grad_checkpointing=checkpointing, compile=True)
+    spec = WorkloadSpec(model="tiny-gpt2", seq_len=16, grad_checkpointing=parse_checkpointing(checkpointing),
+                        compile=True)
     context = train_command.make_context("train", [*workload_flags(spec.to_dict()), "--device", "cpu"])
     with context:
         assert spec_from_options(context.params) == spec

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from gaplan.core.checkpointing import ON
 from gaplan.core.errors import GaplanError
 from gaplan.estimate import estimate, predicted_peak
 from gaplan.estimate.quantized import BYTES_PER_WEIGHT
@@ -133,12 +134,12 @@ def test_the_8b_example_of_the_lora_page():
 
     fields = dict(model="llama-3-8b", seq_len=2048, weights_dtype="bf16", dtype="bf16")
     with pytest.raises(DoesNotFit):
-        estimate(WorkloadSpec(**fields, grad_checkpointing=True), target="rtx-4090", effective_batch=64)
+        estimate(WorkloadSpec(**fields, grad_checkpointing=ON), target="rtx-4090", effective_batch=64)
     with pytest.raises(DoesNotFit, match="28.02 GiB"):
         estimate(WorkloadSpec(**fields, lora=True), target="rtx-4090", effective_batch=64)
-    lora = estimate(WorkloadSpec(**fields, lora=True, grad_checkpointing=True), target="rtx-4090", effective_batch=64)
+    lora = estimate(WorkloadSpec(**fields, lora=True, grad_checkpointing=ON), target="rtx-4090", effective_batch=64)
     assert (lora.max_micro_batch, lora.plan["micro_batch"], lora.plan["grad_accum_steps"]) == (2, 2, 32)
-    qlora = estimate(WorkloadSpec(**fields, lora=True, quantize="4bit", grad_checkpointing=True), target="rtx-4090",
+    qlora = estimate(WorkloadSpec(**fields, lora=True, quantize="4bit", grad_checkpointing=ON), target="rtx-4090",
                      effective_batch=64)
     assert qlora.max_micro_batch == 5
     print(f"traced: LoRA {lora.trace_seconds:.1f} s, QLoRA {qlora.trace_seconds:.1f} s")

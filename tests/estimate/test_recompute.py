@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gaplan.core.checkpointing import ON
 from gaplan.estimate import trace_steps
 from gaplan.workload.build import WorkloadSpec
 
@@ -56,6 +57,6 @@ def test_eager_attention_with_autocast_and_checkpointing_traces_for_cuda(dtype, 
     """BERT's eager attention: the probabilities are fp32 under CUDA autocast (softmax is on its fp32 list), in the
     forward and in the recomputation alike; checkpointing keeps less than no checkpointing."""
     spec = dict(model=bert_folder(tmp_path), seq_len=64, attention="eager", dtype=dtype)
-    (checkpointed,) = trace_steps(WorkloadSpec(**spec, grad_checkpointing=True), [2], device_kind="cuda")
+    (checkpointed,) = trace_steps(WorkloadSpec(**spec, grad_checkpointing=ON), [2], device_kind="cuda")
     (kept,) = trace_steps(WorkloadSpec(**spec), [2], device_kind="cuda")
     assert checkpointed.activations < kept.activations

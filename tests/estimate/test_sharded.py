@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from gaplan.core.checkpointing import ON, parse_checkpointing
 from gaplan.core.errors import GaplanError
 from gaplan.estimate import estimate, predicted_peak, trace_steps
 from gaplan.estimate import sharded as sharded_module
@@ -68,7 +69,7 @@ def test_the_rows_group_fsdp_categories_into_gaplans(rows_w2):
 
 @pytest.mark.slow
 def test_checkpointing_lowers_activations_and_grad_sync_every_holds_no_full_gradients(rows_w2):
-    (ckpt,) = trace_steps(fsdp(grad_checkpointing=True), [16], device_kind="cpu", world_size=2, threads=1)
+    (ckpt,) = trace_steps(fsdp(grad_checkpointing=ON), [16], device_kind="cpu", world_size=2, threads=1)
     assert ckpt.activations < rows_w2[16].activations / 2
     (every,) = trace_steps(fsdp(grad_sync="every"), [16], device_kind="cpu", world_size=2, threads=1)
     assert every.detail["unsharded_gradients"] == 0 and every.detail["sharded_gradients"] > 0
@@ -110,7 +111,7 @@ def deep_llama(tmp_path, layers: int) -> str:
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_a_deep_stack_traced_at_two_depths_gives_the_full_depth_trace(tmp_path, monkeypatch, checkpointing):
     spec = WorkloadSpec(model=deep_llama(tmp_path, 6), seq_len=32, dtype="bf16", parallel="fsdp",
-                        grad_checkpointing=checkpointing)
+                        grad_checkpointing=parse_checkpointing(checkpointing))
     monkeypatch.setattr(sharded_module, "FULL_DEPTH_MAX", 4)  # 6 blocks: traced at depths 3 and 4, extrapolated
     extrapolated = trace_steps(spec, [5], device_kind="cuda", world_size=4)
     monkeypatch.setattr(sharded_module, "FULL_DEPTH_MAX", 100)

@@ -97,7 +97,7 @@ def test_the_probe_command_carries_the_pick_and_parses_as_gaplan_probe():
     cpu = probe_command({**workload, "parallel": "ddp", "grad_sync": "last", "grad_checkpointing": False}, 64, 2,
                         device_kind="cpu", memory_limit=160 * 2**20)
     assert cpu.endswith("--device cpu --memory-limit 160MiB --world-size 2 --effective-batch 64")
-    assert main.commands["probe"].make_context("probe", shlex.split(cpu)[2:]).params["memory_limit"] == "160MiB"
+    assert main.commands["probe"].make_context("probe", shlex.split(cpu)[2:]).params["memory_limit"] == 160 * 2**20
 
 
 def test_size_flags_read_back_exactly():

@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from gaplan.core.checkpointing import ON
 from gaplan.core.errors import GaplanError
 from gaplan.plan.lever_cost import OPTIMIZER_PASSES, RATES, CostInputs, step_cost
 from gaplan.plan.lever_pick import LeverComparison, LeverResult, compare_measured, pick, rank
@@ -89,12 +90,12 @@ def test_a_lever_the_base_has_is_not_a_row_and_says_why():
         ("lion", "the workload already has it (the base row)"),
         ("chunked", "the workload already has it (the base row)"),
         ("compile", BY_NAME["compile"].not_built)]
-    assert lever_rows(("ckpt",), Base(grad_checkpointing=True)) == [()]
+    assert lever_rows(("ckpt",), Base(grad_checkpointing=ON)) == [()]
 
 
 def test_row_settings_label_tradeoffs_and_cuda_only():
     assert row_settings(("lion", "chunked", "ckpt")) == {"optimizer": "lion", "loss": "chunked",
-                                                         "grad_checkpointing": True}
+                                                         "grad_checkpointing": ON}
     assert row_label(()) == "base" and row_label(("chunked", "ckpt")) == "chunked+ckpt"
     swap = row_tradeoffs(("adafactor",), Base(optimizer="adamw"))[0]
     assert swap.startswith("changes the optimizer: the loss curve is not the adamw one")
@@ -219,4 +220,4 @@ def test_row_recompute_from_the_levers_or_the_base():
     assert row_recompute(()) == (0.0, 0.0)
     assert row_recompute(("lion", "chunked", "ckpt")) == (1.0, 1.0)
     assert row_recompute(("ckpt",), Base(loss="chunked:64")) == (1.0, 1.0)
-    assert row_recompute(("sgd",), Base(grad_checkpointing=True)) == (1.0, 0.0)
+    assert row_recompute(("sgd",), Base(grad_checkpointing=ON)) == (1.0, 0.0)

@@ -7,6 +7,7 @@ import os
 import pytest
 
 import gaplan.probing.edge
+from gaplan.core.checkpointing import ON, parse_checkpointing
 from gaplan.core.trial import Trial
 from gaplan.plan.split import make_plan
 from gaplan.probing.cache import plan_cache_path, probe_for
@@ -45,10 +46,10 @@ def test_the_key_holds_what_changes_memory_and_nothing_else(tmp_path):
         "seq len": plan_cache_path(dataclasses.replace(SPEC, seq_len=32), "cpu", SMALL_BUDGET, threads=2),
         "dtype": plan_cache_path(dataclasses.replace(SPEC, dtype="bf16"), "cpu", SMALL_BUDGET, threads=2),
         "optimizer": plan_cache_path(dataclasses.replace(SPEC, optimizer="sgd"), "cpu", SMALL_BUDGET, threads=2),
-        "checkpointing": plan_cache_path(dataclasses.replace(SPEC, grad_checkpointing=True), "cpu", SMALL_BUDGET,
+        "checkpointing": plan_cache_path(dataclasses.replace(SPEC, grad_checkpointing=ON), "cpu", SMALL_BUDGET,
                                          threads=2),
-        "every:2": plan_cache_path(dataclasses.replace(SPEC, grad_checkpointing="every:2"), "cpu", SMALL_BUDGET,
-                                   threads=2),
+        "every:2": plan_cache_path(dataclasses.replace(SPEC, grad_checkpointing=parse_checkpointing("every:2")), "cpu",
+                                   SMALL_BUDGET, threads=2),
         "compile": plan_cache_path(dataclasses.replace(SPEC, compile=True), "cpu", SMALL_BUDGET, threads=2),
         "model": plan_cache_path(dataclasses.replace(SPEC, model="tiny-llama"), "cpu", SMALL_BUDGET, threads=2),
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gaplan.core.checkpointing import parse_checkpointing
 from gaplan.core.errors import GaplanError
 from gaplan.core.tasks import CAUSAL_LM
 from gaplan.training.step import accumulate_gradients
@@ -33,24 +34,26 @@ def forward_calls(spec: WorkloadSpec) -> list[int]:
                                              ("every:2", [2, 1, 2, 1]), ("layers:3", [2, 2, 2, 1]),
                                              ("every:4", [2, 1, 1, 1])])
 def test_only_the_chosen_blocks_run_again_in_backward(value, expected):
-    assert forward_calls(WorkloadSpec(model="tiny-gpt2", seq_len=16, grad_checkpointing=value)) == expected
+    assert forward_calls(WorkloadSpec(model="tiny-gpt2", seq_len=16, grad_checkpointing=parse_checkpointing(value))) == expected
 
 
 def test_an_encoder_decoders_blocks_count_encoder_first():
-    model = build_workload(WorkloadSpec(model="tiny-t5", seq_len=16, grad_checkpointing="layers:5"), "meta").model
+    spec = WorkloadSpec(model="tiny-t5", seq_len=16, grad_checkpointing=parse_checkpointing("layers:5"))
+    model = build_workload(spec, "meta").model
     assert [b.gradient_checkpointing for b in checkpointing_blocks(model)] == [True] * 5 + [False] * 3
 
 
 @pytest.mark.parametrize("value", ["every:5", "layers:5"])
 def test_more_blocks_than_the_model_has_is_one_line(value):
     with pytest.raises(GaplanError) as caught:
-        build_workload(WorkloadSpec(model="tiny-gpt2", seq_len=16, grad_checkpointing=value), "meta")
+        build_workload(WorkloadSpec(model="tiny-gpt2", seq_len=16, grad_checkpointing=parse_checkpointing(value)), "meta")
     assert "model's 4" in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_a_model_without_per_block_layers_takes_only_on_or_off():
     with pytest.raises(GaplanError, match="no per-block checkpointing layers.*use on or off"):
-        build_workload(WorkloadSpec(model="examples.custom_model:make_cnn", grad_checkpointing="every:2"), "cpu")
+        build_workload(WorkloadSpec(model="examples.custom_model:make_cnn",
+                                    grad_checkpointing=parse_checkpointing("every:2")), "cpu")
 
 
 def train_steps(spec: WorkloadSpec, steps: list[tuple[tuple[int, ...], int]]) -> dict[str, torch.Tensor]:
@@ -69,7 +72,7 @@ def train_steps(spec: WorkloadSpec, steps: list[tuple[tuple[int, ...], int]]) ->
 @pytest.mark.slow
 def test_uneven_accumulation_with_every_other_block_checkpointed_trains_the_weights_of_one_full_batch():
     """9 + 7 and 6 + 5 + 5 with every:2 give the weights of one plain batch of 16 (no checkpointing) each step."""
-    spec = WorkloadSpec(model="tiny-gpt2", seq_len=16, optimizer="sgd", lr=0.5, grad_checkpointing="every:2")
+    spec = WorkloadSpec(model="tiny-gpt2", seq_len=16, optimizer="sgd", lr=0.5, grad_checkpointing=parse_checkpointing("every:2"))
     accumulated = train_steps(spec, [((9, 7), 0), ((6, 5, 5), 1)])
     whole = train_steps(WorkloadSpec(model="tiny-gpt2", seq_len=16, optimizer="sgd", lr=0.5), [((16,), 0), ((16,), 1)])
     start = {k: v.double() for k, v in build_workload(spec, "cpu", seed=0).model.state_dict().items()}

@@ -128,9 +128,9 @@ def test_meta_and_probe_builds_read_no_weights(llama, monkeypatch):
 def test_old_plan_files_without_the_new_keys_get_the_defaults():
     old = {"model": "tiny-gpt2", "task": None, "seq_len": 16, "dtype": "fp32", "optimizer": "adamw", "lr": None,
            "grad_checkpointing": False}
-    spec = WorkloadSpec(**old)
+    spec = WorkloadSpec.from_dict(old)
     assert (spec.init, spec.weights_dtype, spec.trust_remote_code) == ("auto", "fp32", False)
-    assert WorkloadSpec(**spec.to_dict()) == spec
+    assert WorkloadSpec.from_dict(spec.to_dict()) == spec
 
 
 @pytest.mark.parametrize("bad, match", [

@@ -1,0 +1,35 @@
+"""The click types of gaplan's typed options: each parses its text once, at the edge, into the value the library
+holds (a :class:`Checkpointing` or ``auto``, bytes, a batch range, micro-batch sizes). The same type reads a config
+file's value (``--config``), and a value already typed passes through (what ``--print-config`` wrote, a default).
+
+A bad value raises the parser's own :class:`OptionError`, named by its field: the command line shows it as one line
+naming the flag (exit 2), a config file as one line naming the key. No torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from gaplan.core.checkpointing import parse_checkpointing_choice
+from gaplan.core.units import parse_bytes
+from gaplan.workflows.parse_options import parse_batch_range, parse_sizes
+
+
+class Parsed(click.ParamType):
+    """A click type that is one parser: ``parse(value)`` gives the typed value or raises its one-line error."""
+
+    def __init__(self, name: str, parse: Callable[[Any], Any]) -> None:
+        self.name = name
+        self._parse = parse
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        return self._parse(value)
+
+
+CHECKPOINTING = Parsed("checkpointing", parse_checkpointing_choice)  # Checkpointing, or "auto"
+BYTES = Parsed("size", parse_bytes)  # bytes (an int) from 2GiB, 800MB, 1073741824
+BATCH_RANGE = Parsed("range", parse_batch_range)  # (low, high) from LOW:HIGH
+SIZES = Parsed("sizes", parse_sizes)  # micro-batch sizes from B1,B2,...
