@@ -65,15 +65,27 @@ def _toml_value(value: Any) -> str:
     return f'"{text}"'
 
 
-def config_text(command: click.Command, ctx: click.Context) -> str:
-    """The command's resolved options as its TOML table (an option without a value is left out)."""
+# What names one run's folder: a run's saved config.toml leaves them out, so repeating it writes a new run.
+RUN_FOLDER_KEYS = ("out", "overwrite", "resume")
+
+
+def config_text(command: click.Command, ctx: click.Context, *, leave_out: tuple[str, ...] = ()) -> str:
+    """The command's resolved options as its TOML table (an option without a value, or in ``leave_out`` by its key,
+    is left out)."""
     lines = [f"[{command.name}]"]
     for key, option in _options(command).items():
         value = ctx.params.get(option.name)
-        if value is None or (isinstance(value, (list, tuple)) and not value):
+        if value is None or (isinstance(value, (list, tuple)) and not value) or key in leave_out:
             continue
         lines.append(f"{key} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"
+
+
+def run_config_text(ctx: click.Context) -> str:
+    """This run's options for its folder's ``config.toml``: ``gaplan COMMAND --config DIR/config.toml`` repeats it
+    into a new folder (``--out``, ``--overwrite`` and ``--resume`` are left out)."""
+    return (f"# gaplan {ctx.command.name}'s options of this run. Repeat it: gaplan {ctx.command.name} --config "
+            "config.toml [--out DIR]\n" + config_text(ctx.command, ctx, leave_out=RUN_FOLDER_KEYS))
 
 
 def from_config_file(ctx: click.Context, name: str) -> bool:
@@ -83,7 +95,14 @@ def from_config_file(ctx: click.Context, name: str) -> bool:
     if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT_MAP:
         return False
     option = next((p for p in ctx.command.params if p.name == name), None)
-    return option is None or ctx.params.get(name) != option.get_default(ctx, call=True)
+    if option is None:
+        return True
+    held, ctx.default_map = ctx.default_map, None  # the option's own default, not the file's value default_map holds
+    try:
+        default = option.get_default(ctx, call=True)
+    finally:
+        ctx.default_map = held
+    return ctx.params.get(name) != (option.type_cast_value(ctx, default) if isinstance(default, str) else default)
 
 
 # ``--help`` in sections: each option's section, by its flag (a flag missing here lands in "Other options", which

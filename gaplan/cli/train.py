@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from gaplan.cli.config_file import GaplanCommand
+from gaplan.cli.config_file import GaplanCommand, run_config_text
 from gaplan.cli.options import (
     OVERWRITE_OPTION,
     batch_by_options,
@@ -129,7 +129,8 @@ def train_command(**options: Any) -> None:
     try:
         run = run_train(spec, run_dir, train_options, device=setup.device, memory_limit=setup.memory_limit, say=say,
                         on_step=bar.step, on_event=bar.write, on_row=lambda row: say(throughput_line(row)),
-                        on_bench_trial=progress.trial, on_bench_start=bench_start, overwrite=setup.overwrite)
+                        on_bench_trial=progress.trial, on_bench_start=bench_start, overwrite=setup.overwrite,
+                        config_toml=run_config_text(click.get_current_context()))
     finally:
         bar.close()
         progress.close()

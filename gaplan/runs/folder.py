@@ -14,6 +14,7 @@ TRAIN_LOG_CSV = "train_log.csv"  # train: one row per optimizer step
 CHECKPOINT = "checkpoint.pt"  # train: model, optimizer, scheduler, RNG states, step
 SHARDED_STATE_PREFIX = "checkpoint-shards-step"  # train --parallel fsdp: a folder of each rank's shards per checkpoint
 TRAIN_JSON = "train.json"  # train: the workload and options the run was started with, for --resume
+CONFIG_TOML = "config.toml"  # train: the run's options as --config reads them (gaplan train --config DIR/config.toml)
 LOSS_CHECK_JSON = "loss_check.json"  # train: step 1's accumulated loss against the same samples as one batch
 BENCH_JSON = "bench.json"  # bench: how the rounds ended, the plan's ratio with its interval, signs of contention
 TOKENS_JSON = "tokens.json"  # probe/bench --batch-by tokens: the data's length profile and the token budget T*

@@ -17,13 +17,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gaplan.core.atomic_write import atomic_write
+from gaplan.core.atomic_write import atomic_write, atomic_write_text
 from gaplan.core.constants import DEFAULT_CPU_BUDGET
 from gaplan.core.disk import WriteFailed, disk_faults_as_one_line
 from gaplan.core.errors import GaplanError
 from gaplan.core.progress import Say, quiet
 from gaplan.plan.split import Plan, make_plan
-from gaplan.runs.folder import CHECKPOINT, PLAN_JSON, TRAIN_LOG_CSV, path_in
+from gaplan.runs.folder import CHECKPOINT, CONFIG_TOML, PLAN_JSON, TRAIN_LOG_CSV, path_in
 from gaplan.runs.probe_result import plan_without_probe, save_probe
 from gaplan.workflows.bench import run_bench
 from gaplan.workflows.train_data import read_training_data
@@ -50,14 +50,16 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
               memory_limit: int | None = None, say: Say = quiet, on_step: Callable[[Any], None] | None = None,
               on_event: Say | None = None, on_row: Callable[[Any], None] | None = None,
               on_bench_trial: Callable[[int, str, float | None], None] | None = None,
-              on_bench_start: Callable[[Any], None] | None = None, overwrite: bool = False) -> TrainRun:
+              on_bench_start: Callable[[Any], None] | None = None, overwrite: bool = False,
+              config_toml: str | None = None) -> TrainRun:
     """Plan (from ``--plan``, ``--micro-batch``, the cache or a new probe), train, and with ``compare`` bench and report.
 
     Under torchrun every rank calls this; the first process of each node probes for its node,
     all ranks plan with the smallest B* of any node, and only rank 0 writes the run folder's files
     (``TrainRun.is_main``). Rank 0 holds the run folder as its only writer throughout
     (:func:`gaplan.runs.claim.claim_run_folder`): a folder that holds another run is refused before any work, unless
-    this continues it (``options.resume``) or ``overwrite`` replaces it.
+    this continues it (``options.resume``) or ``overwrite`` replaces it. ``config_toml``: the options as ``--config``
+    reads them, saved as the new run's ``config.toml`` (a resumed run keeps the one it was started with).
     """
     from gaplan.runs.claim import check_run_folder, claim_run_folder
 
@@ -72,13 +74,13 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
         claim = contextlib.nullcontext()
     with claim:
         return _train(spec, run_dir, options, device, memory_limit, say, on_step, on_event, on_row, on_bench_trial,
-                      on_bench_start)
+                      on_bench_start, config_toml)
 
 
 def _train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, device: str, memory_limit: int | None, say: Say,
            on_step: Callable[[Any], None] | None, on_event: Say | None, on_row: Callable[[Any], None] | None,
            on_bench_trial: Callable[[int, str, float | None], None] | None,
-           on_bench_start: Callable[[Any], None] | None) -> TrainRun:
+           on_bench_start: Callable[[Any], None] | None, config_toml: str | None) -> TrainRun:
     import torch
 
     from gaplan.devices.backend import resolve_device
@@ -128,6 +130,8 @@ def _train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, device: str,
         os.makedirs(run_dir, exist_ok=True)
         if not options.resume or changed:  # a new split is the setting the next resume compares with
             save_settings(run_dir, spec, options, device, memory_limit)
+        if config_toml is not None and not options.resume:
+            atomic_write_text(path_in(run_dir, CONFIG_TOML), config_toml)
         record = probed if probed is not None else plan_without_probe(
             spec, device, memory_limit, plan, workload.param_count, workload.task, workload.seq_len)
         save_probe(dataclasses.replace(record, plan=plan, command=options.command), path_in(run_dir, PLAN_JSON))

@@ -92,3 +92,47 @@ def test_help_is_in_sections_and_lists_every_option_once(command):
             long = next(opt for opt in param.opts if opt.startswith("--"))
             listed = re.findall(rf"^  (?:-\w, )?{re.escape(long)}(?![\w-])", text, re.MULTILINE)
             assert len(listed) == 1, (command, long, listed)
+
+
+@pytest.mark.parametrize("command", FLAGS)
+def test_a_config_file_builds_the_same_command_object_as_the_flags(command, tmp_path):
+    """What the command runs, not only what it prints: the object built from the file equals the flags' (the values
+    given in the file count as given, as flags do)."""
+    from gaplan.cli.options import given_on_command_line
+    from gaplan.workflows.bench_options import BenchCommand
+    from gaplan.workflows.estimate_options import EstimateCommand
+    from gaplan.workflows.plan_options import PlanCommand
+    from gaplan.workflows.probe_options import ProbeCommand
+    from gaplan.workflows.train_command import TrainCommand
+
+    build = {"train": TrainCommand.from_flat, "probe": ProbeCommand.from_flat, "bench": BenchCommand.from_flat,
+             "estimate": EstimateCommand.from_flat, "plan": PlanCommand.from_flat}[command]
+    path = tmp_path / "run.toml"
+    path.write_text(f"[{command}]\n{FILE[command]}")
+    out = [] if command == "estimate" else ["--out", str(tmp_path / "run")]
+    objects = []
+    for args in (FLAGS[command], ["--config", str(path)]):
+        with main.commands[command].make_context(command, [*args, *out]) as ctx:
+            objects.append(build(ctx.params, given_on_command_line(ctx)))
+    assert objects[0] == objects[1]
+
+
+@pytest.mark.slow
+def test_a_train_run_saves_its_config_and_the_config_repeats_the_run(tmp_path):
+    import json
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    args = ["train", "--seq-len", "16", "--effective-batch", "4", "--micro-batch", "2", "--steps", "1",
+            "--grad-checkpointing", "every:2", "--memory-limit", "512MiB", "--no-noise-scale", "--quiet"]
+    assert CliRunner().invoke(main, [*args, "--out", str(first)]).exit_code == 0
+    saved = (first / "config.toml").read_text()
+    assert 'grad-checkpointing = "every:2"' in saved and "\nout = " not in saved  # a repeat writes a new folder
+    result = CliRunner().invoke(main, ["train", "--config", str(first / "config.toml"), "--out", str(second)])
+    assert result.exit_code == 0, result.output
+
+    def run_settings(folder):
+        data = json.loads((folder / "train.json").read_text())
+        return data["workload"], {k: v for k, v in data["options"].items() if k != "command"}, data["environment"]
+
+    assert run_settings(second) == run_settings(first)
+    assert "--memory-limit 536870912" in json.loads((second / "train.json").read_text())["options"]["command"]
