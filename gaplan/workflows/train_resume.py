@@ -89,7 +89,8 @@ def new_split(run_dir: str, spec: WorkloadSpec, options: TrainOptions, device: s
     changed = [name for name, now in (("device", device), ("memory_limit", memory_limit)) if environment.get(name) != now]
     if options.micro_batch is not None and saved_options.get("micro_batch") != options.micro_batch:
         changed.append("micro_batch")
-    changed += [name for name in SPLIT_ONLY_FIELDS if saved_spec.get(name) != getattr(spec, name)]
+    now = spec.to_dict()  # in the saved form, as train.json holds it
+    changed += [name for name in SPLIT_ONLY_FIELDS if saved_spec.get(name) != now[name]]
     return changed
 
 
