@@ -39,7 +39,7 @@ def task_and_lengths(func: Callable) -> Callable:
 
 def workload_options(func: Callable) -> Callable:
     """Options that describe what is trained, shared by every command that builds a model."""
-    from gaplan.workload.spec import OPTIMIZERS
+    from gaplan.workload.spec import OPTIMIZERS, QUANTIZE
 
     options = [
         click.option("--model", default="tiny-gpt2", show_default=True, metavar="NAME|DIR|MODULE:FUNC",
@@ -100,9 +100,9 @@ def lora_options(func: Callable) -> Callable:
         click.option("--lora-config", default=None, metavar="FILE|DIR",
                      help="An adapter_config.json (or its folder): r, alpha, dropout and targets from it (they take "
                           "the place of the --lora-* options); implies --lora."),
-        click.option("--quantize", type=click.Choice(["4bit"]), default=None,
-                     help="QLoRA: the frozen base in 4-bit nf4 with double quantization (bitsandbytes >= 0.46, which runs "
-                          "it on CUDA and on the CPU)."),
+        click.option("--quantize", type=click.Choice(list(QUANTIZE)), default=None,
+                     help="QLoRA: the frozen base in 4-bit nf4, 4bit with double quantization (QLoRA's), nf4 without "
+                          "it (LitGPT's bnb.nf4); bitsandbytes >= 0.46, which runs it on CUDA and on the CPU."),
     ]
     for option in reversed(options):
         func = option(func)

@@ -72,7 +72,8 @@ class Tracer:
             if self.spec.quantize:
                 from gaplan.estimate.quantized import quantized_base
 
-                self.quantized = quantized_base(self.workload.model, compute_bytes=2 if self.spec.dtype != "fp32" else 4)
+                self.quantized = quantized_base(self.workload.model, compute_bytes=2 if self.spec.dtype != "fp32" else 4,
+                                                quantize=self.spec.quantize)
             if self.world_size > 1:  # DDP's buckets: a flat copy of the gradients, held through every step
                 self.bucket_bytes = sum(p.numel() * p.element_size() for p in self.workload.model.parameters()
                                         if p.requires_grad)

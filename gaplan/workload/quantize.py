@@ -1,4 +1,5 @@
-"""QLoRA's frozen base: a built model's linear layers in bitsandbytes' 4-bit nf4 with double quantization.
+"""QLoRA's frozen base: a built model's linear layers in bitsandbytes' 4-bit nf4, with double quantization
+(``--quantize 4bit``, QLoRA's) or without it (``--quantize nf4``, LitGPT's ``bnb.nf4``).
 
 The layers transformers' own bitsandbytes loading would quantize (``replace_with_bnb_linear``, skipping
 ``get_keys_to_not_convert``: the output head and the embeddings tied to it) become ``bnb.nn.Linear4bit``, and
@@ -23,7 +24,7 @@ from gaplan.core.errors import GaplanError
 from gaplan.workload.spec import NEEDS_BITSANDBYTES
 
 QUANT_TYPE = "nf4"
-DOUBLE_QUANT = True
+DOUBLE_QUANT = {"4bit": True, "nf4": False}  # --quantize -> bnb_4bit_use_double_quant
 
 
 @contextlib.contextmanager
@@ -50,12 +51,13 @@ def import_bitsandbytes() -> Any:
     return bitsandbytes
 
 
-def quantization_config(compute_dtype: torch.dtype) -> Any:
-    """The ``transformers.BitsAndBytesConfig`` of gaplan's QLoRA: nf4, double quantization, ``compute_dtype``."""
+def quantization_config(compute_dtype: torch.dtype, quantize: str = "4bit") -> Any:
+    """The ``transformers.BitsAndBytesConfig`` of gaplan's QLoRA: nf4, double quantization for ``quantize`` "4bit"
+    (none for "nf4"), ``compute_dtype``."""
     from transformers import BitsAndBytesConfig
 
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=QUANT_TYPE,
-                              bnb_4bit_use_double_quant=DOUBLE_QUANT, bnb_4bit_compute_dtype=compute_dtype,
+                              bnb_4bit_use_double_quant=DOUBLE_QUANT[quantize], bnb_4bit_compute_dtype=compute_dtype,
                               bnb_4bit_quant_storage=torch.uint8)
 
 
@@ -74,7 +76,8 @@ def quantized_layers(model: nn.Module) -> dict[str, nn.Module]:
             and should_convert_module(name, kept)}
 
 
-def quantize_base(model: nn.Module, compute_dtype: torch.dtype, device: torch.device) -> nn.Module:
+def quantize_base(model: nn.Module, compute_dtype: torch.dtype, device: torch.device,
+                  quantize: str = "4bit") -> nn.Module:
     """``model`` (built on the CPU, full precision) with its :func:`quantized_layers` in 4-bit on ``device``, the
     rest moved there.
 
@@ -86,13 +89,13 @@ def quantize_base(model: nn.Module, compute_dtype: torch.dtype, device: torch.de
     from transformers.pytorch_utils import Conv1D
     from transformers.quantizers.base import get_keys_to_not_convert
 
-    config = quantization_config(compute_dtype)
+    config = quantization_config(compute_dtype, quantize)
     originals = quantized_layers(model)
     replace_with_bnb_linear(model, modules_to_not_convert=get_keys_to_not_convert(model), quantization_config=config)
     for name, original in originals.items():
         layer = model.get_submodule(name)
         if not isinstance(layer, bnb.nn.Linear4bit):
-            raise GaplanError(f"--quantize 4bit: transformers did not quantize {name} ({type(original).__name__})")
+            raise GaplanError(f"--quantize {quantize}: transformers did not quantize {name} ({type(original).__name__})")
         weight = original.weight.data.T.contiguous() if isinstance(original, Conv1D) else original.weight.data
         layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, **layer.weight.__dict__).to(device)
         if original.bias is not None:
