@@ -57,3 +57,90 @@ def quantized_base(model: Any, compute_bytes: int, quantize: str = "4bit") -> Qu
                          quantized_bytes=int(sum(w.numel() for w in weights) * BYTES_PER_WEIGHT_OF[quantize]),
                          dequantized_bytes=max((w.numel() for w in weights), default=0) * compute_bytes,
                          copies={w.untyped_storage()._cdata: w.numel() * compute_bytes for w in weights})
+
+
+# bitsandbytes before 0.43.2 kept each 4-bit product's input on its autograd context, ``ctx.tensors = (A, B)`` in
+# ``MatMul4Bit.forward`` (bitsandbytes/autograd/_functions.py at 0.42.0), though backward reads only B. Commit
+# 9e753741 ("fix QLoRA mem bug: delete useless buffered activation", #1270), first released in 0.43.2, made it
+# ``(None, B)``. An attribute of ``ctx`` is not a saved tensor: backward does not free it; it goes with the graph.
+KEEPS_INPUTS_BEFORE = (0, 43, 2)
+BUILT_WITH = "0.46.1"  # the bitsandbytes gaplan's own QLoRA needs (pyproject's qlora extra)
+
+
+def release(version: str) -> tuple[int, ...]:
+    """``"0.42.0"`` -> ``(0, 42, 0)`` (a local or pre-release suffix ignored)."""
+    import re
+
+    return tuple(int(n) for n in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+@dataclass(frozen=True)
+class QLoRARun:
+    """How a QLoRA run's bitsandbytes and training loop hold the 4-bit layers' inputs: what an estimate of another
+    program's run (a published figure) needs; gaplan's own runs are ``QLoRARun()``.
+
+    ``bitsandbytes``: the version it ran; before 0.43.2 every 4-bit product whose input needs a gradient keeps
+    that input until its autograd graph is freed (:data:`KEEPS_INPUTS_BEFORE`).
+    ``graph_held_to_next_forward``: the loop keeps the step's graph alive after backward, until the next forward
+    has made its output (LitGPT's ``fit`` holds ``logits`` until ``logits = model(...)`` rebinds it), so the inputs
+    the last micro-step kept are still there through the next one's forward.
+    """
+
+    bitsandbytes: str = BUILT_WITH
+    graph_held_to_next_forward: bool = False
+
+    @property
+    def keeps_inputs(self) -> bool:
+        return release(self.bitsandbytes) < KEEPS_INPUTS_BEFORE
+
+
+class KeptInputs:
+    """The inputs an old bitsandbytes' 4-bit layers keep, as fake tensors held through a traced micro-step.
+
+    A forward pre-hook on each quantized layer keeps its input (one per storage: q, k and v read one tensor) when it
+    needs a gradient; they go after the micro-step, with its graph. With ``graph_held_to_next_forward``, the last
+    micro-step's are there too until the output head has run: stand-ins of the same size, made as each layer runs
+    (the forward's own peak is at its end, where all of them exist), freed when the head's forward returns.
+    """
+
+    def __init__(self, model: Any, run: QLoRARun) -> None:
+        self.model, self.run = model, run
+        self.current: list[Any] = []
+        self.previous: list[Any] = []
+        self.seen: set[int] = set()
+        self.kept_bytes = 0  # one micro-step's kept inputs, the largest traced
+
+    def __enter__(self) -> KeptInputs:
+        import torch
+
+        from gaplan.workload.quantize import quantized_layers
+
+        def keep(module: Any, args: tuple) -> None:
+            x = args[0] if args else None
+            if not isinstance(x, torch.Tensor) or not (torch.is_grad_enabled() and x.requires_grad):
+                return
+            storage = x.untyped_storage()._cdata
+            if storage in self.seen:
+                return
+            self.seen.add(storage)
+            self.current.append(x)
+            if self.run.graph_held_to_next_forward:
+                self.previous.append(torch.empty_like(x))
+
+        def head_done(*_: Any) -> None:
+            self.previous.clear()
+
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        self.handles = [layer.register_forward_pre_hook(keep) for layer in quantized_layers(self.model).values()]
+        head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+        if head is not None:
+            self.handles.append(head.register_forward_hook(head_done))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.kept_bytes = max(self.kept_bytes, sum(x.numel() * x.element_size() for x in self.current))
+        self.current.clear()
+        self.previous.clear()
+        self.seen.clear()
