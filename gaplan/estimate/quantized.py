@@ -48,11 +48,18 @@ class QuantizedBase:
         return 0 if operands is None else max(self.copies.get(m.untyped_storage()._cdata, 0) for m in operands)
 
 
-def quantized_base(model: Any, compute_bytes: int, quantize: str = "4bit") -> QuantizedBase:
-    """The 4-bit accounting of ``model``'s frozen linear layers (a PeftModel: adapters and heads excluded)."""
+def quantized_base(model: Any, compute_bytes: int, quantize: str = "4bit", run: QLoRARun | None = None,
+                   compute_dtype: str | None = None) -> QuantizedBase:
+    """The 4-bit accounting of ``model``'s frozen linear layers (a PeftModel: adapters and heads excluded, unless
+    ``run.quantize_head``). With ``run.quant_state_dtype`` other than ``compute_dtype`` (weights quantized from
+    another dtype), each copy is dequantized in that dtype and cast: both are held at the cast, counted as one
+    workspace with the product."""
     from gaplan.workload.quantize import quantized_layers
 
-    weights = [module.weight for module in quantized_layers(model).values()]
+    run = run or QLoRARun()
+    if run.quant_state_dtype and run.quant_state_dtype != compute_dtype:
+        compute_bytes += {"fp16": 2, "bf16": 2, "fp32": 4}[run.quant_state_dtype]
+    weights = [module.weight for module in quantized_layers(model, head=run.quantize_head).values()]
     return QuantizedBase(layers=len(weights), traced_bytes=sum(w.numel() * w.element_size() for w in weights),
                          quantized_bytes=int(sum(w.numel() for w in weights) * BYTES_PER_WEIGHT_OF[quantize]),
                          dequantized_bytes=max((w.numel() for w in weights), default=0) * compute_bytes,
@@ -81,13 +88,23 @@ class QLoRARun:
 
     ``bitsandbytes``: the version it ran; before 0.43.2 every 4-bit product whose input needs a gradient keeps
     that input until its autograd graph is freed (:data:`KEEPS_INPUTS_BEFORE`).
-    ``graph_held_to_next_forward``: the loop keeps the step's graph alive after backward, until the next forward
-    has made its output (LitGPT's ``fit`` holds ``logits`` until ``logits = model(...)`` rebinds it), so the inputs
-    the last micro-step kept are still there through the next one's forward.
+    ``graph_held_to_next_forward``: the loop keeps the step's output, and with it the graph, after backward until
+    the next forward has made its own (LitGPT's ``fit`` holds ``logits`` until ``logits = model(...)`` rebinds it),
+    so the inputs the last micro-step kept, and its output, are still there through the next one's forward.
+    ``output_bytes``: the bytes per element of that held output (4: Fabric's ``convert_output`` casts a module's
+    floating outputs to the default dtype, float32); 0: as the head makes it.
+    ``quantize_head``: the output head is quantized too (Fabric's ``BitsandbytesPrecision`` replaces every
+    ``torch.nn.Linear``, LitGPT's ``lm_head`` included).
+    ``quant_state_dtype``: the dtype the weights were quantized from, which bitsandbytes dequantizes to before
+    casting to the compute dtype ("fp16" with Fabric, which quantizes ``weight.to(torch.half)``); None: the compute
+    dtype, as transformers quantizes.
     """
 
     bitsandbytes: str = BUILT_WITH
     graph_held_to_next_forward: bool = False
+    output_bytes: int = 0
+    quantize_head: bool = False
+    quant_state_dtype: str | None = None
 
     @property
     def keeps_inputs(self) -> bool:
@@ -127,14 +144,23 @@ class KeptInputs:
             if self.run.graph_held_to_next_forward:
                 self.previous.append(torch.empty_like(x))
 
+        def head_starts(module: Any, args: tuple) -> None:  # the last forward's output, held until the head returns
+            x = args[0] if args else None
+            if self.run.graph_held_to_next_forward and isinstance(x, torch.Tensor):
+                size = self.run.output_bytes or x.element_size()
+                rows = x.numel() // x.shape[-1]
+                self.previous.append(torch.empty(rows * module.weight.shape[0] * size, dtype=torch.uint8,
+                                                 device=x.device))
+
         def head_done(*_: Any) -> None:
             self.previous.clear()
 
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        self.handles = [layer.register_forward_pre_hook(keep) for layer in quantized_layers(self.model).values()]
+        layers = quantized_layers(self.model, head=self.run.quantize_head).values()
+        self.handles = [layer.register_forward_pre_hook(keep) for layer in layers]
         head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
         if head is not None:
-            self.handles.append(head.register_forward_hook(head_done))
+            self.handles += [head.register_forward_pre_hook(head_starts), head.register_forward_hook(head_done)]
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -78,9 +78,10 @@ class Tracer:
 
                 from gaplan.estimate.quantized import KeptInputs, QLoRARun
 
-                self.quantized = quantized_base(self.workload.model, compute_bytes=2 if self.spec.dtype != "fp32" else 4,
-                                                quantize=self.spec.quantize)
                 self.qlora_run = self.qlora_run or QLoRARun()
+                self.quantized = quantized_base(self.workload.model, compute_bytes=2 if self.spec.dtype != "fp32" else 4,
+                                                quantize=self.spec.quantize, run=self.qlora_run,
+                                                compute_dtype=self.spec.dtype)
                 if self.qlora_run.keeps_inputs:
                     self.kept_inputs = KeptInputs(self.workload.model, self.qlora_run)
             if self.world_size > 1:  # DDP's buckets: a flat copy of the gradients, held through every step

@@ -61,19 +61,22 @@ def quantization_config(compute_dtype: torch.dtype, quantize: str = "4bit") -> A
                               bnb_4bit_quant_storage=torch.uint8)
 
 
-def quantized_layers(model: nn.Module) -> dict[str, nn.Module]:
+def quantized_layers(model: nn.Module, head: bool = False) -> dict[str, nn.Module]:
     """The layers QLoRA puts in 4 bits, by name, under ``model`` or a PeftModel's base: transformers' rule (its
     ``replace_with_bnb_linear``), every ``nn.Linear`` and GPT-2 ``Conv1D`` but what ``get_keys_to_not_convert``
-    keeps (the output head and the weights tied to it). A PeftModel's adapters are not among them."""
+    keeps (the output head and the weights tied to it). A PeftModel's adapters are not among them. ``head``: the
+    output head too, as Lightning Fabric's ``BitsandbytesPrecision`` converts every ``nn.Linear`` (the estimate of a
+    LitGPT run; gaplan's own build keeps transformers' rule)."""
     from transformers.pytorch_utils import Conv1D
     from transformers.quantizers.base import get_keys_to_not_convert
     from transformers.quantizers.quantizers_utils import should_convert_module
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     kept = get_keys_to_not_convert(base)
+    output = base.get_output_embeddings() if head and hasattr(base, "get_output_embeddings") else None
     return {name: module for name, module in base.named_modules()
             if (type(module) is nn.Linear or isinstance(module, Conv1D)) and ".lora_" not in name
-            and should_convert_module(name, kept)}
+            and (should_convert_module(name, kept) or (module is output and type(module) is nn.Linear))}
 
 
 def quantize_base(model: nn.Module, compute_dtype: torch.dtype, device: torch.device,
