@@ -74,9 +74,7 @@ class Tracer:
             self.workload = self.helper.counting_graphs(fake_workload(self.spec, self.device, self.mode))
             self._no_step = dataclasses.replace(self.workload, optimizer=no_step_optimizer(self.workload.optimizer))
             if self.spec.quantize:
-                from gaplan.estimate.quantized import quantized_base
-
-                from gaplan.estimate.quantized import KeptInputs, QLoRARun
+                from gaplan.estimate.quantized import KeptInputs, QLoRARun, quantized_base
 
                 self.qlora_run = self.qlora_run or QLoRARun()
                 self.quantized = quantized_base(self.workload.model, compute_bytes=2 if self.spec.dtype != "fp32" else 4,

@@ -116,7 +116,8 @@ class WorkloadSpec:
     cpu_offload: bool = False  # fsdp only: parameters, gradients and optimizer states live on the CPU
     grad_sync: str = "last"  # fsdp only: reduce-scatter gradients on the last micro-step, or on every one
     # LoRA (peft): the base frozen in weights_dtype, adapters on lora_targets (None: peft's for the architecture,
-    # "all-linear", or comma-separated module names) trained; quantize "4bit" is QLoRA (nf4, double quantization), "nf4" the same without double quantization.
+    # "all-linear", or comma-separated module names) trained; quantize "4bit" is QLoRA (nf4, double quantization),
+    # "nf4" the same without double quantization.
     lora: bool = False
     lora_r: int = 16
     lora_alpha: float = 32.0
