@@ -52,7 +52,16 @@ def spec_of(row: dict):
                         grad_checkpointing=parse_checkpointing(s["grad_checkpointing"]), attention=s.get("attention"),
                         lora=bool(lora),
                         lora_r=lora.get("r", 16), lora_alpha=float(lora.get("alpha", 32)),
-                        lora_dropout=lora.get("dropout", 0.05), lora_targets=lora.get("targets"))
+                        lora_dropout=lora.get("dropout", 0.05), lora_targets=lora.get("targets"),
+                        quantize=s.get("quantize"))
+
+
+def qlora_run_of(row: dict):
+    """A QLoRA row's bitsandbytes and loop (``settings.qlora_run``), or None: gaplan's own."""
+    from gaplan.estimate.quantized import QLoRARun
+
+    run = row["settings"].get("qlora_run")
+    return QLoRARun(**run) if run else None
 
 
 def estimate_row(row: dict) -> dict:
@@ -62,7 +71,8 @@ def estimate_row(row: dict) -> dict:
 
     target = lookup_target(row["target"])
     started = time.perf_counter()
-    (traced,) = trace_steps(spec_of(row), [row["settings"]["micro_batch"]], device_kind="cuda")
+    (traced,) = trace_steps(spec_of(row), [row["settings"]["micro_batch"]], device_kind="cuda",
+                            qlora_run=qlora_run_of(row))
     seconds = time.perf_counter() - started
     estimate = traced.peak_bytes + target.workspace_bytes
     context = None

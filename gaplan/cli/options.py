@@ -102,9 +102,9 @@ def lora_options(func: Callable) -> Callable:
         click.option("--lora-config", default=None, metavar="FILE|DIR",
                      help="An adapter_config.json (or its folder): r, alpha, dropout and targets from it (they take "
                           "the place of the --lora-* options); implies --lora."),
-        click.option("--quantize", type=click.Choice(["4bit"]), default=None,
-                     help="QLoRA: the frozen base in 4-bit nf4 with double quantization (bitsandbytes >= 0.46, which runs "
-                          "it on CUDA and on the CPU)."),
+        click.option("--quantize", type=click.Choice(list(_quantize_choices())), default=None,
+                     help="QLoRA: the frozen base in 4-bit nf4, 4bit with double quantization (QLoRA's), nf4 without "
+                          "it (LitGPT's bnb.nf4); bitsandbytes >= 0.46, which runs it on CUDA and on the CPU."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -227,3 +227,10 @@ def given_on_command_line(ctx: click.Context) -> set[str]:
     return {name for name in ctx.params
             if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
             or from_config_file(ctx, name)}
+
+
+def _quantize_choices() -> tuple[str, ...]:
+    """--quantize's choices: the workload's own (gaplan.workload.spec.QUANTIZE)."""
+    from gaplan.workload.spec import QUANTIZE
+
+    return QUANTIZE

@@ -360,14 +360,17 @@ def lora_adapters(spec, frozen_bytes: int, trainable: int, trainable_bytes: int)
 
 def quantized_weights(quantized, spec) -> Assumption:
     """QLoRA: the 4-bit base as modelled (bytes per weight, what stays in full precision, the dequantized copy)."""
-    from gaplan.estimate.quantized import BYTES_PER_WEIGHT, NESTED_BLOCK, NF4_BLOCK
+    from gaplan.estimate.quantized import BYTES_PER_WEIGHT_OF, NESTED_BLOCK, NF4_BLOCK
 
+    per_weight = BYTES_PER_WEIGHT_OF[spec.quantize]
+    layout = (f"nf4 with double quantization, {per_weight:.4f} bytes per weight (a 4-bit code, an 8-bit absmax per "
+              f"{NF4_BLOCK}, an fp32 scale per {NESTED_BLOCK} absmaxes)" if spec.quantize == "4bit" else
+              f"nf4 without double quantization, {per_weight:.4f} bytes per weight (a 4-bit code, an fp32 absmax per "
+              f"{NF4_BLOCK})")
     return Assumption(
         "quantization",
-        f"QLoRA (--quantize 4bit): the {quantized.layers} frozen linear layers of the base (GPT-2's Conv1D too) in "
-        f"bitsandbytes' nf4 with double quantization, {BYTES_PER_WEIGHT:.4f} bytes per weight (a 4-bit code, an "
-        f"8-bit absmax per "
-        f"{NF4_BLOCK}, an fp32 scale per {NESTED_BLOCK} absmaxes): {format_bytes(quantized.quantized_bytes)} instead "
+        f"QLoRA (--quantize {spec.quantize}): the {quantized.layers} frozen linear layers of the base (GPT-2's Conv1D "
+        f"too) in bitsandbytes' {layout}: {format_bytes(quantized.quantized_bytes)} instead "
         f"of {format_bytes(quantized.traced_bytes)} in {spec.weights_dtype}; embeddings, norms, the output head and "
         f"the adapters stay as traced. Each 4-bit layer dequantizes its weight to the compute dtype for each of its "
         f"products, forward and backward, and frees it after: counted at that product's moment (the largest copy "
@@ -375,4 +378,4 @@ def quantized_weights(quantized, spec) -> Assumption:
         f"3% of QLoRA's probe on the CPU (bitsandbytes' CPU backend); not yet checked on a GPU.",
         {"layers": quantized.layers, "quantized_bytes": quantized.quantized_bytes,
          "traced_bytes": quantized.traced_bytes, "dequantized_bytes": quantized.dequantized_bytes,
-         "bytes_per_weight": BYTES_PER_WEIGHT})
+         "bytes_per_weight": per_weight})

@@ -138,11 +138,12 @@ def one_micro_step(tracer, spec: WorkloadSpec, share: int, edge: int, line: tupl
     return row
 
 
-def make_tracer(spec: WorkloadSpec, device_kind: str, threads: int | None, world_size: int) -> Tracer | ShardedTracer:
+def make_tracer(spec: WorkloadSpec, device_kind: str, threads: int | None, world_size: int,
+                qlora_run=None) -> Tracer | ShardedTracer:
     """One rank's tracer: a W-way FSDP2 rank for ``--parallel fsdp``, else one process (with DDP's buckets above 1 rank)."""
     if spec.parallel == "fsdp":
         return ShardedTracer(spec, device_kind, world_size, threads)
-    return Tracer(spec, device_kind, threads, world_size)
+    return Tracer(spec, device_kind, threads, world_size, qlora_run=qlora_run)
 
 
 def does_not_fit_hint(spec: WorkloadSpec, tracer, world_size: int) -> str:
@@ -161,21 +162,22 @@ def does_not_fit_hint(spec: WorkloadSpec, tracer, world_size: int) -> str:
 
 
 def trace_steps(spec: WorkloadSpec, micro_batches: Sequence[int], device_kind: str = "cpu",
-                threads: int | None = None, world_size: int = 1) -> list[TracedRow]:
+                threads: int | None = None, world_size: int = 1, qlora_run=None) -> list[TracedRow]:
     """The estimated peak of one steady-state step at each micro-batch (no search, no budget), per rank.
 
     Each row is the larger of the micro-steps' and the optimizer step's traced peaks, plus the
     device's overhead: with ``device_kind="cpu"``, what ``gaplan probe --device cpu`` measures as a
     trial's ``peak_bytes`` at that micro-batch. With ``spec.parallel == "fsdp"``, one rank of a
     ``world_size``-way FSDP2 step (what the largest rank of ``gaplan probe --parallel fsdp`` measures);
-    ``row.detail`` then has FSDP's categories.
+    ``row.detail`` then has FSDP's categories. ``qlora_run`` (:class:`gaplan.estimate.quantized.QLoRARun`): for
+    a QLoRA spec, the bitsandbytes and loop of a run gaplan did not build (a published figure's); None: gaplan's own.
     """
     spec = spec.validate()
     check_device_kind(device_kind)
     check_world_size(spec, world_size)
     if not micro_batches or not all(isinstance(b, int) and b >= 1 for b in micro_batches):
         raise GaplanError(f"micro-batches must be positive integers (got {list(micro_batches)})")
-    with make_tracer(spec, device_kind, threads, world_size) as tracer:
+    with make_tracer(spec, device_kind, threads, world_size, qlora_run) as tracer:
         optimizer_step = tracer.optimizer_step()
         for b in micro_batches:
             tracer.composed_step(tracer.micro_steps(b), optimizer_step)

@@ -15,8 +15,13 @@ from typing import Any
 
 NF4_BLOCK = 64  # weights per absmax (bitsandbytes' nf4 default)
 NESTED_BLOCK = 256  # absmaxes per fp32 scale of the second quantization (double quant)
-# Per weight: a 4-bit code, an 8-bit absmax per block, and an fp32 scale per NESTED_BLOCK absmaxes.
+# Per weight, with double quantization (--quantize 4bit): a 4-bit code, an 8-bit absmax per block, and an fp32 scale
+# per NESTED_BLOCK absmaxes.
 BYTES_PER_WEIGHT = 0.5 + 1 / NF4_BLOCK + 4 / (NF4_BLOCK * NESTED_BLOCK)
+# Without it (--quantize nf4): a 4-bit code and an fp32 absmax per block (bitsandbytes' quantize_4bit with
+# compress_statistics=False: ``absmax = torch.zeros((blocks,), dtype=torch.float32)``, kept as it is).
+BYTES_PER_WEIGHT_NF4 = 0.5 + 4 / NF4_BLOCK
+BYTES_PER_WEIGHT_OF = {"4bit": BYTES_PER_WEIGHT, "nf4": BYTES_PER_WEIGHT_NF4}
 
 
 @dataclass(frozen=True)
@@ -25,7 +30,7 @@ class QuantizedBase:
 
     layers: int  # linear layers quantized
     traced_bytes: int  # their weights as traced (in --weights-dtype)
-    quantized_bytes: int  # the same weights in 4-bit nf4 with double quantization
+    quantized_bytes: int  # the same weights in 4-bit nf4 (with double quantization for --quantize 4bit)
     dequantized_bytes: int  # the largest layer's weight in the compute dtype: held while that layer computes
     # The traced weights' storages (views share them) -> the bytes of that layer's dequantized copy.
     copies: dict[int, int] = field(default_factory=dict, compare=False, repr=False)
@@ -43,12 +48,125 @@ class QuantizedBase:
         return 0 if operands is None else max(self.copies.get(m.untyped_storage()._cdata, 0) for m in operands)
 
 
-def quantized_base(model: Any, compute_bytes: int) -> QuantizedBase:
-    """The 4-bit accounting of ``model``'s frozen linear layers (a PeftModel: adapters and heads excluded)."""
+def quantized_base(model: Any, compute_bytes: int, quantize: str = "4bit", run: QLoRARun | None = None,
+                   compute_dtype: str | None = None) -> QuantizedBase:
+    """The 4-bit accounting of ``model``'s frozen linear layers (a PeftModel: adapters and heads excluded, unless
+    ``run.quantize_head``). With ``run.quant_state_dtype`` other than ``compute_dtype`` (weights quantized from
+    another dtype), each copy is dequantized in that dtype and cast: both are held at the cast, counted as one
+    workspace with the product."""
     from gaplan.workload.quantize import quantized_layers
 
-    weights = [module.weight for module in quantized_layers(model).values()]
+    run = run or QLoRARun()
+    if run.quant_state_dtype and run.quant_state_dtype != compute_dtype:
+        compute_bytes += {"fp16": 2, "bf16": 2, "fp32": 4}[run.quant_state_dtype]
+    weights = [module.weight for module in quantized_layers(model, head=run.quantize_head).values()]
     return QuantizedBase(layers=len(weights), traced_bytes=sum(w.numel() * w.element_size() for w in weights),
-                         quantized_bytes=int(sum(w.numel() for w in weights) * BYTES_PER_WEIGHT),
+                         quantized_bytes=int(sum(w.numel() for w in weights) * BYTES_PER_WEIGHT_OF[quantize]),
                          dequantized_bytes=max((w.numel() for w in weights), default=0) * compute_bytes,
                          copies={w.untyped_storage()._cdata: w.numel() * compute_bytes for w in weights})
+
+
+# bitsandbytes before 0.43.2 kept each 4-bit product's input on its autograd context, ``ctx.tensors = (A, B)`` in
+# ``MatMul4Bit.forward`` (bitsandbytes/autograd/_functions.py at 0.42.0), though backward reads only B. Commit
+# 9e753741 ("fix QLoRA mem bug: delete useless buffered activation", #1270), first released in 0.43.2, made it
+# ``(None, B)``. An attribute of ``ctx`` is not a saved tensor: backward does not free it; it goes with the graph.
+KEEPS_INPUTS_BEFORE = (0, 43, 2)
+BUILT_WITH = "0.46.1"  # the bitsandbytes gaplan's own QLoRA needs (pyproject's qlora extra)
+
+
+def release(version: str) -> tuple[int, ...]:
+    """``"0.42.0"`` -> ``(0, 42, 0)`` (a local or pre-release suffix ignored)."""
+    import re
+
+    return tuple(int(n) for n in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+@dataclass(frozen=True)
+class QLoRARun:
+    """How a QLoRA run's bitsandbytes and training loop hold the 4-bit layers' inputs: what an estimate of another
+    program's run (a published figure) needs; gaplan's own runs are ``QLoRARun()``.
+
+    ``bitsandbytes``: the version it ran; before 0.43.2 every 4-bit product whose input needs a gradient keeps
+    that input until its autograd graph is freed (:data:`KEEPS_INPUTS_BEFORE`).
+    ``graph_held_to_next_forward``: the loop keeps the step's output, and with it the graph, after backward until
+    the next forward has made its own (LitGPT's ``fit`` holds ``logits`` until ``logits = model(...)`` rebinds it),
+    so the inputs the last micro-step kept, and its output, are still there through the next one's forward.
+    ``output_bytes``: the bytes per element of that held output (4: Fabric's ``convert_output`` casts a module's
+    floating outputs to the default dtype, float32); 0: as the head makes it.
+    ``quantize_head``: the output head is quantized too (Fabric's ``BitsandbytesPrecision`` replaces every
+    ``torch.nn.Linear``, LitGPT's ``lm_head`` included).
+    ``quant_state_dtype``: the dtype the weights were quantized from, which bitsandbytes dequantizes to before
+    casting to the compute dtype ("fp16" with Fabric, which quantizes ``weight.to(torch.half)``); None: the compute
+    dtype, as transformers quantizes.
+    """
+
+    bitsandbytes: str = BUILT_WITH
+    graph_held_to_next_forward: bool = False
+    output_bytes: int = 0
+    quantize_head: bool = False
+    quant_state_dtype: str | None = None
+
+    @property
+    def keeps_inputs(self) -> bool:
+        return release(self.bitsandbytes) < KEEPS_INPUTS_BEFORE
+
+
+class KeptInputs:
+    """The inputs an old bitsandbytes' 4-bit layers keep, as fake tensors held through a traced micro-step.
+
+    A forward pre-hook on each quantized layer keeps its input (one per storage: q, k and v read one tensor) when it
+    needs a gradient; they go after the micro-step, with its graph. With ``graph_held_to_next_forward``, the last
+    micro-step's are there too until the output head has run: stand-ins of the same size, made as each layer runs
+    (the forward's own peak is at its end, where all of them exist), freed when the head's forward returns.
+    """
+
+    def __init__(self, model: Any, run: QLoRARun) -> None:
+        self.model, self.run = model, run
+        self.current: list[Any] = []
+        self.previous: list[Any] = []
+        self.seen: set[int] = set()
+        self.kept_bytes = 0  # one micro-step's kept inputs, the largest traced
+
+    def __enter__(self) -> KeptInputs:
+        import torch
+
+        from gaplan.workload.quantize import quantized_layers
+
+        def keep(module: Any, args: tuple) -> None:
+            x = args[0] if args else None
+            if not isinstance(x, torch.Tensor) or not (torch.is_grad_enabled() and x.requires_grad):
+                return
+            storage = x.untyped_storage()._cdata
+            if storage in self.seen:
+                return
+            self.seen.add(storage)
+            self.current.append(x)
+            if self.run.graph_held_to_next_forward:
+                self.previous.append(torch.empty_like(x))
+
+        def head_starts(module: Any, args: tuple) -> None:  # the last forward's output, held until the head returns
+            x = args[0] if args else None
+            if self.run.graph_held_to_next_forward and isinstance(x, torch.Tensor):
+                size = self.run.output_bytes or x.element_size()
+                rows = x.numel() // x.shape[-1]
+                self.previous.append(torch.empty(rows * module.weight.shape[0] * size, dtype=torch.uint8,
+                                                 device=x.device))
+
+        def head_done(*_: Any) -> None:
+            self.previous.clear()
+
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        layers = quantized_layers(self.model, head=self.run.quantize_head).values()
+        self.handles = [layer.register_forward_pre_hook(keep) for layer in layers]
+        head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+        if head is not None:
+            self.handles += [head.register_forward_pre_hook(head_starts), head.register_forward_hook(head_done)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.kept_bytes = max(self.kept_bytes, sum(x.numel() * x.element_size() for x in self.current))
+        self.current.clear()
+        self.previous.clear()
+        self.seen.clear()

@@ -48,8 +48,12 @@ if TYPE_CHECKING:
 class Tracer:
     """A fake workload, the modes and patches its traces run under, and the rows they gave."""
 
-    def __init__(self, spec: WorkloadSpec, device_kind: str, threads: int | None = None, world_size: int = 1) -> None:
+    def __init__(self, spec: WorkloadSpec, device_kind: str, threads: int | None = None, world_size: int = 1,
+                 qlora_run=None) -> None:
         self.spec = spec
+        # QLoRA: the run's bitsandbytes and loop (gaplan.estimate.quantized.QLoRARun; None: gaplan's own)
+        self.qlora_run = qlora_run
+        self.kept_inputs = None  # an old bitsandbytes' kept inputs (gaplan.estimate.quantized.KeptInputs)
         self.world_size = world_size  # above 1: DistributedDataParallel's gradient buckets count (bucket_bytes)
         self.bucket_bytes = 0
         # above 1 on cuda: NCCL's buffers, outside the allocator and in no one-process trial (gaplan.devices.reserve)
@@ -70,9 +74,14 @@ class Tracer:
             self.workload = self.helper.counting_graphs(fake_workload(self.spec, self.device, self.mode))
             self._no_step = dataclasses.replace(self.workload, optimizer=no_step_optimizer(self.workload.optimizer))
             if self.spec.quantize:
-                from gaplan.estimate.quantized import quantized_base
+                from gaplan.estimate.quantized import KeptInputs, QLoRARun, quantized_base
 
-                self.quantized = quantized_base(self.workload.model, compute_bytes=2 if self.spec.dtype != "fp32" else 4)
+                self.qlora_run = self.qlora_run or QLoRARun()
+                self.quantized = quantized_base(self.workload.model, compute_bytes=2 if self.spec.dtype != "fp32" else 4,
+                                                quantize=self.spec.quantize, run=self.qlora_run,
+                                                compute_dtype=self.spec.dtype)
+                if self.qlora_run.keeps_inputs:
+                    self.kept_inputs = KeptInputs(self.workload.model, self.qlora_run)
             if self.world_size > 1:  # DDP's buckets: a flat copy of the gradients, held through every step
                 self.bucket_bytes = sum(p.numel() * p.element_size() for p in self.workload.model.parameters()
                                         if p.requires_grad)
@@ -109,7 +118,8 @@ class Tracer:
         for param in workload.model.parameters():  # gradients held, as from the step's earlier micro-steps
             if param.requires_grad:
                 param.grad = torch.zeros_like(param)
-        with fake_tensor_errors(self.spec):
+        kept = self.kept_inputs if self.kept_inputs is not None and micro_steps else contextlib.nullcontext()
+        with fake_tensor_errors(self.spec), kept:
             breakdown = measure_breakdown(workload, micro_batch, micro_steps=micro_steps, workspace=self._workspace())
         categories = {category: getattr(breakdown, category) for category in BREAKDOWN_CATEGORIES}
         total = breakdown.tracked_total

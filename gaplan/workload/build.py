@@ -194,7 +194,7 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
     if quantize:
         from gaplan.workload.quantize import quantize_base
 
-        model = quantize_base(model, DTYPES[spec.dtype], model_device)
+        model = quantize_base(model, DTYPES[spec.dtype], model_device, spec.quantize)
     apply_checkpointing(model, spec.grad_checkpointing, spec.model)
     if spec.lora:
         from gaplan.workload.lora import apply_lora

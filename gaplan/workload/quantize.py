@@ -1,4 +1,5 @@
-"""QLoRA's frozen base: a built model's linear layers in bitsandbytes' 4-bit nf4 with double quantization.
+"""QLoRA's frozen base: a built model's linear layers in bitsandbytes' 4-bit nf4, with double quantization
+(``--quantize 4bit``, QLoRA's) or without it (``--quantize nf4``, LitGPT's ``bnb.nf4``).
 
 The layers transformers' own bitsandbytes loading would quantize (``replace_with_bnb_linear``, skipping
 ``get_keys_to_not_convert``: the output head and the embeddings tied to it) become ``bnb.nn.Linear4bit``, and
@@ -23,7 +24,7 @@ from gaplan.core.errors import GaplanError
 from gaplan.workload.spec import NEEDS_BITSANDBYTES
 
 QUANT_TYPE = "nf4"
-DOUBLE_QUANT = True
+DOUBLE_QUANT = {"4bit": True, "nf4": False}  # --quantize -> bnb_4bit_use_double_quant
 
 
 @contextlib.contextmanager
@@ -50,31 +51,36 @@ def import_bitsandbytes() -> Any:
     return bitsandbytes
 
 
-def quantization_config(compute_dtype: torch.dtype) -> Any:
-    """The ``transformers.BitsAndBytesConfig`` of gaplan's QLoRA: nf4, double quantization, ``compute_dtype``."""
+def quantization_config(compute_dtype: torch.dtype, quantize: str = "4bit") -> Any:
+    """The ``transformers.BitsAndBytesConfig`` of gaplan's QLoRA: nf4, double quantization for ``quantize`` "4bit"
+    (none for "nf4"), ``compute_dtype``."""
     from transformers import BitsAndBytesConfig
 
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=QUANT_TYPE,
-                              bnb_4bit_use_double_quant=DOUBLE_QUANT, bnb_4bit_compute_dtype=compute_dtype,
+                              bnb_4bit_use_double_quant=DOUBLE_QUANT[quantize], bnb_4bit_compute_dtype=compute_dtype,
                               bnb_4bit_quant_storage=torch.uint8)
 
 
-def quantized_layers(model: nn.Module) -> dict[str, nn.Module]:
+def quantized_layers(model: nn.Module, head: bool = False) -> dict[str, nn.Module]:
     """The layers QLoRA puts in 4 bits, by name, under ``model`` or a PeftModel's base: transformers' rule (its
     ``replace_with_bnb_linear``), every ``nn.Linear`` and GPT-2 ``Conv1D`` but what ``get_keys_to_not_convert``
-    keeps (the output head and the weights tied to it). A PeftModel's adapters are not among them."""
+    keeps (the output head and the weights tied to it). A PeftModel's adapters are not among them. ``head``: the
+    output head too, as Lightning Fabric's ``BitsandbytesPrecision`` converts every ``nn.Linear`` (the estimate of a
+    LitGPT run; gaplan's own build keeps transformers' rule)."""
     from transformers.pytorch_utils import Conv1D
     from transformers.quantizers.base import get_keys_to_not_convert
     from transformers.quantizers.quantizers_utils import should_convert_module
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     kept = get_keys_to_not_convert(base)
+    output = base.get_output_embeddings() if head and hasattr(base, "get_output_embeddings") else None
     return {name: module for name, module in base.named_modules()
             if (type(module) is nn.Linear or isinstance(module, Conv1D)) and ".lora_" not in name
-            and should_convert_module(name, kept)}
+            and (should_convert_module(name, kept) or (module is output and type(module) is nn.Linear))}
 
 
-def quantize_base(model: nn.Module, compute_dtype: torch.dtype, device: torch.device) -> nn.Module:
+def quantize_base(model: nn.Module, compute_dtype: torch.dtype, device: torch.device,
+                  quantize: str = "4bit") -> nn.Module:
     """``model`` (built on the CPU, full precision) with its :func:`quantized_layers` in 4-bit on ``device``, the
     rest moved there.
 
@@ -86,13 +92,13 @@ def quantize_base(model: nn.Module, compute_dtype: torch.dtype, device: torch.de
     from transformers.pytorch_utils import Conv1D
     from transformers.quantizers.base import get_keys_to_not_convert
 
-    config = quantization_config(compute_dtype)
+    config = quantization_config(compute_dtype, quantize)
     originals = quantized_layers(model)
     replace_with_bnb_linear(model, modules_to_not_convert=get_keys_to_not_convert(model), quantization_config=config)
     for name, original in originals.items():
         layer = model.get_submodule(name)
         if not isinstance(layer, bnb.nn.Linear4bit):
-            raise GaplanError(f"--quantize 4bit: transformers did not quantize {name} ({type(original).__name__})")
+            raise GaplanError(f"--quantize {quantize}: transformers did not quantize {name} ({type(original).__name__})")
         weight = original.weight.data.T.contiguous() if isinstance(original, Conv1D) else original.weight.data
         layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, **layer.weight.__dict__).to(device)
         if original.bias is not None:

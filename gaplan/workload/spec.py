@@ -17,7 +17,7 @@ from gaplan.data.tasks.component import LOSS_CHUNKED, TARGET_LEN
 from gaplan.data.tasks.registry import known_task, task_component, task_names, tasks_taking
 
 DTYPE_NAMES = ("fp32", "bf16", "fp16")
-QUANTIZE = ("4bit",)
+QUANTIZE = ("4bit", "nf4")  # 4bit: nf4 with double quantization (QLoRA's); nf4: without it (LitGPT's bnb.nf4)
 ATTENTIONS = ("eager", "sdpa")  # transformers' attn_implementation: None keeps the model's default (sdpa where it has it)
 INITS = ("auto", "pretrained", "random")  # auto: the folder's weights when it has them, else a random init
 # The optimizers gaplan builds (gaplan.workload.optimizers), the choices of every command's --optimizer.
@@ -116,7 +116,8 @@ class WorkloadSpec:
     cpu_offload: bool = False  # fsdp only: parameters, gradients and optimizer states live on the CPU
     grad_sync: str = "last"  # fsdp only: reduce-scatter gradients on the last micro-step, or on every one
     # LoRA (peft): the base frozen in weights_dtype, adapters on lora_targets (None: peft's for the architecture,
-    # "all-linear", or comma-separated module names) trained; quantize "4bit" is QLoRA (nf4, double quantization).
+    # "all-linear", or comma-separated module names) trained; quantize "4bit" is QLoRA (nf4, double quantization),
+    # "nf4" the same without double quantization.
     lora: bool = False
     lora_r: int = 16
     lora_alpha: float = 32.0
@@ -278,7 +279,7 @@ class WorkloadSpec:
                 raise OptionError(f"{', '.join(changed)} {'sets' if len(changed) == 1 else 'set'} LoRA adapters, and "
                                   "lora is off: add lora, or leave it out", *changed, "lora")
             if self.quantize:
-                raise OptionError("quantize 4bit is QLoRA: it quantizes the frozen base under lora adapters; "
+                raise OptionError(f"quantize {self.quantize} is QLoRA: it quantizes the frozen base under lora adapters; "
                                   "add lora", "quantize", "lora")
             return
         if self.quantize and self.parallel == "fsdp":
@@ -287,7 +288,7 @@ class WorkloadSpec:
             # plain DTensor shard and drops its quant_state: a forward then fails (measured on the CPU, bitsandbytes
             # 0.50, torch 2.13; tests/estimate/test_lora_estimate.py) or, on CUDA, computes wrong values
             # (bitsandbytes#1945, accelerate#3874, both open).
-            raise OptionError("quantize 4bit with parallel fsdp is not supported: gaplan shards with FSDP2, whose "
+            raise OptionError(f"quantize {self.quantize} with parallel fsdp is not supported: gaplan shards with FSDP2, whose "
                               "fully_shard turns bitsandbytes' 4-bit weights into plain shards without their "
                               "quantization state (the published FSDP+QLoRA recipe is FSDP1's); use QLoRA on one card, "
                               "or LoRA with fsdp", "quantize", "parallel")
