@@ -116,8 +116,8 @@ def run_finder(task: dict) -> dict:
     if task["tool"] == "gaplan":
         result = probe(spec, device="cpu", memory_limit=task["limit_bytes"], threads=task["threads"] or None)
         return {"found": result.max_micro_batch, "trials": [[t.micro_batch, t.fits] for t in result.trials]}
-    from gaplan import build_workload
     from gaplan.devices.cpu import CpuBackend
+    from gaplan.workload.build import build_workload
 
     if task["tool"] == "accelerate":
         from accelerate.utils import find_executable_batch_size
@@ -191,8 +191,9 @@ def lightning_scale(workload, mode: str, trials: list[list]) -> int:
 
 
 def corpus_and_plan(task: dict):
-    from gaplan import WorkloadSpec, build_workload, make_plan
+    from gaplan import WorkloadSpec, make_plan
     from gaplan.data import SyntheticCorpus
+    from gaplan.workload.build import build_workload
 
     workload = build_workload(WorkloadSpec(**task["workload"]), "cpu", seed=0)
     corpus = SyntheticCorpus(workload.seq_len, seed=0)
@@ -388,7 +389,8 @@ def say(message: str) -> None:
 
 
 def compare_finders(settings: Settings, spec: dict, limit: int) -> tuple[list[dict], int]:
-    from gaplan import WorkloadSpec, check_in_fresh_process
+    from gaplan import WorkloadSpec
+    from gaplan.probing.edge import check_in_fresh_process
 
     rows = []
     for tool in FINDERS:

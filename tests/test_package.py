@@ -55,3 +55,14 @@ def test_the_floors_are_what_the_code_calls_and_the_readme_says_them():
         assert f"`{name}>={floor}`" in readme
         assert Version(importlib.metadata.version(name)) >= Version(floor)
     assert hasattr(FSDPModule, "set_force_sum_reduction_for_comms") and hasattr(torch, "OutOfMemoryError")
+
+
+def test_the_readmes_api_table_is_the_public_api():
+    """The README shows the public API in full: its table's names are ``gaplan.__all__`` (less ``__version__``)."""
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("The whole public API", 1)[1].split("\n\n", 2)[1]
+    named = {name for line in table.splitlines()[2:] for name in re.findall(r"`(\w+)`", line.split("|")[2])}
+    assert named == set(gaplan.__all__) - {"__version__"}

@@ -1,5 +1,5 @@
 """``gaplan train``: its options and what is printed; the checks are :mod:`gaplan.workflows.train_command`'s and
-:class:`gaplan.TrainOptions`', the work :func:`gaplan.run_train`."""
+:class:`gaplan.workflows.train_options.TrainOptions`', the work :func:`gaplan.run_train`."""
 
 from __future__ import annotations
 

@@ -214,7 +214,17 @@ def _optimizer(name: str, kind: str, temporaries: int, static: int | None) -> As
             "optimizer",
             f"AdamW traced with foreach=True, PyTorch's default for CUDA parameters: its step holds one more fp32 copy of "
             f"the second moments, {format_bytes(temporaries)} of temporaries over the {format_bytes(static)} of weights, "
-            "gradients and states; fused=True would not.", {**values, "implementation": "foreach", "static_bytes": static})
+            "gradients and states; fused=True would not (--optimizer adamw-fused).",
+            {**values, "implementation": "foreach", "static_bytes": static})
+    if name == "adamw-fused":
+        return Assumption("optimizer", f"AdamW with fused=True: one kernel updates every parameter in place, traced "
+                          f"through torch's fused op ({format_bytes(temporaries)} of temporaries).",
+                          {**values, "implementation": "fused"})
+    if name == "adamw-forloop":
+        return Assumption("optimizer", f"AdamW with foreach=False: one parameter at a time, so its step's temporaries "
+                          f"are one parameter's (the last one's denominator beside the next one's two: up to three "
+                          f"copies of the largest), {format_bytes(temporaries)}, traced.",
+                          {**values, "implementation": "for-loop"})
     if name == "sgd":
         return None if kind == "cpu" else Assumption(
             "optimizer", "SGD traced with foreach=True, PyTorch's default for CUDA parameters (no momentum: no "

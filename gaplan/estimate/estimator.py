@@ -19,6 +19,7 @@ from gaplan.estimate.trace import Tracer
 from gaplan.estimate.trust import model_family, trust_of
 from gaplan.plan.layouts import check_nodes, launch_command
 from gaplan.plan.split import make_plan
+from gaplan.workload.spec import ADAMW_IMPLEMENTATIONS
 
 if TYPE_CHECKING:
     from gaplan.workload.build import WorkloadSpec
@@ -150,7 +151,7 @@ def does_not_fit_hint(spec: WorkloadSpec, tracer, world_size: int) -> str:
     """What would make room, appended to the one-line "does not fit"."""
     if spec.parallel != "fsdp":
         return ("; shard it over ranks: --parallel fsdp --world-size N (gaplan plan compares the layouts)"
-                if world_size > 1 or spec.optimizer == "adamw" else "")
+                if world_size > 1 or spec.optimizer in ADAMW_IMPLEMENTATIONS else "")
     held = max((r.detail.get("unsharded_gradients", 0) for r in tracer.rows), default=0)
     if spec.grad_sync == "last" and held:
         return (f"; {format_bytes(held)} of it are the whole model's unsharded gradients held between micro-steps: "

@@ -290,7 +290,7 @@ def _resolve_plan(model_or_spec: Any, args: TrainingArguments, effective_batch: 
 # one of its own (gaplan.workload.optimizer_states). The torch AdamW variants differ in their kernels, not their states;
 # bitsandbytes' Lion32bit keeps one float32 momentum, gaplan's Lion one of the weights' dtype (the same for fp32 weights).
 TRAINER_OPTIMIZERS = {
-    "adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_torch_xla": "adamw",
+    "adamw_torch": "adamw", "adamw_torch_fused": "adamw-fused", "adamw_torch_xla": "adamw",
     "adamw_torch_npu_fused": "adamw",
     "adamw_bnb_8bit": "adamw-8bit", "adamw_8bit": "adamw-8bit", "paged_adamw_8bit": "paged-adamw-8bit",
     "adafactor": "adafactor", "lion_32bit": "lion", "sgd": "sgd",

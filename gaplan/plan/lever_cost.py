@@ -44,6 +44,8 @@ RATES = {
 # single-pass kernel, counted from each update rule: every tensor read once, and written once when it changes.
 OPTIMIZER_PASSES = {
     "adamw": (7, 0),  # weight read+write, gradient read, two moments read+write (torch.optim.AdamW)
+    "adamw-fused": (7, 0),  # the same single pass (the fused kernel is it)
+    "adamw-forloop": (7, 0),  # the same traffic, counted as one pass (its per-parameter launches are not modelled)
     "adamw-8bit": (3, 4),  # weight read+write, gradient read; two uint8 moments read+write (bitsandbytes)
     "paged-adamw-8bit": (3, 4),  # as adamw-8bit; paging to the host under pressure is not modelled
     "adafactor": (5, 8),  # weight read+write, gradient read twice (factored statistics, then the update),

@@ -51,6 +51,12 @@ class Lever:
 # In the order of the table; within a kind the most memory-saving first (the one "together" rows take).
 LEVERS = (
     Lever("adamw", "optimizer", "optimizer", "adamw", OPTIMIZER_SWAP),
+    Lever("adamw-fused", "optimizer", "optimizer", "adamw-fused",
+          "the same AdamW update and states in one fused kernel per step (torch.optim.AdamW(fused=True)): no "
+          "step temporaries"),
+    Lever("adamw-forloop", "optimizer", "optimizer", "adamw-forloop",
+          "the same AdamW update and states, one parameter at a time (foreach=False): temporaries of one "
+          "parameter's size (up to three copies of the largest), more kernel launches"),
     Lever("adamw-8bit", "optimizer", "optimizer", "adamw-8bit",
           OPTIMIZER_SWAP + "; 8-bit moments, block-quantized (bitsandbytes)"),
     Lever("paged-adamw-8bit", "optimizer", "optimizer", "paged-adamw-8bit",

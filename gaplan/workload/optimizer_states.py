@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
+from gaplan.workload.spec import ADAMW_IMPLEMENTATIONS
+
 # bitsandbytes 0.50 optim/optimizer.py, Optimizer2State.init_state: ``blocksize = 256`` and the absmax buffers are
 # ``torch.zeros((blocks,), dtype=torch.float32)``; ``min_8bit_size=4096`` is AdamW8bit's default; the maps are
 # ``F.create_dynamic_map(signed=True/False)``, 256 float32 entries each. tests/workload/test_optimizers.py checks
@@ -35,7 +37,7 @@ EIGHT_BIT = ("adamw-8bit", "paged-adamw-8bit")
 def parameter_state_bytes(shape: Sequence[int], element_size: int, optimizer: str) -> int:
     """The bytes ``optimizer`` keeps for one trained parameter of ``shape`` and ``element_size`` (shared maps aside)."""
     numel = math.prod(shape)
-    if optimizer == "adamw":
+    if optimizer in ADAMW_IMPLEMENTATIONS:
         return 2 * numel * element_size
     if optimizer in EIGHT_BIT:
         if numel < BNB_MIN_8BIT_SIZE:

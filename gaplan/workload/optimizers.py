@@ -1,10 +1,11 @@
 """The optimizers a workload trains with, built by the libraries made for them, and the bytes of their states.
 
-``adamw`` and ``sgd`` are torch's; ``adamw-8bit`` and ``paged-adamw-8bit`` bitsandbytes' ``AdamW8bit`` and
-``PagedAdamW8bit`` (block-wise 8-bit moments; the paged one keeps large states in CUDA unified memory);
-``adafactor`` transformers' ``Adafactor`` with a fixed learning rate, as the HF Trainer builds it (factored second
-moments, no first moment); ``lion`` is :class:`Lion` below. What each keeps is counted in
-:mod:`gaplan.workload.optimizer_states`.
+``adamw`` and ``sgd`` are torch's (``adamw-fused`` and ``adamw-forloop``: its AdamW with ``fused=True`` and with
+``foreach=False``, the same update and states with other kernels and temporaries); ``adamw-8bit`` and
+``paged-adamw-8bit`` bitsandbytes' ``AdamW8bit`` and ``PagedAdamW8bit`` (block-wise 8-bit moments; the paged one
+keeps large states in CUDA unified memory); ``adafactor`` transformers' ``Adafactor`` with a fixed learning rate, as
+the HF Trainer builds it (factored second moments, no first moment); ``lion`` is :class:`Lion` below. What each
+keeps is counted in :mod:`gaplan.workload.optimizer_states`.
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ def make_optimizer(model: nn.Module, name: str, lr: float) -> torch.optim.Optimi
     params = [p for p in model.parameters() if p.requires_grad]
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr)
+    if name == "adamw-fused":  # one kernel per step (CUDA, and the CPU since torch 2.4)
+        return torch.optim.AdamW(params, lr=lr, fused=True)
+    if name == "adamw-forloop":  # one parameter at a time: the temporaries of the largest one only
+        return torch.optim.AdamW(params, lr=lr, foreach=False, fused=False)
     if name == "lion":
         return Lion(params, lr=lr)
     if name == "adafactor":

@@ -21,7 +21,10 @@ QUANTIZE = ("4bit", "nf4")  # 4bit: nf4 with double quantization (QLoRA's); nf4:
 ATTENTIONS = ("eager", "sdpa")  # transformers' attn_implementation: None keeps the model's default (sdpa where it has it)
 INITS = ("auto", "pretrained", "random")  # auto: the folder's weights when it has them, else a random init
 # The optimizers gaplan builds (gaplan.workload.optimizers), the choices of every command's --optimizer.
-OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw-8bit", "adafactor", "lion", "sgd")
+OPTIMIZERS = ("adamw", "adamw-fused", "adamw-forloop", "adamw-8bit", "paged-adamw-8bit", "adafactor", "lion", "sgd")
+# torch's AdamW by its implementation (one update rule, the same states): its default (foreach on CUDA parameters,
+# for-loop on the CPU), fused (one kernel per step, no temporaries), for-loop (one parameter at a time).
+ADAMW_IMPLEMENTATIONS = ("adamw", "adamw-fused", "adamw-forloop")
 SHARDED_OPTIMIZERS = ("adamw", "sgd")  # what --parallel fsdp trains with: the others keep states FSDP2 does not shard
 LOSSES = ("plain", "chunked")  # --loss plain | chunked[:TOKENS] (gaplan.workload.chunked_loss)
 
@@ -88,7 +91,8 @@ PRESETS: dict[str, tuple[str, dict, str, int, str]] = {
 
 # The learning rate when none is given: AdamW's usual 1e-3 learns in a few steps (so do its 8-bit forms and Adafactor
 # at a fixed rate); SGD takes a cautious 1e-4, and so does Lion, whose sign update wants a rate 3-10x below AdamW's.
-DEFAULT_LR = {"adamw": 1e-3, "adamw-8bit": 1e-3, "paged-adamw-8bit": 1e-3, "adafactor": 1e-3, "lion": 1e-4,
+DEFAULT_LR = {"adamw": 1e-3, "adamw-fused": 1e-3, "adamw-forloop": 1e-3,
+              "adamw-8bit": 1e-3, "paged-adamw-8bit": 1e-3, "adafactor": 1e-3, "lion": 1e-4,
               "sgd": 1e-4}
 PARALLEL_LAYOUTS = ("ddp", "fsdp")
 GRAD_SYNCS = ("last", "every")

@@ -141,3 +141,24 @@ def test_the_launch_command_rebuilds_the_blocks_checkpointed_and_compile(checkpo
     context = train_command.make_context("train", [*workload_flags(spec.to_dict()), "--device", "cpu"])
     with context:
         assert spec_from_options(context.params) == spec
+
+
+@pytest.mark.slow
+def test_the_adamw_kernel_sets_the_steps_temporaries_on_cuda():
+    """One update, three kernels, the same states: foreach (CUDA's default) makes copies over all the second moments
+    in its step, for-loop over one parameter's at a time (the last one's denominator beside the next one's two, so
+    about three copies of the largest: more than foreach's when, as in tiny-gpt2, one parameter is over a third of the
+    model), fused none of its own."""
+    results = {name: estimate(WorkloadSpec(model="tiny-gpt2", seq_len=16, optimizer=name), target="t4",
+                              effective_batch=8, search_cap=8)
+               for name in ("adamw", "adamw-forloop", "adamw-fused")}
+    temporaries = {name: {a.topic: a for a in result.assumptions}["optimizer"].values["temporaries_bytes"]
+                   for name, result in results.items()}
+    largest = 8_388_608  # tiny-gpt2's largest trained parameter, fp32 bytes
+    fused = temporaries["adamw-fused"]
+    assert fused < temporaries["adamw"] and 2 * largest < temporaries["adamw-forloop"] - fused <= 3 * largest, temporaries
+    statics = {result.static_bytes for result in results.values()}
+    assert len(statics) == 1, statics
+    kinds = {name: {a.topic: a for a in result.assumptions}["optimizer"].values["implementation"]
+             for name, result in results.items()}
+    assert kinds == {"adamw": "foreach", "adamw-forloop": "for-loop", "adamw-fused": "fused"}

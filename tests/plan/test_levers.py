@@ -60,10 +60,10 @@ def test_default_rows_are_base_each_alone_and_together():
     assert lever_rows(DEFAULT_LEVERS) == [(), ("chunked",), ("ckpt",), ("every:2",), ("chunked", "ckpt")]
 
 
-def test_all_levers_are_fifteen_rows_with_adamw():
+def test_all_levers_are_nineteen_rows_with_adamw():
     rows = lever_rows(parse_levers("all"))
-    assert len(rows) == 15 and sum(len(row) == 1 for row in rows) == 8 and ("chunked", "ckpt") in rows
-    assert sum(len(row) == 3 for row in rows) == 5
+    assert len(rows) == 19 and sum(len(row) == 1 for row in rows) == 10 and ("chunked", "ckpt") in rows
+    assert sum(len(row) == 3 for row in rows) == 7
 
 
 def test_rows_with_optimizers_add_each_alone_and_with_the_memory_levers():

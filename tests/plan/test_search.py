@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gaplan import Trial, find_edge, trial_bound
+from gaplan.core.trial import Trial
+from gaplan.plan.search import find_edge, trial_bound
 
 
 def linear_device(edge, intercept, slope, wobble=0.0, report_peaks=True, floor_until=0):

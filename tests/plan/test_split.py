@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gaplan import GaplanError, Plan, make_even_plan, make_plan, split_evenly
+from gaplan import GaplanError, Plan, make_plan
+from gaplan.plan.split import make_even_plan, split_evenly
 
 
 def test_issue_example_256_over_48():

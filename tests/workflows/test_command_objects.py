@@ -4,9 +4,11 @@ construction: before any model is built, any device is asked or anything is writ
 import pytest
 
 import gaplan
-from gaplan import BenchCommand, EstimateCommand, PlanCommand, ProbeCommand, ProbeOptions, TrainCommand, WorkloadSpec
+from gaplan import BenchCommand, EstimateCommand, PlanCommand, ProbeCommand, TrainCommand, WorkloadSpec
+from gaplan.benchmark.measurement import BenchSettings
 from gaplan.data.source import DataSource
 from gaplan.workflows.goodput import GoodputOptions
+from gaplan.workflows.probe import ProbeOptions
 
 SPEC = WorkloadSpec(model="tiny-gpt2", seq_len=16)
 
@@ -16,7 +18,7 @@ SPEC = WorkloadSpec(model="tiny-gpt2", seq_len=16)
      "--measure-steps applies to --objective goodput"),
     (lambda out: ProbeCommand(SPEC, ProbeOptions(objective="goodput", report=True), out=out),
      "gaplan bench --plan OUT/plan.json"),
-    (lambda out: ProbeCommand(SPEC, ProbeOptions(bench=gaplan.BenchSettings(repeats=3)), out=out),
+    (lambda out: ProbeCommand(SPEC, ProbeOptions(bench=BenchSettings(repeats=3)), out=out),
      "--repeats applies to --report, --objective throughput|goodput and --grad-checkpointing auto"),
     (lambda out: ProbeCommand(SPEC, source=DataSource(text_field="body"), out=out),
      "text_field applies to data"),

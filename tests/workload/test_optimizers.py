@@ -21,7 +21,8 @@ from tests.tolerances import assert_close_at_scale, relative_difference
 
 from .test_loss import padded_batches
 
-ON_CPU = ("adamw", "adamw-8bit", "adafactor", "lion", "sgd")  # paged-adamw-8bit pages through CUDA only
+ON_CPU = ("adamw", "adamw-fused", "adamw-forloop", "adamw-8bit", "adafactor", "lion",
+          "sgd")  # paged-adamw-8bit pages through CUDA only
 
 
 def real_state_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -57,6 +58,20 @@ def test_the_counted_state_is_the_real_optimizers_state_after_one_step(name, mod
     params = [p for p in workload.model.parameters()]
     trained = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
     assert workload.static_bytes() == sum(p.numel() * p.element_size() for p in params) + trained + counted
+
+
+def test_the_adamw_implementations_are_torchs_kernels_with_one_update():
+    """adamw-fused and adamw-forloop are torch's AdamW with fused=True and foreach=False: two steps give the default's
+    weights (float64, so AdamW's normalization does not turn rounding noise into whole steps)."""
+    for name, flags in (("adamw-fused", {"fused": True}), ("adamw-forloop", {"foreach": False})):
+        optimizer = build_workload(WorkloadSpec(model="tiny-llama", seq_len=16, optimizer=name), "meta").optimizer
+        assert isinstance(optimizer, torch.optim.AdamW) and all(optimizer.defaults[k] == v for k, v in flags.items())
+    steps = [((4,), 0), ((3, 2), 1)]
+    default = train_steps(WorkloadSpec(model="tiny-llama", seq_len=16, optimizer="adamw"), steps)
+    for name in ("adamw-fused", "adamw-forloop"):
+        weights = train_steps(WorkloadSpec(model="tiny-llama", seq_len=16, optimizer=name), steps)
+        for key in default:
+            assert_close_at_scale(weights[key], default[key], msg=f"{name} {key}")
 
 
 def test_the_8bit_count_has_the_block_absmax_the_small_parameter_fallback_and_one_pair_of_maps():
