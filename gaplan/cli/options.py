@@ -58,10 +58,12 @@ def workload_options(func: Callable) -> Callable:
                           "the [B, T, V] logits never exist whole (causal-lm and seq2seq-lm; default TOKENS: 16 MiB of "
                           "fp32 logits)."),
         click.option("--grad-checkpointing", type=CHECKPOINTING, default=None, is_flag=False, flag_value="on",
-                     metavar="off|on|every:K|layers:N|auto",
+                     metavar="off|on|every:K|layers:N|ops|auto",
                      help="Recompute activations in backward: on (every block), off (default), every:K (every K-th "
-                          "block), layers:N (the first N blocks), or auto (probe: on only when a larger micro-batch "
-                          "fits and wins on throughput)."),
+                          "block), layers:N (the first N blocks), ops (every block at the op level, torchtitan's "
+                          "policy: matmul outputs, but every second, and attention outputs kept; the rest "
+                          "recomputed), or auto (probe: on only when a larger micro-batch fits and wins on "
+                          "throughput)."),
         click.option("--compile", is_flag=True,
                      help="torch.compile the model (inductor), so the probe measures the compiled step (the estimate "
                           "traces the eager model; on the CPU it needs a C++ compiler)."),

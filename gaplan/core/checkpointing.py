@@ -1,12 +1,15 @@
-"""Which transformer blocks recompute their activations in backward: off, on, every:K or layers:N. No torch.
+"""Which transformer blocks recompute their activations in backward: off, on, every:K, layers:N or ops. No torch.
 
 A checkpointed block keeps only its input through the forward and runs again in backward; the others keep every
 activation they save. ``every:K`` checkpoints blocks 0, K, 2K, ... (``every:1`` is ``on``, as transformers'
 ``every_n_layers`` counts them); ``layers:N`` the first N blocks, in the model's module order (a T5's encoder
-blocks come before its decoder's). One parser, :func:`parse_checkpointing`, reads the text a user gives (the command
-line's and a config file's value, at the edge) and the forms a saved file holds (a bool: what plan files and probe
-caches wrote before every:K; None: off); past the edge the value is a :class:`Checkpointing`, or :data:`AUTO` where a
-probe may decide it.
+blocks come before its decoder's). ``ops`` checkpoints every block at the op level, as torchtitan's selective
+activation checkpointing does (:mod:`gaplan.workload.op_checkpointing`): a block keeps its matmuls' outputs (all but
+every second one) and its attention's, and recomputes the rest in backward.
+
+One parser, :func:`parse_checkpointing`, reads the text a user gives (the command line's and a config file's value,
+at the edge) and the forms a saved file holds (a bool: what plan files and probe caches wrote before every:K; None:
+off); past the edge the value is a :class:`Checkpointing`, or :data:`AUTO` where a probe may decide it.
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ from dataclasses import dataclass
 
 from gaplan.core.options import OptionError
 
-KINDS = ("off", "on", "every", "layers")
+KINDS = ("off", "on", "every", "layers", "ops")
 AUTO = "auto"  # --grad-checkpointing auto: the probe times both and keeps the faster (probe and bench only)
-CHECKPOINTING_CHOICES = "off|on|every:K|layers:N"
-_FIX = "choose off, on, every:K (every K-th block, K >= 1) or layers:N (the first N blocks, N >= 1)"
+CHECKPOINTING_CHOICES = "off|on|every:K|layers:N|ops"
+_FIX = ("choose off, on, every:K (every K-th block, K >= 1), layers:N (the first N blocks, N >= 1) or ops (every block "
+        "at the op level: matmul and attention outputs kept)")
 
 
 @dataclass(frozen=True)
@@ -53,12 +57,17 @@ class Checkpointing:
         """Whether only some blocks are (every:K with K > 1, layers:N)."""
         return self.count > 0
 
+    @property
+    def op_level(self) -> bool:
+        """Whether each block keeps some of its ops' outputs and recomputes the others (``ops``)."""
+        return self.kind == "ops"
+
     def spec_value(self) -> bool | str:
-        """What a :class:`gaplan.workload.spec.WorkloadSpec` holds: False, True, or ``every:K``/``layers:N``.
+        """What a plan file holds: False, True, or ``every:K``/``layers:N``/``ops``.
 
         off and on stay bools, so a plan file or cache written before every:K reads the same as one written now.
         """
-        return str(self) if self.selective else self.enabled
+        return str(self) if self.selective or self.op_level else self.enabled
 
     def blocks(self, total: int) -> list[bool]:
         """For each of ``total`` blocks, whether it is checkpointed; a one-line error when K or N exceeds ``total``."""
@@ -94,7 +103,7 @@ def parse_checkpointing(value: object) -> Checkpointing:
         return ON
     if isinstance(value, str):
         kind, colon, count = value.strip().lower().partition(":")
-        if not colon and kind in ("off", "on"):
+        if not colon and kind in ("off", "on", "ops"):
             return Checkpointing(kind)
         if colon and kind in ("every", "layers") and count.isdigit() and int(count) >= 1:
             return Checkpointing(kind, int(count))

@@ -70,6 +70,9 @@ LEVERS = (
           "the LM head's forward runs again in backward, a chunk of positions at a time", recompute_head=1.0),
     Lever("ckpt", "checkpointing", "grad_checkpointing", ON,
           "every block's forward runs again in backward", recompute_blocks=1.0),
+    Lever("ops", "checkpointing", "grad_checkpointing", Checkpointing("ops"),
+          "every block recomputes in backward all but its matmul outputs (every second one recomputed too) and its "
+          "attention outputs (op-level, torchtitan's policy)", recompute_blocks=0.5),
     Lever("every:2", "checkpointing", "grad_checkpointing", Checkpointing("every", 2),
           "every other block's forward runs again in backward", recompute_blocks=0.5),
     Lever("compile", "compile", None, True, "",

@@ -3,7 +3,8 @@
 transformers enables it on every block: each decoder (and encoder) block is a ``GradientCheckpointingLayer`` whose
 ``gradient_checkpointing`` flag decides, at each forward, whether the block runs under ``torch.utils.checkpoint``.
 For a selective choice, gaplan enables it as for ``on`` and then clears the flag of the blocks left out, so the
-same code path (the checkpoint function, the input gradients it needs) serves both.
+same code path (the checkpoint function, the input gradients it needs) serves both. ``ops`` enables it as for ``on``
+with the op-level policy as the checkpoint's ``context_fn`` (:mod:`gaplan.workload.op_checkpointing`).
 """
 
 from __future__ import annotations
@@ -41,18 +42,23 @@ def apply_checkpointing(model: nn.Module, checkpointing: Checkpointing, name: st
     if not hasattr(model, "gradient_checkpointing_enable"):
         raise GaplanError("--grad-checkpointing needs a transformers model (one with gradient_checkpointing_enable)")
     chosen = checkpointing.blocks(len(blocks))  # before enabling: a bad K or N changes nothing
-    enable_checkpointing(model)
+    enable_checkpointing(model, op_level=checkpointing.op_level)
     for block, on in zip(blocks, chosen, strict=True):
         block.gradient_checkpointing = on
 
 
-def enable_checkpointing(model: nn.Module) -> None:
-    """Checkpoint every block, non-reentrant.
+def enable_checkpointing(model: nn.Module, op_level: bool = False) -> None:
+    """Checkpoint every block, non-reentrant (``op_level``: with the op-level policy).
 
     transformers 5 renamed ``gradient_checkpointing_enable`` (deprecated, warns) to
-    ``activation_checkpointing_enable``; older versions only have the first.
+    ``activation_checkpointing_enable``; older versions only have the first. Both pass the kwargs to
+    ``torch.utils.checkpoint.checkpoint``.
     """
-    kwargs = {"use_reentrant": False}
+    kwargs: dict = {"use_reentrant": False}
+    if op_level:
+        from gaplan.workload.op_checkpointing import op_level_contexts
+
+        kwargs["context_fn"] = op_level_contexts
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:

@@ -54,7 +54,7 @@ BAD_PLAN_INPUT = [
     (["--margin", "-0.1"], "--margin must be a fraction in [0, 1)"),
     (["--levers", "ckpt,every:0"], "--levers: unknown lever 'every:0'; choose from adamw,"),
     (["--levers", "ckpt", "--world-size", "2"], "--levers compares the levers on one device"),
-    (["--optimizer", "adam"], "unknown --optimizer 'adam'; choose one of adamw, adamw-8bit"),
+    (["--optimizer", "adam"], "unknown --optimizer 'adam'; choose one of adamw, adamw-fused, adamw-forloop, adamw-8bit"),
     (["--loss", "chunked:0"], "unknown --loss 'chunked:0'"),
 ]
 

@@ -62,7 +62,7 @@ BAD_INPUT = [
     (["--model", "json:no_such_function"], "json has no function no_such_function"),
     (["--task", "regression"], "unknown task 'regression'"),
     (["--dtype", "fp8"], "unknown dtype 'fp8'"),
-    (["--optimizer", "adamax"], "unknown --optimizer 'adamax'; choose one of adamw, adamw-8bit"),
+    (["--optimizer", "adamax"], "unknown --optimizer 'adamax'; choose one of adamw, adamw-fused, adamw-forloop, adamw-8bit"),
     (["--memory-limit", "0"], "--memory-limit must be larger than zero"),
     (["--memory-limit", "abc"], "--memory-limit must be a size"),
     (["--memory-limit", "50MiB"], "needs at least 84.21 MiB for weights, gradients and optimizer states"),

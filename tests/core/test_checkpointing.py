@@ -11,7 +11,7 @@ from gaplan.core.options import OptionError
 @pytest.mark.parametrize("given, text, stored", [
     (None, "off", False), (False, "off", False), ("off", "off", False), (True, "on", True), ("on", "on", True),
     ("every:1", "on", True), ("every:2", "every:2", "every:2"), (" Layers:3 ", "layers:3", "layers:3"),
-    (Checkpointing("every", 4), "every:4", "every:4"),
+    (Checkpointing("every", 4), "every:4", "every:4"), ("ops", "ops", "ops"), (" OPS", "ops", "ops"),
 ])
 def test_every_form_parses_to_one_value_and_off_on_stay_bools(given, text, stored):
     value = parse_checkpointing(given)

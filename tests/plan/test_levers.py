@@ -37,7 +37,7 @@ def test_every_optimizer_is_a_lever_and_every_lever_sets_a_real_field():
 
 
 def test_default_levers_keep_the_optimizer():
-    assert parse_levers(None) == parse_levers("") == DEFAULT_LEVERS == ("chunked", "ckpt", "every:2", "compile")
+    assert parse_levers(None) == parse_levers("") == DEFAULT_LEVERS == ("chunked", "ckpt", "ops", "every:2", "compile")
     assert not set(DEFAULT_LEVERS) & set(OPTIMIZER_LEVERS)
 
 
@@ -57,12 +57,12 @@ def test_unknown_lever_is_one_line_naming_the_flag(text):
 
 
 def test_default_rows_are_base_each_alone_and_together():
-    assert lever_rows(DEFAULT_LEVERS) == [(), ("chunked",), ("ckpt",), ("every:2",), ("chunked", "ckpt")]
+    assert lever_rows(DEFAULT_LEVERS) == [(), ("chunked",), ("ckpt",), ("ops",), ("every:2",), ("chunked", "ckpt")]
 
 
-def test_all_levers_are_nineteen_rows_with_adamw():
+def test_all_levers_are_twenty_rows_with_adamw():
     rows = lever_rows(parse_levers("all"))
-    assert len(rows) == 19 and sum(len(row) == 1 for row in rows) == 10 and ("chunked", "ckpt") in rows
+    assert len(rows) == 20 and sum(len(row) == 1 for row in rows) == 11 and ("chunked", "ckpt") in rows
     assert sum(len(row) == 3 for row in rows) == 7
 
 

@@ -30,7 +30,7 @@ def forward_calls(spec: WorkloadSpec) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("value, expected", [("off", [1, 1, 1, 1]), ("on", [2, 2, 2, 2]),
+@pytest.mark.parametrize("value, expected", [("off", [1, 1, 1, 1]), ("on", [2, 2, 2, 2]), ("ops", [2, 2, 2, 2]),
                                              ("every:2", [2, 1, 2, 1]), ("layers:3", [2, 2, 2, 1]),
                                              ("every:4", [2, 1, 1, 1])])
 def test_only_the_chosen_blocks_run_again_in_backward(value, expected):
@@ -79,3 +79,26 @@ def test_uneven_accumulation_with_every_other_block_checkpointed_trains_the_weig
     assert max(relative_difference(whole[k], start[k]) for k in whole if start[k].abs().max() > 0) > 1e-3
     for key in whole:
         assert_close_at_scale(accumulated[key], whole[key], msg=key)
+
+
+def _gradients(value: str) -> dict[str, torch.Tensor]:
+    spec = WorkloadSpec(model="tiny-gpt2", seq_len=32, optimizer="sgd", grad_checkpointing=parse_checkpointing(value))
+    workload = build_workload(spec, "cpu", seed=0)
+    workload.model.eval()  # no dropout: the same function each way
+    torch.manual_seed(0)
+    workload.raw_loss(workload.model, workload.make_batch(4)).backward()
+    return {name: p.grad.clone() for name, p in workload.model.named_parameters()}
+
+
+def test_op_level_checkpointing_runs_torchs_selective_policy_and_trains_the_same_gradients():
+    """ops: every block under torch's selective checkpoint contexts (torchtitan's policy); backward gives off's
+    gradients. (What it keeps is measured by the estimate's trace and a real trial: tests/estimate/test_levers.py.)"""
+    from gaplan.workload.op_checkpointing import MATMULS, op_policy
+
+    policy, ctx = op_policy(), type("Ctx", (), {"is_recompute": False})()
+    kept = [policy(ctx, op) for op in [*MATMULS, *MATMULS, torch.ops.aten.gelu.default]]
+    assert [k.name for k in kept] == ["MUST_SAVE", "PREFER_RECOMPUTE", "MUST_SAVE", "PREFER_RECOMPUTE",
+                                      "PREFER_RECOMPUTE"]
+    off, ops = _gradients("off"), _gradients("ops")
+    for name, grad in off.items():
+        assert_close_at_scale(ops[name], grad, msg=name)
