@@ -73,13 +73,14 @@ def test_bad_lever_input_is_one_line_naming_the_flag_exit_2(args, flag, message,
 @pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.parametrize("model,lever", [("tiny-gpt2", "adamw-8bit"), ("tiny-gpt2", "adafactor"), ("tiny-gpt2", "lion"),
+                                         ("tiny-gpt2", "adamw-fused"), ("tiny-gpt2", "adamw-forloop"),
                                          ("tiny-gpt2", "chunked:64"), ("tiny-t5", "chunked:32"),
                                          ("tiny-t5", "adafactor")])
 def test_the_cpu_estimate_is_within_3_percent_of_real_trials(model, lever):
     """Measured on torch 2.13, bitsandbytes 0.50.2, 1 thread (seq 64; the estimate's error at the small, the large
     micro-batch): tiny-gpt2 adamw-8bit +0.66%, +0.19% (13.6% low before the trace ran bitsandbytes' CPU kernel),
     adafactor +0.58%, +0.25%, lion -0.02%, +0.05%, chunked:64 +0.16%, +0.41%; tiny-t5 chunked:32 -0.32%, -0.13%,
-    adafactor +0.42%, +0.24%."""
+    adafactor +0.42%, +0.24%; tiny-gpt2 adamw-fused +0.19%, +0.12%, adamw-forloop +0.23%, +0.13% (2026-12-06)."""
     from gaplan.worker.client import WorkerProcess
 
     loss = lever if lever.startswith("chunked") else "plain"
@@ -120,7 +121,7 @@ def test_every_other_block_checkpointed_lies_between_off_and_on():
 @pytest.mark.parametrize("value", ["every:2", "layers:1", "ops"])
 def test_the_selective_checkpointing_estimate_is_within_3_percent_of_real_trials(value):
     """Measured on torch 2.13, 1 thread, tiny-gpt2 at seq 64, micro-batches 2 and 16: every:2 +0.03%, -0.02%;
-    layers:1 +0.00%, +0.03% (off -0.12%, -0.00%; on +0.09%, +0.07%)."""
+    layers:1 +0.00%, +0.03% (off -0.12%, -0.00%; on +0.09%, +0.07%); ops +0.08%, +0.03% (2026-12-06)."""
     from gaplan.worker.client import WorkerProcess
 
     spec = WorkloadSpec(model="tiny-gpt2", seq_len=64, grad_checkpointing=parse_checkpointing(value))
