@@ -59,7 +59,7 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
-    if isinstance(value, (list, tuple)):
+    if type(value) in (list, tuple):  # a typed value that is a tuple (a ScheduleChoice) is written as its text
         return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     text = str(value).replace("\\", "\\\\").replace('"', '\\"')
     return f'"{text}"'

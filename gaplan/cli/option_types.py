@@ -1,6 +1,7 @@
 """The click types of gaplan's typed options: each parses its text once, at the edge, into the value the library
-holds (a :class:`Checkpointing` or ``auto``, bytes, a batch range, micro-batch sizes). The same type reads a config
-file's value (``--config``), and a value already typed passes through (what ``--print-config`` wrote, a default).
+holds (a :class:`Checkpointing` or ``auto``, bytes, a batch range, micro-batch sizes, a batch schedule). The same
+type reads a config file's value (``--config``), and a value already typed passes through (what ``--print-config``
+wrote, a default).
 
 A bad value raises the parser's own :class:`OptionError`, named by its field: the command line shows it as one line
 naming the flag (exit 2), a config file as one line naming the key. No torch.
@@ -15,6 +16,7 @@ import click
 
 from gaplan.core.checkpointing import parse_checkpointing_choice
 from gaplan.core.units import parse_bytes
+from gaplan.plan.schedule import parse_schedule
 from gaplan.workflows.parse_options import parse_batch_range, parse_sizes
 
 
@@ -33,3 +35,4 @@ CHECKPOINTING = Parsed("checkpointing", parse_checkpointing_choice)  # Checkpoin
 BYTES = Parsed("size", parse_bytes)  # bytes (an int) from 2GiB, 800MB, 1073741824
 BATCH_RANGE = Parsed("range", parse_batch_range)  # (low, high) from LOW:HIGH
 SIZES = Parsed("sizes", parse_sizes)  # micro-batch sizes from B1,B2,...
+SCHEDULE = Parsed("schedule", parse_schedule)  # a ScheduleChoice from fixed, adaptive, warmup:STEPS

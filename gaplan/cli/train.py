@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from gaplan.cli.config_file import GaplanCommand, run_config_text
+from gaplan.cli.option_types import SCHEDULE
 from gaplan.cli.options import (
     OVERWRITE_OPTION,
     batch_by_options,
@@ -49,7 +50,7 @@ from gaplan.runs.folder import REPORT_HTML, REPORT_MD, path_in
                    "noise scale was measured at to the plan's (linearly or by the square root of their ratio). With "
                    "--batch-schedule: --lr is for --effective-batch, scaled to each step's batch.  [default: sqrt "
                    "with --batch-schedule adaptive|warmup, else none]")
-@click.option("--batch-schedule", default="fixed", show_default=True, metavar="fixed|adaptive|warmup:STEPS",
+@click.option("--batch-schedule", type=SCHEDULE, default="fixed", show_default=True, metavar="fixed|adaptive|warmup:STEPS",
               help="The effective batch over the run, the micro-batch staying at B*: fixed; adaptive (from "
                    "--effective-batch-min, doubling when the steps measured at the batch show the noise scale at "
                    "least 2x the batch by a confidence bound, never shrinking, up to --effective-batch); or "

@@ -20,11 +20,25 @@ the schedule's history, which the checkpoint keeps: a resumed run takes the same
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from gaplan.core.options import OptionError
 from gaplan.plan.growth_test import MIN_STEPS, SHORT_WINDOW, WINDOW, StepNoise, Z, growth_test
 
 SCHEDULES = ("fixed", "adaptive", "warmup")
+
+
+class ScheduleChoice(NamedTuple):
+    """``--batch-schedule`` as a value: its kind and, for ``warmup:STEPS``, the ramp's steps (0 for the others)."""
+
+    kind: str
+    ramp_steps: int = 0
+
+    def __str__(self) -> str:  # the text it was given as, which train.json saves
+        return f"{self.kind}:{self.ramp_steps}" if self.kind == "warmup" else self.kind
+
+
+FIXED = ScheduleChoice("fixed")
 GROWTH_THRESHOLD = 2.0  # grow while the batch is below half the noise scale: its steps are mostly noise
 
 
@@ -109,10 +123,9 @@ class BatchSchedule:
             raise OptionError(f"the schedule's short_window must be 0 or more (got {self.short_window})")
 
     @classmethod
-    def parse(cls, text: str, minimum: int, maximum: int, world_size: int = 1) -> BatchSchedule:
-        """``fixed``, ``adaptive`` or ``warmup:STEPS`` between ``minimum`` and ``maximum``."""
-        kind, ramp_steps = parse_schedule(text)
-        return cls(kind, minimum, maximum, ramp_steps, world_size)
+    def of(cls, choice: ScheduleChoice, minimum: int, maximum: int, world_size: int = 1) -> BatchSchedule:
+        """``choice`` between ``minimum`` and ``maximum``."""
+        return cls(choice.kind, minimum, maximum, choice.ramp_steps, world_size)
 
     @property
     def levels(self) -> list[int]:
@@ -157,17 +170,19 @@ class BatchSchedule:
         return ScheduleState(batch, first, window if batch < self.maximum else ()), None
 
 
-def parse_schedule(text: str) -> tuple[str, int]:
-    """``fixed``, ``adaptive`` or ``warmup:STEPS`` as its kind and its ramp's steps (0 but for warmup)."""
+def parse_schedule(text: str | ScheduleChoice) -> ScheduleChoice:
+    """``fixed``, ``adaptive`` or ``warmup:STEPS`` as a :class:`ScheduleChoice` (one already passes)."""
+    if isinstance(text, ScheduleChoice):
+        return text
     kind, _, steps = str(text).partition(":")
     if kind == "warmup":
         if not steps.isdigit() or int(steps) < 1:
             raise OptionError(f"batch_schedule warmup:STEPS needs a positive number of steps (got {text!r})",
                               "batch_schedule")
-        return kind, int(steps)
+        return ScheduleChoice(kind, int(steps))
     if steps or kind not in SCHEDULES:
         raise OptionError(f"batch_schedule must be fixed, adaptive or warmup:STEPS (got {text!r})", "batch_schedule")
-    return kind, 0
+    return ScheduleChoice(kind)
 
 
 def adaptive_needs_two(maximum: int) -> str:

@@ -93,7 +93,7 @@ def _train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, device: str,
     dist = init_distributed(device)
     if options.threads:
         torch.set_num_threads(options.threads)
-    if spec.parallel == "fsdp" and options.batch_schedule != "fixed":
+    if spec.parallel == "fsdp" and options.batch_schedule.kind != "fixed":
         raise GaplanError("--batch-schedule with --parallel fsdp is not supported: the noise scale is not measured "
                           "under FSDP, and a changing batch is tested with one process and DDP only")
     if spec.parallel == "fsdp" and not dist.active:

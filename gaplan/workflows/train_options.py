@@ -17,7 +17,7 @@ from gaplan.core.checkpointing import Checkpointing, check_choice, parse_checkpo
 from gaplan.core.options import OptionError, from_options, leaf_fields, nested, option, option_name, to_flat
 from gaplan.data.source import DataSource
 from gaplan.plan.goodput import LR_SCALINGS, SCHEDULE_LR_SCALING
-from gaplan.plan.schedule import parse_schedule
+from gaplan.plan.schedule import FIXED, ScheduleChoice, parse_schedule
 from gaplan.plan.tokens import DEFAULT_GRANULE
 from gaplan.training.config import LoopOptions
 
@@ -37,7 +37,7 @@ class TrainOptions:
     plan_file: str | None = option(None, resume="fixed")
     # A goodput plan or a schedule: scale the lr to its batch (None: sqrt with a schedule, else none).
     lr_scaling: str | None = option(None, resume="fixed")
-    batch_schedule: str = option("fixed", resume="fixed")  # fixed | adaptive | warmup:STEPS (gaplan.plan.schedule)
+    batch_schedule: ScheduleChoice = option(FIXED, resume="fixed")  # fixed | adaptive | warmup:STEPS
     effective_batch_min: int | None = option(None, resume="fixed")  # a schedule's first batch (default B* x ranks)
     # As given, beside the spec's resolved value: None (not given: a --plan's choice stands), AUTO (a --plan's choice,
     # which it needs) or the blocks given (a --plan made with others is refused).
@@ -101,7 +101,10 @@ class TrainOptions:
 
     def _check_schedule(self) -> bool:
         """Whether the effective batch follows a schedule; its options checked (one line each)."""
-        kind, _ = parse_schedule(self.batch_schedule)
+        if not isinstance(self.batch_schedule, ScheduleChoice):  # typed: text is parsed at the edge
+            raise OptionError(f"batch_schedule must be a ScheduleChoice, e.g. parse_schedule('adaptive') (got "
+                              f"{self.batch_schedule!r})", "batch_schedule")
+        kind = self.batch_schedule.kind
         minimum = self.effective_batch_min
         if minimum is not None and (not isinstance(minimum, int) or isinstance(minimum, bool) or minimum < 1):
             raise OptionError(f"effective_batch_min must be a positive integer (got {minimum!r})",
@@ -139,14 +142,17 @@ class TrainOptions:
     def to_flat(self) -> dict[str, Any]:
         """By option name, as ``train.json`` holds them (and as a fresh process's request carries them): JSON."""
         given = self.grad_checkpointing
-        return {**to_flat(self), "grad_checkpointing": given.spec_value() if isinstance(given, Checkpointing) else given}
+        return {**to_flat(self), "grad_checkpointing": given.spec_value() if isinstance(given, Checkpointing) else given,
+                "batch_schedule": str(self.batch_schedule)}
 
     @classmethod
     def from_flat(cls, options: Mapping[str, Any], **overrides: Any) -> TrainOptions:
         """From option names as :meth:`to_flat` writes them (``train.json``, a request); unknown names are left out."""
         given = options.get("grad_checkpointing")
-        if given is not None and "grad_checkpointing" not in overrides:  # the saved form, read here once
+        if given is not None and "grad_checkpointing" not in overrides:  # the saved forms, read here once
             overrides["grad_checkpointing"] = parse_checkpointing_choice(given)
+        if "batch_schedule" in options and "batch_schedule" not in overrides:
+            overrides["batch_schedule"] = parse_schedule(options["batch_schedule"])
         return from_options(cls, options, **overrides)
 
 

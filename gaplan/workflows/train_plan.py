@@ -14,7 +14,7 @@ from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import GaplanError
 from gaplan.core.lines import trial_line
 from gaplan.core.progress import Say, quiet
-from gaplan.plan.schedule import BatchSchedule, parse_schedule
+from gaplan.plan.schedule import BatchSchedule
 from gaplan.plan.split import Plan, default_search_cap, make_plan
 from gaplan.plan.tokens import DEFAULT_GRANULE
 from gaplan.runs.probe_result import ProbeResult
@@ -52,7 +52,7 @@ def plan_for_ranks(spec: WorkloadSpec, options: TrainOptions, device: str, memor
         cap = dist.min(probed.plan_cap if probed is not None else 2**62)
     else:
         cap = options.micro_batch
-    if options.lr_scaling != "none" and not options.resume and options.batch_schedule == "fixed":
+    if options.lr_scaling != "none" and not options.resume and options.batch_schedule.kind == "fixed":
         # (a resumed run's saved spec has the scaled rate; a batch schedule scales it at each step instead)
         spec = scaled_for_goodput_plan(spec, probed, effective, options.lr_scaling, say if dist.rank == 0 else quiet)
     if options.micro_batch and probed is not None and options.micro_batch > probed.max_micro_batch:
@@ -80,7 +80,7 @@ def scaled_for_goodput_plan(spec: WorkloadSpec, probed: ProbeResult | None, effe
 def batch_schedule_for(spec: WorkloadSpec, options: TrainOptions, plan: Plan, say: Say) -> BatchSchedule | None:
     """The run's batch schedule (None: fixed), between ``--effective-batch-min`` (default B* x world size) and the
     plan's effective batch."""
-    kind, steps = parse_schedule(options.batch_schedule)
+    kind, steps = options.batch_schedule
     if kind == "fixed":
         return None
     minimum = options.effective_batch_min or min(plan.micro_batch_cap * plan.world_size, plan.effective_batch)
@@ -90,7 +90,7 @@ def batch_schedule_for(spec: WorkloadSpec, options: TrainOptions, plan: Plan, sa
             say(f"batch schedule adaptive: starts at effective batch 2, not {minimum}: on one process the noise "
                 "scale needs two micro-batches a step")
         minimum = 2
-    schedule = BatchSchedule.parse(options.batch_schedule, minimum, plan.effective_batch, plan.world_size)
+    schedule = BatchSchedule.of(options.batch_schedule, minimum, plan.effective_batch, plan.world_size)
     if not options.resume:
         say(f"batch schedule {options.batch_schedule}: effective batch {' -> '.join(map(str, schedule.levels))}"
             f"{' (by the noise scale)' if kind == 'adaptive' else ''}, micro-batch at most {plan.micro_batch_cap}")

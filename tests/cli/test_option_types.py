@@ -12,13 +12,14 @@ import pathlib
 import pytest
 
 from gaplan.cli.main import main
-from gaplan.cli.option_types import BATCH_RANGE, BYTES, CHECKPOINTING, SIZES, Parsed
+from gaplan.cli.option_types import BATCH_RANGE, BYTES, CHECKPOINTING, SCHEDULE, SIZES, Parsed
 from gaplan.core.checkpointing import AUTO, Checkpointing
 
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "gaplan"
 
 # The option (click's parameter name) -> its type, on every command that has it.
-TYPED = {"grad_checkpointing": CHECKPOINTING, "memory_limit": BYTES, "batch_range": BATCH_RANGE, "sizes": SIZES}
+TYPED = {"grad_checkpointing": CHECKPOINTING, "memory_limit": BYTES, "batch_range": BATCH_RANGE, "sizes": SIZES,
+         "batch_schedule": SCHEDULE}
 
 # Every call of a parser in the package, by file, and why it is not a second parse of an option.
 PARSER_CALLS = {
@@ -42,6 +43,10 @@ PARSER_CALLS = {
         "gaplan/devices/cpu.py": "bound_cpu_budget(): the Python API's edge",
     },
     "parse_batch_range": {"gaplan/cli/option_types.py": "the click type"},
+    "parse_schedule": {
+        "gaplan/cli/option_types.py": "the click type",
+        "gaplan/workflows/train_options.py": "TrainOptions.from_flat: train.json's saved form",
+    },
     "parse_sizes": {"gaplan/cli/option_types.py": "the click type"},
 }
 
@@ -89,14 +94,14 @@ def _count_parses(monkeypatch) -> dict[str, int]:
                     counts[_name] += 1
                     return _original(*args, **kwargs)
                 monkeypatch.setattr(module, name, counted)
-    for kind in (CHECKPOINTING, BYTES, BATCH_RANGE, SIZES):  # the click types hold the parser they were made with
+    for kind in (CHECKPOINTING, BYTES, BATCH_RANGE, SIZES, SCHEDULE):  # the click types hold the parser they were made with
         monkeypatch.setattr(kind, "_parse", getattr(types, kind._parse.__name__))
     return counts
 
 
 COMMAND_LINES = {
-    "train": (["--grad-checkpointing", "every:2", "--memory-limit", "512MiB", "--micro-batch", "2"],
-              {"parse_checkpointing_choice": 1, "parse_bytes": 1}),
+    "train": (["--grad-checkpointing", "every:2", "--memory-limit", "512MiB", "--micro-batch", "2", "--batch-schedule",
+               "warmup:3"], {"parse_checkpointing_choice": 1, "parse_bytes": 1, "parse_schedule": 1}),
     "probe": (["--grad-checkpointing", "on", "--memory-limit", "1GiB", "--objective", "goodput", "--batch-range",
                "2:16"], {"parse_checkpointing_choice": 1, "parse_bytes": 1, "parse_batch_range": 1}),
     "bench": (["--grad-checkpointing", "layers:2", "--memory-limit", "1GiB"],
