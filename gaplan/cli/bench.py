@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from gaplan.cli.config_file import GaplanCommand
+from gaplan.cli.config_file import GaplanCommand, run_config_text
 from gaplan.cli.options import (
     OVERWRITE_OPTION,
     batch_by_options,
@@ -82,7 +82,8 @@ def bench_command(**options: Any) -> None:
     progress = BenchProgress(say, live)
     try:
         measured, files = run_bench_command(command, say=say, on_trial=lambda t: say(trial_line(t)),
-                                            on_bench_trial=progress.trial, on_start=progress.start)
+                                            on_bench_trial=progress.trial, on_start=progress.start,
+                                            config_toml=run_config_text(click.get_current_context()))
     finally:
         progress.close()
     if options["as_json"]:
@@ -111,7 +112,7 @@ def _bench_by_tokens(command: Any, options: dict[str, Any]) -> None:
 
     result = run_bench_command(command, say=say, on_trial=lambda t: say(trial_line(t)),
                                on_profile=lambda profile: say("\n".join(histogram_lines(profile.histogram))) if live
-                               else None, on_run=on_run)
+                               else None, on_run=on_run, config_toml=run_config_text(click.get_current_context()))
     if options["as_json"]:
         click.echo(json.dumps(result.to_dict()))
         return

@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from gaplan.cli.bench import bench_command
-from gaplan.cli.config_file import GaplanCommand
+from gaplan.cli.config_file import GaplanCommand, run_config_text
 from gaplan.cli.estimate import estimate_command
 from gaplan.cli.option_types import BATCH_RANGE
 from gaplan.cli.options import (
@@ -189,7 +189,8 @@ def probe(**options: Any) -> None:
     progress = BenchProgress(say, not options["quiet"] and same_terminal())
     try:
         run = run_probe_command(command, on_trial=lambda t: say(trial_line(t)), on_row=lambda row: say(throughput_line(row)),
-                                say=say, on_bench_trial=progress.trial, on_bench_start=progress.start)
+                                say=say, on_bench_trial=progress.trial, on_bench_start=progress.start,
+                                config_toml=run_config_text(click.get_current_context()))
     finally:
         progress.close()
     result = run.result
@@ -228,7 +229,8 @@ def _probe_by_tokens(command: Any, options: dict[str, Any]) -> None:
             say("\n".join(histogram_lines(profile.histogram)))
         shown.append(profile)
 
-    run = run_probe_command(command, say=say, on_trial=lambda t: say(trial_line(t)), on_profile=show_profile)
+    run = run_probe_command(command, say=say, on_trial=lambda t: say(trial_line(t)), on_profile=show_profile,
+                            config_toml=run_config_text(click.get_current_context()))
     if options["as_json"]:
         click.echo(json.dumps(run.to_dict()))
         return

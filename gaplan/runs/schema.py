@@ -20,6 +20,7 @@ from gaplan.core.errors import GaplanError, one_line
 from gaplan.runs.folder import (
     BENCH_JSON,
     BREAKDOWN_CSV,
+    CONFIG_TOML,
     LOSS_CHECK_JSON,
     PROBE_CSV,
     THROUGHPUT_CSV,
@@ -325,3 +326,9 @@ def _bool_column(path: str, column: str, values: pd.Series) -> pd.Series:
         return words[word]
 
     return values.map(parse).astype("boolean")
+
+
+def save_run_config(run_dir: str, text: str | None) -> None:
+    """The command's options as ``--config`` reads them, as the run folder's ``config.toml`` (None: nothing)."""
+    if text is not None:
+        atomic_write_text(os.path.join(run_dir, CONFIG_TOML), text)

@@ -19,6 +19,7 @@ from gaplan.core.progress import Say, quiet
 from gaplan.data.source import DataSource
 from gaplan.runs.claim import claim_run_folder
 from gaplan.runs.folder import default_run_dir
+from gaplan.runs.schema import save_run_config
 from gaplan.workflows.parse_options import (
     check_by_tokens,
     check_positive,
@@ -110,15 +111,19 @@ class BenchCommand:
 
 def run_bench_command(command: BenchCommand, *, say: Say = quiet, on_trial: Callable | None = None,
                       on_bench_trial: Callable | None = None, on_start: Callable | None = None,
-                      on_profile: Callable | None = None, on_run: Callable | None = None):
+                      on_profile: Callable | None = None, on_run: Callable | None = None,
+                      config_toml: str | None = None):
     """Bench as ``command`` asks: by samples ``(measured, report files)`` of
     :func:`gaplan.workflows.bench.probe_and_bench`; by tokens a
-    :class:`gaplan.workflows.bench_tokens.TokenBenchResult`. The run folder is checked before any work."""
+    :class:`gaplan.workflows.bench_tokens.TokenBenchResult`. The run folder is checked before any work;
+    ``config_toml`` (the options as ``--config`` reads them) is saved in it once the bench is done."""
     check_writable(command.out)
     inputs = [command.plan_file] if command.plan_file else []
     with claim_run_folder(command.out, "bench", overwrite=command.overwrite, inputs=inputs):
-        return _run_bench_command(command, say=say, on_trial=on_trial, on_bench_trial=on_bench_trial,
-                                  on_start=on_start, on_profile=on_profile, on_run=on_run)
+        result = _run_bench_command(command, say=say, on_trial=on_trial, on_bench_trial=on_bench_trial,
+                                    on_start=on_start, on_profile=on_profile, on_run=on_run)
+        save_run_config(command.out, config_toml)
+        return result
 
 
 def _run_bench_command(command: BenchCommand, *, say: Say, on_trial: Callable | None,

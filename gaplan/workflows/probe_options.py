@@ -18,6 +18,7 @@ from gaplan.core.progress import Say, quiet
 from gaplan.data.source import DataSource
 from gaplan.runs.claim import claim_run_folder
 from gaplan.runs.folder import default_run_dir
+from gaplan.runs.schema import save_run_config
 from gaplan.workflows.parse_options import (
     check_by_tokens,
     check_untimed,
@@ -122,14 +123,18 @@ class ProbeCommand:
 
 def run_probe_command(command: ProbeCommand, *, say: Say = quiet, on_trial: Callable | None = None,
                       on_row: Callable | None = None, on_bench_trial: Callable | None = None,
-                      on_bench_start: Callable | None = None, on_profile: Callable | None = None):
+                      on_bench_start: Callable | None = None, on_profile: Callable | None = None,
+                      config_toml: str | None = None):
     """Probe as ``command`` asks: a :class:`gaplan.workflows.probe.ProbeRun` by samples, a
-    :class:`gaplan.workflows.probe_tokens.TokenProbeRun` by tokens. The run folder is checked before any work."""
+    :class:`gaplan.workflows.probe_tokens.TokenProbeRun` by tokens. The run folder is checked before any work;
+    ``config_toml`` (the options as ``--config`` reads them) is saved in it once the probe is done."""
     out = command.out
     check_writable(out)
     with claim_run_folder(out, "probe", overwrite=command.overwrite):
-        return _run_probe_command(command, say=say, on_trial=on_trial, on_row=on_row, on_bench_trial=on_bench_trial,
-                                  on_bench_start=on_bench_start, on_profile=on_profile)
+        run = _run_probe_command(command, say=say, on_trial=on_trial, on_row=on_row, on_bench_trial=on_bench_trial,
+                                 on_bench_start=on_bench_start, on_profile=on_profile)
+        save_run_config(out, config_toml)
+        return run
 
 
 def _run_probe_command(command: ProbeCommand, *, say: Say, on_trial: Callable | None, on_row: Callable | None,

@@ -17,14 +17,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gaplan.core.atomic_write import atomic_write, atomic_write_text
+from gaplan.core.atomic_write import atomic_write
 from gaplan.core.constants import DEFAULT_CPU_BUDGET
 from gaplan.core.disk import WriteFailed, disk_faults_as_one_line
 from gaplan.core.errors import GaplanError
 from gaplan.core.progress import Say, quiet
 from gaplan.plan.split import Plan, make_plan
-from gaplan.runs.folder import CHECKPOINT, CONFIG_TOML, PLAN_JSON, TRAIN_LOG_CSV, path_in
+from gaplan.runs.folder import CHECKPOINT, PLAN_JSON, TRAIN_LOG_CSV, path_in
 from gaplan.runs.probe_result import plan_without_probe, save_probe
+from gaplan.runs.schema import save_run_config
 from gaplan.workflows.bench import run_bench
 from gaplan.workflows.train_data import read_training_data
 from gaplan.workflows.train_options import TrainOptions
@@ -130,8 +131,8 @@ def _train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, device: str,
         os.makedirs(run_dir, exist_ok=True)
         if not options.resume or changed:  # a new split is the setting the next resume compares with
             save_settings(run_dir, spec, options, device, memory_limit)
-        if config_toml is not None and not options.resume:
-            atomic_write_text(path_in(run_dir, CONFIG_TOML), config_toml)
+        if not options.resume:
+            save_run_config(run_dir, config_toml)
         record = probed if probed is not None else plan_without_probe(
             spec, device, memory_limit, plan, workload.param_count, workload.task, workload.seq_len)
         save_probe(dataclasses.replace(record, plan=plan, command=options.command), path_in(run_dir, PLAN_JSON))

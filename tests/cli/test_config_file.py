@@ -136,3 +136,16 @@ def test_a_train_run_saves_its_config_and_the_config_repeats_the_run(tmp_path):
 
     assert run_settings(second) == run_settings(first)
     assert "--memory-limit 536870912" in json.loads((second / "train.json").read_text())["options"]["command"]
+
+
+@pytest.mark.slow
+def test_a_probe_saves_its_config_once_done_the_print_of_the_same_flags(tmp_path):
+    args = ["probe", "--seq-len", "16", "--effective-batch", "2", "--memory-limit", "256MiB", "--device", "cpu",
+            "--quiet"]
+    assert CliRunner().invoke(main, [*args, "--out", str(tmp_path / "run")]).exit_code == 0
+    saved = (tmp_path / "run" / "config.toml").read_text()
+    expected = "".join(line for line in printed(*args).splitlines(keepends=True)
+                       if not line.startswith(("out =", "overwrite =", "resume =")))  # a repeat writes a new folder
+    assert saved.split("\n", 1)[1] == expected  # after its comment line
+    failed = CliRunner().invoke(main, [*args, "--memory-limit", "50MiB", "--out", str(tmp_path / "small")])
+    assert failed.exit_code == 2 and not (tmp_path / "small" / "config.toml").exists()
