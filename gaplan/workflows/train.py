@@ -131,8 +131,7 @@ def _train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, device: str,
         os.makedirs(run_dir, exist_ok=True)
         if not options.resume or changed:  # a new split is the setting the next resume compares with
             save_settings(run_dir, spec, options, device, memory_limit)
-        if not options.resume:
-            save_run_config(run_dir, config_toml)
+        save_run_config(run_dir, None if options.resume else config_toml)  # a resumed run keeps its first
         record = probed if probed is not None else plan_without_probe(
             spec, device, memory_limit, plan, workload.param_count, workload.task, workload.seq_len)
         save_probe(dataclasses.replace(record, plan=plan, command=options.command), path_in(run_dir, PLAN_JSON))
