@@ -224,7 +224,10 @@ def test_where_the_trainer_cannot_fork_the_trials_are_spawned_with_the_module_pi
 @pytest.mark.heavy
 def test_under_two_ddp_ranks_every_rank_takes_the_smallest_edge_and_the_step_is_one_full_batch():
     """torchrun, 2 CPU ranks (gloo): rank 1 has the smaller budget; both train at its edge, the effective batch kept,
-    and the synced gradient of the first step is that of its samples of both ranks as one batch."""
+    and the synced gradient of the first step is that of its samples of both ranks as one batch. The loader's
+    drawing is read as an epoch's permutation (DDP's shuffling sampler); the reading is compared with the hand's
+    independent-draws estimate with the meter set to independent draws after that read (the finite correction has its
+    own tests; since issue 58 the reading applied it, and this comparison did not)."""
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                            str(free_port()), os.path.join(SCRIPTS, "lightning_ddp.py")],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
@@ -237,6 +240,7 @@ def test_under_two_ddp_ranks_every_rank_takes_the_smallest_edge_and_the_step_is_
     # The noise scale: one reading for the step on both ranks (its sums in one collective), and it is the estimate
     # of all ranks' micro-batches as the small batches of the one step, computed by hand.
     assert result["micro_batches"] == 2 * result["accumulate"] >= 2
+    assert result["drawing"] == ["epochs", 4 * result["effective_batch"]]  # DDP's sampler, read as drawn per epoch
     (sq0, var0), (sq1, var1) = result["noise"]
     assert (sq0, var0) == pytest.approx((sq1, var1), rel=1e-9)
     assert sq0 == pytest.approx(result["noise_by_hand"][0], rel=1e-4)

@@ -28,6 +28,22 @@ SEQ_LEN = 128
 BUDGETS = (256 << 20, 160 << 20)  # rank 0's, rank 1's
 
 
+class IndependentDraws(pl.Callback):
+    """After TokenExactLoss has read the loader (a shuffling DistributedSampler: an epoch's permutation of N), keep
+    what it read and set the meter back to independent draws: the step's reading is then the two-batch estimate the
+    hand computes (the finite-population correction is checked in tests/training/test_noise_scale_finite.py)."""
+
+    def __init__(self, exact):
+        self.exact = exact
+        self.read = None
+
+    def on_train_start(self, trainer, pl_module):
+        from gaplan.plan.draws import Drawing
+
+        self.read = (self.exact.meter.drawing.kind, self.exact.meter.drawing.population)
+        self.exact.meter.drawing = Drawing()
+
+
 class SeenSamples(pl.Callback):
     """The samples each micro-batch held (its padding taken off): the DistributedSampler shuffles them."""
 
@@ -48,7 +64,8 @@ def main():
     module = GptModule(samples=4 * EFFECTIVE_BATCH, seq_len=SEQ_LEN, fixed_length=False, optimizer="sgd", lr=0.0)
     seen = SeenSamples()
     exact = TokenExactLoss(TASK)
-    trainer = quiet_trainer(max_steps=1, devices=2, strategy="ddp", callbacks=[callback, exact, seen])
+    independent = IndependentDraws(exact)  # after exact: callbacks run in their order
+    trainer = quiet_trainer(max_steps=1, devices=2, strategy="ddp", callbacks=[callback, exact, independent, seen])
     trainer.fit(module)
     facts = [None, None]
     reading = (exact.reading.grad_sq, exact.reading.grad_var) if exact.reading is not None else None
@@ -74,7 +91,7 @@ def main():
                           "noise": [f[4] for f in facts], "noise_by_hand": by_hand, "micro_batches": len(micro),
                           "micro_batch": module.batch_size, "accumulate": trainer.accumulate_grad_batches,
                           "effective_batch": EFFECTIVE_BATCH, "global_step": trainer.global_step,
-                          "samples": len(whole["input_ids"]), "worst": worst}))
+                          "samples": len(whole["input_ids"]), "worst": worst, "drawing": independent.read}))
     # The DDP wrapper holds the gloo group in reference cycles: freed while the interpreter is whole.
     del trainer, module
     import gc
