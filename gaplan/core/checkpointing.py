@@ -118,12 +118,20 @@ def parse_checkpointing_choice(value: object) -> Checkpointing | str:
     return parse_checkpointing(value)
 
 
+def check_typed(value: object, *, auto: bool = False, unset: bool = False) -> None:
+    """``grad_checkpointing`` past the edge: a :class:`Checkpointing` (or :data:`AUTO` where ``auto``, None where
+    ``unset``); text is refused, with how to parse it, since every parse is at the edge."""
+    if isinstance(value, Checkpointing) or (auto and value == AUTO) or (unset and value is None):
+        return
+    others = [repr(AUTO)] * auto + ["None"] * unset
+    raise OptionError(f"grad_checkpointing must be a Checkpointing{''.join(', ' + o for o in others)}, e.g. "
+                      f"parse_checkpointing('on') (got {value!r})", "grad_checkpointing")
+
+
 def check_choice(choice: object, plan_file: str | None) -> None:
     """A run's ``grad_checkpointing`` as given: None (not given), a :class:`Checkpointing`, or :data:`AUTO` with the
     ``plan_file`` of the probe that decided it (gaplan probe times both; a run does not)."""
-    if choice is not None and choice != AUTO and not isinstance(choice, Checkpointing):
-        raise OptionError(f"grad_checkpointing must be a Checkpointing, {AUTO!r} or None (got {choice!r})",
-                          "grad_checkpointing")
+    check_typed(choice, auto=True, unset=True)
     if choice == AUTO and plan_file is None:
         raise OptionError("grad_checkpointing auto is decided by gaplan probe; give its plan_file, or on/off",
                           "grad_checkpointing", "plan_file")

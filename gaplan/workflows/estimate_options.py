@@ -16,7 +16,7 @@ from gaplan.core.options import from_options
 from gaplan.core.progress import Say, quiet
 from gaplan.plan.layouts import resolve_world
 from gaplan.plan.split import default_search_cap
-from gaplan.workflows.parse_options import check_positive, spec_from_flat
+from gaplan.workflows.parse_options import check_positive, check_sizes, spec_from_flat
 from gaplan.workload.spec import WorkloadSpec
 
 
@@ -48,8 +48,8 @@ class EstimateCommand:
         object.__setattr__(self, "ranks", ranks)
         object.__setattr__(self, "machines", machines)
         check_world_size(self.spec, ranks)
-        if self.sizes is not None and (len(self.sizes) < 2 or not all(isinstance(s, int) and s >= 1 for s in self.sizes)):
-            raise GaplanError(f"--sizes needs at least two positive micro-batch sizes (got {self.sizes!r})")
+        if self.sizes is not None:
+            check_sizes(self.sizes, self.sizes)
         if self.device_kind == "cpu" and self.target:
             raise GaplanError("--target is a GPU: it does not go with --device cpu")
 

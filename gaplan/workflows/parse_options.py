@@ -92,9 +92,14 @@ def parse_sizes(value: str | Sequence[int] | None) -> list[int] | None:
         sizes = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise GaplanError(f"--sizes must be comma-separated positive integers (got {text!r})") from None
-    if len(sizes) < 2 or min(sizes) < 1:
-        raise GaplanError(f"--sizes needs at least two positive micro-batch sizes (got {text!r})")
+    check_sizes(sizes, text)
     return sizes
+
+
+def check_sizes(sizes: Sequence[int], shown: object) -> None:
+    """``--sizes``' values: at least two, each a positive integer (``shown``: as the error quotes them)."""
+    if len(sizes) < 2 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes):
+        raise GaplanError(f"--sizes needs at least two positive micro-batch sizes (got {shown!r})")
 
 
 def granule_of(options: Mapping[str, Any]) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gaplan.benchmark.measurement import BenchSettings
-from gaplan.core.checkpointing import AUTO, OFF, Checkpointing
+from gaplan.core.checkpointing import OFF, Checkpointing, check_typed
 from gaplan.core.constants import DEFAULT_CPU_BUDGET, DEFAULT_EFFECTIVE_BATCH, SEARCH_CAP
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import OptionError, nested
@@ -62,9 +62,7 @@ class ProbeOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise OptionError(f"{name} must be a positive integer (got {value})", name)
-        if not isinstance(self.grad_checkpointing, Checkpointing) and self.grad_checkpointing != AUTO:
-            raise OptionError(f"grad_checkpointing must be a Checkpointing or {AUTO!r} (got "
-                              f"{self.grad_checkpointing!r})", "grad_checkpointing")
+        check_typed(self.grad_checkpointing, auto=True)
         if self.objective not in OBJECTIVES:
             raise OptionError(f"objective must be one of {', '.join(OBJECTIVES)} (got {self.objective!r})",
                               "objective")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field, fields
 
-from gaplan.core.checkpointing import OFF, Checkpointing, parse_checkpointing
+from gaplan.core.checkpointing import OFF, Checkpointing, check_typed, parse_checkpointing
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import OptionError, positive_finite
 from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, MASKED_LM, SEQ2SEQ_LM
@@ -137,9 +137,7 @@ class WorkloadSpec:
     compile: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.grad_checkpointing, Checkpointing):  # a typed field: text is parsed at the edge
-            raise OptionError(f"grad_checkpointing must be a Checkpointing, e.g. parse_checkpointing('on') (got "
-                              f"{self.grad_checkpointing!r})", "grad_checkpointing")
+        check_typed(self.grad_checkpointing)  # a typed field: text is parsed at the edge
 
     @property
     def learning_rate(self) -> float:
