@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gaplan.workload.spec import DTYPE_BYTES
+
 NF4_BLOCK = 64  # weights per absmax (bitsandbytes' nf4 default)
 NESTED_BLOCK = 256  # absmaxes per fp32 scale of the second quantization (double quant)
 # Per weight, with double quantization (--quantize 4bit): a 4-bit code, an 8-bit absmax per block, and an fp32 scale
@@ -58,7 +60,7 @@ def quantized_base(model: Any, compute_bytes: int, quantize: str = "4bit", run: 
 
     run = run or QLoRARun()
     if run.quant_state_dtype and run.quant_state_dtype != compute_dtype:
-        compute_bytes += {"fp16": 2, "bf16": 2, "fp32": 4}[run.quant_state_dtype]
+        compute_bytes += DTYPE_BYTES[run.quant_state_dtype]
     weights = [module.weight for module in quantized_layers(model, head=run.quantize_head).values()]
     return QuantizedBase(layers=len(weights), traced_bytes=sum(w.numel() * w.element_size() for w in weights),
                          quantized_bytes=int(sum(w.numel() for w in weights) * BYTES_PER_WEIGHT_OF[quantize]),

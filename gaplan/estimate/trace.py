@@ -40,6 +40,7 @@ from gaplan.estimate.fake import (
 from gaplan.estimate.recompute import recompute_under_forward_modes
 from gaplan.estimate.result import TracedRow
 from gaplan.estimate.torch_private import private, private_attr, private_module
+from gaplan.workload.spec import DTYPE_BYTES
 
 if TYPE_CHECKING:
     from gaplan.workload.build import Workload, WorkloadSpec
@@ -77,7 +78,7 @@ class Tracer:
                 from gaplan.estimate.quantized import KeptInputs, QLoRARun, quantized_base
 
                 self.qlora_run = self.qlora_run or QLoRARun()
-                self.quantized = quantized_base(self.workload.model, compute_bytes=2 if self.spec.dtype != "fp32" else 4,
+                self.quantized = quantized_base(self.workload.model, compute_bytes=DTYPE_BYTES[self.spec.dtype],
                                                 quantize=self.spec.quantize, run=self.qlora_run,
                                                 compute_dtype=self.spec.dtype)
                 if self.qlora_run.keeps_inputs:

@@ -27,9 +27,7 @@ from gaplan.plan.levers import (
     row_settings,
 )
 from gaplan.plan.split import default_search_cap, make_plan
-from gaplan.workload.spec import WorkloadSpec
-
-WEIGHT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+from gaplan.workload.spec import DTYPE_BYTES, WorkloadSpec
 
 
 def compare_levers(
@@ -183,7 +181,7 @@ def cost_inputs(spec: WorkloadSpec, device_kind: str) -> CostInputs | None:
     if task_component(workload.task).encoder_decoder:  # the decoder's target tokens run too
         tokens += spec.target_len or max(tokens // 2, 1)
     return CostInputs(param_count=params, trainable_count=trainable, head_params=head_params, tokens_per_sample=tokens,
-                      weight_bytes=WEIGHT_BYTES.get(spec.weights_dtype, 4), device_kind=device_kind)
+                      weight_bytes=DTYPE_BYTES.get(spec.weights_dtype, 4), device_kind=device_kind)
 
 
 def measure_levers(comparison: LeverComparison, *, device: str, memory_limit: int | None = None,

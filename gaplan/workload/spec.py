@@ -17,6 +17,7 @@ from gaplan.data.tasks.component import LOSS_CHUNKED, TARGET_LEN
 from gaplan.data.tasks.registry import known_task, task_component, task_names, tasks_taking
 
 DTYPE_NAMES = ("fp32", "bf16", "fp16")
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}  # bytes an element, by DTYPE_NAMES' name
 QUANTIZE = ("4bit", "nf4")  # 4bit: nf4 with double quantization (QLoRA's); nf4: without it (LitGPT's bnb.nf4)
 ATTENTIONS = ("eager", "sdpa")  # transformers' attn_implementation: None keeps the model's default (sdpa where it has it)
 INITS = ("auto", "pretrained", "random")  # auto: the folder's weights when it has them, else a random init
