@@ -15,7 +15,7 @@ from typing import Any
 
 from gaplan.core.checkpointing import AUTO
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import from_options, get_path, leaf_fields, option_name
+from gaplan.core.options import from_options, to_flat
 from gaplan.core.progress import Say, quiet
 from gaplan.runs.folder import default_run_dir
 from gaplan.workflows.parse_options import spec_from_flat
@@ -87,7 +87,7 @@ def prepare_train(command: TrainCommand, *, say: Say = quiet) -> TrainSetup:
         given = command.given
         given_spec = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name in given
                       and not (f.name == "grad_checkpointing" and options.grad_checkpointing == AUTO)}
-        typed = {option_name(leaf): get_path(options, path) for path, leaf in leaf_fields(TrainOptions)}
+        typed = to_flat(options)  # by option name, typed (TrainOptions.to_flat is train.json's form)
         given_options = {name: typed[name] for name in given if name in typed}  # compared with the saved, typed too
         given_options.update(command=options.command)
         given_environment = {name: value for name, value in (("device", device), ("memory_limit", memory_limit))
