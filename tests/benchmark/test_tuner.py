@@ -60,7 +60,7 @@ def test_grad_checkpointing_auto_probes_a_checkpointed_model(monkeypatch):
     # Checkpointing pays for itself only if its larger split wins on measured throughput: either way, said why.
     assert len(tuned.benches) == 2
     decision = tuned.decision
-    assert decision.grad_checkpointing == tuned.result.workload.grad_checkpointing
+    assert decision.grad_checkpointing == tuned.result.workload.grad_checkpointing.spec_value()  # plan.json's form
     if decision.grad_checkpointing:
         assert decision.micro_batch > off.max_micro_batch and "with gradient checkpointing" in decision.reason
     else:

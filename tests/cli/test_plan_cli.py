@@ -197,13 +197,15 @@ def test_plan_shows_the_peak_at_the_planned_micro_batch_and_keeps_the_margin_fre
 @pytest.mark.heavy
 def test_plan_on_one_cpu_shows_the_lever_table_and_its_pick(tmp_path):
     """gaplan plan --device cpu --effective-batch 16 on the default preset: the lever rows (the base, the chunked
-    loss, checkpointing, every other block checkpointed, the chunked loss with checkpointing), compile listed as
+    loss, checkpointing, op-level selective checkpointing, every other block checkpointed, the chunked loss with
+    checkpointing), compile listed as
     not compared, and a pick that is the least modelled time."""
     result = CliRunner().invoke(main, ["plan", "--device", "cpu", "--effective-batch", "16", "--out",
                                        str(tmp_path / "p"), "--json", "--quiet"])
     assert result.exit_code == 0, result.output
     levers = json.loads(result.stdout)["levers"]
-    assert [r["label"] for r in levers["results"]] == ["base", "chunked", "ckpt", "every:2", "chunked+ckpt"]
+    assert [r["label"] for r in levers["results"]] == ["base", "chunked", "ckpt", "ops", "every:2",
+                                                          "chunked+ckpt"]
     assert all(r["fits"] and r["max_micro_batch"] >= 1 and r["model_seconds"] > 0 for r in levers["results"])
     assert levers["not_compared"][0]["lever"] == "compile"
     fastest = min(levers["results"], key=lambda r: r["model_seconds"])
@@ -211,6 +213,7 @@ def test_plan_on_one_cpu_shows_the_lever_table_and_its_pick(tmp_path):
     peaks = {r["label"]: r["peak_bytes"] for r in levers["results"]}
     assert peaks["chunked+ckpt"] < min(peaks["chunked"], peaks["ckpt"]) < peaks["base"]  # at the same micro-batch 16
     assert peaks["ckpt"] < peaks["every:2"] < peaks["base"]
+    assert peaks["ckpt"] < peaks["ops"] < peaks["base"]  # ops keeps the matmuls' outputs, recomputes the rest
     text = CliRunner().invoke(main, ["plan", "--device", "cpu", "--effective-batch", "16", "--out",
                                      str(tmp_path / "q"), "--quiet"]).stdout
     assert "lever pick: " in text and "not compared: compile" in text
