@@ -8,7 +8,7 @@ from gaplan.core.constants import LARGE_BATCH_KIND as LARGE_BATCH
 from gaplan.core.constants import LARGEST_FIT_KIND as LARGEST_FIT
 from gaplan.core.constants import PLAN_KIND as PLAN
 from gaplan.core.constants import SPLIT_KIND as SPLIT
-from gaplan.core.options import OptionError, option, positive_finite
+from gaplan.core.options import TIMING, OptionError, option, positive_finite
 from gaplan.plan.split import split_text
 
 
@@ -16,13 +16,18 @@ from gaplan.plan.split import split_text
 class BenchSettings:
     """How the splits are timed (``gaplan bench``'s options by field), checked once."""
 
-    repeats: int = 2  # timed optimizer steps per split in each round
-    warmup: int = 1  # untimed steps first, in every trial (the first step allocates; it lies)
-    min_rounds: int = option(3, name="rounds")
-    max_rounds: int = 10
-    ci_target: float = 0.05  # stop once the plan's ratio is known to about ±5% (its 95% interval)
-    time_budget_s: float = option(300.0, name="time_budget")  # past min_rounds, start no round ending past this
-    all_splits: bool = False  # every split from B* down by powers of two, not only the plan's neighbours
+    repeats: int = option(2, section=TIMING, help="Timed optimizer steps per split in each round.")
+    # The first step allocates the optimizer's states: it lies, so every trial runs untimed steps first.
+    warmup: int = option(1, section=TIMING, help="Untimed optimizer steps first, in every timed run.")
+    min_rounds: int = option(3, name="rounds", section=TIMING, help=(
+        "Interleaved rounds at least (each times every split once, in a fresh process)."))
+    max_rounds: int = option(10, section=TIMING, help="Rounds at most.")
+    ci_target: float = option(0.05, section=TIMING, help=(
+        "Stop once the plan's ratio to the large batch is known to this fraction (95% interval)."))
+    time_budget_s: float = option(300.0, name="time_budget", section=TIMING, metavar="SECONDS", help=(
+        "Past --rounds, start no round that would end after this many seconds of timing."))
+    all_splits: bool = option(False, section=TIMING, help=(
+        "Time every split from B* down by powers of two (default: the plan and its two neighbours)."))
     large_batch: bool = True  # also time the true large batch, the reference of the ratios
 
     def __post_init__(self) -> None:

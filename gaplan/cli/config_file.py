@@ -20,6 +20,11 @@ from typing import Any
 
 import click
 
+from gaplan.cli.field_options import FieldOption
+from gaplan.core.options import OUTPUT, SECTIONS
+
+OTHER = "Other options"  # where an option that names no section would land
+
 PRINT_CONFIG = "gaplan.print_config"  # ctx.meta: --print-config was given
 
 
@@ -105,44 +110,18 @@ def from_config_file(ctx: click.Context, name: str) -> bool:
     return ctx.params.get(name) != (option.type_cast_value(ctx, default) if isinstance(default, str) else default)
 
 
-# ``--help`` in sections: each option's section, by its flag (a flag missing here lands in "Other options", which
-# tests/cli/test_config_file.py keeps empty).
-HELP_SECTIONS: dict[str, tuple[str, ...]] = {
-    "Model and data": (
-        "model", "task", "seq-len", "source-len", "target-len", "attention", "init", "weights-dtype",
-        "trust-remote-code", "lora", "lora-r", "lora-alpha", "lora-dropout", "lora-targets", "lora-config", "quantize",
-        "data", "text-field", "label-field", "target-field", "long-samples", "tokenizer"),
-    "Memory": (
-        "memory-limit", "device", "threads", "target", "list-targets", "margin", "dtype", "loss", "grad-checkpointing",
-        "compile", "parallel", "cpu-offload", "grad-sync", "enforce-memory-limit"),
-    "Plan": (
-        "effective-batch", "effective-tokens", "micro-batch", "batch-by", "granule", "token-budget", "token-plan",
-        "plan", "world-size", "nodes", "gpus-per-node", "search-cap", "sizes", "seed-from-estimate", "objective",
-        "batch-range", "measure-steps", "layouts", "levers", "measure", "batch-schedule", "effective-batch-min",
-        "lr-scaling"),
-    "Training": (
-        "optimizer", "lr", "steps", "seed", "max-grad-norm", "warmup-steps", "noise-scale", "checkpoint-every",
-        "resume"),
-    "Timing": (
-        "report", "compare", "repeats", "warmup", "rounds", "max-rounds", "ci-target", "time-budget", "all-splits",
-        "no-large-batch"),
-    "Output": (
-        "out", "overwrite", "save-weights", "save-model", "merge", "emit", "json", "quiet", "config", "print-config",
-        "help"),
-}
-_SECTION_OF = {flag: section for section, flags in HELP_SECTIONS.items() for flag in flags}
-
-
 class GaplanCommand(click.Command):
     """A gaplan command: its options, ``--config FILE`` / ``--print-config``, and ``--help`` in sections."""
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        sections: dict[str, list[tuple[str, str]]] = {name: [] for name in (*HELP_SECTIONS, "Other options")}
+        sections: dict[str, list[tuple[str, str]]] = {name: [] for name in (*SECTIONS, OTHER)}
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
             if record is None:  # an argument: in the usage line
                 continue
-            sections[_SECTION_OF.get(_key(param), "Other options")].append(record)
+            # Each option says its section (a FieldOption); --help is click's own. tests/cli keep OTHER empty.
+            section = OUTPUT if param is self.get_help_option(ctx) else getattr(param, "section", None)
+            sections[section if section in sections else OTHER].append(record)
         for name, records in sections.items():
             if records:
                 with formatter.section(name):
@@ -150,12 +129,12 @@ class GaplanCommand(click.Command):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.params.append(click.Option(
-            ["--config"], type=click.Path(dir_okay=False), is_eager=True, expose_value=False, callback=_load,
+        self.params.append(FieldOption(
+            ["--config"], section=OUTPUT, type=click.Path(dir_okay=False), is_eager=True, expose_value=False, callback=_load,
             metavar="FILE", help="Options from a TOML file (a [COMMAND] table keyed by the flags without their "
                                  "dashes); flags given on the command line win."))
-        self.params.append(click.Option(
-            ["--print-config"], is_flag=True, expose_value=False, callback=_mark,
+        self.params.append(FieldOption(
+            ["--print-config"], section=OUTPUT, is_flag=True, expose_value=False, callback=_mark,
             help="Print the resolved options as TOML (what --config reads) and run nothing."))
 
     def invoke(self, ctx: click.Context) -> Any:

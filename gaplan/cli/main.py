@@ -19,6 +19,7 @@ import click
 from gaplan.cli.bench import bench_command
 from gaplan.cli.config_file import GaplanCommand, run_config_text
 from gaplan.cli.estimate import estimate_command
+from gaplan.cli.field_options import sectioned
 from gaplan.cli.option_types import BATCH_RANGE
 from gaplan.cli.options import (
     OVERWRITE_OPTION,
@@ -38,7 +39,7 @@ from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import GaplanError, is_rank_own
 from gaplan.core.interrupt import catching_signals, received
 from gaplan.core.lines import histogram_lines, throughput_line, trial_line
-from gaplan.core.options import OptionError
+from gaplan.core.options import MEMORY, OUTPUT, PLAN, TIMING, OptionError
 from gaplan.core.options import flag as flag_of_name
 from gaplan.core.version import __version__
 from gaplan.runs.folder import REPORT_HTML, REPORT_MD, TOKENS_JSON, path_in
@@ -120,40 +121,40 @@ def main(debug: bool) -> None:
 
 @main.command()
 @workload_options
-@click.option("--effective-batch", type=int, default=DEFAULT_EFFECTIVE_BATCH, show_default=True,
-              help="Samples per optimizer step.")
-@click.option("--world-size", type=int, default=1, show_default=True,
-              help="Processes the batch is split over (with --parallel fsdp, 2 or more: every trial runs them all).")
-@click.option("--margin", type=float, default=0.0, show_default=True,
-              help="Fraction of the budget kept free (e.g. 0.05 for longer batches later).")
+@sectioned(PLAN, "--effective-batch", type=int, default=DEFAULT_EFFECTIVE_BATCH, show_default=True,
+           help="Samples per optimizer step.")
+@sectioned(PLAN, "--world-size", type=int, default=1, show_default=True,
+           help="Processes the batch is split over (with --parallel fsdp, 2 or more: every trial runs them all).")
+@sectioned(MEMORY, "--margin", type=float, default=0.0, show_default=True,
+           help="Fraction of the budget kept free (e.g. 0.05 for longer batches later).")
 @SEARCH_CAP_OPTION
-@click.option("--target", default=None, metavar="GPU", help="Emulate a smaller card from gaplan estimate "
-                                                            "--list-targets on this GPU (its usable memory as budget).")
-@click.option("--objective", type=click.Choice(["max-micro-batch", "throughput", "goodput"]),
-              default="max-micro-batch", show_default=True,
-              help="Plan with the largest micro-batch; with the split of highest measured throughput (times every "
-                   "split: minutes); or goodput: measure the gradient noise scale in a short run at "
-                   "--effective-batch, time the plans of --batch-range, and plan the effective batch of most "
-                   "samples/s x statistical efficiency.")
-@click.option("--batch-range", type=BATCH_RANGE, default=None, metavar="LOW:HIGH",
-              help="--objective goodput: the effective batches to choose from (default E/16:4E).")
-@click.option("--measure-steps", type=int, default=30, show_default=True,
-              help="--objective goodput: optimizer steps of the run that measures the noise scale.")
-@click.option("--report", is_flag=True, help="Also time the splits against a true large batch, break memory down "
-                                             "by category, and write report.md/html, CSVs and PNGs to the run folder.")
+@sectioned(MEMORY, "--target", default=None, metavar="GPU", help="Emulate a smaller card from gaplan estimate "
+                                                                 "--list-targets on this GPU (its usable memory as budget).")
+@sectioned(PLAN, "--objective", type=click.Choice(["max-micro-batch", "throughput", "goodput"]),
+           default="max-micro-batch", show_default=True,
+           help="Plan with the largest micro-batch; with the split of highest measured throughput (times every "
+                "split: minutes); or goodput: measure the gradient noise scale in a short run at "
+                "--effective-batch, time the plans of --batch-range, and plan the effective batch of most "
+                "samples/s x statistical efficiency.")
+@sectioned(PLAN, "--batch-range", type=BATCH_RANGE, default=None, metavar="LOW:HIGH",
+           help="--objective goodput: the effective batches to choose from (default E/16:4E).")
+@sectioned(PLAN, "--measure-steps", type=int, default=30, show_default=True,
+           help="--objective goodput: optimizer steps of the run that measures the noise scale.")
+@sectioned(TIMING, "--report", is_flag=True, help="Also time the splits against a true large batch, break memory down "
+                                                  "by category, and write report.md/html, CSVs and PNGs to the run folder.")
 @timing_options
-@click.option("--seed-from-estimate/--no-seed-from-estimate", default=None,
-              help="Start the search at gaplan estimate's predicted edge (traced on fake tensors first) and verify "
-                   "both sides. Default: on where the model's family is in the estimate's zoo of measured "
-                   "architectures (one process), off elsewhere.")
-@click.option("--emit", type=click.Choice(["hf"]), default=None,
-              help="Also print the plan as code to paste: hf = transformers TrainingArguments.")
+@sectioned(PLAN, "--seed-from-estimate/--no-seed-from-estimate", default=None,
+           help="Start the search at gaplan estimate's predicted edge (traced on fake tensors first) and verify "
+                "both sides. Default: on where the model's family is in the estimate's zoo of measured "
+                "architectures (one process), off elsewhere.")
+@sectioned(OUTPUT, "--emit", type=click.Choice(["hf"]), default=None,
+           help="Also print the plan as code to paste: hf = transformers TrainingArguments.")
 @batch_by_options
 @data_options
-@click.option("--out", default=None, metavar="DIR", help="Run folder for plan.json (default reports/probe-<model>-<time>).")
+@sectioned(OUTPUT, "--out", default=None, metavar="DIR", help="Run folder for plan.json (default reports/probe-<model>-<time>).")
 @OVERWRITE_OPTION
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of the table.")
-@click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+@sectioned(OUTPUT, "--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of the table.")
+@sectioned(OUTPUT, "--quiet", is_flag=True, help="No progress lines on stderr.")
 def probe(**options: Any) -> None:
     """Find the largest micro-batch that fits, by real steady-state training steps, and plan accumulation.
 
@@ -257,7 +258,7 @@ def _probe_by_tokens(command: Any, options: dict[str, Any]) -> None:
 
 @main.command(name="report")
 @click.argument("run_dir", metavar="DIR")
-@click.option("--json", "as_json", is_flag=True, help="Print the files written as JSON.")
+@sectioned(OUTPUT, "--json", "as_json", is_flag=True, help="Print the files written as JSON.")
 def report_command(run_dir: str, as_json: bool) -> None:
     """Rebuild report.md, report.html, probe.csv and the PNGs of a run folder from its CSV/JSON alone.
 

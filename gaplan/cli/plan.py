@@ -9,61 +9,61 @@ from typing import Any
 import click
 
 from gaplan.cli.config_file import GaplanCommand
+from gaplan.cli.field_options import field_help, field_options, sectioned
 from gaplan.cli.option_types import BYTES
-from gaplan.cli.options import WORKLOAD_HELP, given_on_command_line, lora_options, stderr_printer, task_and_lengths
+from gaplan.cli.options import given_on_command_line, lora_options, stderr_printer, task_and_lengths
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
+from gaplan.core.options import MEMORY, OUTPUT, PLAN, TIMING
 from gaplan.plan.layouts import MACHINERY
 from gaplan.plan.levers import BY_NAME
-from gaplan.workload.spec import OPTIMIZERS
+from gaplan.workload.spec import WorkloadSpec
 
 
 @click.command(name="plan", cls=GaplanCommand)
-@click.option("--model", default="tiny-gpt2", show_default=True, metavar="NAME|DIR|MODULE:FUNC",
-              help="A preset, a Hugging Face model directory or cached id, or module:function. " + WORKLOAD_HELP
-              + " Shapes to plan for: llama-2-7b, llama-2-13b, llama-2-70b.")
+@field_options(WorkloadSpec, only=("model", "dtype", "optimizer", "loss", "lr", "trust_remote_code"),
+               model={"help": field_help(WorkloadSpec, "model") + " Shapes to plan for: llama-2-7b, llama-2-13b, "
+                                                                  "llama-2-70b."},
+               dtype={"type": click.Choice(["bf16", "fp16", "fp32"]), "default": "bf16", "metavar": None, "help": (
+                   "Compute dtype; the layouts try fp32 weights with it (autocast) and pure low-precision weights.")},
+               optimizer={"help": "The optimizer every row trains with (others are compared only when --levers names "
+                                  "them)."},
+               loss={"help": "The loss of every layout (the lever table compares chunked too)."},
+               lr={"help": "Learning rate for the launch command (default: the optimizer's)."})
 @task_and_lengths
-@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True,
-              help="Compute dtype; the layouts try fp32 weights with it (autocast) and pure low-precision weights.")
-@click.option("--optimizer", default="adamw", show_default=True, metavar="|".join(OPTIMIZERS),
-              help="The optimizer every row trains with (others are compared only when --levers names them).")
-@click.option("--loss", default="plain", show_default=True, metavar="plain|chunked[:TOKENS]",
-              help="The loss of every layout (the lever table compares chunked too).")
-@click.option("--lr", type=float, default=None, help="Learning rate for the launch command (default: the optimizer's).")
-@click.option("--trust-remote-code", is_flag=True, help="Let transformers run the model folder's own code.")
-@click.option("--layouts", "machinery", default=",".join(MACHINERY), show_default=True, metavar="L1,L2",
-              help="The layouts to compare: " + ", ".join(MACHINERY) + ".")
-@click.option("--grad-sync", type=click.Choice(["auto", "last", "every"]), default="auto", show_default=True,
-              help="FSDP gradient reduce-scatter: on the last micro-step, on every one, or auto (the last unless "
-                   "every lets a larger micro-batch fit).")
-@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
-              help="cuda: plan for GPUs (--target or --memory-limit); cpu: CPU processes (compare with gaplan probe).")
-@click.option("--target", default=None, metavar="GPU", help="A GPU from gaplan estimate --list-targets (default "
-                                                            "h100-80gb when no --memory-limit is given).")
-@click.option("--memory-limit", type=BYTES, default=None, metavar="SIZE",
-              help="Memory per rank, e.g. 40GiB (instead of a target).")
-@click.option("--world-size", type=int, default=None,
-              help="Ranks (default 1, or --nodes x --gpus-per-node).")
-@click.option("--nodes", type=int, default=None, help="Machines the ranks run on (default 1).")
-@click.option("--gpus-per-node", type=int, default=None,
-              help="Ranks per machine when --world-size is not given (default 8 with --nodes).")
-@click.option("--effective-batch", type=int, default=DEFAULT_EFFECTIVE_BATCH, show_default=True,
-              help="Samples per optimizer step, the same for every layout.")
-@click.option("--margin", type=float, default=0.0, show_default=True,
-              help="Fraction of the limit kept free, as gaplan probe --margin (e.g. 0.05 against the estimate's error).")
-@click.option("--threads", type=int, default=None, help="CPU threads of the modelled process (--device cpu).")
-@click.option("--measure", is_flag=True,
-              help="Then probe and time every layout that fits on this machine's device (W local GPUs, or W CPU "
-                   "processes with --device cpu): the table gets the measured B*, peak and samples/s, and the pick "
-                   "is the fastest. Minutes per layout.")
-@click.option("--repeats", type=int, default=3, show_default=True,
-              help="Timed optimizer steps per layout or lever row (--measure).")
-@click.option("--levers", default=None, metavar="L1,L2",
-              help="On one device (--world-size 1): the memory levers to compare, of " + ", ".join(BY_NAME)
-                   + " (or all, optimizers, none); default: all but the optimizers (yours is kept).")
-@click.option("--out", default=None, metavar="DIR",
-              help="Folder for layouts.csv/json, layouts.png, report.md/html (default reports/plan-<model>-<time>).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of the table.")
-@click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+@sectioned(PLAN, "--layouts", "machinery", default=",".join(MACHINERY), show_default=True, metavar="L1,L2",
+           help="The layouts to compare: " + ", ".join(MACHINERY) + ".")
+@sectioned(MEMORY, "--grad-sync", type=click.Choice(["auto", "last", "every"]), default="auto", show_default=True,
+           help="FSDP gradient reduce-scatter: on the last micro-step, on every one, or auto (the last unless "
+                "every lets a larger micro-batch fit).")
+@sectioned(MEMORY, "--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
+           help="cuda: plan for GPUs (--target or --memory-limit); cpu: CPU processes (compare with gaplan probe).")
+@sectioned(MEMORY, "--target", default=None, metavar="GPU", help="A GPU from gaplan estimate --list-targets (default "
+                                                                 "h100-80gb when no --memory-limit is given).")
+@sectioned(MEMORY, "--memory-limit", type=BYTES, default=None, metavar="SIZE",
+           help="Memory per rank, e.g. 40GiB (instead of a target).")
+@sectioned(PLAN, "--world-size", type=int, default=None,
+           help="Ranks (default 1, or --nodes x --gpus-per-node).")
+@sectioned(PLAN, "--nodes", type=int, default=None, help="Machines the ranks run on (default 1).")
+@sectioned(PLAN, "--gpus-per-node", type=int, default=None,
+           help="Ranks per machine when --world-size is not given (default 8 with --nodes).")
+@sectioned(PLAN, "--effective-batch", type=int, default=DEFAULT_EFFECTIVE_BATCH, show_default=True,
+           help="Samples per optimizer step, the same for every layout.")
+@sectioned(MEMORY, "--margin", type=float, default=0.0, show_default=True,
+           help="Fraction of the limit kept free, as gaplan probe --margin (e.g. 0.05 against the estimate's error).")
+@sectioned(MEMORY, "--threads", type=int, default=None, help="CPU threads of the modelled process (--device cpu).")
+@sectioned(PLAN, "--measure", is_flag=True,
+           help="Then probe and time every layout that fits on this machine's device (W local GPUs, or W CPU "
+                "processes with --device cpu): the table gets the measured B*, peak and samples/s, and the pick "
+                "is the fastest. Minutes per layout.")
+@sectioned(TIMING, "--repeats", type=int, default=3, show_default=True,
+           help="Timed optimizer steps per layout or lever row (--measure).")
+@sectioned(PLAN, "--levers", default=None, metavar="L1,L2",
+           help="On one device (--world-size 1): the memory levers to compare, of " + ", ".join(BY_NAME)
+                + " (or all, optimizers, none); default: all but the optimizers (yours is kept).")
+@sectioned(OUTPUT, "--out", default=None, metavar="DIR",
+           help="Folder for layouts.csv/json, layouts.png, report.md/html (default reports/plan-<model>-<time>).")
+@sectioned(OUTPUT, "--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of the table.")
+@sectioned(OUTPUT, "--quiet", is_flag=True, help="No progress lines on stderr.")
 @lora_options
 def plan_command(**options: Any) -> None:
     """Compare the ways to train a model over W ranks and pick one: layout, precision, micro-batch, launch command.

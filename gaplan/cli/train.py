@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from gaplan.cli.config_file import GaplanCommand, run_config_text
+from gaplan.cli.field_options import field_options, sectioned
 from gaplan.cli.option_types import SCHEDULE
 from gaplan.cli.options import (
     OVERWRITE_OPTION,
@@ -22,67 +23,61 @@ from gaplan.cli.options import (
     workload_options,
 )
 from gaplan.cli.output import BenchProgress, ProgressBar, same_terminal
-from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, DEFAULT_TRAIN_STEPS
+from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.lines import throughput_line
+from gaplan.core.options import MEMORY, OUTPUT, PLAN, TIMING, TRAINING
 from gaplan.core.units import format_bytes
 from gaplan.runs.folder import REPORT_HTML, REPORT_MD, path_in
+from gaplan.training.config import LoopOptions
 
 
 @click.command(name="train", cls=GaplanCommand)
 @workload_options
-@click.option("--effective-batch", type=int, default=None,
-              help=f"Samples per optimizer step (default {DEFAULT_EFFECTIVE_BATCH}, or the plan's).")
-@click.option("--effective-tokens", type=int, default=None, metavar="TOKENS",
-              help="With --batch-by tokens, instead of --effective-batch: each optimizer step takes the next samples "
-                   "(in the seeded data order) until their real tokens reach TOKENS, the last sample crossing it "
-                   "(so a step holds TOKENS or a little more), packed into micro-batches as usual; the loss is "
-                   "normalized over the step's real target tokens.")
-@click.option("--micro-batch", type=int, default=None, help="Skip the probe and use this micro-batch.")
+@sectioned(PLAN, "--effective-batch", type=int, default=None,
+           help=f"Samples per optimizer step (default {DEFAULT_EFFECTIVE_BATCH}, or the plan's).")
+@sectioned(PLAN, "--effective-tokens", type=int, default=None, metavar="TOKENS",
+           help="With --batch-by tokens, instead of --effective-batch: each optimizer step takes the next samples "
+                "(in the seeded data order) until their real tokens reach TOKENS, the last sample crossing it "
+                "(so a step holds TOKENS or a little more), packed into micro-batches as usual; the loss is "
+                "normalized over the step's real target tokens.")
+@sectioned(PLAN, "--micro-batch", type=int, default=None, help="Skip the probe and use this micro-batch.")
 @batch_by_options
-@click.option("--token-budget", type=int, default=None, metavar="TOKENS",
-              help="With --batch-by tokens: the most padded tokens (samples x longest) in one micro-batch "
-                   "(default: probed from --data's lengths, T*).")
-@click.option("--token-plan", default=None, metavar="TOKENS.JSON",
-              help="With --batch-by tokens: take T* from a tokens.json written by gaplan probe --batch-by tokens.")
-@click.option("--plan", "plan_file", default=None, metavar="PLAN.JSON", help="Use a plan written by gaplan probe.")
-@click.option("--lr-scaling", type=click.Choice(["none", "linear", "sqrt"]), default=None,
-              help="With a --plan from gaplan probe --objective goodput: scale --lr from the effective batch the "
-                   "noise scale was measured at to the plan's (linearly or by the square root of their ratio). With "
-                   "--batch-schedule: --lr is for --effective-batch, scaled to each step's batch.  [default: sqrt "
-                   "with --batch-schedule adaptive|warmup, else none]")
-@click.option("--batch-schedule", type=SCHEDULE, default="fixed", show_default=True, metavar="fixed|adaptive|warmup:STEPS",
-              help="The effective batch over the run, the micro-batch staying at B*: fixed; adaptive (from "
-                   "--effective-batch-min, doubling when the steps measured at the batch show the noise scale at "
-                   "least 2x the batch by a confidence bound, never shrinking, up to --effective-batch); or "
-                   "warmup:STEPS (the same doublings at evenly spaced steps, --effective-batch from step STEPS on).")
-@click.option("--effective-batch-min", type=int, default=None, metavar="N",
-              help="With --batch-schedule adaptive|warmup: the first steps' effective batch (default B* x world "
-                   "size).")
+@sectioned(PLAN, "--token-budget", type=int, default=None, metavar="TOKENS",
+           help="With --batch-by tokens: the most padded tokens (samples x longest) in one micro-batch "
+                "(default: probed from --data's lengths, T*).")
+@sectioned(PLAN, "--token-plan", default=None, metavar="TOKENS.JSON",
+           help="With --batch-by tokens: take T* from a tokens.json written by gaplan probe --batch-by tokens.")
+@sectioned(PLAN, "--plan", "plan_file", default=None, metavar="PLAN.JSON", help="Use a plan written by gaplan probe.")
+@sectioned(PLAN, "--lr-scaling", type=click.Choice(["none", "linear", "sqrt"]), default=None,
+           help="With a --plan from gaplan probe --objective goodput: scale --lr from the effective batch the "
+                "noise scale was measured at to the plan's (linearly or by the square root of their ratio). With "
+                "--batch-schedule: --lr is for --effective-batch, scaled to each step's batch.  [default: sqrt "
+                "with --batch-schedule adaptive|warmup, else none]")
+@sectioned(PLAN, "--batch-schedule", type=SCHEDULE, default="fixed", show_default=True, metavar="fixed|adaptive|warmup:STEPS",
+           help="The effective batch over the run, the micro-batch staying at B*: fixed; adaptive (from "
+                "--effective-batch-min, doubling when the steps measured at the batch show the noise scale at "
+                "least 2x the batch by a confidence bound, never shrinking, up to --effective-batch); or "
+                "warmup:STEPS (the same doublings at evenly spaced steps, --effective-batch from step STEPS on).")
+@sectioned(PLAN, "--effective-batch-min", type=int, default=None, metavar="N",
+           help="With --batch-schedule adaptive|warmup: the first steps' effective batch (default B* x world "
+                "size).")
 @data_options
-@click.option("--steps", type=int, default=DEFAULT_TRAIN_STEPS, show_default=True, help="Optimizer steps.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--max-grad-norm", type=float, default=None, help="Clip the gradient norm (after fp16 unscaling).")
-@click.option("--warmup-steps", type=int, default=0, show_default=True, help="Linear learning-rate warm-up steps.")
-@click.option("--noise-scale/--no-noise-scale", default=True, show_default=True,
-              help="Measure the gradient noise scale each step (train_log.csv: noise_scale, grad_sq, grad_var) "
-                   "from the micro-batches' gradients, and say what it implies for the effective batch.")
-@click.option("--checkpoint-every", type=int, default=0, show_default=True,
-              help="Checkpoint every N steps (always at the end and on SIGINT/SIGTERM).")
-@click.option("--resume", default=None, metavar="RUN_DIR", help="Continue the run in RUN_DIR from its checkpoint.")
-@click.option("--save-weights", default=None, metavar="FILE", help="Write the final weights (safetensors).")
-@click.option("--save-model", default=None, metavar="DIR", help="Write the trained model as a save_pretrained folder "
-                                                                "(config, weights, tokenizer) that transformers loads.")
-@click.option("--merge", is_flag=True, help="With --lora and --save-model: write the adapters merged into the base, "
-                                            "a full model for from_pretrained (default: the adapter folder).")
-@click.option("--out", default=None, metavar="DIR", help="Run folder (default reports/train-<model>-<time>); one that "
-                                                         "holds a run is refused (--resume continues it).")
+@field_options(LoopOptions)
+@sectioned(TRAINING, "--resume", default=None, metavar="RUN_DIR", help="Continue the run in RUN_DIR from its checkpoint.")
+@sectioned(OUTPUT, "--save-weights", default=None, metavar="FILE", help="Write the final weights (safetensors).")
+@sectioned(OUTPUT, "--save-model", default=None, metavar="DIR", help="Write the trained model as a save_pretrained folder "
+                                                                     "(config, weights, tokenizer) that transformers loads.")
+@sectioned(OUTPUT, "--merge", is_flag=True, help="With --lora and --save-model: write the adapters merged into the base, "
+                                                 "a full model for from_pretrained (default: the adapter folder).")
+@sectioned(OUTPUT, "--out", default=None, metavar="DIR", help="Run folder (default reports/train-<model>-<time>); one that "
+                                                              "holds a run is refused (--resume continues it).")
 @OVERWRITE_OPTION
-@click.option("--enforce-memory-limit", is_flag=True, help="CPU: train under --memory-limit (default 1 GiB) as the "
-                                                           "probe's trials do, so a plan that is too big hits real OOMs.")
-@click.option("--compare", is_flag=True, help="After training, time the plan against other splits and a true "
-                                              "large batch, and write the report (with loss and samples/s plots).")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@sectioned(MEMORY, "--enforce-memory-limit", is_flag=True, help="CPU: train under --memory-limit (default 1 GiB) as the "
+                                                                "probe's trials do, so a plan that is too big hits real OOMs.")
+@sectioned(TIMING, "--compare", is_flag=True, help="After training, time the plan against other splits and a true "
+                                                   "large batch, and write the report (with loss and samples/s plots).")
+@sectioned(OUTPUT, "--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+@sectioned(OUTPUT, "--quiet", is_flag=True, help="No progress bar.")
 def train_command(**options: Any) -> None:
     """Train with gradient accumulation and a loss equal to the large-batch loss, token for token.
 

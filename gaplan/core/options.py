@@ -1,7 +1,8 @@
 """Options as typed dataclasses: built from parsed options by their fields, checked once, errors in field names.
 
-A field's metadata says what the command line calls it (``option``, default: the field's name) and, for a run's
-options, whether ``--resume`` may change it (``resume``: ``"fixed"`` or ``"free"``). A nested dataclass field
+A field's metadata says what the command line calls it (``option``, default: the field's name), its help and
+``--help`` section (the click option is generated from them), and, for a run's options, whether ``--resume`` may
+change it (``resume``: ``"fixed"`` or ``"free"``). A nested dataclass field
 (``nested=True``) is built from the same flat mapping, so one parsed-options dict fills a whole tree.
 
 A check that fails raises :class:`OptionError`, whose text names fields: ``str()`` says them as field names (for
@@ -18,6 +19,10 @@ from typing import Any, TypeVar
 from gaplan.core.errors import GaplanError
 
 T = TypeVar("T")
+
+# The ``--help`` sections an option's ``section`` names, in the order ``--help`` shows them.
+DATA, MEMORY, PLAN, TRAINING, TIMING, OUTPUT = "Model and data", "Memory", "Plan", "Training", "Timing", "Output"
+SECTIONS = (DATA, MEMORY, PLAN, TRAINING, TIMING, OUTPUT)
 
 
 class OptionError(GaplanError):
@@ -69,12 +74,24 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def option(default: Any = None, *, resume: str | None = None, name: str | None = None, **kwargs: Any) -> Any:
-    """A dataclass field with gaplan's metadata (``resume``: fixed/free; ``name``: the option it comes from)."""
-    metadata = {k: v for k, v in (("resume", resume), ("option", name)) if v is not None}
+def option(default: Any = None, *, resume: str | None = None, name: str | None = None, help: str | None = None,
+           section: str | None = None, metavar: str | None = None, choices: tuple[str, ...] | None = None,
+           parse: Callable[[Any], Any] | None = None, **kwargs: Any) -> Any:
+    """A dataclass field with gaplan's metadata: ``resume`` (fixed/free), ``name`` (the option it comes from), and,
+    for a field that is a command-line option, its ``help`` (written here once: the CLI generates the click option
+    from it, :mod:`gaplan.cli.field_options`), its ``--help`` ``section``, ``metavar``, ``choices`` and ``parse``
+    (the one parser of its text, for a typed value). Other keywords are marks of the module's own, kept in the
+    metadata (``probe_key=False``)."""
+    given = (("resume", resume), ("option", name), ("help", help), ("section", section), ("metavar", metavar),
+             ("choices", choices), ("parse", parse))
+    metadata = {k: v for k, v in given if v is not None}
+    metadata.update({k: kwargs.pop(k) for k in list(kwargs) if k not in _FIELD_ARGUMENTS})  # a module's own marks
     if "default_factory" in kwargs:
         return dataclasses.field(metadata=metadata, **kwargs)
     return dataclasses.field(default=default, metadata=metadata, **kwargs)
+
+
+_FIELD_ARGUMENTS = ("default_factory", "init", "repr", "hash", "compare", "kw_only")
 
 
 def nested(factory: Any) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from gaplan.core.options import OptionError, option
+from gaplan.core.options import DATA, OptionError, option
 from gaplan.data.tasks.component import LABEL_FIELD, TARGET_FIELD
 from gaplan.data.tasks.registry import task_component, tasks_taking
 
@@ -24,13 +24,19 @@ class DataSource:
     a step's samples depend on every field."""
 
     # The fields default to None, "not given", so one given where it does not apply is refused (check_applies);
-    # text_name, label_name and target_name are the names read.
-    path: str | None = option(None, resume="fixed", name="data")
-    text_field: str | None = option(None, resume="fixed")  # None: "text"
-    label_field: str | None = option(None, resume="fixed")  # classification: the label's field (None: "label")
-    target_field: str | None = option(None, resume="fixed")  # seq2seq-lm: the target text's field (None: "target")
-    long_samples: str | None = option(None, resume="fixed")  # "split" (None) or "truncate"
-    tokenizer: str | None = option(None, resume="fixed")  # None: the model folder's own; "bytes"; or a folder
+    # text_name, label_name and target_name are the names read. Each field's help is its command-line option's.
+    path: str | None = option(None, resume="fixed", name="data", section=DATA, metavar="PATH", help=(
+        "Text file (a sample a line), JSONL, a datasets folder (save_to_disk) or a .parquet file."))
+    text_field: str | None = option(None, resume="fixed", section=DATA, help=(
+        "The text field of JSONL, datasets or parquet data.  [default: text]"))
+    label_field: str | None = option(None, resume="fixed", section=DATA, help=(
+        "The label field (classification only).  [default: label]"))
+    target_field: str | None = option(None, resume="fixed", section=DATA, help=(
+        "The target text's field (seq2seq-lm only; --text-field is the source's).  [default: target]"))
+    long_samples: str | None = option(None, resume="fixed", section=DATA, choices=LONG_SAMPLE_CHOICES, help=(
+        "Samples longer than --seq-len: split into seq-len chunks, or truncate them.  [default: split]"))
+    tokenizer: str | None = option(None, resume="fixed", section=DATA, metavar="bytes|DIR", help=(
+        "Tokenizer for --data: the model folder's own by default; 'bytes' for byte tokens; or a folder."))
 
     @property
     def text_name(self) -> str:

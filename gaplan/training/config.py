@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gaplan.core.constants import DEFAULT_TRAIN_STEPS
-from gaplan.core.options import OptionError, option, positive_finite
+from gaplan.core.options import TRAINING, OptionError, option, positive_finite
 from gaplan.plan.schedule import BatchSchedule
 
 
@@ -13,12 +13,16 @@ from gaplan.plan.schedule import BatchSchedule
 class LoopOptions:
     """What a user sets about the loop. ``--resume`` may train further and checkpoint differently, nothing else."""
 
-    steps: int = option(DEFAULT_TRAIN_STEPS, resume="free")
-    seed: int = option(0, resume="fixed")
-    max_grad_norm: float | None = option(None, resume="fixed")
-    warmup_steps: int = option(0, resume="fixed")
-    checkpoint_every: int = option(0, resume="free")  # 0: only at the end and on SIGINT/SIGTERM
-    noise_scale: bool = option(True, resume="free")  # measure the gradient noise scale of each step
+    steps: int = option(DEFAULT_TRAIN_STEPS, resume="free", section=TRAINING, help="Optimizer steps.")
+    seed: int = option(0, resume="fixed", section=TRAINING, help="Seed of the data order and of torch's random numbers.")
+    max_grad_norm: float | None = option(None, resume="fixed", section=TRAINING, help=(
+        "Clip the gradient norm (after fp16 unscaling)."))
+    warmup_steps: int = option(0, resume="fixed", section=TRAINING, help="Linear learning-rate warm-up steps.")
+    noise_scale: bool = option(True, resume="free", section=TRAINING, help=(
+        "Measure the gradient noise scale each step (train_log.csv: noise_scale, grad_sq, grad_var) from the "
+        "micro-batches' gradients, and say what it implies for the effective batch."))
+    checkpoint_every: int = option(0, resume="free", section=TRAINING, help=(
+        "Checkpoint every N steps (always at the end and on SIGINT/SIGTERM)."))
 
     def __post_init__(self) -> None:
         if self.steps < 1:

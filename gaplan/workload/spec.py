@@ -7,14 +7,14 @@ caches, the worker protocol and reports read and write.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 
 from gaplan.core.checkpointing import OFF, Checkpointing, check_typed, parse_checkpointing
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import OptionError, positive_finite
-from gaplan.core.tasks import CAUSAL_LM, CLASSIFICATION, MASKED_LM, SEQ2SEQ_LM
+from gaplan.core.options import DATA, MEMORY, TRAINING, OptionError, option, positive_finite
 from gaplan.data.tasks.component import LOSS_CHUNKED, TARGET_LEN
 from gaplan.data.tasks.registry import known_task, task_component, task_names, tasks_taking
+from gaplan.workload.presets import PRESETS
 
 DTYPE_NAMES = ("fp32", "bf16", "fp16")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}  # bytes an element, by DTYPE_NAMES' name
@@ -34,62 +34,6 @@ LOSSES = ("plain", "chunked")  # --loss plain | chunked[:TOKENS] (gaplan.workloa
 SPLIT_ONLY_FIELDS = ("grad_checkpointing", "attention", "parallel", "cpu_offload", "grad_sync", "compile", "loss")
 DEFAULT_MODEL = "tiny-gpt2"
 
-# Presets train without dropout (as most LLM pre-training does): accumulation over any split
-# then gives the same gradient as one large batch, which the tests check bit for bit.
-_NO_DROPOUT_GPT2 = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-_NO_DROPOUT_BERT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-_NO_DROPOUT_T5 = dict(dropout_rate=0.0)
-# Llama-2's published config (meta-llama/Llama-2-*-hf config.json), less its shape.
-_LLAMA_2 = dict(vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
-                pad_token_id=0, tie_word_embeddings=False)
-
-# name -> (config class name, config kwargs, task, default seq len, description)
-PRESETS: dict[str, tuple[str, dict, str, int, str]] = {
-    "tiny-gpt2": ("GPT2Config", dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192, n_positions=1024,
-                                     bos_token_id=0, eos_token_id=0, **_NO_DROPOUT_GPT2),
-                  CAUSAL_LM, 128, "GPT-2 style causal LM, 4 layers x 256, 6M parameters (default)"),
-    "small-gpt2": ("GPT2Config", dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024,
-                                      **_NO_DROPOUT_GPT2),
-                   CAUSAL_LM, 512, "GPT-2 small shape, 124M parameters"),
-    "tiny-llama": ("LlamaConfig", dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                                       num_attention_heads=4, num_key_value_heads=4, vocab_size=8192,
-                                       max_position_embeddings=2048, bos_token_id=0, eos_token_id=0,
-                                       pad_token_id=0),
-                   CAUSAL_LM, 256, "Llama style causal LM (RMSNorm, RoPE, SwiGLU), 4 layers x 256, 7M parameters"),
-    "tiny-bert-mlm": ("BertConfig", dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                                         intermediate_size=1024, vocab_size=8192, max_position_embeddings=512,
-                                         **_NO_DROPOUT_BERT),
-                      MASKED_LM, 128, "BERT style masked LM, 4 layers x 256, 5M parameters"),
-    "tiny-bert-cls": ("BertConfig", dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                                         intermediate_size=1024, vocab_size=8192, max_position_embeddings=512,
-                                         num_labels=4, **_NO_DROPOUT_BERT),
-                      CLASSIFICATION, 128, "BERT style sequence classifier (4 classes), 4 layers x 256"),
-    "tiny-t5": ("T5Config", dict(d_model=256, d_kv=64, d_ff=1024, num_layers=4, num_decoder_layers=4, num_heads=4,
-                                 vocab_size=8192, feed_forward_proj="gated-gelu", decoder_start_token_id=0,
-                                 pad_token_id=0, eos_token_id=1, tie_word_embeddings=False, **_NO_DROPOUT_T5),
-                SEQ2SEQ_LM, 128, "T5 v1.1 style encoder-decoder (gated GELU), 4 + 4 layers x 256, 12M parameters; "
-                                   "targets half the source length by default"),
-    # Published shapes, for planning (gaplan estimate / gaplan plan): a random init from the config, no download.
-    "llama-2-7b": ("LlamaConfig", dict(_LLAMA_2, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                                       num_attention_heads=32, num_key_value_heads=32),
-                   CAUSAL_LM, 4096, "Llama-2-7B shape (32 layers x 4096, 6.7B parameters; random init, no weights)"),
-    # Llama-3-8B's published config (meta-llama/Meta-Llama-3-8B config.json): grouped-query attention, a 128K vocab.
-    "llama-3-8b": ("LlamaConfig", dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                                       max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5,
-                                       bos_token_id=128000, eos_token_id=128001, tie_word_embeddings=False),
-                   CAUSAL_LM, 8192, "Llama-3-8B shape (32 layers x 4096, grouped-query attention, 128K vocab, 8.0B "
-                                    "parameters; random init, no weights)"),
-    "llama-2-13b": ("LlamaConfig", dict(_LLAMA_2, hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
-                                        num_attention_heads=40, num_key_value_heads=40),
-                    CAUSAL_LM, 4096, "Llama-2-13B shape (40 layers x 5120, 13B parameters; random init, no weights)"),
-    "llama-2-70b": ("LlamaConfig", dict(_LLAMA_2, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-                                        num_attention_heads=64, num_key_value_heads=8),
-                    CAUSAL_LM, 4096, "Llama-2-70B shape (80 layers x 8192, grouped-query attention, 69B parameters; "
-                                     "random init, no weights)"),
-}
-
-
 # The learning rate when none is given: AdamW's usual 1e-3 learns in a few steps (so do its 8-bit forms and Adafactor
 # at a fixed rate); SGD takes a cautious 1e-4, and so does Lion, whose sign update wants a rate 3-10x below AdamW's.
 DEFAULT_LR = {"adamw": 1e-3, "adamw-fused": 1e-3, "adamw-forloop": 1e-3,
@@ -103,39 +47,66 @@ GRAD_SYNCS = ("last", "every")
 class WorkloadSpec:
     """A serializable description of a workload; built into a :class:`Workload` by :func:`build_workload`."""
 
-    model: str = DEFAULT_MODEL
-    task: str | None = None
-    seq_len: int | None = None  # for seq2seq-lm: the source (encoder) length
-    dtype: str = "fp32"
-    optimizer: str = "adamw"
-    # probe_key=False: no effect on memory, so a cached probe of another value still holds (same_workload).
-    lr: float | None = field(default=None, metadata={"probe_key": False})  # None: DEFAULT_LR (``learning_rate``)
+    # A field with help is its command-line option (gaplan.cli.field_options). probe_key=False: no effect on memory,
+    # so a cached probe of another value still holds (same_workload).
+    model: str = option(DEFAULT_MODEL, section=DATA, metavar="NAME|DIR|MODULE:FUNC", help=(
+        "A preset, a Hugging Face model directory or cached id, or module:function. Presets: tiny-gpt2 (default), "
+        "small-gpt2, tiny-llama, tiny-bert-mlm, tiny-bert-cls, tiny-t5."))
+    task: str | None = option(None, section=DATA, metavar="TASK", help=(
+        "causal-lm, masked-lm, classification or seq2seq-lm (default: the model's own; an encoder-decoder such as "
+        "T5 or BART is seq2seq-lm)."))
+    seq_len: int | None = option(None, section=DATA, help=(
+        "Sequence length of every sample; for seq2seq-lm the source (encoder) length (default: the model's)."))
+    dtype: str = option("fp32", section=MEMORY, metavar="|".join(DTYPE_NAMES), help=(
+        "Compute dtype (autocast; weights keep --weights-dtype)."))
+    optimizer: str = option("adamw", section=TRAINING, metavar="|".join(OPTIMIZERS), help=(
+        "adamw (torch's default kernel), adamw-fused, adamw-forloop, 8-bit forms (bitsandbytes), adafactor, lion "
+        "or sgd."))
+    lr: float | None = option(None, section=TRAINING, probe_key=False, help=(  # None: DEFAULT_LR (learning_rate)
+        "Learning rate (default: 1e-3 for adamw, its 8-bit forms and adafactor; 1e-4 for lion and sgd)."))
     # Which blocks recompute their activations in backward. Saved as a plan file has always held it (False, True or
     # "every:K" / "layers:N"): to_dict writes that form and from_dict reads it, the one place it is parsed.
     grad_checkpointing: Checkpointing = OFF
     # Added later: a plan file or worker message without these keys gets the defaults (WorkloadSpec.from_dict).
-    init: str = field(default="auto", metadata={"probe_key": False})  # auto|pretrained|random: the starting weights
-    weights_dtype: str = "fp32"  # the master weights' dtype (``dtype`` is the autocast compute dtype)
-    trust_remote_code: bool = field(default=False, metadata={"probe_key": False})  # run the folder's own code
-    parallel: str = "ddp"  # ddp (replicated) | fsdp (FSDP2 fully_shard per block and root)
-    cpu_offload: bool = False  # fsdp only: parameters, gradients and optimizer states live on the CPU
-    grad_sync: str = "last"  # fsdp only: reduce-scatter gradients on the last micro-step, or on every one
-    # LoRA (peft): the base frozen in weights_dtype, adapters on lora_targets (None: peft's for the architecture,
-    # "all-linear", or comma-separated module names) trained; quantize "4bit" is QLoRA (nf4, double quantization),
-    # "nf4" the same without double quantization.
-    lora: bool = False
-    lora_r: int = 16
-    lora_alpha: float = 32.0
-    lora_dropout: float = 0.05
-    lora_targets: str | None = None
-    quantize: str | None = None
-    target_len: int | None = None  # seq2seq-lm: the target (decoder) length; None: half the source length
-    attention: str | None = None  # eager | sdpa: transformers' attn_implementation (None: the model's default)
-    # plain | chunked | chunked:TOKENS: the LM head and cross-entropy a chunk of positions at a time, recomputed in
-    # backward, so the [B, T, V] logits never exist whole (gaplan.workload.chunked_loss)
-    loss: str = "plain"
-    # torch.compile the model (gaplan.workload.compile): changes what is saved for backward, so it is a probe key
-    compile: bool = False
+    init: str = option("auto", section=DATA, choices=INITS, probe_key=False, help=(
+        "A model folder's weights: auto (its weights when it has them, else a random init), pretrained (require "
+        "them) or random (a fresh init from the config)."))
+    weights_dtype: str = option("fp32", section=DATA, choices=DTYPE_NAMES, help=(
+        "Dtype of the master weights (--dtype is the autocast compute dtype)."))
+    trust_remote_code: bool = option(False, section=DATA, probe_key=False, help=(
+        "Let transformers run the model folder's own code."))
+    parallel: str = option("ddp", section=MEMORY, choices=PARALLEL_LAYOUTS, help=(
+        "Over several ranks: ddp (replicated) or fsdp (FSDP2, each block sharded over the ranks)."))
+    cpu_offload: bool = option(False, section=MEMORY, help=(
+        "With --parallel fsdp: keep parameters, gradients and optimizer states on the CPU."))
+    grad_sync: str = option("last", section=MEMORY, choices=GRAD_SYNCS, help=(
+        "With --parallel fsdp: reduce-scatter gradients on the last micro-step only, or on every one (gradients "
+        "stay sharded between micro-steps: less memory, more traffic)."))
+    # LoRA (peft): the base frozen in weights_dtype, adapters on lora_targets trained.
+    lora: bool = option(False, section=DATA, help=(
+        "Train LoRA adapters (peft) on a frozen base: only the adapters have gradients and optimizer states."))
+    lora_r: int = option(16, section=DATA, help="LoRA rank.")
+    lora_alpha: float = option(32.0, section=DATA, help="LoRA scaling alpha.")
+    lora_dropout: float = option(0.05, section=DATA, help="Dropout on the adapters' input.")
+    lora_targets: str | None = option(None, section=DATA, metavar="all-linear|M1,M2", help=(
+        "Modules that get adapters: all-linear, or names such as q_proj,v_proj (default: peft's for the "
+        "architecture, e.g. c_attn for GPT-2, q_proj,v_proj for Llama)."))
+    quantize: str | None = option(None, section=DATA, choices=QUANTIZE, help=(
+        "QLoRA: the frozen base in 4-bit nf4, 4bit with double quantization (QLoRA's), nf4 without it (LitGPT's "
+        "bnb.nf4); bitsandbytes >= 0.46, which runs it on CUDA and on the CPU."))
+    target_len: int | None = option(None, section=DATA, help=(
+        "seq2seq-lm: the target (decoder) length (default: half the source length)."))
+    attention: str | None = option(None, section=DATA, choices=ATTENTIONS, help=(
+        "transformers' attention implementation where the model has both (default: the model's, sdpa where it has "
+        "it): eager keeps the seq x seq probabilities for backward, sdpa does not."))
+    # gaplan.workload.chunked_loss
+    loss: str = option("plain", section=MEMORY, metavar="plain|chunked[:TOKENS]", help=(
+        "chunked: the LM head and cross-entropy TOKENS positions at a time, recomputed in backward, so the [B, T, V] "
+        "logits never exist whole (causal-lm and seq2seq-lm; default TOKENS: 16 MiB of fp32 logits)."))
+    # gaplan.workload.compile: changes what is saved for backward, so it is a probe key
+    compile: bool = option(False, section=MEMORY, help=(
+        "torch.compile the model (inductor), so the probe measures the compiled step (the estimate traces the eager "
+        "model; on the CPU it needs a C++ compiler)."))
 
     def __post_init__(self) -> None:
         check_typed(self.grad_checkpointing)  # a typed field: text is parsed at the edge

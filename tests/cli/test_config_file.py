@@ -77,11 +77,11 @@ def test_a_bad_file_is_one_line(text, line, tmp_path):
 
 @pytest.mark.parametrize("command", [*FLAGS, "report"])
 def test_help_is_in_sections_and_lists_every_option_once(command):
-    """--help groups the options (model and data, memory, plan, training, timing, output); a new option must be given
-    its section in gaplan/cli/config_file.py (none lands in "Other options")."""
+    """--help groups the options (model and data, memory, plan, training, timing, output); a new option must name its
+    section (its field's ``section``, or ``sectioned(SECTION, ...)``): none lands in "Other options"."""
     import click
 
-    from gaplan.cli.config_file import HELP_SECTIONS
+    from gaplan.core.options import SECTIONS as HELP_SECTIONS
 
     text = CliRunner().invoke(main, [command, "--help"]).stdout
     headings = [line[:-1] for line in text.splitlines() if line.endswith(":") and not line.startswith(" ")]
