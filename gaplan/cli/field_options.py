@@ -2,9 +2,9 @@
 its flag, help, ``--help`` section, type and default taken from the field (:func:`gaplan.core.options.option`), so
 each is written once, beside the value it sets.
 
-The type comes from the field: ``parse`` (its one parser, as a :class:`~gaplan.cli.option_types.Parsed` type),
-``choices``, else the annotation (``int``, ``float``, ``bool`` as a flag: ``--x/--no-x`` where it defaults on, text
-otherwise). No torch.
+The type comes from the field: ``parse`` (its one parser: the click type of :mod:`gaplan.cli.option_types` that
+holds it), ``choices``, else the annotation (``int``, ``float``, ``bool`` as a flag: ``--x/--no-x`` where it defaults
+on or to None, text otherwise). No torch.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from gaplan.cli.option_types import Parsed
+from gaplan.cli.option_types import click_type
 from gaplan.core.options import flag, leaf_fields, option_name
 
 
@@ -34,18 +34,20 @@ def click_option(field: dataclasses.Field, **overrides: Any) -> Callable:
     default = field.default if field.default is not dataclasses.MISSING else None
     annotation = str(field.type)
     kwargs: dict[str, Any] = {"help": meta["help"], "section": meta.get("section")}
-    decls = [flag(name), name]
-    if annotation == "bool":
+    decls = [flag(name), *meta.get("aliases", ()), name]
+    if annotation.startswith("bool"):
         kwargs["is_flag"] = True
-        if default:  # on by default: the flag that turns it off is --no-NAME
+        if default is not False:  # on (or decided) by default: the flag that turns it off is --no-NAME
             decls = [f"{flag(name)}/--no-{flag(name)[2:]}", name]
-            kwargs.update(default=True, show_default=True)
+            kwargs["default"] = default
+            if default is not None:
+                kwargs["show_default"] = True
         return click.option(*decls, cls=FieldOption, **{**kwargs, **overrides})
     kwargs["default"] = default
     if default is not None:
         kwargs["show_default"] = True
     if "parse" in meta:
-        kwargs["type"] = Parsed(name, meta["parse"])
+        kwargs["type"] = click_type(meta["parse"])
     elif "choices" in meta:
         kwargs["type"] = click.Choice(list(meta["choices"]))
     elif annotation.startswith("int"):

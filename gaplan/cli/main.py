@@ -19,30 +19,26 @@ import click
 from gaplan.cli.bench import bench_command
 from gaplan.cli.config_file import GaplanCommand, run_config_text
 from gaplan.cli.estimate import estimate_command
-from gaplan.cli.field_options import sectioned
-from gaplan.cli.option_types import BATCH_RANGE
+from gaplan.cli.field_options import field_options, sectioned
 from gaplan.cli.options import (
     OVERWRITE_OPTION,
-    SEARCH_CAP_OPTION,
     batch_by_options,
     command_line,
-    data_options,
     given_on_command_line,
     stderr_printer,
-    timing_options,
     workload_options,
 )
 from gaplan.cli.output import BenchProgress, print_probe, same_terminal
 from gaplan.cli.plan import plan_command
 from gaplan.cli.train import train_command
-from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import GaplanError, is_rank_own
 from gaplan.core.interrupt import catching_signals, received
 from gaplan.core.lines import histogram_lines, throughput_line, trial_line
-from gaplan.core.options import MEMORY, OUTPUT, PLAN, TIMING, OptionError
+from gaplan.core.options import MEMORY, OUTPUT, OptionError
 from gaplan.core.options import flag as flag_of_name
 from gaplan.core.version import __version__
 from gaplan.runs.folder import REPORT_HTML, REPORT_MD, TOKENS_JSON, path_in
+from gaplan.workflows.probe_settings import ProbeOptions
 
 
 def _tell_torchrun(line: str) -> None:
@@ -121,36 +117,12 @@ def main(debug: bool) -> None:
 
 @main.command()
 @workload_options
-@sectioned(PLAN, "--effective-batch", type=int, default=DEFAULT_EFFECTIVE_BATCH, show_default=True,
-           help="Samples per optimizer step.")
-@sectioned(PLAN, "--world-size", type=int, default=1, show_default=True,
-           help="Processes the batch is split over (with --parallel fsdp, 2 or more: every trial runs them all).")
-@sectioned(MEMORY, "--margin", type=float, default=0.0, show_default=True,
-           help="Fraction of the budget kept free (e.g. 0.05 for longer batches later).")
-@SEARCH_CAP_OPTION
+@field_options(ProbeOptions)  # the plan's batch, the search, the tuner, the report and how it times, goodput's run
 @sectioned(MEMORY, "--target", default=None, metavar="GPU", help="Emulate a smaller card from gaplan estimate "
                                                                  "--list-targets on this GPU (its usable memory as budget).")
-@sectioned(PLAN, "--objective", type=click.Choice(["max-micro-batch", "throughput", "goodput"]),
-           default="max-micro-batch", show_default=True,
-           help="Plan with the largest micro-batch; with the split of highest measured throughput (times every "
-                "split: minutes); or goodput: measure the gradient noise scale in a short run at "
-                "--effective-batch, time the plans of --batch-range, and plan the effective batch of most "
-                "samples/s x statistical efficiency.")
-@sectioned(PLAN, "--batch-range", type=BATCH_RANGE, default=None, metavar="LOW:HIGH",
-           help="--objective goodput: the effective batches to choose from (default E/16:4E).")
-@sectioned(PLAN, "--measure-steps", type=int, default=30, show_default=True,
-           help="--objective goodput: optimizer steps of the run that measures the noise scale.")
-@sectioned(TIMING, "--report", is_flag=True, help="Also time the splits against a true large batch, break memory down "
-                                                  "by category, and write report.md/html, CSVs and PNGs to the run folder.")
-@timing_options
-@sectioned(PLAN, "--seed-from-estimate/--no-seed-from-estimate", default=None,
-           help="Start the search at gaplan estimate's predicted edge (traced on fake tensors first) and verify "
-                "both sides. Default: on where the model's family is in the estimate's zoo of measured "
-                "architectures (one process), off elsewhere.")
 @sectioned(OUTPUT, "--emit", type=click.Choice(["hf"]), default=None,
            help="Also print the plan as code to paste: hf = transformers TrainingArguments.")
 @batch_by_options
-@data_options
 @sectioned(OUTPUT, "--out", default=None, metavar="DIR", help="Run folder for plan.json (default reports/probe-<model>-<time>).")
 @OVERWRITE_OPTION
 @sectioned(OUTPUT, "--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of the table.")

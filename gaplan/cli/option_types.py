@@ -36,3 +36,9 @@ BYTES = Parsed("size", parse_bytes)  # bytes (an int) from 2GiB, 800MB, 10737418
 BATCH_RANGE = Parsed("range", parse_batch_range)  # (low, high) from LOW:HIGH
 SIZES = Parsed("sizes", parse_sizes)  # micro-batch sizes from B1,B2,...
 SCHEDULE = Parsed("schedule", parse_schedule)  # a ScheduleChoice from fixed, adaptive, warmup:STEPS
+
+
+def click_type(parse: Callable[[Any], Any]) -> Parsed:
+    """The click type of a field's parser (``option(parse=...)``): the one above that holds it, so a typed option has
+    one type on every command."""
+    return next(kind for kind in (CHECKPOINTING, BYTES, BATCH_RANGE, SIZES, SCHEDULE) if kind._parse is parse)

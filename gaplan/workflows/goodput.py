@@ -21,9 +21,7 @@ from typing import Any
 
 from gaplan.benchmark.measurement import BenchSettings, SplitMeasurement
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import OptionError, nested
 from gaplan.core.progress import Say, quiet
-from gaplan.data.source import DataSource
 from gaplan.plan.goodput import (
     GoodputRow,
     candidate_effective_batches,
@@ -32,35 +30,10 @@ from gaplan.plan.goodput import (
 )
 from gaplan.plan.split import make_plan
 from gaplan.runs.probe_result import ProbeResult
+from gaplan.workflows.probe_settings import GoodputOptions
 from gaplan.workload.spec import WorkloadSpec
 
 MEASURE_RUN = "goodput-measure"  # the measuring run's folder, under the probe's
-
-
-@dataclass(frozen=True)
-class GoodputOptions:
-    """The range of effective batches to choose from and the measuring run (``--batch-range``, ``--measure-steps``).
-
-    ``batch_range`` (low, high) defaults to E/16 .. 4E of the asked-for effective batch E."""
-
-    batch_range: tuple[int, int] | None = None
-    measure_steps: int = 30
-    source: DataSource = nested(DataSource)  # the measuring run's data (``--data``; default: the synthetic corpus)
-
-    def __post_init__(self) -> None:
-        if self.measure_steps < 2:
-            raise OptionError(f"measure_steps must be at least 2 (got {self.measure_steps}): the noise scale is "
-                              "smoothed over steps", "measure_steps")
-        if self.batch_range is not None:
-            low, high = self.batch_range
-            if not 1 <= low <= high:
-                raise OptionError(f"the batch range must be LOW:HIGH with 1 <= LOW <= HIGH (got {low}:{high})",
-                                  "batch_range")
-
-    def bounds(self, asked: int) -> tuple[int, int]:
-        if self.batch_range is not None:
-            return self.batch_range
-        return max(1, asked // 16), 4 * asked
 
 
 @dataclass

@@ -12,19 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gaplan.benchmark.measurement import BenchSettings
-from gaplan.core.checkpointing import OFF, Checkpointing, check_typed
-from gaplan.core.constants import DEFAULT_CPU_BUDGET, DEFAULT_EFFECTIVE_BATCH, SEARCH_CAP
+from gaplan.core.constants import DEFAULT_CPU_BUDGET, SEARCH_CAP
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import OptionError, nested
 from gaplan.core.progress import Say, quiet
 from gaplan.core.trial import Trial
 from gaplan.runs.folder import PLAN_JSON, path_in
 from gaplan.runs.probe_result import ProbeResult, save_probe
-from gaplan.workflows.goodput import GoodputOptions, choose_by_goodput
+from gaplan.workflows.goodput import choose_by_goodput
+from gaplan.workflows.probe_settings import ProbeOptions
 from gaplan.workload.spec import WorkloadSpec
-
-OBJECTIVES = ("max-micro-batch", "throughput", "goodput")
 
 
 @dataclass
@@ -37,35 +33,6 @@ class ProbeRun:
     tuner_reason: str | None
     estimate_seed: int | None = None
     verdict: str | None = None  # the bench's, with --report: the plan against the large batch, with its interval
-
-
-@dataclass(frozen=True)
-class ProbeOptions:
-    """What ``gaplan probe`` is asked, beyond the workload and the device: the plan's batch, the search, the tuner,
-    the report. Built from the parsed options by field (:func:`gaplan.core.options.from_options`)."""
-
-    effective_batch: int = DEFAULT_EFFECTIVE_BATCH
-    world_size: int = 1
-    margin: float = 0.0  # checked where the probe uses it (gaplan.probing.edge.probe), for every caller
-    search_cap: int | None = None
-    objective: str = "max-micro-batch"  # or "throughput", or "goodput" (gaplan.workflows.goodput)
-    grad_checkpointing: Checkpointing | str = OFF  # the blocks, or AUTO ("auto": the tuner decides)
-    report: bool = False
-    bench: BenchSettings = nested(BenchSettings)  # how --report and --objective throughput time the splits
-    goodput: GoodputOptions = nested(GoodputOptions)  # --objective goodput: its range and measuring run
-    seed_from_estimate: bool | None = None  # None: where the zoo measured the model's family (estimate_is_trusted)
-    threads: int | None = None
-    command: str | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("effective_batch", "world_size", "search_cap", "threads"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise OptionError(f"{name} must be a positive integer (got {value})", name)
-        check_typed(self.grad_checkpointing, auto=True)
-        if self.objective not in OBJECTIVES:
-            raise OptionError(f"objective must be one of {', '.join(OBJECTIVES)} (got {self.objective!r})",
-                              "objective")
 
 
 def run_probe(spec: WorkloadSpec, out: str, options: ProbeOptions | None = None, *, device: str = "auto",

@@ -27,7 +27,7 @@ from gaplan.workflows.parse_options import (
     spec_from_flat,
     target_budget,
 )
-from gaplan.workflows.probe import ProbeOptions
+from gaplan.workflows.probe_settings import ProbeOptions
 from gaplan.workload.spec import WorkloadSpec
 
 # What a probe by tokens does not take: (field of ProbeOptions, its default, the flag).

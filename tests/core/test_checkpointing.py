@@ -57,7 +57,7 @@ def test_the_python_apis_options_hold_the_typed_value_and_refuse_text(options):
 
 
 def test_auto_is_a_choice_of_the_probe_and_of_a_run_from_its_plan():
-    from gaplan.workflows.probe import ProbeOptions
+    from gaplan.workflows.probe_settings import ProbeOptions
     from gaplan.workflows.train_options import TrainOptions
 
     assert ProbeOptions(grad_checkpointing=AUTO).grad_checkpointing == AUTO

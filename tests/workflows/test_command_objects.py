@@ -7,8 +7,7 @@ import gaplan
 from gaplan import BenchCommand, EstimateCommand, PlanCommand, ProbeCommand, TrainCommand, WorkloadSpec
 from gaplan.benchmark.measurement import BenchSettings
 from gaplan.data.source import DataSource
-from gaplan.workflows.goodput import GoodputOptions
-from gaplan.workflows.probe import ProbeOptions
+from gaplan.workflows.probe_settings import GoodputOptions, ProbeOptions
 
 SPEC = WorkloadSpec(model="tiny-gpt2", seq_len=16)
 
