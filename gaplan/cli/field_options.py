@@ -34,7 +34,7 @@ def click_option(field: dataclasses.Field, **overrides: Any) -> Callable:
     default = field.default if field.default is not dataclasses.MISSING else None
     annotation = str(field.type)
     kwargs: dict[str, Any] = {"help": meta["help"], "section": meta.get("section")}
-    decls = [flag(name), *meta.get("aliases", ()), name]
+    decls = [meta.get("flag", flag(name)), *meta.get("aliases", ()), name]
     if annotation.startswith("bool"):
         kwargs["is_flag"] = True
         if default is not False:  # on (or decided) by default: the flag that turns it off is --no-NAME

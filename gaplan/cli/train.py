@@ -12,70 +12,29 @@ import click
 
 from gaplan.cli.config_file import GaplanCommand, run_config_text
 from gaplan.cli.field_options import field_options, sectioned
-from gaplan.cli.option_types import SCHEDULE
 from gaplan.cli.options import (
     OVERWRITE_OPTION,
     batch_by_options,
     command_line,
-    data_options,
     given_on_command_line,
     stderr_printer,
     workload_options,
 )
 from gaplan.cli.output import BenchProgress, ProgressBar, same_terminal
-from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.lines import throughput_line
-from gaplan.core.options import MEMORY, OUTPUT, PLAN, TIMING, TRAINING
+from gaplan.core.options import OUTPUT
 from gaplan.core.units import format_bytes
 from gaplan.runs.folder import REPORT_HTML, REPORT_MD, path_in
-from gaplan.training.config import LoopOptions
+from gaplan.workflows.train_command import TrainCommand
+from gaplan.workflows.train_options import TrainOptions
 
 
 @click.command(name="train", cls=GaplanCommand)
 @workload_options
-@sectioned(PLAN, "--effective-batch", type=int, default=None,
-           help=f"Samples per optimizer step (default {DEFAULT_EFFECTIVE_BATCH}, or the plan's).")
-@sectioned(PLAN, "--effective-tokens", type=int, default=None, metavar="TOKENS",
-           help="With --batch-by tokens, instead of --effective-batch: each optimizer step takes the next samples "
-                "(in the seeded data order) until their real tokens reach TOKENS, the last sample crossing it "
-                "(so a step holds TOKENS or a little more), packed into micro-batches as usual; the loss is "
-                "normalized over the step's real target tokens.")
-@sectioned(PLAN, "--micro-batch", type=int, default=None, help="Skip the probe and use this micro-batch.")
+@field_options(TrainOptions)  # the plan's source, the data, the loop, the outputs
+@field_options(TrainCommand)  # --token-plan, --resume, --out
 @batch_by_options
-@sectioned(PLAN, "--token-budget", type=int, default=None, metavar="TOKENS",
-           help="With --batch-by tokens: the most padded tokens (samples x longest) in one micro-batch "
-                "(default: probed from --data's lengths, T*).")
-@sectioned(PLAN, "--token-plan", default=None, metavar="TOKENS.JSON",
-           help="With --batch-by tokens: take T* from a tokens.json written by gaplan probe --batch-by tokens.")
-@sectioned(PLAN, "--plan", "plan_file", default=None, metavar="PLAN.JSON", help="Use a plan written by gaplan probe.")
-@sectioned(PLAN, "--lr-scaling", type=click.Choice(["none", "linear", "sqrt"]), default=None,
-           help="With a --plan from gaplan probe --objective goodput: scale --lr from the effective batch the "
-                "noise scale was measured at to the plan's (linearly or by the square root of their ratio). With "
-                "--batch-schedule: --lr is for --effective-batch, scaled to each step's batch.  [default: sqrt "
-                "with --batch-schedule adaptive|warmup, else none]")
-@sectioned(PLAN, "--batch-schedule", type=SCHEDULE, default="fixed", show_default=True, metavar="fixed|adaptive|warmup:STEPS",
-           help="The effective batch over the run, the micro-batch staying at B*: fixed; adaptive (from "
-                "--effective-batch-min, doubling when the steps measured at the batch show the noise scale at "
-                "least 2x the batch by a confidence bound, never shrinking, up to --effective-batch); or "
-                "warmup:STEPS (the same doublings at evenly spaced steps, --effective-batch from step STEPS on).")
-@sectioned(PLAN, "--effective-batch-min", type=int, default=None, metavar="N",
-           help="With --batch-schedule adaptive|warmup: the first steps' effective batch (default B* x world "
-                "size).")
-@data_options
-@field_options(LoopOptions)
-@sectioned(TRAINING, "--resume", default=None, metavar="RUN_DIR", help="Continue the run in RUN_DIR from its checkpoint.")
-@sectioned(OUTPUT, "--save-weights", default=None, metavar="FILE", help="Write the final weights (safetensors).")
-@sectioned(OUTPUT, "--save-model", default=None, metavar="DIR", help="Write the trained model as a save_pretrained folder "
-                                                                     "(config, weights, tokenizer) that transformers loads.")
-@sectioned(OUTPUT, "--merge", is_flag=True, help="With --lora and --save-model: write the adapters merged into the base, "
-                                                 "a full model for from_pretrained (default: the adapter folder).")
-@sectioned(OUTPUT, "--out", default=None, metavar="DIR", help="Run folder (default reports/train-<model>-<time>); one that "
-                                                              "holds a run is refused (--resume continues it).")
 @OVERWRITE_OPTION
-@sectioned(MEMORY, "--enforce-memory-limit", is_flag=True, help="CPU: train under --memory-limit (default 1 GiB) as the "
-                                                                "probe's trials do, so a plan that is too big hits real OOMs.")
-@sectioned(TIMING, "--compare", is_flag=True, help="After training, time the plan against other splits and a true "
-                                                   "large batch, and write the report (with loss and samples/s plots).")
 @sectioned(OUTPUT, "--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 @sectioned(OUTPUT, "--quiet", is_flag=True, help="No progress bar.")
 def train_command(**options: Any) -> None:

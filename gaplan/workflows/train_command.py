@@ -15,7 +15,7 @@ from typing import Any
 
 from gaplan.core.checkpointing import AUTO
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import from_options, to_flat
+from gaplan.core.options import OUTPUT, PLAN, TRAINING, from_options, option, to_flat
 from gaplan.core.progress import Say, quiet
 from gaplan.runs.folder import default_run_dir
 from gaplan.workflows.parse_options import spec_from_flat
@@ -32,9 +32,12 @@ class TrainCommand:
     options: TrainOptions = dataclasses.field(default_factory=TrainOptions)
     device: str = "auto"
     memory_limit: int | None = None
-    token_plan: str | None = None  # a tokens.json of gaplan probe --batch-by tokens: its T* is the token budget
-    resume: str | None = None  # a run folder to continue from its checkpoint
-    out: str | None = None  # None: reports/train-<model>-<time>
+    token_plan: str | None = option(None, section=PLAN, metavar="TOKENS.JSON", help=(
+        "With --batch-by tokens: take T* from a tokens.json written by gaplan probe --batch-by tokens."))
+    resume: str | None = option(None, section=TRAINING, metavar="RUN_DIR", help=(
+        "Continue the run in RUN_DIR from its checkpoint."))
+    out: str | None = option(None, section=OUTPUT, metavar="DIR", help=(
+        "Run folder (default reports/train-<model>-<time>); one that holds a run is refused (--resume continues it)."))
     given: frozenset[str] = frozenset()  # with resume: the options given again (by name)
     overwrite: bool = False  # replace the run that ``out`` holds (its files only), else that is refused
 

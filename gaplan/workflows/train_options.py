@@ -14,7 +14,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from gaplan.core.checkpointing import Checkpointing, check_choice, parse_checkpointing_choice
-from gaplan.core.options import OptionError, from_options, leaf_fields, nested, option, option_name, to_flat
+from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
+from gaplan.core.options import (
+    MEMORY,
+    OUTPUT,
+    PLAN,
+    TIMING,
+    OptionError,
+    from_options,
+    leaf_fields,
+    nested,
+    option,
+    option_name,
+    to_flat,
+)
 from gaplan.data.source import DataSource
 from gaplan.plan.goodput import LR_SCALINGS, SCHEDULE_LR_SCALING
 from gaplan.plan.schedule import FIXED, ScheduleChoice, parse_schedule
@@ -28,28 +41,55 @@ BATCH_BY = ("samples", "tokens")
 class TrainOptions:
     """How ``gaplan train`` runs, beyond the workload: the plan's source, the data, the loop, the outputs."""
 
-    effective_batch: int | None = option(None, resume="fixed")  # default: the plan file's, else DEFAULT_EFFECTIVE_BATCH
-    effective_tokens: int | None = option(None, resume="fixed")  # by tokens: a step's samples reach this many real tokens
-    micro_batch: int | None = option(None, resume="free")  # skip the probe (resume: a new split of the same step)
+    effective_batch: int | None = option(None, resume="fixed", section=PLAN, help=(
+        f"Samples per optimizer step (default {DEFAULT_EFFECTIVE_BATCH}, or the plan's)."))
+    effective_tokens: int | None = option(None, resume="fixed", section=PLAN, metavar="TOKENS", help=(
+        "With --batch-by tokens, instead of --effective-batch: each optimizer step takes the next samples (in the "
+        "seeded data order) until their real tokens reach TOKENS, the last sample crossing it (so a step holds TOKENS "
+        "or a little more), packed into micro-batches as usual; the loss is normalized over the step's real target "
+        "tokens."))
+    micro_batch: int | None = option(None, resume="free", section=PLAN, help=(  # resume: a new split of the same step
+        "Skip the probe and use this micro-batch."))
     batch_by: str = option("samples", resume="fixed")  # or "tokens": micro-batches packed to <= token_budget tokens
-    token_budget: int | None = option(None, resume="fixed")  # by tokens: given, else probed (T*) from the data's lengths
+    token_budget: int | None = option(None, resume="fixed", section=PLAN, metavar="TOKENS", help=(
+        "With --batch-by tokens: the most padded tokens (samples x longest) in one micro-batch (default: probed from "
+        "--data's lengths, T*)."))
     granule: int | None = option(None, resume="fixed")  # by tokens: a probed budget is a multiple of it (None: 64)
-    plan_file: str | None = option(None, resume="fixed")
-    # A goodput plan or a schedule: scale the lr to its batch (None: sqrt with a schedule, else none).
-    lr_scaling: str | None = option(None, resume="fixed")
-    batch_schedule: ScheduleChoice = option(FIXED, resume="fixed")  # fixed | adaptive | warmup:STEPS
-    effective_batch_min: int | None = option(None, resume="fixed")  # a schedule's first batch (default B* x ranks)
+    plan_file: str | None = option(None, resume="fixed", section=PLAN, flag="--plan", metavar="PLAN.JSON", help=(
+        "Use a plan written by gaplan probe."))
+    # None: sqrt with a schedule, else none (__post_init__).
+    lr_scaling: str | None = option(None, resume="fixed", section=PLAN, choices=LR_SCALINGS, help=(
+        "With a --plan from gaplan probe --objective goodput: scale --lr from the effective batch the noise scale was "
+        "measured at to the plan's (linearly or by the square root of their ratio). With --batch-schedule: --lr is "
+        "for --effective-batch, scaled to each step's batch.  [default: sqrt with --batch-schedule adaptive|warmup, "
+        "else none]"))
+    batch_schedule: ScheduleChoice = option(FIXED, resume="fixed", section=PLAN, parse=parse_schedule,
+                                            metavar="fixed|adaptive|warmup:STEPS", help=(
+        "The effective batch over the run, the micro-batch staying at B*: fixed; adaptive (from --effective-batch-min, "
+        "doubling when the steps measured at the batch show the noise scale at least 2x the batch by a confidence "
+        "bound, never shrinking, up to --effective-batch); or warmup:STEPS (the same doublings at evenly spaced steps, "
+        "--effective-batch from step STEPS on)."))
+    effective_batch_min: int | None = option(None, resume="fixed", section=PLAN, metavar="N", help=(
+        "With --batch-schedule adaptive|warmup: the first steps' effective batch (default B* x world size)."))
     # As given, beside the spec's resolved value: None (not given: a --plan's choice stands), AUTO (a --plan's choice,
     # which it needs) or the blocks given (a --plan made with others is refused).
     grad_checkpointing: Checkpointing | str | None = option(None)
     source: DataSource = nested(DataSource)
     loop: LoopOptions = nested(LoopOptions)
     resume: bool = option(False)
-    save_weights: str | None = option(None, resume="free")
-    save_model: str | None = option(None, resume="free")  # a save_pretrained folder of the trained model (+ tokenizer)
-    merge: bool = option(False, resume="free")  # LoRA: save_model writes the merged full model, not the adapter
-    enforce_memory_limit: bool = option(False, resume="free")  # CPU: train under the budget, as the probe's trials do
-    compare: bool = option(False, resume="free")
+    save_weights: str | None = option(None, resume="free", section=OUTPUT, metavar="FILE", help=(
+        "Write the final weights (safetensors)."))
+    save_model: str | None = option(None, resume="free", section=OUTPUT, metavar="DIR", help=(
+        "Write the trained model as a save_pretrained folder (config, weights, tokenizer) that transformers loads."))
+    merge: bool = option(False, resume="free", section=OUTPUT, help=(
+        "With --lora and --save-model: write the adapters merged into the base, a full model for from_pretrained "
+        "(default: the adapter folder)."))
+    enforce_memory_limit: bool = option(False, resume="free", section=MEMORY, help=(
+        "CPU: train under --memory-limit (default 1 GiB) as the probe's trials do, so a plan that is too big hits "
+        "real OOMs."))
+    compare: bool = option(False, resume="free", section=TIMING, help=(
+        "After training, time the plan against other splits and a true large batch, and write the report (with loss "
+        "and samples/s plots)."))
     threads: int | None = option(None, resume="free")
     command: str | None = option(None, resume="free")
 
