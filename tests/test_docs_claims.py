@@ -245,7 +245,7 @@ def test_the_goodput_runs_table_and_its_sums():
 def _defaults(command: str) -> dict:
     from gaplan.cli.main import main
 
-    return {param.name: param.default for param in main.commands[command].params}
+    return {param.name: param.default for param in main.get_command(None, command).params}
 
 
 def test_the_bench_pages_defaults_are_the_commands():

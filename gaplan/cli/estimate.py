@@ -8,31 +8,20 @@ from typing import Any
 import click
 
 from gaplan.cli.config_file import GaplanCommand
-from gaplan.cli.field_options import sectioned
-from gaplan.cli.option_types import SIZES
-from gaplan.cli.options import SEARCH_CAP_OPTION, given_on_command_line, stderr_printer, workload_options
+from gaplan.cli.field_options import field_options, sectioned
+from gaplan.cli.options import given_on_command_line, stderr_printer, workload_options
 from gaplan.cli.output import print_estimate
-from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
-from gaplan.core.options import MEMORY, OUTPUT, PLAN
+from gaplan.core.options import MEMORY, OUTPUT
 from gaplan.core.units import format_bytes
+from gaplan.workflows.estimate_options import EstimateCommand
+from gaplan.workflows.probe_settings import ProbeOptions
 
 
 @click.command(name="estimate", cls=GaplanCommand)
 @workload_options
-@sectioned(MEMORY, "--target", default=None, metavar="GPU", help="A GPU from --list-targets (default h100-80gb when no "
-                                                                 "--memory-limit is given).")
+@field_options(EstimateCommand)
 @sectioned(MEMORY, "--list-targets", is_flag=True, help="List the known GPUs and their usable memory, then exit.")
-@sectioned(PLAN, "--effective-batch", type=int, default=DEFAULT_EFFECTIVE_BATCH, show_default=True,
-           help="Samples per optimizer step.")
-@sectioned(PLAN, "--sizes", type=SIZES, default=None, metavar="B1,B2",
-           help="Micro-batches whose micro-steps draw the memory line (default 1,2).")
-@sectioned(PLAN, "--world-size", type=int, default=None,
-           help="Ranks the effective batch is split over (default 1, or --nodes x --gpus-per-node); every figure is "
-                "per rank. With --parallel fsdp, one rank of a W-way FSDP2 step is traced.")
-@sectioned(PLAN, "--nodes", type=int, default=None, help="Machines the ranks run on (for the torchrun command; default 1).")
-@sectioned(PLAN, "--gpus-per-node", type=int, default=None,
-           help="Ranks per machine when --world-size is not given (default 8 with --nodes, an HGX node).")
-@SEARCH_CAP_OPTION
+@field_options(ProbeOptions, only=("search_cap",))
 @sectioned(OUTPUT, "--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @sectioned(OUTPUT, "--quiet", is_flag=True, help="No progress line on stderr.")
 def estimate_command(**options: Any) -> None:

@@ -89,11 +89,6 @@ OVERWRITE_OPTION = sectioned(
     help="Replace the run that --out holds: its gaplan files are removed first (the folder's other files are kept). "
          "Without it, an --out that holds a run is refused.")
 
-SEARCH_CAP_OPTION = sectioned(PLAN, "--search-cap", "--max-micro-batch", "search_cap", type=int, default=None,
-                              help="Do not try micro-batches above this (default: the effective batch per "
-                                   "device, ceil(E/W): a larger one is never used by the plan).")
-
-
 def spec_from_options(options: dict[str, Any]):
     """The workload of the parsed options (:func:`gaplan.workflows.parse_options.spec_from_flat`), with the options
     given on this command line (none outside a command's run)."""

@@ -10,12 +10,9 @@ import click
 
 from gaplan.cli.config_file import GaplanCommand
 from gaplan.cli.field_options import field_help, field_options, sectioned
-from gaplan.cli.option_types import BYTES
 from gaplan.cli.options import given_on_command_line, lora_options, stderr_printer, task_and_lengths
-from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
-from gaplan.core.options import MEMORY, OUTPUT, PLAN, TIMING
-from gaplan.plan.layouts import MACHINERY
-from gaplan.plan.levers import BY_NAME
+from gaplan.core.options import OUTPUT
+from gaplan.workflows.plan_options import PlanCommand
 from gaplan.workload.spec import WorkloadSpec
 
 
@@ -30,38 +27,7 @@ from gaplan.workload.spec import WorkloadSpec
                loss={"help": "The loss of every layout (the lever table compares chunked too)."},
                lr={"help": "Learning rate for the launch command (default: the optimizer's)."})
 @task_and_lengths
-@sectioned(PLAN, "--layouts", "machinery", default=",".join(MACHINERY), show_default=True, metavar="L1,L2",
-           help="The layouts to compare: " + ", ".join(MACHINERY) + ".")
-@sectioned(MEMORY, "--grad-sync", type=click.Choice(["auto", "last", "every"]), default="auto", show_default=True,
-           help="FSDP gradient reduce-scatter: on the last micro-step, on every one, or auto (the last unless "
-                "every lets a larger micro-batch fit).")
-@sectioned(MEMORY, "--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
-           help="cuda: plan for GPUs (--target or --memory-limit); cpu: CPU processes (compare with gaplan probe).")
-@sectioned(MEMORY, "--target", default=None, metavar="GPU", help="A GPU from gaplan estimate --list-targets (default "
-                                                                 "h100-80gb when no --memory-limit is given).")
-@sectioned(MEMORY, "--memory-limit", type=BYTES, default=None, metavar="SIZE",
-           help="Memory per rank, e.g. 40GiB (instead of a target).")
-@sectioned(PLAN, "--world-size", type=int, default=None,
-           help="Ranks (default 1, or --nodes x --gpus-per-node).")
-@sectioned(PLAN, "--nodes", type=int, default=None, help="Machines the ranks run on (default 1).")
-@sectioned(PLAN, "--gpus-per-node", type=int, default=None,
-           help="Ranks per machine when --world-size is not given (default 8 with --nodes).")
-@sectioned(PLAN, "--effective-batch", type=int, default=DEFAULT_EFFECTIVE_BATCH, show_default=True,
-           help="Samples per optimizer step, the same for every layout.")
-@sectioned(MEMORY, "--margin", type=float, default=0.0, show_default=True,
-           help="Fraction of the limit kept free, as gaplan probe --margin (e.g. 0.05 against the estimate's error).")
-@sectioned(MEMORY, "--threads", type=int, default=None, help="CPU threads of the modelled process (--device cpu).")
-@sectioned(PLAN, "--measure", is_flag=True,
-           help="Then probe and time every layout that fits on this machine's device (W local GPUs, or W CPU "
-                "processes with --device cpu): the table gets the measured B*, peak and samples/s, and the pick "
-                "is the fastest. Minutes per layout.")
-@sectioned(TIMING, "--repeats", type=int, default=3, show_default=True,
-           help="Timed optimizer steps per layout or lever row (--measure).")
-@sectioned(PLAN, "--levers", default=None, metavar="L1,L2",
-           help="On one device (--world-size 1): the memory levers to compare, of " + ", ".join(BY_NAME)
-                + " (or all, optimizers, none); default: all but the optimizers (yours is kept).")
-@sectioned(OUTPUT, "--out", default=None, metavar="DIR",
-           help="Folder for layouts.csv/json, layouts.png, report.md/html (default reports/plan-<model>-<time>).")
+@field_options(PlanCommand)
 @sectioned(OUTPUT, "--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of the table.")
 @sectioned(OUTPUT, "--quiet", is_flag=True, help="No progress lines on stderr.")
 @lora_options

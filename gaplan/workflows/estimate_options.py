@@ -12,11 +12,11 @@ from typing import Any
 
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import from_options
+from gaplan.core.options import MEMORY, PLAN, from_options, option
 from gaplan.core.progress import Say, quiet
 from gaplan.plan.layouts import resolve_world
 from gaplan.plan.split import default_search_cap
-from gaplan.workflows.parse_options import check_positive, check_sizes, spec_from_flat
+from gaplan.workflows.parse_options import check_positive, check_sizes, parse_sizes, spec_from_flat
 from gaplan.workload.spec import WorkloadSpec
 
 
@@ -26,14 +26,20 @@ class EstimateCommand:
     ``effective_batch`` over ``world_size`` ranks (or ``nodes`` x ``gpus_per_node``)."""
 
     spec: WorkloadSpec
-    target: str | None = None
+    target: str | None = option(None, section=MEMORY, metavar="GPU", help=(
+        "A GPU from --list-targets (default h100-80gb when no --memory-limit is given)."))
     memory_limit: int | None = None
-    effective_batch: int = DEFAULT_EFFECTIVE_BATCH
-    sizes: tuple[int, ...] | None = None  # the micro-batches that draw the memory line (None: 1, 2)
-    world_size: int | None = None  # None: 1, or nodes x gpus_per_node
-    nodes: int | None = None
-    gpus_per_node: int | None = None
-    search_cap: int | None = None  # None: ceil(E / W)
+    effective_batch: int = option(DEFAULT_EFFECTIVE_BATCH, section=PLAN, help="Samples per optimizer step.")
+    sizes: tuple[int, ...] | None = option(None, section=PLAN, parse=parse_sizes, metavar="B1,B2", help=(
+        "Micro-batches whose micro-steps draw the memory line (default 1,2)."))
+    world_size: int | None = option(None, section=PLAN, help=(
+        "Ranks the effective batch is split over (default 1, or --nodes x --gpus-per-node); every figure is per rank. "
+        "With --parallel fsdp, one rank of a W-way FSDP2 step is traced."))
+    nodes: int | None = option(None, section=PLAN, help=(
+        "Machines the ranks run on (for the torchrun command; default 1)."))
+    gpus_per_node: int | None = option(None, section=PLAN, help=(
+        "Ranks per machine when --world-size is not given (default 8 with --nodes, an HGX node)."))
+    search_cap: int | None = None  # None: ceil(E / W); its option is gaplan probe's (ProbeOptions.search_cap)
     device: str = "auto"  # cpu models a CPU process; anything else a CUDA card
     threads: int | None = None
     ranks: int = field(default=1, init=False)  # the world size, resolved

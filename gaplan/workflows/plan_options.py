@@ -14,10 +14,12 @@ from typing import Any
 
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import from_options
+from gaplan.core.options import MEMORY, OUTPUT, PLAN, TIMING, from_options, option
 from gaplan.core.outputs import check_writable
 from gaplan.core.progress import Say, quiet
+from gaplan.core.units import parse_bytes
 from gaplan.plan.layouts import MACHINERY, resolve_world
+from gaplan.plan.levers import BY_NAME
 from gaplan.runs.folder import default_run_dir
 from gaplan.workflows.parse_options import check_positive, spec_from_flat
 from gaplan.workflows.plan_levers import lever_selection
@@ -31,21 +33,38 @@ class PlanCommand:
     fits then probed and timed here (``repeats`` timed steps)."""
 
     spec: WorkloadSpec
-    machinery: str = ",".join(MACHINERY)  # comma-separated names of MACHINERY
-    grad_sync: str = "auto"  # auto | last | every: a choice per FSDP layout (the spec's is last)
-    device: str = "cuda"  # cuda | cpu
-    target: str | None = None
-    memory_limit: int | None = None
-    world_size: int | None = None
-    nodes: int | None = None
-    gpus_per_node: int | None = None
-    effective_batch: int = DEFAULT_EFFECTIVE_BATCH
-    margin: float = 0.0
-    threads: int | None = None  # the modelled CPU process's (--device cpu)
-    measure: bool = False
-    repeats: int = 3  # timed optimizer steps per layout (measure)
-    out: str | None = None  # None: reports/plan-<model>-<time>
-    levers: str | None = None  # --levers as given (None: the default levers; one device only)
+    machinery: str = option(",".join(MACHINERY), section=PLAN, flag="--layouts", metavar="L1,L2", help=(
+        "The layouts to compare: " + ", ".join(MACHINERY) + "."))
+    # A choice per FSDP layout (the spec's is last).
+    grad_sync: str = option("auto", section=MEMORY, choices=("auto", "last", "every"), help=(
+        "FSDP gradient reduce-scatter: on the last micro-step, on every one, or auto (the last unless every lets a "
+        "larger micro-batch fit)."))
+    device: str = option("cuda", section=MEMORY, choices=("cuda", "cpu"), help=(
+        "cuda: plan for GPUs (--target or --memory-limit); cpu: CPU processes (compare with gaplan probe)."))
+    target: str | None = option(None, section=MEMORY, metavar="GPU", help=(
+        "A GPU from gaplan estimate --list-targets (default h100-80gb when no --memory-limit is given)."))
+    memory_limit: int | None = option(None, section=MEMORY, parse=parse_bytes, metavar="SIZE", help=(
+        "Memory per rank, e.g. 40GiB (instead of a target)."))
+    world_size: int | None = option(None, section=PLAN, help="Ranks (default 1, or --nodes x --gpus-per-node).")
+    nodes: int | None = option(None, section=PLAN, help="Machines the ranks run on (default 1).")
+    gpus_per_node: int | None = option(None, section=PLAN, help=(
+        "Ranks per machine when --world-size is not given (default 8 with --nodes)."))
+    effective_batch: int = option(DEFAULT_EFFECTIVE_BATCH, section=PLAN, help=(
+        "Samples per optimizer step, the same for every layout."))
+    margin: float = option(0.0, section=MEMORY, help=(
+        "Fraction of the limit kept free, as gaplan probe --margin (e.g. 0.05 against the estimate's error)."))
+    threads: int | None = option(None, section=MEMORY, help="CPU threads of the modelled process (--device cpu).")
+    measure: bool = option(False, section=PLAN, help=(
+        "Then probe and time every layout that fits on this machine's device (W local GPUs, or W CPU processes with "
+        "--device cpu): the table gets the measured B*, peak and samples/s, and the pick is the fastest. Minutes per "
+        "layout."))
+    repeats: int = option(3, section=TIMING, help="Timed optimizer steps per layout or lever row (--measure).")
+    # As given (None: the default levers; one device only).
+    levers: str | None = option(None, section=PLAN, metavar="L1,L2", help=(
+        "On one device (--world-size 1): the memory levers to compare, of " + ", ".join(BY_NAME) + " (or all, "
+        "optimizers, none); default: all but the optimizers (yours is kept)."))
+    out: str | None = option(None, section=OUTPUT, metavar="DIR", help=(
+        "Folder for layouts.csv/json, layouts.png, report.md/html (default reports/plan-<model>-<time>)."))
     layouts: tuple[str, ...] = field(default=(), init=False)  # machinery, parsed
     lever_names: tuple[str, ...] = field(default=(), init=False)  # levers, parsed (() with more than one rank)
     ranks: int = field(default=1, init=False)

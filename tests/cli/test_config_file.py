@@ -87,7 +87,7 @@ def test_help_is_in_sections_and_lists_every_option_once(command):
     headings = [line[:-1] for line in text.splitlines() if line.endswith(":") and not line.startswith(" ")]
     assert "Other options" not in headings and "Output" in headings, headings
     assert [h for h in HELP_SECTIONS if h in headings] == [h for h in headings if h in HELP_SECTIONS]  # in order
-    for param in main.commands[command].params:
+    for param in main.get_command(None, command).params:
         if isinstance(param, click.Option) and not param.hidden:
             long = next(opt for opt in param.opts if opt.startswith("--"))
             listed = re.findall(rf"^  (?:-\w, )?{re.escape(long)}(?![\w-])", text, re.MULTILINE)
@@ -112,7 +112,7 @@ def test_a_config_file_builds_the_same_command_object_as_the_flags(command, tmp_
     out = [] if command == "estimate" else ["--out", str(tmp_path / "run")]
     objects = []
     for args in (FLAGS[command], ["--config", str(path)]):
-        with main.commands[command].make_context(command, [*args, *out]) as ctx:
+        with main.get_command(None, command).make_context(command, [*args, *out]) as ctx:
             objects.append(build(ctx.params, given_on_command_line(ctx)))
     assert objects[0] == objects[1]
 

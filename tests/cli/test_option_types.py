@@ -68,9 +68,9 @@ def test_each_parser_is_called_only_where_it_reads_text_or_a_saved_form(name):
         "Parse at the edge (gaplan/cli/option_types.py) and pass the typed value on"
 
 
-@pytest.mark.parametrize("command", sorted(main.commands))
+@pytest.mark.parametrize("command", main.list_commands())
 def test_every_commands_typed_options_have_their_type(command):
-    params = {param.name: param for param in main.commands[command].params}
+    params = {param.name: param for param in main.get_command(None, command).params}
     for name, kind in TYPED.items():
         if name in params:
             assert params[name].type is kind, (command, name)
@@ -126,7 +126,7 @@ def test_a_command_line_into_its_object_parses_each_typed_option_once(command, m
     build = {"train": lambda p, g: prepare_train(TrainCommand.from_flat(p, g)), "probe": ProbeCommand.from_flat,
              "bench": BenchCommand.from_flat, "estimate": EstimateCommand.from_flat, "plan": PlanCommand.from_flat}
     out = ["--out", str(tmp_path / "run")] if command != "estimate" else []
-    with main.commands[command].make_context(command, [*words, *out]) as ctx:
+    with main.get_command(None, command).make_context(command, [*words, *out]) as ctx:
         built = build[command](ctx.params, given_on_command_line(ctx))
     assert {name: count for name, count in counts.items() if count} == expected
     checkpointing = ctx.params.get("grad_checkpointing")

@@ -92,12 +92,12 @@ def test_the_probe_command_carries_the_pick_and_parses_as_gaplan_probe():
     assert command == ("gaplan probe --model llama-2-7b --seq-len 4096 --dtype bf16 --parallel fsdp --grad-sync every "
                        "--grad-checkpointing on --target h100-80gb --world-size 8 --effective-batch 512 --margin 0.05")
     words = shlex.split(command)
-    context = main.commands["probe"].make_context("probe", words[2:])  # click checks every option and its value
+    context = main.get_command(None, "probe").make_context("probe", words[2:])  # click checks every option and its value
     assert context.params["world_size"] == 8 and context.params["grad_sync"] == "every"
     cpu = probe_command({**workload, "parallel": "ddp", "grad_sync": "last", "grad_checkpointing": False}, 64, 2,
                         device_kind="cpu", memory_limit=160 * 2**20)
     assert cpu.endswith("--device cpu --memory-limit 160MiB --world-size 2 --effective-batch 64")
-    assert main.commands["probe"].make_context("probe", shlex.split(cpu)[2:]).params["memory_limit"] == 160 * 2**20
+    assert main.get_command(None, "probe").make_context("probe", shlex.split(cpu)[2:]).params["memory_limit"] == 160 * 2**20
 
 
 def test_size_flags_read_back_exactly():

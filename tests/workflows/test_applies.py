@@ -48,7 +48,7 @@ CASES = [pytest.param(command, scope, id=f"{command} {scope.flag}") for command,
 
 @pytest.mark.parametrize("command", SCOPES)
 def test_every_flag_is_declared_conditional_or_applies_everywhere(command):
-    flags = {p.opts[0] for p in main.commands[command].params if isinstance(p, click.Option)}
+    flags = {p.opts[0] for p in main.get_command(None, command).params if isinstance(p, click.Option)}
     declared = {scope.flag for scope in SCOPES[command]}
     everywhere = EVERYWHERE[command] | EVERYWHERE_OF_ALL
     assert not declared & everywhere

@@ -51,7 +51,7 @@ def assert_same_line(argv: list[str]) -> None:
     assert result.exit_code == 2, result.output
     cli_line = result.stderr.strip()
     name, args = argv[0], argv[1:]
-    command = main.commands[name]
+    command = main.get_command(None, name)
     flags = {p.name: p.opts[0] for p in command.params if isinstance(p, click.Option)}
     # The parsing alone runs in click's context (which options were given is the parser's to know).
     with pytest.raises(GaplanError) as raised, command.make_context(name, list(args)) as context:
