@@ -110,22 +110,27 @@ def from_config_file(ctx: click.Context, name: str) -> bool:
     return ctx.params.get(name) != (option.type_cast_value(ctx, default) if isinstance(default, str) else default)
 
 
+def help_sections(command: click.Command, ctx: click.Context) -> dict[str, list[tuple[str, str]]]:
+    """The command's options' help records by ``--help`` section, in :data:`SECTIONS`' order (docs/options.md is
+    rendered from the same records)."""
+    sections: dict[str, list[tuple[str, str]]] = {name: [] for name in (*SECTIONS, OTHER)}
+    for param in command.get_params(ctx):
+        record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
+        if record is None:  # an argument: in the usage line
+            continue
+        # Each option says its section (a FieldOption); --help is click's own. tests/cli keep OTHER empty.
+        section = OUTPUT if param is command.get_help_option(ctx) else getattr(param, "section", None)
+        sections[section if section in sections else OTHER].append(record)
+    return {name: records for name, records in sections.items() if records}
+
+
 class GaplanCommand(click.Command):
     """A gaplan command: its options, ``--config FILE`` / ``--print-config``, and ``--help`` in sections."""
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        sections: dict[str, list[tuple[str, str]]] = {name: [] for name in (*SECTIONS, OTHER)}
-        for param in self.get_params(ctx):
-            record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
-            if record is None:  # an argument: in the usage line
-                continue
-            # Each option says its section (a FieldOption); --help is click's own. tests/cli keep OTHER empty.
-            section = OUTPUT if param is self.get_help_option(ctx) else getattr(param, "section", None)
-            sections[section if section in sections else OTHER].append(record)
-        for name, records in sections.items():
-            if records:
-                with formatter.section(name):
-                    formatter.write_dl(records)
+        for name, records in help_sections(self, ctx).items():
+            with formatter.section(name):
+                formatter.write_dl(records)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
