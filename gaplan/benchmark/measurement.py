@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 from gaplan.core.constants import LARGE_BATCH_KIND as LARGE_BATCH
 from gaplan.core.constants import LARGEST_FIT_KIND as LARGEST_FIT
@@ -15,6 +16,8 @@ from gaplan.plan.split import split_text
 @dataclass(frozen=True)
 class BenchSettings:
     """How the splits are timed (``gaplan bench``'s options by field), checked once."""
+
+    CONFIG_TABLE: ClassVar[str] = "timing"  # its options' table in a config file: [COMMAND.timing]
 
     repeats: int = option(2, section=TIMING, help="Timed optimizer steps per split in each round.")
     # The first step allocates the optimizer's states: it lies, so every trial runs untimed steps first.

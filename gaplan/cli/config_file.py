@@ -50,7 +50,8 @@ def _load(ctx: click.Context, param: click.Parameter, path: str | None) -> None:
 
     options = _options(ctx.command)
     values = read_config(path, ctx.command.name,
-                         {key: partial(option.type_cast_value, ctx) for key, option in options.items()})
+                         {key: partial(option.type_cast_value, ctx) for key, option in options.items()},
+                         {key: getattr(option, "table", None) for key, option in options.items()})
     ctx.default_map = {**(ctx.default_map or {}), **{options[key].name: value for key, value in values.items()}}
 
 
@@ -75,14 +76,18 @@ RUN_FOLDER_KEYS = ("out", "overwrite", "resume")
 
 
 def config_text(command: click.Command, ctx: click.Context, *, leave_out: tuple[str, ...] = ()) -> str:
-    """The command's resolved options as its TOML table (an option without a value, or in ``leave_out`` by its key,
+    """The command's resolved options as TOML: its table, and a table per object that holds options
+    (``[train.loop]``), as ``--config`` reads them back (an option without a value, or in ``leave_out`` by its key,
     is left out)."""
-    lines = [f"[{command.name}]"]
+    tables: dict[str | None, list[str]] = {None: []}
     for key, option in _options(command).items():
         value = ctx.params.get(option.name)
         if value is None or (isinstance(value, (list, tuple)) and not value) or key in leave_out:
             continue
-        lines.append(f"{key} = {_toml_value(value)}")
+        tables.setdefault(getattr(option, "table", None), []).append(f"{key} = {_toml_value(value)}")
+    lines = [f"[{command.name}]", *tables.pop(None)]
+    for table, rows in tables.items():
+        lines += ["", f"[{command.name}.{table}]", *rows]
     return "\n".join(lines) + "\n"
 
 

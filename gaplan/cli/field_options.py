@@ -16,24 +16,26 @@ from typing import Any
 import click
 
 from gaplan.cli.option_types import click_type
-from gaplan.core.options import flag, leaf_fields, option_name
+from gaplan.core.options import flag, leaf_owners, option_name
 
 
 class FieldOption(click.Option):
-    """A click option that knows its ``--help`` section (:class:`gaplan.cli.config_file.GaplanCommand` groups by it)."""
+    """A click option that knows its ``--help`` section (:class:`gaplan.cli.config_file.GaplanCommand` groups by it)
+    and its config file table: the object its field is in (``CONFIG_TABLE``: ``[train.loop]``), None for the
+    command's own ``[train]``."""
 
-    def __init__(self, *args: Any, section: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, section: str | None = None, table: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.section = section
+        self.section, self.table = section, table
 
 
-def click_option(field: dataclasses.Field, **overrides: Any) -> Callable:
-    """The click option decorator of one field (``overrides``: click's own arguments, e.g. another default for one
-    command)."""
+def click_option(field: dataclasses.Field, table: str | None = None, **overrides: Any) -> Callable:
+    """The click option decorator of one field, in config ``table`` (``overrides``: click's own arguments, e.g.
+    another default for one command)."""
     meta, name = field.metadata, option_name(field)
     default = field.default if field.default is not dataclasses.MISSING else None
     annotation = str(field.type)
-    kwargs: dict[str, Any] = {"help": meta["help"], "section": meta.get("section")}
+    kwargs: dict[str, Any] = {"help": meta["help"], "section": meta.get("section"), "table": table}
     decls = [meta.get("flag", flag(name)), *meta.get("aliases", ()), name]
     if annotation.startswith("bool"):
         kwargs["is_flag"] = True
@@ -69,15 +71,16 @@ def field_options(cls: type, *, only: tuple[str, ...] = (), **overrides: dict[st
     order; ``only``: just these option names; ``overrides``: click arguments by option name."""
 
     def decorate(func: Callable) -> Callable:
-        fields = [field for _, field in leaf_fields(cls) if "help" in field.metadata
-                  and (not only or option_name(field) in only)]
-        for field in reversed(fields):
-            func = click_option(field, **overrides.get(option_name(field), {}))(func)
+        fields = [(field, getattr(owner, "CONFIG_TABLE", None)) for owner, field in leaf_owners(cls)
+                  if "help" in field.metadata and (not only or option_name(field) in only)]
+        for field, table in reversed(fields):
+            func = click_option(field, table, **overrides.get(option_name(field), {}))(func)
         return func
 
     return decorate
 
 
 def sectioned(section: str, *decls: str, **kwargs: Any) -> Callable:
-    """``click.option`` of an option that no field holds, with its ``--help`` section."""
+    """``click.option`` of an option that no field holds, with its ``--help`` section (and ``table=``: a config
+    file's table other than the command's own)."""
     return click.option(*decls, cls=FieldOption, section=section, **kwargs)

@@ -20,9 +20,9 @@ from gaplan.workload.spec import WorkloadSpec
 # The options of the workload's fields that gaplan plan takes too (it has its own --dtype, --optimizer, --lr ...).
 TASK_AND_LENGTHS = ("task", "seq_len", "target_len", "attention")
 LORA = ("lora", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "quantize")
-SOURCE_LEN = sectioned(DATA, "--source-len", type=int, default=None,
+SOURCE_LEN = sectioned(DATA, "--source-len", type=int, default=None, table="workload",
                        help="seq2seq-lm: the source length (--seq-len's other name).")
-LORA_CONFIG = sectioned(DATA, "--lora-config", default=None, metavar="FILE|DIR",
+LORA_CONFIG = sectioned(DATA, "--lora-config", default=None, metavar="FILE|DIR", table="workload",
                         help="An adapter_config.json (or its folder): r, alpha, dropout and targets from it (they "
                              "take the place of the --lora-* options); implies --lora.")
 
@@ -42,7 +42,7 @@ def workload_options(func: Callable) -> Callable:
     that builds a model."""
     hand_written = [
         sectioned(MEMORY, "--grad-checkpointing", type=CHECKPOINTING, default=None, is_flag=False, flag_value="on",
-                  metavar="off|on|every:K|layers:N|ops|auto",
+                  metavar="off|on|every:K|layers:N|ops|auto", table="workload",
                   help="Recompute activations in backward: on (every block), off (default), every:K (every K-th "
                        "block), layers:N (the first N blocks), ops (every block at the op level, torchtitan's "
                        "policy: matmul outputs, but every second, and attention outputs kept; the rest "

@@ -22,7 +22,7 @@ def options_table(name: str) -> str:
     from gaplan.cli.main import main
 
     command = main.get_command(None, name)
-    ctx = click.Context(command, info_name=name)
+    ctx = click.Context(command, info_name=name, **main.context_settings)  # -h too, as gaplan's own
     parts = []
     for section, records in help_sections(command, ctx).items():
         rows = [f"| `{_cell(flags)}` | {_cell(text)} |" for flags, text in records]

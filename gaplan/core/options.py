@@ -105,12 +105,23 @@ def option_name(field: dataclasses.Field) -> str:
 
 def leaf_fields(cls: type, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], dataclasses.Field]]:
     """Every non-nested field of ``cls`` and its nested dataclasses, with its path of field names."""
+    for path, _, field in _walk(cls, prefix):
+        yield path, field
+
+
+def leaf_owners(cls: type) -> Iterator[tuple[type, dataclasses.Field]]:
+    """Every non-nested field of ``cls`` and its nested dataclasses, with the dataclass that holds it."""
+    for _, owner, field in _walk(cls, ()):
+        yield owner, field
+
+
+def _walk(cls: type, prefix: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], type, dataclasses.Field]]:
     hints = _nested_types(cls)
     for field in dataclasses.fields(cls):
         if field.metadata.get("nested"):
-            yield from leaf_fields(hints[field.name], (*prefix, field.name))
+            yield from _walk(hints[field.name], (*prefix, field.name))
         else:
-            yield (*prefix, field.name), field
+            yield (*prefix, field.name), cls, field
 
 
 def from_options(cls: type[T], options: Mapping[str, Any], **overrides: Any) -> T:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from gaplan.core.options import DATA, OptionError, option
 from gaplan.data.tasks.component import LABEL_FIELD, TARGET_FIELD
@@ -22,6 +23,8 @@ def reads_as(name: str, value: object) -> object:
 class DataSource:
     """``--data`` (``path``; None: the built-in synthetic corpus) and how it is read. A resumed run keeps all of it:
     a step's samples depend on every field."""
+
+    CONFIG_TABLE: ClassVar[str] = "data"  # its options' table in a config file: [COMMAND.data]
 
     # The fields default to None, "not given", so one given where it does not apply is refused (check_applies);
     # text_name, label_name and target_name are the names read. Each field's help is its command-line option's.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from gaplan.core.constants import DEFAULT_TRAIN_STEPS
 from gaplan.core.options import TRAINING, OptionError, option, positive_finite
@@ -12,6 +13,8 @@ from gaplan.plan.schedule import BatchSchedule
 @dataclass(frozen=True)
 class LoopOptions:
     """What a user sets about the loop. ``--resume`` may train further and checkpoint differently, nothing else."""
+
+    CONFIG_TABLE: ClassVar[str] = "loop"  # its options' table in a config file: [COMMAND.loop]
 
     steps: int = option(DEFAULT_TRAIN_STEPS, resume="free", section=TRAINING, help="Optimizer steps.")
     seed: int = option(0, resume="fixed", section=TRAINING, help="Seed of the data order and of torch's random numbers.")

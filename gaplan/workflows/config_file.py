@@ -1,8 +1,9 @@
 """A command's options from a TOML file (``--config``): the file read and every key and value checked, below the CLI.
 
-The file holds a table per command, keyed by the flags without their dashes; a file without tables is the invoked
-command's own. Each value is checked by its option's own parser, given by the caller (the CLI passes click's
-types), so a bad key, value, table or file is one :class:`GaplanError` line.
+The file holds a table per command, keyed by the flags without their dashes, and in it a table per object that holds
+options (``[train.workload]``, ``[train.loop]`` ...); a key may also sit flat in the command's table, and a file
+without tables is the invoked command's own. Each value is checked by its option's own parser, given by the caller
+(the CLI passes click's types), so a bad key, value, table or file is one :class:`GaplanError` line.
 """
 
 from __future__ import annotations
@@ -29,23 +30,45 @@ def read_toml(path: str) -> dict[str, Any]:
         raise GaplanError(f"--config {path}: not TOML ({exc})") from None
 
 
-def read_config(path: str, command: str, parsers: Mapping[str, Callable[[Any], Any]]) -> dict[str, Any]:
+def read_config(path: str, command: str, parsers: Mapping[str, Callable[[Any], Any]],
+                tables: Mapping[str, str | None] | None = None) -> dict[str, Any]:
     """``command``'s values in the TOML file at ``path``, by key; ``parsers[key](value)`` parses one (raising on a
-    value its option refuses: the error's ``message`` or text is the line's end)."""
+    value its option refuses: the error's ``message`` or text is the line's end). ``tables[key]`` is the table an
+    option belongs in, nested as the objects are (``[train.loop]``; None: ``[train]`` itself); a key may also sit in
+    ``[train]`` itself, as a flat file has it."""
     data = read_toml(path)
-    tables = [key for key, value in data.items() if isinstance(value, dict)]
-    if tables and command not in tables:
-        raise GaplanError(f"--config {path}: no [{command}] table (it has {', '.join(f'[{t}]' for t in tables)})")
-    values = data[command] if tables else data
-    for key, value in values.items():
-        parse = parsers.get(key)
-        if parse is None:
-            near = difflib.get_close_matches(key.replace("_", "-"), list(parsers), n=1)
-            hint = f" (did you mean {near[0]}?)" if near else ""
-            raise GaplanError(f"--config {path}: [{command}] has no option {key!r}{hint}")
-        try:
-            parse(value)
-        except Exception as exc:  # noqa: BLE001 - the option's parser refuses it: its own words end the line
-            raise GaplanError(f"--config {path}: [{command}] {key} = {value!r}: "
-                              f"{getattr(exc, 'message', None) or exc}") from None
-    return dict(values)
+    top = [key for key, value in data.items() if isinstance(value, dict)]
+    if top and command not in top:
+        raise GaplanError(f"--config {path}: no [{command}] table (it has {', '.join(f'[{t}]' for t in top)})")
+    found = data[command] if top else data
+    homes = tables or {}
+    known = sorted({table for table in homes.values() if table})
+    values: dict[str, Any] = {}
+    for name, value in found.items():
+        if not isinstance(value, dict):
+            values[name] = _checked(path, command, name, value, parsers)
+            continue
+        if name not in known:
+            raise GaplanError(f"--config {path}: [{command}.{name}] is not a table of {command} (its tables: "
+                              f"{', '.join(known) or 'none'})")
+        for key, item in value.items():
+            _checked(path, f"{command}.{name}", key, item, parsers)
+            if homes.get(key) != name:  # every key in the table of the object that holds it
+                where = f"[{command}.{homes[key]}]" if homes.get(key) else f"[{command}]"
+                raise GaplanError(f"--config {path}: [{command}.{name}] has no option {key!r} (it is in {where})")
+            values[key] = item
+    return values
+
+
+def _checked(path: str, table: str, key: str, value: Any, parsers: Mapping[str, Callable[[Any], Any]]) -> Any:
+    parse = parsers.get(key)
+    if parse is None:
+        near = difflib.get_close_matches(key.replace("_", "-"), list(parsers), n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise GaplanError(f"--config {path}: [{table}] has no option {key!r}{hint}")
+    try:
+        parse(value)
+    except Exception as exc:  # noqa: BLE001 - the option's parser refuses it: its own words end the line
+        raise GaplanError(f"--config {path}: [{table}] {key} = {value!r}: "
+                          f"{getattr(exc, 'message', None) or exc}") from None
+    return value

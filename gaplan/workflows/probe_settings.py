@@ -5,6 +5,7 @@ and measuring run (:class:`GoodputOptions`): each field with help is its command
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from gaplan.benchmark.measurement import BenchSettings
 from gaplan.core.checkpointing import OFF, Checkpointing, check_typed
@@ -21,6 +22,8 @@ class GoodputOptions:
     """The range of effective batches to choose from and the measuring run (``--batch-range``, ``--measure-steps``).
 
     ``batch_range`` (low, high) defaults to E/16 .. 4E of the asked-for effective batch E."""
+
+    CONFIG_TABLE: ClassVar[str] = "goodput"  # its options' table in a config file: [COMMAND.goodput]
 
     batch_range: tuple[int, int] | None = option(None, section=PLAN, parse=parse_batch_range, metavar="LOW:HIGH", help=(
         "--objective goodput: the effective batches to choose from (default E/16:4E)."))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, fields
+from typing import ClassVar
 
 from gaplan.core.checkpointing import OFF, Checkpointing, check_typed, parse_checkpointing
 from gaplan.core.errors import GaplanError
@@ -46,6 +47,8 @@ GRAD_SYNCS = ("last", "every")
 @dataclass(frozen=True)
 class WorkloadSpec:
     """A serializable description of a workload; built into a :class:`Workload` by :func:`build_workload`."""
+
+    CONFIG_TABLE: ClassVar[str] = "workload"  # its options' table in a config file: [COMMAND.workload]
 
     # A field with help is its command-line option (gaplan.cli.field_options). probe_key=False: no effect on memory,
     # so a cached probe of another value still holds (same_workload).

@@ -48,6 +48,27 @@ def test_a_config_file_gives_what_the_flags_give_and_its_print_reads_back(comman
     assert printed(command, "--config", str(again)) == from_flags
 
 
+def test_the_printed_config_is_nested_as_the_objects_are(tmp_path):
+    """[train] holds the run's own options, [train.workload] the spec's fields, [train.data] the data's, [train.loop]
+    the loop's; each key once, in the table of the object that holds it."""
+    import dataclasses
+
+    from gaplan.training.config import LoopOptions
+    from gaplan.workflows.config_file import read_toml
+    from gaplan.workload.spec import WorkloadSpec
+
+    path = tmp_path / "printed.toml"
+    path.write_text(printed("train", *FLAGS["train"]))
+    data = read_toml(str(path))["train"]
+    assert data["loop"] == {"steps": 3, "seed": 0, "warmup-steps": 0, "noise-scale": False, "checkpoint-every": 0}
+    assert data["workload"]["seq-len"] == 32 and data["workload"]["grad-checkpointing"] == "every:2"
+    assert data["effective-batch"] == 64 and "steps" not in data and "seq-len" not in data
+    loop_fields = {f.name for f in dataclasses.fields(LoopOptions)}
+    assert {key.replace("-", "_") for key in data["loop"]} == loop_fields - {"max_grad_norm"}  # None: left out
+    assert set(data["workload"]) <= {f.name.replace("_", "-") for f in dataclasses.fields(WorkloadSpec)} | {
+        "source-len", "lora-config"}  # the spec's fields, and the two options read into them
+
+
 def test_a_flag_given_wins_over_the_file_and_the_file_counts_as_given(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('seq-len = 32\nlora-r = 8\n')  # no table: the invoked command's own
@@ -63,6 +84,9 @@ def test_a_flag_given_wins_over_the_file_and_the_file_counts_as_given(tmp_path):
     ('[train]\neffective-batch = "many"\n', "[train] effective-batch = 'many': 'many' is not a valid integer."),
     ('[train]\ngrad-sync = "sometimes"\n', "[train] grad-sync = 'sometimes': "),
     ("[probe]\nseq-len = 16\n", "no [train] table (it has [probe])"),
+    ("[train.loop]\nmodel = 'tiny-llama'\n", "[train.loop] has no option 'model' (it is in [train.workload])"),
+    ("[train.model]\nseq-len = 16\n", "[train.model] is not a table of train (its tables: data, loop, workload)"),
+    ("[train.loop]\nsteps = 'x'\n", "[train.loop] steps = 'x': 'x' is not a valid integer."),
     ("[train\n", "not TOML"),
 ])
 def test_a_bad_file_is_one_line(text, line, tmp_path):
