@@ -7,6 +7,7 @@ Each tree runs the same commands in a fresh interpreter (``PYTHONPATH=<tree> pyt
 the other, ``--repeats`` times, so a load that comes and goes falls on both:
 
 * ``import``: ``python -c "import gaplan.cli.main"``;
+* ``help``: ``gaplan train --help`` (the import of one command and its options, built from its fields);
 * ``estimate``: ``gaplan estimate`` on tiny-gpt2 at seq 64 (the trace on fake tensors);
 * ``probe``: ``gaplan probe`` on tiny-gpt2 at seq 16 under 256 MiB, one thread, without the estimate's seed;
 * ``train``: ``gaplan train`` for 8 steps of 16 samples in micro-batches of 4 (the accumulated loop), one thread.
@@ -27,6 +28,7 @@ import time
 
 COMMANDS = {
     "import": ["-c", "import gaplan.cli.main"],
+    "help": ["-m", "gaplan", "train", "--help"],
     "estimate": ["-m", "gaplan", "estimate", "--seq-len", "64", "--threads", "1", "--json"],
     "probe": ["-m", "gaplan", "probe", "--seq-len", "16", "--memory-limit", "256MiB", "--threads", "1",
               "--no-seed-from-estimate", "--quiet", "--out", "{out}"],

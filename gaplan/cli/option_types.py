@@ -38,7 +38,10 @@ SIZES = Parsed("sizes", parse_sizes)  # micro-batch sizes from B1,B2,...
 SCHEDULE = Parsed("schedule", parse_schedule)  # a ScheduleChoice from fixed, adaptive, warmup:STEPS
 
 
+TYPES = (CHECKPOINTING, BYTES, BATCH_RANGE, SIZES, SCHEDULE)  # a new typed option's click type goes here too
+
+
 def click_type(parse: Callable[[Any], Any]) -> Parsed:
-    """The click type of a field's parser (``option(parse=...)``): the one above that holds it, so a typed option has
-    one type on every command."""
-    return next(kind for kind in (CHECKPOINTING, BYTES, BATCH_RANGE, SIZES, SCHEDULE) if kind._parse is parse)
+    """The click type of a field's parser (``option(parse=...)``): the one of :data:`TYPES` that holds it, so a typed
+    option has one type on every command."""
+    return next(kind for kind in TYPES if kind._parse is parse)
