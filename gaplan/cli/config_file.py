@@ -123,9 +123,8 @@ def help_sections(command: click.Command, ctx: click.Context) -> dict[str, list[
         record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
         if record is None:  # an argument: in the usage line
             continue
-        # Each option says its section (a FieldOption); --help is click's own. tests/cli keep OTHER empty.
-        section = OUTPUT if param is command.get_help_option(ctx) else getattr(param, "section", None)
-        sections[section if section in sections else OTHER].append(record)
+        # Each option says its section (a FieldOption; --help's is set below). tests/cli keep OTHER empty.
+        sections.setdefault(getattr(param, "section", None) or OTHER, []).append(record)
     return {name: records for name, records in sections.items() if records}
 
 
@@ -146,6 +145,12 @@ class GaplanCommand(click.Command):
         self.params.append(FieldOption(
             ["--print-config"], section=OUTPUT, is_flag=True, expose_value=False, callback=_mark,
             help="Print the resolved options as TOML (what --config reads) and run nothing."))
+
+    def get_help_option(self, ctx: click.Context) -> click.Option | None:
+        option = super().get_help_option(ctx)
+        if option is not None:  # click's own --help, in the Output section
+            option.section = OUTPUT  # type: ignore[attr-defined]
+        return option
 
     def invoke(self, ctx: click.Context) -> Any:
         if ctx.meta.get(PRINT_CONFIG):
