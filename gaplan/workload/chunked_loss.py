@@ -99,11 +99,19 @@ def chunked_token_loss(module: nn.Module, inputs: Mapping[str, Any], batch: Mapp
     targets = loss_targets(batch, task).reshape(-1).to(flat.device)
     if targets.shape[0] != flat.shape[0]:
         raise GaplanError(f"loss chunked: {targets.shape[0]} targets for {flat.shape[0]} positions")
-    # The head's forward, called directly for each chunk (its module hooks ran once, in the model's call): torch's
-    # MemTracker, which the estimate traces with, takes a module called again outside its parent for a new iteration.
-    step = functools.partial(_chunk_loss, head_forward)
-    total = None
-    for hidden_chunk, target_chunk in zip(flat.split(chunk_tokens), targets.split(chunk_tokens), strict=True):
-        loss = checkpoint(step, hidden_chunk, target_chunk, use_reentrant=False)
-        total = loss if total is None else total + loss
-    return total
+    # The head's forward, called directly for each chunk (its module hooks ran once, in the model's call), inside
+    # _Chunks' call: torch's MemTracker, which the estimate traces with, takes a module called again outside any
+    # parent for a new iteration, and a LoRA head calls its adapters and base layer (modules) once a chunk.
+    return _Chunks()(functools.partial(_chunk_loss, head_forward), flat, targets, chunk_tokens)
+
+
+class _Chunks(nn.Module):
+    """The chunks' summed losses, each under ``checkpoint``; a module so that what it calls has a parent."""
+
+    def forward(self, step: Callable[..., torch.Tensor], flat: torch.Tensor, targets: torch.Tensor,
+                chunk_tokens: int) -> torch.Tensor:
+        total = None
+        for hidden_chunk, target_chunk in zip(flat.split(chunk_tokens), targets.split(chunk_tokens), strict=True):
+            loss = checkpoint(step, hidden_chunk, target_chunk, use_reentrant=False)
+            total = loss if total is None else total + loss
+        return total
