@@ -110,6 +110,12 @@ def parse_checkpointing(value: object) -> Checkpointing:
     raise OptionError(f"grad_checkpointing {value!r} is not valid; {_FIX}", "grad_checkpointing")
 
 
+def saved_choice(choice: Checkpointing | str | None) -> bool | str | None:
+    """A choice as a run's saved options hold it (``train.json``): a plan file's form, or ``auto``, or None; what
+    :func:`parse_checkpointing_choice` reads back."""
+    return choice.spec_value() if isinstance(choice, Checkpointing) else choice
+
+
 def parse_checkpointing_choice(value: object) -> Checkpointing | str:
     """``value`` as :func:`parse_checkpointing` reads it, or :data:`AUTO` (``"auto"``): what ``--grad-checkpointing``
     takes where a probe may decide it."""

@@ -115,6 +115,26 @@ def leaf_owners(cls: type) -> Iterator[tuple[type, dataclasses.Field]]:
         yield owner, field
 
 
+def to_saved(obj: Any) -> dict[str, Any]:
+    """:func:`to_flat` in the form a file keeps (JSON): a field with a ``save`` mark written by it."""
+    return {option_name(field): _saved(field, get_path(obj, path)) for path, field in leaf_fields(type(obj))}
+
+
+def from_saved(cls: type[T], options: Mapping[str, Any], **overrides: Any) -> T:
+    """``cls`` from :func:`to_saved`'s form: a field with a ``save`` mark read back by its ``parse`` (unknown names are
+    left out; ``overrides`` win)."""
+    parsed = dict(options)
+    for _, field in leaf_fields(cls):
+        name = option_name(field)
+        if "save" in field.metadata and parsed.get(name) is not None and field.name not in overrides:
+            parsed[name] = field.metadata["parse"](parsed[name])
+    return from_options(cls, parsed, **overrides)
+
+
+def _saved(field: dataclasses.Field, value: Any) -> Any:
+    return field.metadata["save"](value) if "save" in field.metadata and value is not None else value
+
+
 def _walk(cls: type, prefix: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], type, dataclasses.Field]]:
     hints = _nested_types(cls)
     for field in dataclasses.fields(cls):

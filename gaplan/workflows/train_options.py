@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gaplan.core.checkpointing import Checkpointing, check_choice, parse_checkpointing_choice
+from gaplan.core.checkpointing import Checkpointing, check_choice, parse_checkpointing_choice, saved_choice
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.options import (
     MEMORY,
@@ -21,12 +21,12 @@ from gaplan.core.options import (
     PLAN,
     TIMING,
     OptionError,
-    from_options,
+    from_saved,
     leaf_fields,
     nested,
     option,
     option_name,
-    to_flat,
+    to_saved,
 )
 from gaplan.data.source import DataSource
 from gaplan.plan.goodput import LR_SCALINGS, SCHEDULE_LR_SCALING
@@ -63,7 +63,7 @@ class TrainOptions:
         "measured at to the plan's (linearly or by the square root of their ratio). With --batch-schedule: --lr is "
         "for --effective-batch, scaled to each step's batch.  [default: sqrt with --batch-schedule adaptive|warmup, "
         "else none]"))
-    batch_schedule: ScheduleChoice = option(FIXED, resume="fixed", section=PLAN, parse=parse_schedule,
+    batch_schedule: ScheduleChoice = option(FIXED, resume="fixed", section=PLAN, parse=parse_schedule, save=str,
                                             metavar="fixed|adaptive|warmup:STEPS", help=(
         "The effective batch over the run, the micro-batch staying at B*: fixed; adaptive (from --effective-batch-min, "
         "doubling when the steps measured at the batch show the noise scale at least 2x the batch by a confidence "
@@ -73,7 +73,7 @@ class TrainOptions:
         "With --batch-schedule adaptive|warmup: the first steps' effective batch (default B* x world size)."))
     # As given, beside the spec's resolved value: None (not given: a --plan's choice stands), AUTO (a --plan's choice,
     # which it needs) or the blocks given (a --plan made with others is refused).
-    grad_checkpointing: Checkpointing | str | None = option(None)
+    grad_checkpointing: Checkpointing | str | None = option(None, parse=parse_checkpointing_choice, save=saved_choice)
     source: DataSource = nested(DataSource)
     loop: LoopOptions = nested(LoopOptions)
     resume: bool = option(False)
@@ -181,19 +181,12 @@ class TrainOptions:
 
     def to_flat(self) -> dict[str, Any]:
         """By option name, as ``train.json`` holds them (and as a fresh process's request carries them): JSON."""
-        given = self.grad_checkpointing
-        return {**to_flat(self), "grad_checkpointing": given.spec_value() if isinstance(given, Checkpointing) else given,
-                "batch_schedule": str(self.batch_schedule)}
+        return to_saved(self)
 
     @classmethod
     def from_flat(cls, options: Mapping[str, Any], **overrides: Any) -> TrainOptions:
         """From option names as :meth:`to_flat` writes them (``train.json``, a request); unknown names are left out."""
-        given = options.get("grad_checkpointing")
-        if given is not None and "grad_checkpointing" not in overrides:  # the saved forms, read here once
-            overrides["grad_checkpointing"] = parse_checkpointing_choice(given)
-        if "batch_schedule" in options and "batch_schedule" not in overrides:
-            overrides["batch_schedule"] = parse_schedule(options["batch_schedule"])
-        return from_options(cls, options, **overrides)
+        return from_saved(cls, options, **overrides)
 
 
 def resume_marks() -> dict[str, str]:

@@ -21,11 +21,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "gaplan"
 TYPED = {"grad_checkpointing": CHECKPOINTING, "memory_limit": BYTES, "batch_range": BATCH_RANGE, "sizes": SIZES,
          "batch_schedule": SCHEDULE}
 
-# Every call of a parser in the package, by file, and why it is not a second parse of an option.
+# Every call of a parser in the package, by file, and why it is not a second parse of an option. (train.json's saved
+# forms are read back by the field's own parse mark, in gaplan.core.options.from_saved: the field names its parser.)
 PARSER_CALLS = {
     "parse_checkpointing_choice": {
         "gaplan/cli/option_types.py": "the click type: the command line's and a config file's text",
-        "gaplan/workflows/train_options.py": "TrainOptions.from_flat: train.json's saved form",
     },
     "parse_checkpointing": {
         "gaplan/core/checkpointing.py": "parse_checkpointing_choice: the forms other than auto",
@@ -43,10 +43,7 @@ PARSER_CALLS = {
         "gaplan/devices/cpu.py": "bound_cpu_budget(): the Python API's edge",
     },
     "parse_batch_range": {"gaplan/cli/option_types.py": "the click type"},
-    "parse_schedule": {
-        "gaplan/cli/option_types.py": "the click type",
-        "gaplan/workflows/train_options.py": "TrainOptions.from_flat: train.json's saved form",
-    },
+    "parse_schedule": {"gaplan/cli/option_types.py": "the click type"},
     "parse_sizes": {"gaplan/cli/option_types.py": "the click type"},
 }
 

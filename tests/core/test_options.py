@@ -1,10 +1,21 @@
 """Options dataclasses: built from flat parsed options by their fields, nested, and errors said in field names."""
 
+import json
 from dataclasses import dataclass
 
 import pytest
 
-from gaplan.core.options import OptionError, from_options, leaf_fields, nested, option, replace_path, to_flat
+from gaplan.core.options import (
+    OptionError,
+    from_options,
+    from_saved,
+    leaf_fields,
+    nested,
+    option,
+    replace_path,
+    to_flat,
+    to_saved,
+)
 
 
 @dataclass(frozen=True)
@@ -31,6 +42,21 @@ def test_flat_and_back_is_the_same_tree():
     flat = to_flat(tree)
     assert flat == {"size": 9, "data": "x", "depth": 4}
     assert from_options(Outer, flat) == tree
+
+
+def test_a_typed_field_is_saved_by_its_save_mark_and_read_back_by_its_parser():
+    """train.json's forms, declared on the field: a ScheduleChoice saved as its text, a Checkpointing as a plan file's
+    value (False, True, "every:2") or "auto", None as None; read back into the typed values by the field's parser."""
+    from gaplan.core.checkpointing import AUTO, ON, parse_checkpointing
+    from gaplan.plan.schedule import parse_schedule
+    from gaplan.workflows.train_options import TrainOptions
+
+    for choice, saved in ((parse_checkpointing("every:2"), "every:2"), (ON, True), (AUTO, "auto"), (None, None)):
+        options = TrainOptions(grad_checkpointing=choice, batch_schedule=parse_schedule("warmup:3"), plan_file="p.json")
+        flat = to_saved(options)
+        assert flat["grad_checkpointing"] == saved and flat["batch_schedule"] == "warmup:3"
+        assert json.loads(json.dumps(flat)) == flat  # JSON as it is
+        assert from_saved(TrainOptions, flat) == options
 
 
 def test_leaf_fields_carry_their_paths_and_metadata():
