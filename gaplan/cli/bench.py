@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from gaplan.cli.config_file import GaplanCommand, run_config_text
-from gaplan.cli.field_options import sectioned
+from gaplan.cli.field_options import field_options, sectioned
 from gaplan.cli.options import (
     OVERWRITE_OPTION,
     batch_by_options,
@@ -22,23 +22,17 @@ from gaplan.cli.options import (
     workload_options,
 )
 from gaplan.cli.output import BenchProgress, print_bench, same_terminal
-from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.lines import histogram_lines, token_bench_lines, trial_line
-from gaplan.core.options import OUTPUT, PLAN, TIMING
+from gaplan.core.options import OUTPUT
+from gaplan.workflows.bench_options import BenchCommand
 
 
 @click.command(name="bench", cls=GaplanCommand)
 @workload_options
-@sectioned(PLAN, "--effective-batch", type=int, default=DEFAULT_EFFECTIVE_BATCH, show_default=True,
-           help="Samples per optimizer step.")
-@sectioned(PLAN, "--plan", "plan_file", default=None, metavar="PLAN.JSON", help="Use a plan written by gaplan probe.")
-@sectioned(PLAN, "--world-size", type=int, default=1, show_default=True,
-           help="With --parallel fsdp: the ranks (2 or more) every timed run trains on, each under the budget.")
+@field_options(BenchCommand)  # the effective batch, the plan, the ranks, the large batch, the run folder
 @timing_options
-@sectioned(TIMING, "--no-large-batch", is_flag=True, help="Do not run the true large batch (micro-batch = E).")
 @batch_by_options
 @data_options
-@sectioned(OUTPUT, "--out", default=None, metavar="DIR", help="Run folder (default reports/bench-<model>-<time>).")
 @OVERWRITE_OPTION
 @sectioned(OUTPUT, "--json", "as_json", is_flag=True, help="Print the rows as one JSON object on stdout.")
 @sectioned(OUTPUT, "--quiet", is_flag=True, help="No progress lines on stderr.")

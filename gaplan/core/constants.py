@@ -9,6 +9,9 @@ GiB = 2**30
 DEFAULT_CPU_BUDGET = GiB  # the probe's and the estimate's CPU budget when --memory-limit is not given
 SEARCH_CAP = 4096  # the search's upper bound when neither the user nor an effective batch gives one
 DEFAULT_EFFECTIVE_BATCH = 256
+# The help of --effective-batch and --plan, on the fields of every command that takes them.
+EFFECTIVE_BATCH_HELP = "Samples per optimizer step."
+PLAN_FILE_HELP = "Use a plan written by gaplan probe."
 
 # Rows of a throughput comparison (throughput.csv's ``kind`` column).
 PLAN_KIND = "plan"  # the plan's own split

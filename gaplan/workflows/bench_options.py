@@ -11,15 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gaplan.core.checkpointing import Checkpointing, check_choice
-from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
+from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, EFFECTIVE_BATCH_HELP, PLAN_FILE_HELP
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import from_options
+from gaplan.core.options import OUTPUT, PLAN, TIMING, from_options, option
 from gaplan.core.outputs import check_writable
 from gaplan.core.progress import Say, quiet
 from gaplan.data.source import DataSource
 from gaplan.runs.claim import claim_run_folder
 from gaplan.runs.folder import default_run_dir
-from gaplan.runs.schema import save_run_config
 from gaplan.workflows.parse_options import (
     check_by_tokens,
     check_positive,
@@ -36,9 +35,10 @@ class BenchCommand:
     batch (by samples), or the token plan against the samples plan on ``source`` (``batch_by="tokens"``)."""
 
     spec: WorkloadSpec
-    effective_batch: int = DEFAULT_EFFECTIVE_BATCH
-    plan_file: str | None = None  # a plan.json of gaplan probe (by samples)
-    world_size: int = 1  # ranks of every timed run (--parallel fsdp)
+    effective_batch: int = option(DEFAULT_EFFECTIVE_BATCH, section=PLAN, help=EFFECTIVE_BATCH_HELP)
+    plan_file: str | None = option(None, section=PLAN, flag="--plan", metavar="PLAN.JSON", help=PLAN_FILE_HELP)
+    world_size: int = option(1, section=PLAN, help=(
+        "With --parallel fsdp: the ranks (2 or more) every timed run trains on, each under the budget."))
     device: str = "auto"
     memory_limit: int | None = None
     threads: int | None = None
@@ -50,12 +50,12 @@ class BenchCommand:
     ci_target: float = 0.05
     time_budget: float = 300.0
     all_splits: bool = False
-    no_large_batch: bool = False
+    no_large_batch: bool = option(False, section=TIMING, help="Do not run the true large batch (micro-batch = E).")
     batch_by: str = "samples"
     granule: int | None = None  # by tokens: a probed budget is a multiple of it (None: 64)
     source: DataSource | None = None  # --data (by tokens); its fields refused without it
     command: str | None = None  # the command line, recorded in plan.json
-    out: str | None = None  # None: reports/bench-<model>-<time>
+    out: str | None = option(None, section=OUTPUT, metavar="DIR", help="Run folder (default reports/bench-<model>-<time>).")
     overwrite: bool = False  # replace the run that ``out`` holds (its files only), else that is refused
     settings: Any = field(default=None, init=False)  # by samples: the BenchSettings of the timing fields
 
@@ -117,6 +117,8 @@ def run_bench_command(command: BenchCommand, *, say: Say = quiet, on_trial: Call
     :func:`gaplan.workflows.bench.probe_and_bench`; by tokens a
     :class:`gaplan.workflows.bench_tokens.TokenBenchResult`. The run folder is checked before any work;
     ``config_toml`` (the options as ``--config`` reads them) is saved in it once the bench is done."""
+    from gaplan.runs.schema import save_run_config  # pandas: not at import, where the CLI builds bench's options
+
     check_writable(command.out)
     inputs = [command.plan_file] if command.plan_file else []
     with claim_run_folder(command.out, "bench", overwrite=command.overwrite, inputs=inputs):

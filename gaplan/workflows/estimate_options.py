@@ -10,7 +10,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
+from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, EFFECTIVE_BATCH_HELP
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import MEMORY, PLAN, from_options, option
 from gaplan.core.progress import Say, quiet
@@ -29,7 +29,7 @@ class EstimateCommand:
     target: str | None = option(None, section=MEMORY, metavar="GPU", help=(
         "A GPU from --list-targets (default h100-80gb when no --memory-limit is given)."))
     memory_limit: int | None = None
-    effective_batch: int = option(DEFAULT_EFFECTIVE_BATCH, section=PLAN, help="Samples per optimizer step.")
+    effective_batch: int = option(DEFAULT_EFFECTIVE_BATCH, section=PLAN, help=EFFECTIVE_BATCH_HELP)
     sizes: tuple[int, ...] | None = option(None, section=PLAN, parse=parse_sizes, metavar="B1,B2", help=(
         "Micro-batches whose micro-steps draw the memory line (default 1,2)."))
     world_size: int | None = option(None, section=PLAN, help=(

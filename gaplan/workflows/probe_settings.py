@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from gaplan.benchmark.measurement import BenchSettings
 from gaplan.core.checkpointing import OFF, Checkpointing, check_typed
-from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
+from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, EFFECTIVE_BATCH_HELP
 from gaplan.core.options import MEMORY, PLAN, TIMING, OptionError, nested, option
 from gaplan.data.source import DataSource
 from gaplan.workflows.parse_options import parse_batch_range
@@ -52,7 +52,7 @@ class ProbeOptions:
     """What ``gaplan probe`` is asked, beyond the workload and the device: the plan's batch, the search, the tuner,
     the report. Built from the parsed options by field (:func:`gaplan.core.options.from_options`)."""
 
-    effective_batch: int = option(DEFAULT_EFFECTIVE_BATCH, section=PLAN, help="Samples per optimizer step.")
+    effective_batch: int = option(DEFAULT_EFFECTIVE_BATCH, section=PLAN, help=EFFECTIVE_BATCH_HELP)
     world_size: int = option(1, section=PLAN, help=(
         "Processes the batch is split over (with --parallel fsdp, 2 or more: every trial runs them all)."))
     # Checked where the probe uses it (gaplan.probing.edge.probe), for every caller.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gaplan.core.checkpointing import Checkpointing, check_choice, parse_checkpointing_choice, saved_choice
-from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
+from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, PLAN_FILE_HELP
 from gaplan.core.options import (
     MEMORY,
     OUTPUT,
@@ -55,8 +55,8 @@ class TrainOptions:
         "With --batch-by tokens: the most padded tokens (samples x longest) in one micro-batch (default: probed from "
         "--data's lengths, T*)."))
     granule: int | None = option(None, resume="fixed")  # by tokens: a probed budget is a multiple of it (None: 64)
-    plan_file: str | None = option(None, resume="fixed", section=PLAN, flag="--plan", metavar="PLAN.JSON", help=(
-        "Use a plan written by gaplan probe."))
+    plan_file: str | None = option(None, resume="fixed", section=PLAN, flag="--plan", metavar="PLAN.JSON",
+                                   help=PLAN_FILE_HELP)
     # None: sqrt with a schedule, else none (__post_init__).
     lr_scaling: str | None = option(None, resume="fixed", section=PLAN, choices=LR_SCALINGS, help=(
         "With a --plan from gaplan probe --objective goodput: scale --lr from the effective batch the noise scale was "
