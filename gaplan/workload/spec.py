@@ -27,7 +27,9 @@ OPTIMIZERS = ("adamw", "adamw-fused", "adamw-forloop", "adamw-8bit", "paged-adam
 # torch's AdamW by its implementation (one update rule, the same states): its default (foreach on CUDA parameters,
 # for-loop on the CPU), fused (one kernel per step, no temporaries), for-loop (one parameter at a time).
 ADAMW_IMPLEMENTATIONS = ("adamw", "adamw-fused", "adamw-forloop")
-SHARDED_OPTIMIZERS = ("adamw", "sgd")  # what --parallel fsdp trains with: the others keep states FSDP2 does not shard
+# What --parallel fsdp trains with: torch's AdamW in each kernel and SGD step FSDP2's DTensor shards; the others keep
+# states FSDP2 does not shard.
+SHARDED_OPTIMIZERS = ("adamw", "adamw-fused", "adamw-forloop", "sgd")
 LOSSES = ("plain", "chunked")  # --loss plain | chunked[:TOKENS] (gaplan.workload.chunked_loss)
 
 # The fields that set how a step is split or run, not the step: memory and speed, not the math (both losses are

@@ -78,12 +78,15 @@ def test_two_fsdp_ranks_equal_one_process_with_sgd(tmp_path):
     # still ~lr, so the noise (1e-7 of the gradient) reaches the weights as ~1e-4 of their scale (measured 2.3e-4).
     # tiny-llama: GPT-2's key bias has a gradient exactly 0 in theory (softmax ignores a constant): all noise.
     (["--model", "tiny-llama", "--optimizer", "adamw", "--lr", "1e-3"], (), 1e-3),
+    # torch's AdamW by its fused kernel and one parameter at a time: FSDP2's DTensor shards take both.
+    (["--model", "tiny-llama", "--optimizer", "adamw-fused", "--lr", "1e-3"], (), 1e-3),
+    (["--model", "tiny-llama", "--optimizer", "adamw-forloop", "--lr", "1e-3"], (), 1e-3),
     (["--optimizer", "sgd", "--lr", "0.1", "--grad-checkpointing", "on"], (), 1e-5),
     (["--optimizer", "sgd", "--lr", "0.1"], ("--grad-sync", "every"), 1e-5),
     # bf16: FSDP computes with bf16 copies of the weights (MixedPrecisionPolicy), one process with bf16 autocast
     # (which keeps layer norms in fp32): the same arithmetic only up to bf16 rounding (8 bits of mantissa).
     (["--optimizer", "sgd", "--lr", "0.1", "--dtype", "bf16"], (), 2e-2),
-], ids=["adamw", "checkpointing", "sync-every", "bf16"])
+], ids=["adamw", "adamw-fused", "adamw-forloop", "checkpointing", "sync-every", "bf16"])
 def test_two_fsdp_ranks_equal_one_process(tmp_path, extra, sharded_only, rtol):
     differences = fsdp_against_one_process(tmp_path, extra, port=free_port(), sharded_only=sharded_only)
     worst = max(differences, key=differences.get)
