@@ -41,7 +41,9 @@ def fill_optimizer_state(optimizer, name: str) -> None:
     """
     import torch
 
-    if name != "adamw":
+    from gaplan.workload.spec import ADAMW_IMPLEMENTATIONS
+
+    if name not in ADAMW_IMPLEMENTATIONS:  # torch's AdamW in any kernel: the same two moments
         return
     for group in optimizer.param_groups:
         for param in group["params"]:

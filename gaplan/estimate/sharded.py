@@ -55,6 +55,7 @@ from gaplan.estimate.shard_tracking import (
 )
 from gaplan.estimate.torch_private import private, private_module
 from gaplan.estimate.trace import TraceHelper, fast_peak_tracking, lora_assumption, quiet_module_tracking
+from gaplan.workload.spec import ADAMW_IMPLEMENTATIONS
 
 if TYPE_CHECKING:
     from torch import nn
@@ -103,7 +104,7 @@ def sharded_static_bytes(model: nn.Module, optimizer: str, world_size: int) -> i
         weights += nbytes
         grads += nbytes if param.requires_grad else 0
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    return weights + grads + (2 * grads if optimizer == "adamw" else 0) + buffers
+    return weights + grads + (2 * grads if optimizer in ADAMW_IMPLEMENTATIONS else 0) + buffers
 
 
 @contextlib.contextmanager
