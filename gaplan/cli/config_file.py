@@ -1,11 +1,14 @@
 """``--config FILE`` and ``--print-config`` on every command: a command's options from a TOML file, flags over it.
 
-The file holds a table per command, keyed by the flags without their dashes (a file with no tables is the invoked
-command's own)::
+The file holds a table per command, keyed by the flags without their dashes, and in it a table per object that holds
+options (an option's ``table``: its field's dataclass; a key may also sit flat in the command's table, and a file with
+no tables is the invoked command's own)::
 
     [train]
-    model = "tiny-llama"
     effective-batch = 256
+
+    [train.workload]
+    model = "tiny-llama"
     grad-checkpointing = "every:2"
 
 It fills click's ``default_map``, so each value is parsed by its option's own type, once, as if given on the command
@@ -140,8 +143,9 @@ class GaplanCommand(click.Command):
         super().__init__(*args, **kwargs)
         self.params.append(FieldOption(
             ["--config"], section=OUTPUT, type=click.Path(dir_okay=False), is_eager=True, expose_value=False, callback=_load,
-            metavar="FILE", help="Options from a TOML file (a [COMMAND] table keyed by the flags without their "
-                                 "dashes); flags given on the command line win."))
+            metavar="FILE", help="Options from a TOML file: a [COMMAND] table keyed by the flags without their "
+                                 "dashes, with a table per object (as --print-config writes it: [COMMAND.workload], "
+                                 "[COMMAND.data], ...); flags given on the command line win."))
         self.params.append(FieldOption(
             ["--print-config"], section=OUTPUT, is_flag=True, expose_value=False, callback=_mark,
             help="Print the resolved options as TOML (what --config reads) and run nothing."))
