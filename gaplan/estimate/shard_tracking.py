@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from gaplan.core.errors import GaplanError
 from gaplan.estimate.torch_private import private_attr, private_module
+from gaplan.workload.spec import ADAMW_IMPLEMENTATIONS
 
 if TYPE_CHECKING:
     from torch import nn
@@ -40,8 +41,6 @@ def fill_optimizer_state(optimizer, name: str) -> None:
     every parameter shape (minutes for a large model), and the states are what AdamW's first step makes.
     """
     import torch
-
-    from gaplan.workload.spec import ADAMW_IMPLEMENTATIONS
 
     if name not in ADAMW_IMPLEMENTATIONS:  # torch's AdamW in any kernel: the same two moments
         return

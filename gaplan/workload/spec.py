@@ -29,7 +29,7 @@ OPTIMIZERS = ("adamw", "adamw-fused", "adamw-forloop", "adamw-8bit", "paged-adam
 ADAMW_IMPLEMENTATIONS = ("adamw", "adamw-fused", "adamw-forloop")
 # What --parallel fsdp trains with: torch's AdamW in each kernel and SGD step FSDP2's DTensor shards; the others keep
 # states FSDP2 does not shard.
-SHARDED_OPTIMIZERS = ("adamw", "adamw-fused", "adamw-forloop", "sgd")
+SHARDED_OPTIMIZERS = (*ADAMW_IMPLEMENTATIONS, "sgd")
 LOSSES = ("plain", "chunked")  # --loss plain | chunked[:TOKENS] (gaplan.workload.chunked_loss)
 
 # The fields that set how a step is split or run, not the step: memory and speed, not the math (both losses are
