@@ -101,8 +101,10 @@ def chunked_token_loss(module: nn.Module, inputs: Mapping[str, Any], batch: Mapp
         raise GaplanError(f"loss chunked: {targets.shape[0]} targets for {flat.shape[0]} positions")
     # The head's forward, called directly for each chunk (its module hooks ran once, in the model's call), inside
     # _Chunks' call: torch's MemTracker, which the estimate traces with, takes a module called again outside any
-    # parent for a new iteration, and a LoRA head calls its adapters and base layer (modules) once a chunk.
-    return _Chunks()(functools.partial(_chunk_loss, head_forward), flat, targets, chunk_tokens)
+    # parent for a new iteration, and a LoRA head calls its adapters and base layer (modules) once a chunk. One
+    # instance for all calls: the tracker keeps a weak reference to it until backward, which a fresh one per call
+    # does not outlive ("Module is None. Skipping PRE_BW hook").
+    return _CHUNKS(functools.partial(_chunk_loss, head_forward), flat, targets, chunk_tokens)
 
 
 class _Chunks(nn.Module):
@@ -115,3 +117,6 @@ class _Chunks(nn.Module):
             loss = checkpoint(step, hidden_chunk, target_chunk, use_reentrant=False)
             total = loss if total is None else total + loss
         return total
+
+
+_CHUNKS = _Chunks()
