@@ -43,6 +43,7 @@ from gaplan.estimate.assumptions import Assumption, nccl_buffers, sharded_assump
 from gaplan.estimate.depth import extrapolate, truncated_copy, uniform_stack
 from gaplan.estimate.device import DeviceModel, GraphCount
 from gaplan.estimate.fake import fake_batch_maker, fake_tensor_errors, fake_tensor_mode, readable_values
+from gaplan.estimate.offload import offloaded_to_host
 from gaplan.estimate.recompute import recompute_under_forward_modes
 from gaplan.estimate.result import TracedRow
 from gaplan.estimate.shard_tracking import (
@@ -224,6 +225,8 @@ class ShardedTracer:
         self._stack.enter_context(self.device.autocast(self.spec.dtype))
         self._stack.enter_context(self.device.attention(self.helper.cuda_attention_calls))
         self._stack.enter_context(self.device.dropout())
+        if self.spec.offload_activations:  # save_on_cpu, as the device sees it
+            self._stack.enter_context(offloaded_to_host())
         for depth, model in models.items():
             self._copies.append(_Copy(depth, self._materialize(meta, model)))
 
@@ -266,7 +269,7 @@ class ShardedTracer:
 
         with fake_tensor_errors(self.spec), tracker:
             accumulate_gradients(workload.model, batches, raw_loss, workload.task, workload.loss_is_scaled_for_ga,
-                                 workload.autocast, no_sync=no_sync_for(workload.model, self.spec.grad_sync))
+                                 workload.forward_context, no_sync=no_sync_for(workload.model, self.spec.grad_sync))
         workload.optimizer.zero_grad(set_to_none=True)
         del batches
         return by_category(tracker.get_tracker_snapshot("peak"), FSDP_CATEGORY_OF)

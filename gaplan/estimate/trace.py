@@ -37,6 +37,7 @@ from gaplan.estimate.fake import (
     no_step_optimizer,
     readable_values,
 )
+from gaplan.estimate.offload import HostCopies, offloaded_to_host
 from gaplan.estimate.recompute import recompute_under_forward_modes
 from gaplan.estimate.result import TracedRow
 from gaplan.estimate.torch_private import private, private_attr, private_module
@@ -64,6 +65,8 @@ class Tracer:
         self.quantized = None  # QLoRA: the 4-bit accounting of the frozen base (gaplan.estimate.quantized)
         self.pools = None  # on cuda: the allocator's shared segments through each trace (gaplan.estimate.allocator)
         self.unfilled_segment_bytes = 0  # the most any trace's shared segments held unfilled at its peak
+        self.host_copies = HostCopies()  # offload_activations: the bytes a traced micro-step sent to the host
+        self.host_bytes: dict[int, int] = {}  # by a traced micro-step's samples
         self._stack = contextlib.ExitStack()
         self.workload: Workload
         self._no_step: Workload
@@ -96,6 +99,8 @@ class Tracer:
             self._stack.enter_context(self.device.autocast(self.spec.dtype))
             self._stack.enter_context(self.device.attention(self.helper.cuda_attention_calls))
             self._stack.enter_context(self.device.dropout())
+            if self.spec.offload_activations:  # save_on_cpu, as the device sees it
+                self._stack.enter_context(offloaded_to_host(self.host_copies))
             self._stack.enter_context(self.device.optimizer_step(self.spec.optimizer))
             with fake_tensor_errors(self.spec):
                 from gaplan.worker.trial import materialize_optimizer_state
@@ -120,8 +125,11 @@ class Tracer:
             if param.requires_grad:
                 param.grad = torch.zeros_like(param)
         kept = self.kept_inputs if self.kept_inputs is not None and micro_steps else contextlib.nullcontext()
+        self.host_copies.reset()
         with fake_tensor_errors(self.spec), kept:
             breakdown = measure_breakdown(workload, micro_batch, micro_steps=micro_steps, workspace=self._workspace())
+        if micro_batch and micro_steps == 1:
+            self.host_bytes[micro_batch] = self.host_copies.bytes
         categories = {category: getattr(breakdown, category) for category in BREAKDOWN_CATEGORIES}
         total = breakdown.tracked_total
         if self.quantized is not None:  # the base's weights at 4 bits (their dequantized copies are workspaces)
@@ -188,6 +196,11 @@ class Tracer:
         data.update(self.device.extra(self.helper.gemm_panel_bytes, self.helper.graph.nodes))
         if self.pools is not None:
             data["unfilled_segment_bytes"] = self.unfilled_segment_bytes
+        if self.spec.offload_activations and len(self.host_bytes) > 1:  # a micro-step's copies, a line in its samples
+            low, high = min(self.host_bytes), max(self.host_bytes)
+            per_sample = (self.host_bytes[high] - self.host_bytes[low]) / (high - low)
+            data.update(host_bytes_per_sample=round(per_sample),
+                        host_bytes_per_micro_step=round(self.host_bytes[low] - per_sample * low))
         if self.world_size > 1:
             data.update(parallel="ddp", world_size=self.world_size, ddp_bucket_bytes=self.bucket_bytes)
             if self.nccl_bytes:

@@ -1,18 +1,19 @@
 """The memory levers one device can pull, and which combinations of them ``gaplan plan`` compares. No torch.
 
 A :class:`Lever` is one workload setting changed from the user's (``--optimizer``, ``--loss``,
-``--grad-checkpointing``): adding a lever value is one line of :data:`LEVERS`. The rows compared
+``--grad-checkpointing``, ``--offload-activations``): adding a lever value is one line of :data:`LEVERS`. The rows compared
 (:func:`lever_rows`) are not the cartesian product of the levers, which grows as the product of their values
 and is mostly rows no one would pick. They are:
 
 * the base: the user's workload as given;
 * each lever alone, so the table says what each one buys in B* and costs in time;
-* the memory levers together (one value of each kind: the chunked loss with checkpointing): what fits the
+* the memory levers together (one value of each kind: the chunked loss, checkpointing, offloading): what fits the
   largest micro-batch without changing the optimizer;
 * each other optimizer named in ``--levers`` with those memory levers together: an optimizer swap is a change of
   training semantics, so it is compared only when asked, and then at its most memory-saving.
 
-A lever the estimate cannot model (``compile``) is listed, with the reason, and never estimated.
+A lever the estimate cannot model (``compile``) is listed, with the reason, and never estimated; one that does
+nothing on a CPU (``offload``: the host is the device) is left out of a CPU's table, with the reason.
 """
 
 from __future__ import annotations
@@ -33,18 +34,20 @@ class Lever:
 
     ``recompute_blocks`` is the fraction of the transformer blocks whose forward runs again in backward
     (checkpointing); ``recompute_head`` is 1 when the LM head's forward runs again (the chunked loss).
-    ``cuda_only`` says why it cannot run on the CPU (it is then estimated, never measured there);
+    ``cuda_only`` says why it cannot run on the CPU (it is then estimated, never measured there); ``gpu_only``
+    why it does nothing there (it is then not compared for a CPU);
     ``not_built`` why gaplan cannot run or estimate it at all (listed, not compared).
     """
 
     name: str  # as --levers names it
-    kind: str  # optimizer | loss | checkpointing | compile: one lever of each kind in a row
+    kind: str  # optimizer | loss | checkpointing | offload | compile: one lever of each kind in a row
     field: str | None
     value: object
     tradeoff: str
     recompute_blocks: float = 0.0
     recompute_head: float = 0.0
     cuda_only: str = ""
+    gpu_only: str = ""
     not_built: str = ""
 
 
@@ -75,6 +78,11 @@ LEVERS = (
           "attention outputs (op-level, torchtitan's policy)", recompute_blocks=0.5),
     Lever("every:2", "checkpointing", "grad_checkpointing", Checkpointing("every", 2),
           "every other block's forward runs again in backward", recompute_blocks=0.5),
+    Lever("offload", "offload", "offload_activations", True,
+          "every tensor saved for backward crosses PCIe twice, to pinned host memory in forward and back in "
+          "backward (torch's save_on_cpu; host memory holds one micro-batch's activations; the copies' time is not "
+          "in the modelled time)",
+          gpu_only="on a CPU the host memory is the device's: nothing moves"),
     Lever("compile", "compile", None, True, "",
           not_built="the estimate traces the eager model and cannot model what compile keeps for backward; "
                     "probe it: gaplan probe --compile"),
@@ -120,6 +128,7 @@ class Base:
     optimizer: str = "adamw"
     loss: str = "plain"
     grad_checkpointing: Checkpointing = OFF
+    offload_activations: bool = False
 
     def has(self, lever: Lever) -> bool:
         """True when the workload already has this lever's setting (so the lever adds nothing)."""
@@ -129,13 +138,16 @@ class Base:
             return self.loss.partition(":")[0] == lever.value
         if lever.field == "grad_checkpointing":
             return self.grad_checkpointing in (ON, lever.value)
+        if lever.field == "offload_activations":
+            return self.offload_activations
         return False
 
 
-def lever_rows(selected: Iterable[str], base: Base = Base()) -> list[tuple[str, ...]]:
+def lever_rows(selected: Iterable[str], base: Base = Base(), device_kind: str = "cuda") -> list[tuple[str, ...]]:
     """The rows to compare, each the names of the levers applied to ``base`` (``()`` is the base), in order: the
-    base, each lever alone, the memory levers together, each other optimizer with them (see the module)."""
-    levers = [BY_NAME[name] for name in selected if not BY_NAME[name].not_built and not base.has(BY_NAME[name])]
+    base, each lever alone, the memory levers together, each other optimizer with them (see the module); for
+    ``device_kind`` ``cpu``, without the levers that do nothing there."""
+    levers = [BY_NAME[name] for name in selected if not _why_not(BY_NAME[name], base, device_kind)]
     rows: list[tuple[str, ...]] = [()]
     rows += [(lever.name,) for lever in levers]
     memory: dict[str, str] = {}
@@ -150,16 +162,18 @@ def lever_rows(selected: Iterable[str], base: Base = Base()) -> list[tuple[str, 
     return list(dict.fromkeys(rows))
 
 
-def not_compared(selected: Iterable[str], base: Base = Base()) -> list[tuple[str, str]]:
-    """``(lever, why)`` for each selected lever that is not in any row: not built, or already the base's."""
-    out = []
-    for name in selected:
-        lever = BY_NAME[name]
-        if lever.not_built:
-            out.append((name, lever.not_built))
-        elif base.has(lever):
-            out.append((name, "the workload already has it (the base row)"))
-    return out
+def not_compared(selected: Iterable[str], base: Base = Base(), device_kind: str = "cuda") -> list[tuple[str, str]]:
+    """``(lever, why)`` for each selected lever that is not in any row: not built, already the base's, or doing
+    nothing on ``device_kind``."""
+    return [(name, why) for name in selected if (why := _why_not(BY_NAME[name], base, device_kind))]
+
+
+def _why_not(lever: Lever, base: Base, device_kind: str) -> str:
+    if lever.not_built:
+        return lever.not_built
+    if base.has(lever):
+        return "the workload already has it (the base row)"
+    return lever.gpu_only if device_kind == "cpu" else ""
 
 
 def row_settings(row: Sequence[str]) -> dict:

@@ -21,14 +21,15 @@ COLUMNS = ("levers", "fits", "B*", "split", "steps", "peak", "time (model)", "sa
 NUMBER_COLUMNS = frozenset({"B*", "steps", "peak", "time (model)", "samples/s"})
 COST_MODEL = ("time (model): one optimizer step's modelled time over the base row's: forward + backward + recompute "
               "(one more forward of the checkpointed blocks, of the LM head for the chunked loss) at {source}, plus "
-              "each micro-step's weight and gradient traffic and the optimizer's passes over its states "
-              "(gaplan.plan.lever_cost; docs/levers.md)")
+              "each micro-step's weight and gradient traffic, the optimizer's passes over its states and, offloading, "
+              "the saved tensors' trips to the host and back (gaplan.plan.lever_cost; docs/levers.md)")
 
 
 def base_text(base: Base) -> str:
     """The base row's settings in words."""
     return (f"--optimizer {base.optimizer}, --loss {base.loss}, checkpointing "
-            f"{'on' if base.grad_checkpointing else 'off'}")
+            f"{'on' if base.grad_checkpointing else 'off'}" + (", activations offloaded" if base.offload_activations
+                                                                else ""))
 
 
 def split_of(comparison: LeverComparison, result: LeverResult) -> str:

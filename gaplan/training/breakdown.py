@@ -65,7 +65,7 @@ def measure_breakdown(workload: Workload, micro_batch: int, micro_steps: int = 2
 
     with tracker:
         accumulate_gradients(workload.model, batches, raw_loss, workload.task,
-                             workload.loss_is_scaled_for_ga, workload.autocast)
+                             workload.loss_is_scaled_for_ga, workload.forward_context)
         workload.optimizer.step()
         workload.optimizer.zero_grad(set_to_none=True)
     del batches

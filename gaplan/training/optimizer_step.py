@@ -42,7 +42,7 @@ def optimizer_step(workload: Workload, model: nn.Module, micro_batches: list[dic
     # FSDP here sums already (gaplan.parallel.fsdp sets it on every unit).
     averaged = dist.active and not is_sharded(model) and workload.loss_is_scaled_for_ga is not False
     result = accumulate_gradients(
-        model, micro_batches, workload.raw_loss, workload.task, workload.loss_is_scaled_for_ga, workload.autocast,
+        model, micro_batches, workload.raw_loss, workload.task, workload.loss_is_scaled_for_ga, workload.forward_context,
         num_items_in_batch=num_items, loss_multiplier=dist.world_size if averaged else 1,
         no_sync=no_sync_for(model, workload.spec.grad_sync),
         scale=scaler.scale if scaler is not None else None,

@@ -77,7 +77,7 @@ def run_trial(workload: Workload, backend: Backend, micro_batch: int, micro_step
         # Under DDP, no gradient sync but on the last micro-step, as training does; sharded (FSDP), as the
         # workload's grad_sync says. The loss multiplier stays 1: it scales the loss, not the memory.
         accumulate_gradients(workload.model, batches, workload.raw_loss, workload.task,
-                             workload.loss_is_scaled_for_ga, workload.autocast,
+                             workload.loss_is_scaled_for_ga, workload.forward_context,
                              num_items_in_batch=_targets_over_ranks(batches, workload.task),
                              no_sync=_no_sync(workload))
         return sum(int(b["attention_mask"].sum()) for b in batches if "attention_mask" in b), batches

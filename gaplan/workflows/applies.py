@@ -32,6 +32,7 @@ TRAIN_SCOPES = (
     Scope("--label-field", "with `--data`, task `classification`", ("--data", "{data}", "--label-field", "y")),
     Scope("--target-field", "with `--data`, task `seq2seq-lm`", ("--data", "{data}", "--target-field", "y")),
     Scope("--cpu-offload", "`--parallel fsdp`", ("--cpu-offload",)),
+    Scope("--offload-activations", "a CUDA device", ("--offload-activations",)),
     Scope("--grad-sync", "`--parallel fsdp` (`every`; `last` is DDP's too)", ("--grad-sync", "every")),
     Scope("--lora-r", "`--lora` (as `--lora-alpha`, `--lora-dropout`, `--lora-targets`)", ("--lora-r", "8")),
     Scope("--merge", "`--save-model` with `--lora`", ("--merge",)),
@@ -54,6 +55,7 @@ TRAIN_SCOPES = (
 # Shared by every command that builds a model from the workload options.
 WORKLOAD_SCOPES = (
     Scope("--cpu-offload", "`--parallel fsdp`", ("--cpu-offload",)),
+    Scope("--offload-activations", "a CUDA device", ("--device", "cpu", "--offload-activations")),
     Scope("--grad-sync", "`--parallel fsdp` (`every`; `last` is DDP's too)", ("--grad-sync", "every")),
     Scope("--lora-r", "`--lora` (as `--lora-alpha`, `--lora-dropout`, `--lora-targets`)", ("--lora-r", "8")),
     Scope("--quantize", "`--lora` (QLoRA)", ("--quantize", "4bit")),

@@ -29,6 +29,9 @@ from gaplan.plan.levers import (
 from gaplan.plan.split import default_search_cap, make_plan
 from gaplan.workload.spec import DTYPE_BYTES, WorkloadSpec
 
+# An offloading row's traced host copies (gaplan.estimate.trace.Tracer.extra): bytes a micro-step, bytes a sample.
+HOST_BYTES = ("host_bytes_per_micro_step", "host_bytes_per_sample")
+
 
 def compare_levers(
     spec: WorkloadSpec,
@@ -62,15 +65,16 @@ def compare_levers(
     if spec.parallel != "ddp":
         raise GaplanError("the lever table is for one device: use --parallel ddp (the layouts compare FSDP)")
     the_budget, memory_limit = margin_budget(device_kind, memory_limit, target, margin)
-    base = Base(optimizer=spec.optimizer, loss=spec.loss, grad_checkpointing=spec.grad_checkpointing)
+    base = Base(optimizer=spec.optimizer, loss=spec.loss, grad_checkpointing=spec.grad_checkpointing,
+                offload_activations=spec.offload_activations)
     started = time.perf_counter()
     inputs = cost_inputs(spec, device_kind)
     cap = default_search_cap(effective_batch, 1)
     results: list[LeverResult] = []
-    for row in lever_rows(selected, base):
+    for row in lever_rows(selected, base, device_kind):
         if not row and known_base is not None:
             result = dataclasses.replace(known_base, levers=(), model_seconds=_model_seconds(
-                inputs, spec, row, base, effective_batch, known_base.grad_accum_steps))
+                inputs, spec, row, base, effective_batch, known_base.grad_accum_steps, known_base.extra))
         else:
             result = _estimate_row(estimate, spec, row, base, inputs, effective_batch=effective_batch,
                                    memory_limit=memory_limit, target=target, device_kind=device_kind, cap=cap,
@@ -81,7 +85,7 @@ def compare_levers(
     return LeverComparison(
         model=spec.model, device_kind=device_kind, target=the_budget.target.name if the_budget.target else None,
         memory_limit_bytes=int(the_budget.limit_bytes), usable_bytes=int(the_budget.usable_bytes),
-        effective_batch=effective_batch, base=base, results=results, not_compared=not_compared(selected, base),
+        effective_batch=effective_batch, base=base, results=results, not_compared=not_compared(selected, base, device_kind),
         cost_source=RATES[device_kind].source, seconds=time.perf_counter() - started, workload=spec.to_dict())
 
 
@@ -105,22 +109,27 @@ def _estimate_row(estimate, spec: WorkloadSpec, row: tuple[str, ...], base: Base
     except GaplanError as exc:  # the lever does not apply to this model (a chunked loss on a classifier, ...)
         return LeverResult(row, fits=None, note=one_line(exc))
     plan = result.plan
-    model_seconds = _model_seconds(inputs, the_spec, row, base, effective_batch, plan["grad_accum_steps"])
+    model_seconds = _model_seconds(inputs, the_spec, row, base, effective_batch, plan["grad_accum_steps"],
+                                   result.extra)
     return LeverResult(
         row, fits=True, max_micro_batch=result.max_micro_batch, micro_batch=plan["micro_batch"],
         grad_accum_steps=plan["grad_accum_steps"], peak_bytes=result.plan_peak_bytes or result.peak_bytes,
         model_seconds=model_seconds, note=note, command=result.launch_command,
-        extra={"capped": result.capped, "static_bytes": result.static_bytes, "cuda_only": bool(why_not_here)})
+        extra={"capped": result.capped, "static_bytes": result.static_bytes, "cuda_only": bool(why_not_here),
+               **{key: result.extra[key] for key in HOST_BYTES if key in result.extra}})
 
 
 def _model_seconds(inputs: CostInputs | None, spec: WorkloadSpec, row: Sequence[str], base: Base, effective_batch: int,
-                   grad_accum_steps: int | None) -> float | None:
-    """The row's modelled time per optimizer step (None without the model's counts or a split)."""
+                   grad_accum_steps: int | None, extra: dict) -> float | None:
+    """The row's modelled time per optimizer step (None without the model's counts or a split); ``extra``: its
+    estimate's, whose traced host copies (offloading) are a line in a micro-step's samples."""
     if inputs is None or not grad_accum_steps:
         return None
     blocks, head = row_recompute(row, base)
+    per_micro_step, per_sample = (extra.get(key, 0) for key in HOST_BYTES)
     return step_cost(inputs, effective_batch=effective_batch, grad_accum_steps=grad_accum_steps,
-                     optimizer=spec.optimizer, recompute_blocks=blocks, recompute_head=head).total_s
+                     optimizer=spec.optimizer, recompute_blocks=blocks, recompute_head=head,
+                     host_bytes=grad_accum_steps * per_micro_step + effective_batch * per_sample).total_s
 
 
 def lever_selection(text: str | None, world_size: int) -> tuple[str, ...]:

@@ -99,6 +99,17 @@ class Workload:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=DTYPES[self.spec.dtype])
 
+    def forward_context(self) -> contextlib.AbstractContextManager:
+        """What each micro-step's forward runs under: :meth:`autocast`, and with ``offload_activations`` on a GPU
+        torch's ``save_on_cpu`` (each tensor saved for backward goes to pinned host memory and comes back when
+        backward needs it; the pack and unpack pair is kept with each saved tensor, so backward needs no context)."""
+        if not (self.spec.offload_activations and self.device.type == "cuda"):
+            return self.autocast()
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.autocast())
+        stack.enter_context(torch.autograd.graph.save_on_cpu(pin_memory=True))
+        return stack
+
 
 def static_bytes(model: nn.Module, optimizer: str) -> int:
     """Bytes of weights, gradients and optimizer states (:func:`optimizer_state_bytes`)."""

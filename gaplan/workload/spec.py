@@ -34,8 +34,11 @@ LOSSES = ("plain", "chunked")  # --loss plain | chunked[:TOKENS] (gaplan.workloa
 
 # The fields that set how a step is split or run, not the step: memory and speed, not the math (both losses are
 # token-exact), so a resumed run may change them (and re-plans). docs/resume.md has the table.
-SPLIT_ONLY_FIELDS = ("grad_checkpointing", "attention", "parallel", "cpu_offload", "grad_sync", "compile", "loss")
+SPLIT_ONLY_FIELDS = ("grad_checkpointing", "attention", "parallel", "cpu_offload", "grad_sync", "compile", "loss",
+                     "offload_activations")
 DEFAULT_MODEL = "tiny-gpt2"
+OFFLOAD_ON_CPU = ("offload_activations moves the tensors saved for backward off a GPU to the host; on device cpu "
+                  "they are in host memory already: leave it out")
 
 # The learning rate when none is given: AdamW's usual 1e-3 learns in a few steps (so do its 8-bit forms and Adafactor
 # at a fixed rate); SGD takes a cautious 1e-4, and so does Lion, whose sign update wants a rate 3-10x below AdamW's.
@@ -108,6 +111,10 @@ class WorkloadSpec:
     loss: str = option("plain", section=MEMORY, metavar="plain|chunked[:TOKENS]", help=(
         "chunked: the LM head and cross-entropy TOKENS positions at a time, recomputed in backward, so the [B, T, V] "
         "logits never exist whole (causal-lm and seq2seq-lm; default TOKENS: 16 MiB of fp32 logits)."))
+    # Workload.forward_context: torch's save_on_cpu around each forward (gaplan.estimate.offload models it)
+    offload_activations: bool = option(False, section=MEMORY, help=(
+        "CUDA: move every tensor saved for backward to pinned host memory in forward and back in backward (torch's "
+        "save_on_cpu): the device holds about one layer's activations at a time; the copies cross PCIe twice."))
     # gaplan.workload.compile: changes what is saved for backward, so it is a probe key
     compile: bool = option(False, section=MEMORY, help=(
         "torch.compile the model (inductor), so the probe measures the compiled step (the estimate traces the eager "
@@ -148,6 +155,8 @@ class WorkloadSpec:
         if self.cpu_offload and str(device).startswith("cpu"):
             raise OptionError("cpu_offload moves FSDP's shards and optimizer states off a GPU to the CPU; on "
                               "device cpu they are on the CPU already: leave it out", "cpu_offload", "device")
+        if self.offload_activations and str(device).startswith("cpu"):
+            raise OptionError(OFFLOAD_ON_CPU, "offload_activations", "device")
         return self
 
     def validate(self) -> WorkloadSpec:

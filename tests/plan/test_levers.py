@@ -37,7 +37,8 @@ def test_every_optimizer_is_a_lever_and_every_lever_sets_a_real_field():
 
 
 def test_default_levers_keep_the_optimizer():
-    assert parse_levers(None) == parse_levers("") == DEFAULT_LEVERS == ("chunked", "ckpt", "ops", "every:2", "compile")
+    assert parse_levers(None) == parse_levers("") == DEFAULT_LEVERS == ("chunked", "ckpt", "ops", "every:2", "offload",
+                                                                           "compile")
     assert not set(DEFAULT_LEVERS) & set(OPTIMIZER_LEVERS)
 
 
@@ -57,13 +58,22 @@ def test_unknown_lever_is_one_line_naming_the_flag(text):
 
 
 def test_default_rows_are_base_each_alone_and_together():
-    assert lever_rows(DEFAULT_LEVERS) == [(), ("chunked",), ("ckpt",), ("ops",), ("every:2",), ("chunked", "ckpt")]
+    assert lever_rows(DEFAULT_LEVERS) == [(), ("chunked",), ("ckpt",), ("ops",), ("every:2",), ("offload",),
+                                          ("chunked", "ckpt", "offload")]
 
 
-def test_all_levers_are_twenty_rows_with_adamw():
+def test_a_cpu_table_leaves_out_offloading_and_says_why():
+    assert lever_rows(DEFAULT_LEVERS, device_kind="cpu") == [(), ("chunked",), ("ckpt",), ("ops",), ("every:2",),
+                                                             ("chunked", "ckpt")]
+    assert ("offload", BY_NAME["offload"].gpu_only) in not_compared(DEFAULT_LEVERS, device_kind="cpu")
+    assert "offload" not in dict(not_compared(DEFAULT_LEVERS))
+    assert lever_rows(("offload", "ckpt"), Base(offload_activations=True)) == [(), ("ckpt",)]
+
+
+def test_all_levers_are_twenty_one_rows_with_adamw():
     rows = lever_rows(parse_levers("all"))
-    assert len(rows) == 20 and sum(len(row) == 1 for row in rows) == 11 and ("chunked", "ckpt") in rows
-    assert sum(len(row) == 3 for row in rows) == 7
+    assert len(rows) == 21 and sum(len(row) == 1 for row in rows) == 12 and ("chunked", "ckpt", "offload") in rows
+    assert sum(len(row) == 4 for row in rows) == 7
 
 
 def test_rows_with_optimizers_add_each_alone_and_with_the_memory_levers():
@@ -100,6 +110,7 @@ def test_row_settings_label_tradeoffs_and_cuda_only():
     swap = row_tradeoffs(("adafactor",), Base(optimizer="adamw"))[0]
     assert swap.startswith("changes the optimizer: the loss curve is not the adamw one")
     assert cuda_only(("paged-adamw-8bit", "ckpt")) and not cuda_only(("adamw-8bit", "chunked"))
+    assert row_settings(("offload",)) == {"offload_activations": True}
 
 
 INPUTS = CostInputs(param_count=1_000_000, trainable_count=1_000_000, head_params=250_000, tokens_per_sample=128,
@@ -131,6 +142,16 @@ def test_lora_backward_skips_the_frozen_weights_gradients():
     cost = step_cost(lora, effective_batch=4, grad_accum_steps=2, optimizer="adamw")
     assert math.isclose(cost.compute_s, 4 * 2 * 1e6 * 128 * (2 + 0.01) / RATES["cuda"].flops_per_s)
     assert math.isclose(cost.optimizer_s, 1e4 * 7 * 2 / RATES["cuda"].bytes_per_s)
+
+
+def test_offloading_sends_what_is_saved_to_the_host_and_back():
+    gpu = CostInputs(1_000_000, 1_000_000, 0, 128, 2, "cuda")
+    plain = step_cost(gpu, effective_batch=8, grad_accum_steps=2, optimizer="adamw")
+    offloaded = step_cost(gpu, effective_batch=8, grad_accum_steps=2, optimizer="adamw", host_bytes=3e9)
+    assert plain.host_s == 0 and math.isclose(offloaded.host_s, 2 * 3e9 / 64e9)  # PCIe Gen5 x16, one way
+    assert math.isclose(offloaded.total_s - plain.total_s, offloaded.host_s)
+    with pytest.raises(ValueError, match="its host is its memory"):
+        step_cost(INPUTS, effective_batch=8, grad_accum_steps=1, optimizer="adamw", host_bytes=1.0)
 
 
 def test_more_micro_steps_and_heavier_optimizers_cost_more():

@@ -54,3 +54,26 @@ def test_measure_leaves_a_cuda_only_row_with_its_estimate_on_the_cpu():
     measured = measure_levers(comparison, device="cpu", on_result=seen.append)
     assert measured.results == [too_big, paged] and measured.measured_on == "cpu" and seen == []
     assert measured.pick is paged and paged.samples_per_s is None
+
+
+def test_the_offload_row_holds_less_and_pays_its_host_copies_on_a_gpu():
+    """On a GPU target the offload row's peak is below the base's and its modelled time is the base's plus the traced
+    copies over PCIe; a CPU's table leaves it out, saying why."""
+    from gaplan.plan.lever_cost import RATES, step_cost
+    from gaplan.plan.levers import BY_NAME
+    from gaplan.workflows.plan_levers import compare_levers, cost_inputs
+    from gaplan.workload.spec import WorkloadSpec
+
+    spec = WorkloadSpec(model="tiny-gpt2", seq_len=64, dtype="bf16")
+    table = compare_levers(spec, effective_batch=16, levers="offload", target="h100-80gb", device_kind="cuda")
+    base, offload = table.results
+    assert offload.label == "offload" and offload.peak_bytes < base.peak_bytes
+    host = 16 * offload.extra["host_bytes_per_sample"] + offload.grad_accum_steps * offload.extra[
+        "host_bytes_per_micro_step"]
+    plain = step_cost(cost_inputs(spec, "cuda"), effective_batch=16, grad_accum_steps=offload.grad_accum_steps,
+                      optimizer="adamw").total_s
+    assert offload.model_seconds == pytest.approx(plain + 2 * host / RATES["cuda"].host_bytes_per_s)
+    on_cpu = compare_levers(WorkloadSpec(model="tiny-gpt2", seq_len=32), effective_batch=4, levers="offload",
+                            device_kind="cpu", threads=1)
+    assert [r.label for r in on_cpu.results] == ["base"]
+    assert on_cpu.not_compared == [("offload", BY_NAME["offload"].gpu_only)]
