@@ -9,31 +9,32 @@ from typing import Any
 
 import click
 
+from gaplan.benchmark.measurement import BenchSettings
 from gaplan.cli.config_file import GaplanCommand, run_config_text
 from gaplan.cli.field_options import field_options, sectioned
 from gaplan.cli.options import (
-    OVERWRITE_OPTION,
     batch_by_options,
     command_line,
-    data_options,
     given_on_command_line,
+    overwrite_option,
     stderr_printer,
-    timing_options,
     workload_options,
 )
 from gaplan.cli.output import BenchProgress, print_bench, same_terminal
 from gaplan.core.lines import histogram_lines, token_bench_lines, trial_line
 from gaplan.core.options import OUTPUT
+from gaplan.data.source import DataSource
 from gaplan.workflows.bench_options import BenchCommand
 
 
 @click.command(name="bench", cls=GaplanCommand)
 @workload_options
 @field_options(BenchCommand)  # the effective batch, the plan, the ranks, the large batch, the run folder
-@timing_options
+@field_options(BenchSettings, **{name: {"applies": "a bench by samples"}
+                                  for name in ("max_rounds", "ci_target", "time_budget", "all_splits")})
 @batch_by_options
-@data_options
-@OVERWRITE_OPTION
+@field_options(DataSource, data={"applies": "`--batch-by tokens`"})
+@overwrite_option()
 @sectioned(OUTPUT, "--json", "as_json", is_flag=True, help="Print the rows as one JSON object on stdout.")
 @sectioned(OUTPUT, "--quiet", is_flag=True, help="No progress lines on stderr.")
 def bench_command(**options: Any) -> None:

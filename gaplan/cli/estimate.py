@@ -21,7 +21,7 @@ from gaplan.workflows.probe_settings import ProbeOptions
 @workload_options
 @field_options(EstimateCommand)
 @sectioned(MEMORY, "--list-targets", is_flag=True, help="List the known GPUs and their usable memory, then exit.")
-@field_options(ProbeOptions, only=("search_cap",))
+@field_options(ProbeOptions, only=("search_cap",), search_cap={"applies": None})
 @sectioned(OUTPUT, "--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @sectioned(OUTPUT, "--quiet", is_flag=True, help="No progress line on stderr.")
 def estimate_command(**options: Any) -> None:

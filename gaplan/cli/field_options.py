@@ -20,13 +20,14 @@ from gaplan.core.options import flag, leaf_owners, option_name
 
 
 class FieldOption(click.Option):
-    """A click option that knows its ``--help`` section (:class:`gaplan.cli.config_file.GaplanCommand` groups by it)
-    and its config file table: the object its field is in (``CONFIG_TABLE``: ``[train.loop]``), None for the
-    command's own ``[train]``."""
+    """A click option that knows its ``--help`` section (:class:`gaplan.cli.config_file.GaplanCommand` groups by it),
+    its config file table (the object its field is in, ``CONFIG_TABLE``: ``[train.loop]``; None for the command's
+    own ``[train]``) and where it applies (None: everywhere; :func:`gaplan.cli.reference.scope_table`)."""
 
-    def __init__(self, *args: Any, section: str | None = None, table: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, section: str | None = None, table: str | None = None, applies: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.section, self.table = section, table
+        self.section, self.table, self.applies = section, table, applies
 
 
 def click_option(field: dataclasses.Field, table: str | None = None, **overrides: Any) -> Callable:
@@ -35,7 +36,8 @@ def click_option(field: dataclasses.Field, table: str | None = None, **overrides
     meta, name = field.metadata, option_name(field)
     default = field.default if field.default is not dataclasses.MISSING else None
     annotation = str(field.type)
-    kwargs: dict[str, Any] = {"help": meta["help"], "section": meta.get("section"), "table": table}
+    kwargs: dict[str, Any] = {"help": meta["help"], "section": meta.get("section"), "table": table,
+                              "applies": meta.get("applies")}
     decls = [meta.get("flag", flag(name)), *meta.get("aliases", ()), name]
     if annotation.startswith("bool"):
         kwargs["is_flag"] = True
@@ -82,5 +84,5 @@ def field_options(cls: type, *, only: tuple[str, ...] = (), **overrides: dict[st
 
 def sectioned(section: str, *decls: str, **kwargs: Any) -> Callable:
     """``click.option`` of an option that no field holds, with its ``--help`` section (and ``table=``: a config
-    file's table other than the command's own)."""
+    file's table other than the command's own; ``applies=``: where it applies, when not everywhere)."""
     return click.option(*decls, cls=FieldOption, section=section, **kwargs)

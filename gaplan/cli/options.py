@@ -10,11 +10,9 @@ from typing import Any
 
 import click
 
-from gaplan.benchmark.measurement import BenchSettings
 from gaplan.cli.field_options import field_options, sectioned
 from gaplan.cli.option_types import BYTES, CHECKPOINTING
 from gaplan.core.options import DATA, MEMORY, OUTPUT, PLAN
-from gaplan.data.source import DataSource
 from gaplan.workload.spec import WorkloadSpec
 
 # The options of the workload's fields that gaplan plan takes too (it has its own --dtype, --optimizer, --lr ...).
@@ -60,10 +58,6 @@ def workload_options(func: Callable) -> Callable:
     return field_options(WorkloadSpec)(func)
 
 
-# Options that name the training data and how it is read (train, and probe/bench ``--batch-by tokens``).
-data_options = field_options(DataSource)
-
-
 def batch_by_options(func: Callable) -> Callable:
     """``--batch-by`` and ``--granule``: micro-batches of a number of samples, or packed within a token budget."""
     options = [
@@ -71,7 +65,7 @@ def batch_by_options(func: Callable) -> Callable:
                   help="samples: micro-batches of a fixed number of samples; tokens: each step's samples packed "
                        "into micro-batches of at most T padded tokens (long-tailed data wastes less on padding; "
                        "T* is probed from --data's lengths)."),
-        sectioned(PLAN, "--granule", type=int, default=None,
+        sectioned(PLAN, "--granule", type=int, default=None, applies="`--batch-by tokens`",
                   help="With --batch-by tokens: a probed token budget is a multiple of this many tokens.  "
                        "[default: 64]"),
     ]
@@ -80,14 +74,11 @@ def batch_by_options(func: Callable) -> Callable:
     return func
 
 
-# How splits are timed (BenchSettings, by field): rounds, repeats, when to stop, which splits.
-timing_options = field_options(BenchSettings)
-
-
-OVERWRITE_OPTION = sectioned(
-    OUTPUT, "--overwrite", is_flag=True,
-    help="Replace the run that --out holds: its gaplan files are removed first (the folder's other files are kept). "
-         "Without it, an --out that holds a run is refused.")
+def overwrite_option(applies: str | None = None) -> Callable:
+    """``--overwrite`` (``applies``: where, when not everywhere)."""
+    return sectioned(OUTPUT, "--overwrite", is_flag=True, applies=applies,
+                     help="Replace the run that --out holds: its gaplan files are removed first (the folder's other "
+                          "files are kept). Without it, an --out that holds a run is refused.")
 
 def spec_from_options(options: dict[str, Any]):
     """The workload of the parsed options (:func:`gaplan.workflows.parse_options.spec_from_flat`), with the options

@@ -24,7 +24,7 @@ from gaplan.workload.spec import WorkloadSpec
                    "Compute dtype; the layouts try fp32 weights with it (autocast) and pure low-precision weights.")},
                optimizer={"help": "The optimizer every row trains with (others are compared only when --levers names "
                                   "them)."},
-               loss={"help": "The loss of every layout (the lever table compares chunked too)."},
+               loss={"help": "The loss of every layout (the lever table compares chunked too).", "applies": None},
                lr={"help": "Learning rate for the launch command (default: the optimizer's)."})
 @task_and_lengths
 @field_options(PlanCommand)

@@ -3,38 +3,45 @@ the workload's) and what is printed; the checks are :class:`gaplan.workflows.pro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import click
 
+from gaplan.benchmark.measurement import BenchSettings
 from gaplan.cli.config_file import GaplanCommand, run_config_text
 from gaplan.cli.field_options import field_options, sectioned
 from gaplan.cli.options import (
-    OVERWRITE_OPTION,
     batch_by_options,
     command_line,
     given_on_command_line,
+    overwrite_option,
     stderr_printer,
     workload_options,
 )
 from gaplan.cli.output import BenchProgress, print_probe, same_terminal
 from gaplan.core.lines import histogram_lines, throughput_line, trial_line
-from gaplan.core.options import MEMORY, OUTPUT
+from gaplan.core.options import MEMORY, OUTPUT, option_name
 from gaplan.runs.folder import REPORT_HTML, REPORT_MD, TOKENS_JSON, path_in
-from gaplan.workflows.probe_settings import ProbeOptions
+from gaplan.workflows.probe_settings import BY_SAMPLES, TIMED, ProbeOptions
+
+# How splits are timed (BenchSettings' options): they apply where the probe times splits.
+TIMING_OPTIONS = tuple(option_name(f) for f in dataclasses.fields(BenchSettings) if "help" in f.metadata)
 
 
 @click.command(name="probe", cls=GaplanCommand)
 @workload_options
-@field_options(ProbeOptions)  # the plan's batch, the search, the tuner, the report and how it times, goodput's run
-@sectioned(MEMORY, "--target", default=None, metavar="GPU", help="Emulate a smaller card from gaplan estimate "
-                                                                 "--list-targets on this GPU (its usable memory as budget).")
-@sectioned(OUTPUT, "--emit", type=click.Choice(["hf"]), default=None,
+# the plan's batch, the search, the tuner, the report and how it times, goodput's run
+@field_options(ProbeOptions, data={"applies": "`--batch-by tokens`, `--objective goodput` (its measuring run)"},
+               **{name: {"applies": TIMED} for name in TIMING_OPTIONS})
+@sectioned(MEMORY, "--target", default=None, metavar="GPU", applies="a CUDA device (a smaller GPU emulated on a larger one)",
+           help="Emulate a smaller card from gaplan estimate --list-targets on this GPU (its usable memory as budget).")
+@sectioned(OUTPUT, "--emit", type=click.Choice(["hf"]), default=None, applies=BY_SAMPLES,
            help="Also print the plan as code to paste: hf = transformers TrainingArguments.")
 @batch_by_options
 @sectioned(OUTPUT, "--out", default=None, metavar="DIR", help="Run folder for plan.json (default reports/probe-<model>-<time>).")
-@OVERWRITE_OPTION
+@overwrite_option()
 @sectioned(OUTPUT, "--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of the table.")
 @sectioned(OUTPUT, "--quiet", is_flag=True, help="No progress lines on stderr.")
 def probe(**options: Any) -> None:

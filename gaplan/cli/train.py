@@ -13,10 +13,10 @@ import click
 from gaplan.cli.config_file import GaplanCommand, run_config_text
 from gaplan.cli.field_options import field_options, sectioned
 from gaplan.cli.options import (
-    OVERWRITE_OPTION,
     batch_by_options,
     command_line,
     given_on_command_line,
+    overwrite_option,
     stderr_printer,
     workload_options,
 )
@@ -34,7 +34,7 @@ from gaplan.workflows.train_options import TrainOptions
 @field_options(TrainOptions)  # the plan's source, the data, the loop, the outputs
 @field_options(TrainCommand)  # --token-plan, --resume, --out
 @batch_by_options
-@OVERWRITE_OPTION
+@overwrite_option("without `--resume` (it replaces a run, `--resume` continues one)")
 @sectioned(OUTPUT, "--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 @sectioned(OUTPUT, "--quiet", is_flag=True, help="No progress bar.")
 def train_command(**options: Any) -> None:

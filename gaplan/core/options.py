@@ -76,14 +76,15 @@ def flag(name: str) -> str:
 
 def option(default: Any = None, *, resume: str | None = None, name: str | None = None, help: str | None = None,
            section: str | None = None, metavar: str | None = None, choices: tuple[str, ...] | None = None,
-           parse: Callable[[Any], Any] | None = None, **kwargs: Any) -> Any:
+           parse: Callable[[Any], Any] | None = None, applies: str | None = None, **kwargs: Any) -> Any:
     """A dataclass field with gaplan's metadata: ``resume`` (fixed/free), ``name`` (the option it comes from), and,
     for a field that is a command-line option, its ``help`` (written here once: the CLI generates the click option
-    from it, :mod:`gaplan.cli.field_options`), its ``--help`` ``section``, ``metavar``, ``choices`` and ``parse``
-    (the one parser of its text, for a typed value). Other keywords are marks of the module's own, kept in the
-    metadata (``probe_key=False``)."""
+    from it, :mod:`gaplan.cli.field_options`), its ``--help`` ``section``, ``metavar``, ``choices``, ``parse`` (the
+    one parser of its text, for a typed value) and ``applies``: where it applies, when not everywhere (given
+    elsewhere, it is refused in one line; the docs' tables say it). Other keywords are marks of the module's own,
+    kept in the metadata (``probe_key=False``)."""
     given = (("resume", resume), ("option", name), ("help", help), ("section", section), ("metavar", metavar),
-             ("choices", choices), ("parse", parse))
+             ("choices", choices), ("parse", parse), ("applies", applies))
     metadata = {k: v for k, v in given if v is not None}
     metadata.update({k: kwargs.pop(k) for k in list(kwargs) if k not in _FIELD_ARGUMENTS})  # a module's own marks
     if "default_factory" in kwargs:

@@ -18,6 +18,8 @@ def reads_as(name: str, value: object) -> object:
     """What a data field reads as: its default's value for None (a field outside :data:`READ_DEFAULTS` as given)."""
     return READ_DEFAULTS.get(name, value) if value is None else value
 
+WITH_DATA = "with `--data`"  # where the options that say how data is read apply
+
 
 @dataclass(frozen=True)
 class DataSource:
@@ -30,15 +32,17 @@ class DataSource:
     # text_name, label_name and target_name are the names read. Each field's help is its command-line option's.
     path: str | None = option(None, resume="fixed", name="data", section=DATA, metavar="PATH", help=(
         "Text file (a sample a line), JSONL, a datasets folder (save_to_disk) or a .parquet file."))
-    text_field: str | None = option(None, resume="fixed", section=DATA, help=(
+    text_field: str | None = option(None, resume="fixed", section=DATA, applies=WITH_DATA, help=(
         "The text field of JSONL, datasets or parquet data.  [default: text]"))
-    label_field: str | None = option(None, resume="fixed", section=DATA, help=(
+    label_field: str | None = option(None, resume="fixed", section=DATA,
+                                     applies=WITH_DATA + ", task `classification`", help=(
         "The label field (classification only).  [default: label]"))
-    target_field: str | None = option(None, resume="fixed", section=DATA, help=(
+    target_field: str | None = option(None, resume="fixed", section=DATA,
+                                      applies=WITH_DATA + ", task `seq2seq-lm`", help=(
         "The target text's field (seq2seq-lm only; --text-field is the source's).  [default: target]"))
-    long_samples: str | None = option(None, resume="fixed", section=DATA, choices=LONG_SAMPLE_CHOICES, help=(
+    long_samples: str | None = option(None, resume="fixed", section=DATA, choices=LONG_SAMPLE_CHOICES, applies=WITH_DATA, help=(
         "Samples longer than --seq-len: split into seq-len chunks, or truncate them.  [default: split]"))
-    tokenizer: str | None = option(None, resume="fixed", section=DATA, metavar="bytes|DIR", help=(
+    tokenizer: str | None = option(None, resume="fixed", section=DATA, metavar="bytes|DIR", applies=WITH_DATA, help=(
         "Tokenizer for --data: the model folder's own by default; 'bytes' for byte tokens; or a folder."))
 
     @property

@@ -28,6 +28,8 @@ from gaplan.workflows.parse_options import (
 )
 from gaplan.workload.spec import WorkloadSpec
 
+BY_SAMPLES = "a bench by samples"  # where the options of a bench by samples apply
+
 
 @dataclass(frozen=True)
 class BenchCommand:
@@ -36,8 +38,9 @@ class BenchCommand:
 
     spec: WorkloadSpec
     effective_batch: int = option(DEFAULT_EFFECTIVE_BATCH, section=PLAN, help=EFFECTIVE_BATCH_HELP)
-    plan_file: str | None = option(None, section=PLAN, flag="--plan", metavar="PLAN.JSON", help=PLAN_FILE_HELP)
-    world_size: int = option(1, section=PLAN, help=(
+    plan_file: str | None = option(None, section=PLAN, flag="--plan", metavar="PLAN.JSON", applies=BY_SAMPLES,
+                                   help=PLAN_FILE_HELP)
+    world_size: int = option(1, section=PLAN, applies="`--parallel fsdp` (a DDP split is timed in one process)", help=(
         "With --parallel fsdp: the ranks (2 or more) every timed run trains on, each under the budget."))
     device: str = "auto"
     memory_limit: int | None = None
@@ -50,7 +53,8 @@ class BenchCommand:
     ci_target: float = 0.05
     time_budget: float = 300.0
     all_splits: bool = False
-    no_large_batch: bool = option(False, section=TIMING, help="Do not run the true large batch (micro-batch = E).")
+    no_large_batch: bool = option(False, section=TIMING, applies=BY_SAMPLES,
+                                  help="Do not run the true large batch (micro-batch = E).")
     batch_by: str = "samples"
     granule: int | None = None  # by tokens: a probed budget is a multiple of it (None: 64)
     source: DataSource | None = None  # --data (by tokens); its fields refused without it

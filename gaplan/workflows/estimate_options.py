@@ -26,7 +26,7 @@ class EstimateCommand:
     ``effective_batch`` over ``world_size`` ranks (or ``nodes`` x ``gpus_per_node``)."""
 
     spec: WorkloadSpec
-    target: str | None = option(None, section=MEMORY, metavar="GPU", help=(
+    target: str | None = option(None, section=MEMORY, metavar="GPU", applies="a GPU (not `--device cpu`)", help=(
         "A GPU from --list-targets (default h100-80gb when no --memory-limit is given)."))
     memory_limit: int | None = None
     effective_batch: int = option(DEFAULT_EFFECTIVE_BATCH, section=PLAN, help=EFFECTIVE_BATCH_HELP)

@@ -13,7 +13,6 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from gaplan.core.errors import GaplanError
-from gaplan.workflows.applies import check_tokens_apply
 
 
 def lora_fields(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -146,6 +145,20 @@ def check_untimed(settings: Any) -> None:
         if getattr(settings, item.name) != getattr(defaults, item.name):
             raise GaplanError(f"--{option_name(item).replace('_', '-')} applies to --report, --objective "
                               "throughput|goodput and --grad-checkpointing auto (it says how their splits are timed)")
+
+
+def check_tokens_apply(spec: Any) -> None:
+    """A token budget is one length per sample: a seq2seq-lm sample has two, so ``--batch-by tokens`` is refused."""
+    from gaplan.data.tasks.registry import task_component
+    from gaplan.workload.spec import model_source_kind
+
+    if model_source_kind(spec.model) == "function":
+        return
+    from gaplan.workload.build import model_shape
+
+    if spec.target_len is not None or task_component(model_shape(spec)[0]).has_target:
+        raise GaplanError("--batch-by tokens budgets one length per sample; a seq2seq-lm sample has two (source and "
+                          "target), so it is not supported there: batch by samples (the default)")
 
 
 def check_by_tokens(spec: Any, data: Any, world_size: int, command: str) -> None:

@@ -36,13 +36,15 @@ class PlanCommand:
     machinery: str = option(",".join(MACHINERY), section=PLAN, flag="--layouts", metavar="L1,L2", help=(
         "The layouts to compare: " + ", ".join(MACHINERY) + "."))
     # A choice per FSDP layout (the spec's is last).
-    grad_sync: str = option("auto", section=MEMORY, choices=("auto", "last", "every"), help=(
+    grad_sync: str = option("auto", section=MEMORY, choices=("auto", "last", "every"),
+                            applies="the FSDP layouts of `--layouts`", help=(
         "FSDP gradient reduce-scatter: on the last micro-step, on every one, or auto (the last unless every lets a "
         "larger micro-batch fit)."))
     device: str = option("cuda", section=MEMORY, choices=("cuda", "cpu"), help=(
         "cuda: plan for GPUs (--target or --memory-limit); cpu: CPU processes (compare with gaplan probe)."))
-    target: str | None = option(None, section=MEMORY, metavar="GPU", help=(
-        "A GPU from gaplan estimate --list-targets (default h100-80gb when no --memory-limit is given)."))
+    target: str | None = option(None, section=MEMORY, metavar="GPU", applies="`--device cuda`, without `--measure`",
+                                help=("A GPU from gaplan estimate --list-targets (default h100-80gb when no --memory-limit is "
+                                      "given)."))
     memory_limit: int | None = option(None, section=MEMORY, parse=parse_bytes, metavar="SIZE", help=(
         "Memory per rank, e.g. 40GiB (instead of a target)."))
     world_size: int | None = option(None, section=PLAN, help="Ranks (default 1, or --nodes x --gpus-per-node).")
@@ -53,12 +55,14 @@ class PlanCommand:
         "Samples per optimizer step, the same for every layout."))
     margin: float = option(0.0, section=MEMORY, help=(
         "Fraction of the limit kept free, as gaplan probe --margin (e.g. 0.05 against the estimate's error)."))
-    threads: int | None = option(None, section=MEMORY, help="CPU threads of the modelled process (--device cpu).")
+    threads: int | None = option(None, section=MEMORY, applies="`--device cpu`",
+                                 help="CPU threads of the modelled process (--device cpu).")
     measure: bool = option(False, section=PLAN, help=(
         "Then probe and time every layout that fits on this machine's device (W local GPUs, or W CPU processes with "
         "--device cpu): the table gets the measured B*, peak and samples/s, and the pick is the fastest. Minutes per "
         "layout."))
-    repeats: int = option(3, section=TIMING, help="Timed optimizer steps per layout or lever row (--measure).")
+    repeats: int = option(3, section=TIMING, applies="`--measure`",
+                          help="Timed optimizer steps per layout or lever row (--measure).")
     # As given (None: the default levers; one device only).
     levers: str | None = option(None, section=PLAN, metavar="L1,L2", help=(
         "On one device (--world-size 1): the memory levers to compare, of " + ", ".join(BY_NAME) + " (or all, "

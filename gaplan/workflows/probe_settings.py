@@ -16,6 +16,10 @@ from gaplan.workflows.parse_options import parse_batch_range
 
 OBJECTIVES = ("max-micro-batch", "throughput", "goodput")
 
+# Where a probe's own options apply.
+BY_GOODPUT, BY_SAMPLES = "`--objective goodput`", "a probe by samples"
+TIMED = "`--report`, `--objective throughput` or `goodput`, `--grad-checkpointing auto` (how their splits are timed)"
+
 
 @dataclass(frozen=True)
 class GoodputOptions:
@@ -25,9 +29,10 @@ class GoodputOptions:
 
     CONFIG_TABLE: ClassVar[str] = "goodput"  # its options' table in a config file: [COMMAND.goodput]
 
-    batch_range: tuple[int, int] | None = option(None, section=PLAN, parse=parse_batch_range, metavar="LOW:HIGH", help=(
+    batch_range: tuple[int, int] | None = option(None, section=PLAN, parse=parse_batch_range, metavar="LOW:HIGH",
+                                                 applies=BY_GOODPUT, help=(
         "--objective goodput: the effective batches to choose from (default E/16:4E)."))
-    measure_steps: int = option(30, section=PLAN, help=(
+    measure_steps: int = option(30, section=PLAN, applies=BY_GOODPUT, help=(
         "--objective goodput: optimizer steps of the run that measures the noise scale."))
     source: DataSource = nested(DataSource)  # the measuring run's data (``--data``; default: the synthetic corpus)
 
@@ -56,23 +61,23 @@ class ProbeOptions:
     world_size: int = option(1, section=PLAN, help=(
         "Processes the batch is split over (with --parallel fsdp, 2 or more: every trial runs them all)."))
     # Checked where the probe uses it (gaplan.probing.edge.probe), for every caller.
-    margin: float = option(0.0, section=MEMORY, help=(
+    margin: float = option(0.0, section=MEMORY, applies=BY_SAMPLES, help=(
         "Fraction of the budget kept free (e.g. 0.05 for longer batches later)."))
-    search_cap: int | None = option(None, section=PLAN, aliases=("--max-micro-batch",), help=(
+    search_cap: int | None = option(None, section=PLAN, aliases=("--max-micro-batch",), applies=BY_SAMPLES, help=(
         "Do not try micro-batches above this (default: the effective batch per device, ceil(E/W): a larger one is "
         "never used by the plan)."))
-    objective: str = option("max-micro-batch", section=PLAN, choices=OBJECTIVES, help=(
+    objective: str = option("max-micro-batch", section=PLAN, choices=OBJECTIVES, applies=BY_SAMPLES, help=(
         "Plan with the largest micro-batch; with the split of highest measured throughput (times every split: "
         "minutes); or goodput: measure the gradient noise scale in a short run at --effective-batch, time the plans "
         "of --batch-range, and plan the effective batch of most samples/s x statistical efficiency."))
     grad_checkpointing: Checkpointing | str = OFF  # the blocks, or AUTO ("auto": the tuner decides)
-    report: bool = option(False, section=TIMING, help=(
+    report: bool = option(False, section=TIMING, applies=BY_SAMPLES, help=(
         "Also time the splits against a true large batch, break memory down by category, and write report.md/html, "
         "CSVs and PNGs to the run folder."))
     bench: BenchSettings = nested(BenchSettings)  # how --report and --objective throughput time the splits
     goodput: GoodputOptions = nested(GoodputOptions)  # --objective goodput: its range and measuring run
     # None: where the zoo measured the model's family (estimate_is_trusted).
-    seed_from_estimate: bool | None = option(None, section=PLAN, help=(
+    seed_from_estimate: bool | None = option(None, section=PLAN, applies=BY_SAMPLES, help=(
         "Start the search at gaplan estimate's predicted edge (traced on fake tensors first) and verify both sides. "
         "Default: on where the model's family is in the estimate's zoo of measured architectures (one process), off "
         "elsewhere."))

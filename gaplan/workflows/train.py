@@ -174,7 +174,7 @@ def check_before_work(spec: WorkloadSpec, run_dir: str, options: TrainOptions) -
     """What would fail only at the end, checked before any probe or step: the run folder and the output paths can be
     written (a file path is not a folder), and ``merge`` applies."""
     from gaplan.core.outputs import check_output_file, check_writable
-    from gaplan.workflows.applies import check_tokens_apply
+    from gaplan.workflows.parse_options import check_tokens_apply
     from gaplan.workload.model_io import check_save_path
 
     check_writable(run_dir)

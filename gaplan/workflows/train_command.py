@@ -19,7 +19,7 @@ from gaplan.core.options import OUTPUT, PLAN, TRAINING, from_options, option, to
 from gaplan.core.progress import Say, quiet
 from gaplan.runs.folder import default_run_dir
 from gaplan.workflows.parse_options import spec_from_flat
-from gaplan.workflows.train_options import TrainOptions
+from gaplan.workflows.train_options import BY_TOKENS, TrainOptions
 from gaplan.workload.spec import WorkloadSpec
 
 
@@ -32,7 +32,7 @@ class TrainCommand:
     options: TrainOptions = dataclasses.field(default_factory=TrainOptions)
     device: str = "auto"
     memory_limit: int | None = None
-    token_plan: str | None = option(None, section=PLAN, metavar="TOKENS.JSON", help=(
+    token_plan: str | None = option(None, section=PLAN, metavar="TOKENS.JSON", applies=BY_TOKENS, help=(
         "With --batch-by tokens: take T* from a tokens.json written by gaplan probe --batch-by tokens."))
     resume: str | None = option(None, section=TRAINING, metavar="RUN_DIR", help=(
         "Continue the run in RUN_DIR from its checkpoint."))

@@ -35,6 +35,7 @@ from gaplan.plan.tokens import DEFAULT_GRANULE
 from gaplan.training.config import LoopOptions
 
 BATCH_BY = ("samples", "tokens")
+BY_TOKENS = "`--batch-by tokens`"  # where the token budget's options apply
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class TrainOptions:
 
     effective_batch: int | None = option(None, resume="fixed", section=PLAN, help=(
         f"Samples per optimizer step (default {DEFAULT_EFFECTIVE_BATCH}, or the plan's)."))
-    effective_tokens: int | None = option(None, resume="fixed", section=PLAN, metavar="TOKENS", help=(
+    effective_tokens: int | None = option(None, resume="fixed", section=PLAN, metavar="TOKENS", applies=BY_TOKENS, help=(
         "With --batch-by tokens, instead of --effective-batch: each optimizer step takes the next samples (in the "
         "seeded data order) until their real tokens reach TOKENS, the last sample crossing it (so a step holds TOKENS "
         "or a little more), packed into micro-batches as usual; the loss is normalized over the step's real target "
@@ -51,14 +52,15 @@ class TrainOptions:
     micro_batch: int | None = option(None, resume="free", section=PLAN, help=(  # resume: a new split of the same step
         "Skip the probe and use this micro-batch."))
     batch_by: str = option("samples", resume="fixed")  # or "tokens": micro-batches packed to <= token_budget tokens
-    token_budget: int | None = option(None, resume="fixed", section=PLAN, metavar="TOKENS", help=(
+    token_budget: int | None = option(None, resume="fixed", section=PLAN, metavar="TOKENS", applies=BY_TOKENS, help=(
         "With --batch-by tokens: the most padded tokens (samples x longest) in one micro-batch (default: probed from "
         "--data's lengths, T*)."))
     granule: int | None = option(None, resume="fixed")  # by tokens: a probed budget is a multiple of it (None: 64)
     plan_file: str | None = option(None, resume="fixed", section=PLAN, flag="--plan", metavar="PLAN.JSON",
                                    help=PLAN_FILE_HELP)
     # None: sqrt with a schedule, else none (__post_init__).
-    lr_scaling: str | None = option(None, resume="fixed", section=PLAN, choices=LR_SCALINGS, help=(
+    lr_scaling: str | None = option(None, resume="fixed", section=PLAN, choices=LR_SCALINGS, applies=(
+        "a `--plan` of `gaplan probe --objective goodput`, or `--batch-schedule`"), help=(
         "With a --plan from gaplan probe --objective goodput: scale --lr from the effective batch the noise scale was "
         "measured at to the plan's (linearly or by the square root of their ratio). With --batch-schedule: --lr is "
         "for --effective-batch, scaled to each step's batch.  [default: sqrt with --batch-schedule adaptive|warmup, "
@@ -69,7 +71,8 @@ class TrainOptions:
         "doubling when the steps measured at the batch show the noise scale at least 2x the batch by a confidence "
         "bound, never shrinking, up to --effective-batch); or warmup:STEPS (the same doublings at evenly spaced steps, "
         "--effective-batch from step STEPS on)."))
-    effective_batch_min: int | None = option(None, resume="fixed", section=PLAN, metavar="N", help=(
+    effective_batch_min: int | None = option(None, resume="fixed", section=PLAN, metavar="N", applies=(
+        "`--batch-schedule adaptive` or `warmup:STEPS`"), help=(
         "With --batch-schedule adaptive|warmup: the first steps' effective batch (default B* x world size)."))
     # As given, beside the spec's resolved value: None (not given: a --plan's choice stands), AUTO (a --plan's choice,
     # which it needs) or the blocks given (a --plan made with others is refused).
@@ -81,7 +84,7 @@ class TrainOptions:
         "Write the final weights (safetensors)."))
     save_model: str | None = option(None, resume="free", section=OUTPUT, metavar="DIR", help=(
         "Write the trained model as a save_pretrained folder (config, weights, tokenizer) that transformers loads."))
-    merge: bool = option(False, resume="free", section=OUTPUT, help=(
+    merge: bool = option(False, resume="free", section=OUTPUT, applies="`--save-model` with `--lora`", help=(
         "With --lora and --save-model: write the adapters merged into the base, a full model for from_pretrained "
         "(default: the adapter folder)."))
     enforce_memory_limit: bool = option(False, resume="free", section=MEMORY, help=(

@@ -37,6 +37,7 @@ LOSSES = ("plain", "chunked")  # --loss plain | chunked[:TOKENS] (gaplan.workloa
 SPLIT_ONLY_FIELDS = ("grad_checkpointing", "attention", "parallel", "cpu_offload", "grad_sync", "compile", "loss",
                      "offload_activations")
 DEFAULT_MODEL = "tiny-gpt2"
+FSDP = "`--parallel fsdp`"  # where the sharded layout's options apply
 OFFLOAD_ON_CPU = ("offload_activations moves the tensors saved for backward off a GPU to the host; on device cpu "
                   "they are in host memory already: leave it out")
 
@@ -85,34 +86,37 @@ class WorkloadSpec:
         "Let transformers run the model folder's own code."))
     parallel: str = option("ddp", section=MEMORY, choices=PARALLEL_LAYOUTS, help=(
         "Over several ranks: ddp (replicated) or fsdp (FSDP2, each block sharded over the ranks)."))
-    cpu_offload: bool = option(False, section=MEMORY, help=(
+    cpu_offload: bool = option(False, section=MEMORY, applies=FSDP, help=(
         "With --parallel fsdp: keep parameters, gradients and optimizer states on the CPU."))
-    grad_sync: str = option("last", section=MEMORY, choices=GRAD_SYNCS, help=(
+    grad_sync: str = option("last", section=MEMORY, choices=GRAD_SYNCS, applies=FSDP + " (`every`; `last` is DDP's too)",
+                            help=(
         "With --parallel fsdp: reduce-scatter gradients on the last micro-step only, or on every one (gradients "
         "stay sharded between micro-steps: less memory, more traffic)."))
     # LoRA (peft): the base frozen in weights_dtype, adapters on lora_targets trained.
     lora: bool = option(False, section=DATA, help=(
         "Train LoRA adapters (peft) on a frozen base: only the adapters have gradients and optimizer states."))
-    lora_r: int = option(16, section=DATA, help="LoRA rank.")
+    lora_r: int = option(16, section=DATA, applies="`--lora` (as `--lora-alpha`, `--lora-dropout`, `--lora-targets`)",
+                         help="LoRA rank.")
     lora_alpha: float = option(32.0, section=DATA, help="LoRA scaling alpha.")
     lora_dropout: float = option(0.05, section=DATA, help="Dropout on the adapters' input.")
     lora_targets: str | None = option(None, section=DATA, metavar="all-linear|M1,M2", help=(
         "Modules that get adapters: all-linear, or names such as q_proj,v_proj (default: peft's for the "
         "architecture, e.g. c_attn for GPT-2, q_proj,v_proj for Llama)."))
-    quantize: str | None = option(None, section=DATA, choices=QUANTIZE, help=(
+    quantize: str | None = option(None, section=DATA, choices=QUANTIZE, applies="`--lora` (QLoRA)", help=(
         "QLoRA: the frozen base in 4-bit nf4, 4bit with double quantization (QLoRA's), nf4 without it (LitGPT's "
         "bnb.nf4); bitsandbytes >= 0.46, which runs it on CUDA and on the CPU."))
-    target_len: int | None = option(None, section=DATA, help=(
+    target_len: int | None = option(None, section=DATA, applies="task `seq2seq-lm`", help=(
         "seq2seq-lm: the target (decoder) length (default: half the source length)."))
     attention: str | None = option(None, section=DATA, choices=ATTENTIONS, help=(
         "transformers' attention implementation where the model has both (default: the model's, sdpa where it has "
         "it): eager keeps the seq x seq probabilities for backward, sdpa does not."))
     # gaplan.workload.chunked_loss
-    loss: str = option("plain", section=MEMORY, metavar="plain|chunked[:TOKENS]", help=(
+    loss: str = option("plain", section=MEMORY, metavar="plain|chunked[:TOKENS]",
+                       applies="`chunked`: tasks `causal-lm` and `seq2seq-lm` (`plain` everywhere)", help=(
         "chunked: the LM head and cross-entropy TOKENS positions at a time, recomputed in backward, so the [B, T, V] "
         "logits never exist whole (causal-lm and seq2seq-lm; default TOKENS: 16 MiB of fp32 logits)."))
     # Workload.forward_context: torch's save_on_cpu around each forward (gaplan.estimate.offload models it)
-    offload_activations: bool = option(False, section=MEMORY, help=(
+    offload_activations: bool = option(False, section=MEMORY, applies="a CUDA device", help=(
         "CUDA: move every tensor saved for backward to pinned host memory in forward and back in backward (torch's "
         "save_on_cpu): the device holds about one layer's activations at a time; the copies cross PCIe twice."))
     # gaplan.workload.compile: changes what is saved for backward, so it is a probe key

@@ -14,7 +14,6 @@ from gaplan.cli.main import main
 from gaplan.cli.options import given_on_command_line
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import OptionError, flag
-from gaplan.workflows.applies import TRAIN_SCOPES
 from gaplan.workflows.bench_options import BenchCommand, run_bench_command
 from gaplan.workflows.estimate_options import EstimateCommand, run_estimate_command
 from gaplan.workflows.plan_options import PlanCommand, run_plan_command
@@ -29,6 +28,7 @@ from tests.cli import (
     test_probe_fsdp,
     test_probe_tokens,
 )
+from tests.workflows.test_applies import MISUSES
 
 
 def _train(params, given):
@@ -62,7 +62,7 @@ def assert_same_line(argv: list[str]) -> None:
     assert cli_line == f"gaplan: {line}"
 
 
-TRAIN_CASES = [scope.misuse for scope in TRAIN_SCOPES] + [
+TRAIN_CASES = list(MISUSES["train"].values()) + [
     ("--effective-batch", "0"),
     ("--max-grad-norm", "-1"),
     ("--batch-schedule", "sometimes"),
