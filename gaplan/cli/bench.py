@@ -14,8 +14,7 @@ from gaplan.cli.config_file import GaplanCommand, run_config_text
 from gaplan.cli.field_options import field_options, sectioned
 from gaplan.cli.options import (
     batch_by_options,
-    command_line,
-    given_on_command_line,
+    command_object,
     overwrite_option,
     stderr_printer,
     workload_options,
@@ -23,17 +22,16 @@ from gaplan.cli.options import (
 from gaplan.cli.output import BenchProgress, print_bench, same_terminal
 from gaplan.core.lines import histogram_lines, token_bench_lines, trial_line
 from gaplan.core.options import OUTPUT
-from gaplan.data.source import DataSource
 from gaplan.workflows.bench_options import BenchCommand
 
 
 @click.command(name="bench", cls=GaplanCommand)
 @workload_options
-@field_options(BenchCommand)  # the effective batch, the plan, the ranks, the large batch, the run folder
+# the effective batch, the plan, the ranks, the large batch, the data (by tokens), the run folder
+@field_options(BenchCommand, data={"applies": "`--batch-by tokens`"})
 @field_options(BenchSettings, **{name: {"applies": "a bench by samples"}
                                   for name in ("max_rounds", "ci_target", "time_budget", "all_splits")})
 @batch_by_options
-@field_options(DataSource, data={"applies": "`--batch-by tokens`"})
 @overwrite_option()
 @sectioned(OUTPUT, "--json", "as_json", is_flag=True, help="Print the rows as one JSON object on stdout.")
 @sectioned(OUTPUT, "--quiet", is_flag=True, help="No progress lines on stderr.")
@@ -68,8 +66,7 @@ def bench_command(**options: Any) -> None:
     """
     from gaplan.workflows.bench_options import BenchCommand, run_bench_command
 
-    command = BenchCommand.from_flat(options, given_on_command_line(click.get_current_context()),
-                                     command=command_line())
+    command = command_object(BenchCommand, options)
     if command.by_tokens:
         _bench_by_tokens(command, options)
         return

@@ -9,7 +9,7 @@ import click
 
 from gaplan.cli.config_file import GaplanCommand
 from gaplan.cli.field_options import field_options, sectioned
-from gaplan.cli.options import given_on_command_line, stderr_printer, workload_options
+from gaplan.cli.options import command_object, stderr_printer, workload_options
 from gaplan.cli.output import print_estimate
 from gaplan.core.options import MEMORY, OUTPUT
 from gaplan.core.units import format_bytes
@@ -63,7 +63,7 @@ def estimate_command(**options: Any) -> None:
             click.echo(f"{t.name:<12} {format_bytes(t.total_bytes):>10} {format_bytes(t.reserve_bytes):>10} "
                        f"{format_bytes(t.usable_bytes):>10}  {t.description}")
         return
-    command = EstimateCommand.from_flat(options, given_on_command_line(click.get_current_context()))
+    command = command_object(EstimateCommand, options)
     result = run_estimate_command(command, say=stderr_printer(options["quiet"]))
     if options["as_json"]:
         click.echo(json.dumps(result.to_dict()))

@@ -80,6 +80,14 @@ def overwrite_option(applies: str | None = None) -> Callable:
                      help="Replace the run that --out holds: its gaplan files are removed first (the folder's other "
                           "files are kept). Without it, an --out that holds a run is refused.")
 
+def command_object(cls: type, options: dict[str, Any]):
+    """This command line as the command's object ``cls`` (checked there), with the options the user gave and the
+    command line itself (:func:`gaplan.workflows.parse_options.command_from_options`)."""
+    from gaplan.workflows.parse_options import command_from_options
+
+    return command_from_options(cls, options, given_on_command_line(click.get_current_context()), command_line())
+
+
 def spec_from_options(options: dict[str, Any]):
     """The workload of the parsed options (:func:`gaplan.workflows.parse_options.spec_from_flat`), with the options
     given on this command line (none outside a command's run)."""

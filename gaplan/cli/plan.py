@@ -10,7 +10,7 @@ import click
 
 from gaplan.cli.config_file import GaplanCommand
 from gaplan.cli.field_options import field_help, field_options, sectioned
-from gaplan.cli.options import given_on_command_line, lora_options, stderr_printer, task_and_lengths
+from gaplan.cli.options import command_object, lora_options, stderr_printer, task_and_lengths
 from gaplan.core.options import OUTPUT
 from gaplan.workflows.plan_options import PlanCommand
 from gaplan.workload.spec import WorkloadSpec
@@ -71,7 +71,7 @@ def plan_command(**options: Any) -> None:
     )
     from gaplan.workflows.plan_options import PlanCommand, run_plan_command
 
-    command = PlanCommand.from_flat(options, given_on_command_line(click.get_current_context()))
+    command = command_object(PlanCommand, options)
     say = stderr_printer(options["quiet"])
     out = command.out
 

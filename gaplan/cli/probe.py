@@ -14,8 +14,7 @@ from gaplan.cli.config_file import GaplanCommand, run_config_text
 from gaplan.cli.field_options import field_options, sectioned
 from gaplan.cli.options import (
     batch_by_options,
-    command_line,
-    given_on_command_line,
+    command_object,
     overwrite_option,
     stderr_printer,
     workload_options,
@@ -70,8 +69,7 @@ def probe(**options: Any) -> None:
     """
     from gaplan.workflows.probe_options import ProbeCommand, run_probe_command
 
-    command = ProbeCommand.from_flat(options, given_on_command_line(click.get_current_context()),
-                                     command=command_line())
+    command = command_object(ProbeCommand, options)
     if command.by_tokens:
         _probe_by_tokens(command, options)
         return

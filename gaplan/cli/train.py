@@ -14,8 +14,7 @@ from gaplan.cli.config_file import GaplanCommand, run_config_text
 from gaplan.cli.field_options import field_options, sectioned
 from gaplan.cli.options import (
     batch_by_options,
-    command_line,
-    given_on_command_line,
+    command_object,
     overwrite_option,
     stderr_printer,
     workload_options,
@@ -26,13 +25,11 @@ from gaplan.core.options import OUTPUT
 from gaplan.core.units import format_bytes
 from gaplan.runs.folder import REPORT_HTML, REPORT_MD, path_in
 from gaplan.workflows.train_command import TrainCommand
-from gaplan.workflows.train_options import TrainOptions
 
 
 @click.command(name="train", cls=GaplanCommand)
 @workload_options
-@field_options(TrainOptions)  # the plan's source, the data, the loop, the outputs
-@field_options(TrainCommand)  # --token-plan, --resume, --out
+@field_options(TrainCommand)  # the plan's source, the data, the loop, the outputs (TrainOptions); --token-plan, --resume, --out
 @batch_by_options
 @overwrite_option("without `--resume` (it replaces a run, `--resume` continues one)")
 @sectioned(OUTPUT, "--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
@@ -62,8 +59,7 @@ def train_command(**options: Any) -> None:
     from gaplan.workflows.train import run_train
     from gaplan.workflows.train_command import TrainCommand, prepare_train
 
-    command = TrainCommand.from_flat(options, given_on_command_line(click.get_current_context()),
-                                     command=command_line())
+    command = command_object(TrainCommand, options)
     setup = prepare_train(command, say=stderr_printer(options["quiet"]))
     spec, run_dir, train_options = setup.spec, setup.run_dir, setup.options
     say = stderr_printer(options["quiet"])

@@ -148,7 +148,8 @@ def _walk(cls: type, prefix: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...],
 def from_options(cls: type[T], options: Mapping[str, Any], **overrides: Any) -> T:
     """``cls`` built from a flat mapping of option names (a click command's parameters), by its fields.
 
-    A field whose option is absent keeps its default; ``overrides`` (by field name) win over ``options``.
+    A field whose option is absent keeps its default, as does one the run sets (``run_state``: no option gives it);
+    ``overrides`` (by field name) win over ``options``.
     """
     hints = _nested_types(cls)
     values: dict[str, Any] = {}
@@ -157,7 +158,7 @@ def from_options(cls: type[T], options: Mapping[str, Any], **overrides: Any) -> 
             values[field.name] = overrides[field.name]
         elif field.metadata.get("nested"):
             values[field.name] = from_options(hints[field.name], options)
-        elif option_name(field) in options:
+        elif option_name(field) in options and not field.metadata.get("run_state"):
             values[field.name] = options[option_name(field)]
     return cls(**values)
 
@@ -181,6 +182,9 @@ def to_flat(obj: Any) -> dict[str, Any]:
 
 
 def _nested_types(cls: type) -> dict[str, type]:
+    """The dataclass each field holds (``X | None`` holds ``X``)."""
     import typing
 
-    return {name: hint for name, hint in typing.get_type_hints(cls).items() if dataclasses.is_dataclass(hint)}
+    hints = {name: [arg for arg in typing.get_args(hint) if arg is not type(None)] or [hint]
+             for name, hint in typing.get_type_hints(cls).items()}
+    return {name: kinds[0] for name, kinds in hints.items() if len(kinds) == 1 and dataclasses.is_dataclass(kinds[0])}

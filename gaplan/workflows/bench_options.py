@@ -1,19 +1,20 @@
 """``gaplan bench``'s command line as one object: the workload's spec, the effective batch and ranks, how splits are
 timed, by samples or ``--batch-by tokens`` over the data, and the run folder, checked once at construction
 (:meth:`BenchCommand.__post_init__`); :func:`run_bench_command` runs it. The CLI parses text into it
-(:meth:`BenchCommand.from_flat`) and prints what it raises; a Python caller gets the same refusals, word for word.
+(:func:`gaplan.workflows.parse_options.command_from_options`) and prints what it raises; a Python caller gets the
+same refusals, word for word.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gaplan.core.checkpointing import Checkpointing, check_choice
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, EFFECTIVE_BATCH_HELP, PLAN_FILE_HELP
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import OUTPUT, PLAN, TIMING, from_options, option
+from gaplan.core.options import OUTPUT, PLAN, TIMING, nested, option
 from gaplan.core.outputs import check_writable
 from gaplan.core.progress import Say, quiet
 from gaplan.data.source import DataSource
@@ -24,7 +25,6 @@ from gaplan.workflows.parse_options import (
     check_positive,
     data_given,
     granule_of,
-    spec_from_flat,
 )
 from gaplan.workload.spec import WorkloadSpec
 
@@ -57,7 +57,7 @@ class BenchCommand:
                                   help="Do not run the true large batch (micro-batch = E).")
     batch_by: str = "samples"
     granule: int | None = None  # by tokens: a probed budget is a multiple of it (None: 64)
-    source: DataSource | None = None  # --data (by tokens); its fields refused without it
+    source: DataSource | None = nested(DataSource)  # --data (by tokens); None without it
     command: str | None = None  # the command line, recorded in plan.json
     out: str | None = option(None, section=OUTPUT, metavar="DIR", help="Run folder (default reports/bench-<model>-<time>).")
     overwrite: bool = False  # replace the run that ``out`` holds (its files only), else that is refused
@@ -104,13 +104,6 @@ class BenchCommand:
     @property
     def by_tokens(self) -> bool:
         return self.batch_by == "tokens"
-
-    @classmethod
-    def from_flat(cls, options: Mapping[str, Any], given: Collection[str] = (), *,
-                  command: str | None = None) -> BenchCommand:
-        """From a flat mapping of option names (click's parameters); ``given``: the names the user gave."""
-        spec = spec_from_flat(options, given)
-        return from_options(cls, options, spec=spec, source=from_options(DataSource, options), command=command)
 
 
 def run_bench_command(command: BenchCommand, *, say: Say = quiet, on_trial: Callable | None = None,

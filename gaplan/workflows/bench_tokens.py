@@ -19,7 +19,7 @@ from typing import Any
 
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, SAMPLES_PLAN_KIND, TOKEN_PLAN_KIND
 from gaplan.core.errors import one_line
-from gaplan.core.options import OptionError, to_flat
+from gaplan.core.options import OptionError, from_saved, to_flat
 from gaplan.core.progress import Say, quiet
 from gaplan.core.trial import Trial
 from gaplan.data.source import DataSource
@@ -132,7 +132,7 @@ def bench_child_main() -> None:
     from gaplan.workflows.train import TrainOptions, run_train
 
     request = json.load(sys.stdin)
-    run = run_train(WorkloadSpec.from_dict(request["workload"]), request["run_dir"], TrainOptions.from_flat(request["options"]),
+    run = run_train(WorkloadSpec.from_dict(request["workload"]), request["run_dir"], from_saved(TrainOptions, request["options"]),
                     device=request["device"], memory_limit=request["memory_limit"])
     print(json.dumps(run.summary), flush=True)
 

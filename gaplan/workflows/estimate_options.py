@@ -1,22 +1,21 @@
-"""``gaplan estimate``'s command line as one object: the workload's spec, the GPU (``target``) or budget, the
-effective batch, the ranks and the sizes traced, checked once at construction (:meth:`EstimateCommand.__post_init__`);
-:func:`run_estimate_command` runs it. The CLI parses text into it (:meth:`EstimateCommand.from_flat`) and prints
-what it raises; a Python caller gets the same refusals, word for word.
+"""``gaplan estimate``'s command line as one object: the workload's spec, the GPU (``target``) or budget, the effective
+batch, the ranks and the sizes traced, checked once at construction (:meth:`EstimateCommand.__post_init__`);
+:func:`run_estimate_command` runs it. The CLI parses text into it
+(:func:`gaplan.workflows.parse_options.command_from_options`) and prints what it raises; a Python caller gets the
+same refusals, word for word.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, EFFECTIVE_BATCH_HELP
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import MEMORY, PLAN, from_options, option
+from gaplan.core.options import MEMORY, PLAN, option
 from gaplan.core.progress import Say, quiet
 from gaplan.plan.layouts import resolve_world
 from gaplan.plan.split import default_search_cap
-from gaplan.workflows.parse_options import check_positive, check_sizes, parse_sizes, spec_from_flat
+from gaplan.workflows.parse_options import check_positive, check_sizes, parse_sizes
 from gaplan.workload.spec import WorkloadSpec
 
 
@@ -55,6 +54,8 @@ class EstimateCommand:
         object.__setattr__(self, "machines", machines)
         check_world_size(self.spec, ranks)
         if self.sizes is not None:
+            object.__setattr__(self, "sizes", tuple(self.sizes) or None)
+        if self.sizes is not None:
             check_sizes(self.sizes, self.sizes)
         if self.device_kind == "cpu" and self.target:
             raise GaplanError("--target is a GPU: it does not go with --device cpu")
@@ -62,13 +63,6 @@ class EstimateCommand:
     @property
     def device_kind(self) -> str:
         return "cpu" if (self.device or "auto").strip().lower() == "cpu" else "cuda"
-
-    @classmethod
-    def from_flat(cls, options: Mapping[str, Any], given: Collection[str] = ()) -> EstimateCommand:
-        """From a flat mapping of option names (click's parameters); ``given``: the names the user gave."""
-        spec = spec_from_flat(options, given)
-        sizes = options.get("sizes")
-        return from_options(cls, options, spec=spec, sizes=tuple(sizes) if sizes else None)
 
 
 def run_estimate_command(command: EstimateCommand, *, say: Say = quiet):

@@ -10,9 +10,11 @@ No torch at import.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from gaplan.core.errors import GaplanError
+
+T = TypeVar("T")
 
 
 def lora_fields(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -61,6 +63,19 @@ def spec_from_flat(options: Mapping[str, Any], given: Collection[str] = (), *, d
               **lora_fields(options), **length_fields(options), **overrides}
     spec = from_options(WorkloadSpec, options, **fields).validate()
     return spec.check_device(options.get("device") or "auto") if device else spec
+
+
+def command_from_options(cls: type[T], options: Mapping[str, Any], given: Collection[str] = (),
+                         command: str | None = None) -> T:
+    """A command's object (``ProbeCommand``, ``TrainCommand`` ...) from click's parameters, by its fields: ``spec`` the
+    workload's (:func:`spec_from_flat`, with the class's ``SPEC_OPTIONS``), a ``given`` field the names the user gave,
+    its nested objects from the same options, and ``command`` (the command line) the field of that name wherever one
+    is."""
+    from gaplan.core.options import from_options
+
+    spec = spec_from_flat(options, given, **getattr(cls, "SPEC_OPTIONS", {}))
+    fields = {"given": frozenset(given)} if "given" in cls.__dataclass_fields__ else {}
+    return from_options(cls, {**options, "command": command}, spec=spec, **fields)
 
 
 def check_positive(options: Mapping[str, Any], *names: str) -> None:

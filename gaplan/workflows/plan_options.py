@@ -1,27 +1,27 @@
 """``gaplan plan``'s command line as one object: the workload's spec, the layouts to compare, the ranks, the GPU
 (``target``) or budget, the levers to compare on one device, and ``measure``'s settings, checked once at construction
 (:meth:`PlanCommand.__post_init__`); :func:`run_plan_command` estimates (and with ``measure`` probes and times) the
-layouts and the lever rows, and writes the report. The CLI
-parses text into it (:meth:`PlanCommand.from_flat`) and prints what it raises; a Python caller gets the same
-refusals, word for word.
+layouts and the lever rows, and writes the report. The CLI parses text into it
+(:func:`gaplan.workflows.parse_options.command_from_options`) and prints what it raises; a Python caller gets the
+same refusals, word for word.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import MEMORY, OUTPUT, PLAN, TIMING, from_options, option
+from gaplan.core.options import MEMORY, OUTPUT, PLAN, TIMING, option
 from gaplan.core.outputs import check_writable
 from gaplan.core.progress import Say, quiet
 from gaplan.core.units import parse_bytes
 from gaplan.plan.layouts import MACHINERY, resolve_world
 from gaplan.plan.levers import BY_NAME
 from gaplan.runs.folder import default_run_dir
-from gaplan.workflows.parse_options import check_positive, spec_from_flat
+from gaplan.workflows.parse_options import check_positive
 from gaplan.workflows.plan_levers import lever_selection
 from gaplan.workload.spec import WorkloadSpec
 
@@ -31,6 +31,10 @@ class PlanCommand:
     """One ``gaplan plan``: the ``machinery`` layouts of ``spec``'s model compared over ``world_size`` ranks (or
     ``nodes`` x ``gpus_per_node``) for ``target`` (or ``memory_limit`` bytes per rank); with ``measure``, each that
     fits then probed and timed here (``repeats`` timed steps)."""
+
+    # The spec is checked for no device (plan models them); plan's --grad-sync (auto|last|every) is a choice per
+    # layout, not the spec's.
+    SPEC_OPTIONS: ClassVar[dict] = {"device": False, "grad_sync": "last"}
 
     spec: WorkloadSpec
     machinery: str = option(",".join(MACHINERY), section=PLAN, flag="--layouts", metavar="L1,L2", help=(
@@ -102,12 +106,6 @@ class PlanCommand:
             raise GaplanError("--threads applies to --device cpu (the modelled CPU process's threads)")
         if self.out is None:  # named once, so what is printed after names what was written
             object.__setattr__(self, "out", default_run_dir("plan", self.spec.model))
-
-    @classmethod
-    def from_flat(cls, options: Mapping[str, Any], given: Collection[str] = ()) -> PlanCommand:
-        """From a flat mapping of option names (click's parameters); ``given``: the names the user gave."""
-        # By the spec's fields; plan's --grad-sync (auto|last|every) is a choice per layout, not the spec's.
-        return from_options(cls, options, spec=spec_from_flat(options, given, device=False, grad_sync="last"))
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,18 @@
-"""``gaplan probe``'s command line as one object: the workload's spec, the probe's :class:`ProbeOptions`, the device
-and budget, the data, the mode (by samples or ``--batch-by tokens``) and the run folder, checked once at construction
+"""``gaplan probe``'s command line as one object: the workload's spec, the probe's :class:`ProbeOptions`, the device and
+budget, the data, the mode (by samples or ``--batch-by tokens``) and the run folder, checked once at construction
 (:meth:`ProbeCommand.__post_init__`), and :func:`run_probe_command`, which runs it. The CLI parses text into it
-(:meth:`ProbeCommand.from_flat`) and prints what it raises; a Python caller gets the same refusals, word for word.
+(:func:`gaplan.workflows.parse_options.command_from_options`) and prints what it raises; a Python caller gets the
+same refusals, word for word.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from gaplan.core.checkpointing import AUTO
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import from_options
+from gaplan.core.options import nested
 from gaplan.core.outputs import check_writable
 from gaplan.core.progress import Say, quiet
 from gaplan.data.source import DataSource
@@ -24,7 +24,6 @@ from gaplan.workflows.parse_options import (
     check_untimed,
     data_given,
     granule_of,
-    spec_from_flat,
     target_budget,
 )
 from gaplan.workflows.probe_settings import ProbeOptions
@@ -42,13 +41,13 @@ class ProbeCommand:
     or ``target``'s usable memory), by samples or ``batch_by="tokens"`` over ``source``, into ``out``."""
 
     spec: WorkloadSpec
-    probe: ProbeOptions = field(default_factory=ProbeOptions)
+    probe: ProbeOptions = nested(ProbeOptions)
     device: str = "auto"
     memory_limit: int | None = None
     target: str | None = None  # a GPU of gaplan estimate --list-targets to emulate (its usable memory is the budget)
     batch_by: str = "samples"
     granule: int | None = None  # by tokens: a probed budget is a multiple of it (None: 64)
-    source: DataSource | None = None  # --data (by tokens, or goodput's measuring run); its fields refused without it
+    source: DataSource | None = nested(DataSource)  # --data (by tokens, or goodput's measuring run); None without it
     emit: str | None = None  # "hf": the plan as TrainingArguments to paste
     out: str | None = None  # the run folder (None: reports/probe-<model>-<time>)
     overwrite: bool = False  # replace the run that ``out`` holds (its files only), else that is refused
@@ -110,15 +109,6 @@ class ProbeCommand:
         """Whether the probe times splits after the search (the report, a throughput or goodput tuner, auto)."""
         probe = self.probe
         return probe.report or probe.objective in ("throughput", "goodput") or probe.grad_checkpointing == AUTO
-
-    @classmethod
-    def from_flat(cls, options: Mapping[str, Any], given: Collection[str] = (), *,
-                  command: str | None = None) -> ProbeCommand:
-        """From a flat mapping of option names (click's parameters); ``given``: the names the user gave."""
-        spec = spec_from_flat(options, given)
-        probe = from_options(ProbeOptions, options, grad_checkpointing=spec.grad_checkpointing
-                             if options.get("grad_checkpointing") != AUTO else AUTO, command=command)
-        return from_options(cls, options, spec=spec, probe=probe, source=from_options(DataSource, options))
 
 
 def run_probe_command(command: ProbeCommand, *, say: Say = quiet, on_trial: Callable | None = None,

@@ -70,7 +70,7 @@ class ProbeOptions:
         "Plan with the largest micro-batch; with the split of highest measured throughput (times every split: "
         "minutes); or goodput: measure the gradient noise scale in a short run at --effective-batch, time the plans "
         "of --batch-range, and plan the effective batch of most samples/s x statistical efficiency."))
-    grad_checkpointing: Checkpointing | str = OFF  # the blocks, or AUTO ("auto": the tuner decides)
+    grad_checkpointing: Checkpointing | str | None = OFF  # the blocks, or AUTO ("auto": the tuner decides); None: off
     report: bool = option(False, section=TIMING, applies=BY_SAMPLES, help=(
         "Also time the splits against a true large batch, break memory down by category, and write report.md/html, "
         "CSVs and PNGs to the run folder."))
@@ -89,6 +89,8 @@ class ProbeOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise OptionError(f"{name} must be a positive integer (got {value})", name)
+        if self.grad_checkpointing is None:  # not given (the workload spec's default)
+            object.__setattr__(self, "grad_checkpointing", OFF)
         check_typed(self.grad_checkpointing, auto=True)
         if self.objective not in OBJECTIVES:
             raise OptionError(f"objective must be one of {', '.join(OBJECTIVES)} (got {self.objective!r})",

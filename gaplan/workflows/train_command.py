@@ -2,23 +2,20 @@
 ``--token-plan`` and ``--resume``, checked once at construction (:meth:`TrainCommand.__post_init__`).
 :func:`prepare_train` turns it into what :func:`gaplan.workflows.train.run_train` takes: a resumed run's saved
 settings with what was given again checked against them, and ``--token-plan``'s T* read for this workload. The CLI
-parses text into it (:meth:`TrainCommand.from_flat`) and prints what it raises; a Python caller gets the same
-refusals, word for word.
+parses text into it (:func:`gaplan.workflows.parse_options.command_from_options`) and prints what it raises; a Python
+caller gets the same refusals, word for word.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from gaplan.core.checkpointing import AUTO
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import OUTPUT, PLAN, TRAINING, from_options, option, to_flat
+from gaplan.core.options import OUTPUT, PLAN, TRAINING, nested, option, to_flat
 from gaplan.core.progress import Say, quiet
 from gaplan.runs.folder import default_run_dir
-from gaplan.workflows.parse_options import spec_from_flat
 from gaplan.workflows.train_options import BY_TOKENS, TrainOptions
 from gaplan.workload.spec import WorkloadSpec
 
@@ -29,7 +26,7 @@ class TrainCommand:
     ``out``; or the run in ``resume`` continued (``given``: the option names given again, checked against it)."""
 
     spec: WorkloadSpec
-    options: TrainOptions = dataclasses.field(default_factory=TrainOptions)
+    options: TrainOptions = nested(TrainOptions)
     device: str = "auto"
     memory_limit: int | None = None
     token_plan: str | None = option(None, section=PLAN, metavar="TOKENS.JSON", applies=BY_TOKENS, help=(
@@ -56,17 +53,6 @@ class TrainCommand:
     def run_dir(self) -> str:
         return self.resume or self.out
 
-    @classmethod
-    def from_flat(cls, options: Mapping[str, Any], given: Collection[str] = (), *,
-                  command: str | None = None) -> TrainCommand:
-        """From a flat mapping of option names (click's parameters); ``given``: the names the user gave."""
-        spec = spec_from_flat(options, given)
-        # Built by its fields and checked there (errors name fields; the CLI says flags).
-        train_options = from_options(TrainOptions, options, resume=False, command=command)
-        return cls(spec=spec, options=train_options, device=options.get("device") or "auto",
-                   memory_limit=options.get("memory_limit"), token_plan=options.get("token_plan"), resume=options.get("resume"),
-                   out=options.get("out"), given=frozenset(given), overwrite=bool(options.get("overwrite")))
-
 
 @dataclass(frozen=True)
 class TrainSetup:
@@ -90,7 +76,7 @@ def prepare_train(command: TrainCommand, *, say: Say = quiet) -> TrainSetup:
         given = command.given
         given_spec = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name in given
                       and not (f.name == "grad_checkpointing" and options.grad_checkpointing == AUTO)}
-        typed = to_flat(options)  # by option name, typed (TrainOptions.to_flat is train.json's form)
+        typed = to_flat(options)  # by option name, typed (to_saved is train.json's form)
         given_options = {name: typed[name] for name in given if name in typed}  # compared with the saved, typed too
         given_options.update(command=options.command)
         given_environment = {name: value for name, value in (("device", device), ("memory_limit", memory_limit))

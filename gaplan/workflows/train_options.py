@@ -9,9 +9,7 @@ sets it).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from gaplan.core.checkpointing import Checkpointing, check_choice, parse_checkpointing_choice, saved_choice
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, PLAN_FILE_HELP
@@ -21,12 +19,10 @@ from gaplan.core.options import (
     PLAN,
     TIMING,
     OptionError,
-    from_saved,
     leaf_fields,
     nested,
     option,
     option_name,
-    to_saved,
 )
 from gaplan.data.source import DataSource
 from gaplan.plan.goodput import LR_SCALINGS, SCHEDULE_LR_SCALING
@@ -79,7 +75,8 @@ class TrainOptions:
     grad_checkpointing: Checkpointing | str | None = option(None, parse=parse_checkpointing_choice, save=saved_choice)
     source: DataSource = nested(DataSource)
     loop: LoopOptions = nested(LoopOptions)
-    resume: bool = option(False)
+    # Set by the run, never by an option (the flat options' "resume" is TrainCommand's --resume RUN_DIR).
+    resume: bool = option(False, run_state=True)
     save_weights: str | None = option(None, resume="free", section=OUTPUT, metavar="FILE", help=(
         "Write the final weights (safetensors)."))
     save_model: str | None = option(None, resume="free", section=OUTPUT, metavar="DIR", help=(
@@ -181,15 +178,6 @@ class TrainOptions:
     @property
     def steps(self) -> int:
         return self.loop.steps
-
-    def to_flat(self) -> dict[str, Any]:
-        """By option name, as ``train.json`` holds them (and as a fresh process's request carries them): JSON."""
-        return to_saved(self)
-
-    @classmethod
-    def from_flat(cls, options: Mapping[str, Any], **overrides: Any) -> TrainOptions:
-        """From option names as :meth:`to_flat` writes them (``train.json``, a request); unknown names are left out."""
-        return from_saved(cls, options, **overrides)
 
 
 def resume_marks() -> dict[str, str]:

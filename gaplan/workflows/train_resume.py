@@ -14,7 +14,7 @@ from typing import Any
 
 from gaplan.core.atomic_write import atomic_write_text
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import OptionError, get_path, leaf_fields, option_name, replace_path
+from gaplan.core.options import OptionError, from_saved, get_path, leaf_fields, option_name, replace_path, to_saved
 from gaplan.core.outputs import check_path_exists
 from gaplan.core.progress import Say
 from gaplan.data.source import reads_as
@@ -47,7 +47,7 @@ def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Map
             saved = json.load(handle)
         spec = WorkloadSpec.from_dict(saved["workload"])
         section = "options"
-        options = TrainOptions.from_flat({k: v for k, v in saved["options"].items() if k in marks})
+        options = from_saved(TrainOptions, {k: v for k, v in saved["options"].items() if k in marks})
         options = dataclasses.replace(options, source=options.source.without_defaults())
     except OptionError as exc:  # a value in the file, named by its key there: the user gave no such flag
         raise GaplanError(f"--resume {run_dir}: {TRAIN_JSON} holds a value that cannot be used: "
@@ -96,7 +96,7 @@ def new_split(run_dir: str, spec: WorkloadSpec, options: TrainOptions, device: s
 
 def save_settings(run_dir: str, spec: WorkloadSpec, options: TrainOptions, device: str,
                    memory_limit: int | None) -> None:
-    data = {"workload": spec.to_dict(), "options": dataclasses.replace(options, resume=False).to_flat(),
+    data = {"workload": spec.to_dict(), "options": to_saved(dataclasses.replace(options, resume=False)),
             "environment": {"device": device, "memory_limit": memory_limit}}
     atomic_write_text(path_in(run_dir, TRAIN_JSON), json.dumps(data, indent=2) + "\n")
 

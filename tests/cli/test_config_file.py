@@ -125,19 +125,20 @@ def test_a_config_file_builds_the_same_command_object_as_the_flags(command, tmp_
     from gaplan.cli.options import given_on_command_line
     from gaplan.workflows.bench_options import BenchCommand
     from gaplan.workflows.estimate_options import EstimateCommand
+    from gaplan.workflows.parse_options import command_from_options
     from gaplan.workflows.plan_options import PlanCommand
     from gaplan.workflows.probe_options import ProbeCommand
     from gaplan.workflows.train_command import TrainCommand
 
-    build = {"train": TrainCommand.from_flat, "probe": ProbeCommand.from_flat, "bench": BenchCommand.from_flat,
-             "estimate": EstimateCommand.from_flat, "plan": PlanCommand.from_flat}[command]
+    cls = {"train": TrainCommand, "probe": ProbeCommand, "bench": BenchCommand, "estimate": EstimateCommand,
+           "plan": PlanCommand}[command]
     path = tmp_path / "run.toml"
     path.write_text(f"[{command}]\n{FILE[command]}")
     out = [] if command == "estimate" else ["--out", str(tmp_path / "run")]
     objects = []
     for args in (FLAGS[command], ["--config", str(path)]):
         with main.get_command(None, command).make_context(command, [*args, *out]) as ctx:
-            objects.append(build(ctx.params, given_on_command_line(ctx)))
+            objects.append(command_from_options(cls, ctx.params, given_on_command_line(ctx)))
     assert objects[0] == objects[1]
 
 

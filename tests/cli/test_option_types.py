@@ -120,11 +120,15 @@ def test_a_command_line_into_its_object_parses_each_typed_option_once(command, m
 
     words, expected = COMMAND_LINES[command]
     counts = _count_parses(monkeypatch)
-    build = {"train": lambda p, g: prepare_train(TrainCommand.from_flat(p, g)), "probe": ProbeCommand.from_flat,
-             "bench": BenchCommand.from_flat, "estimate": EstimateCommand.from_flat, "plan": PlanCommand.from_flat}
+    from gaplan.workflows.parse_options import command_from_options
+
+    classes = {"train": TrainCommand, "probe": ProbeCommand, "bench": BenchCommand, "estimate": EstimateCommand,
+               "plan": PlanCommand}
     out = ["--out", str(tmp_path / "run")] if command != "estimate" else []
     with main.get_command(None, command).make_context(command, [*words, *out]) as ctx:
-        built = build[command](ctx.params, given_on_command_line(ctx))
+        built = command_from_options(classes[command], ctx.params, given_on_command_line(ctx))
+        if command == "train":
+            prepare_train(built)
     assert {name: count for name, count in counts.items() if count} == expected
     checkpointing = ctx.params.get("grad_checkpointing")
     if checkpointing is not None:  # the typed value, held as it was parsed

@@ -16,6 +16,7 @@ from gaplan.core.errors import GaplanError
 from gaplan.core.options import OptionError, flag
 from gaplan.workflows.bench_options import BenchCommand, run_bench_command
 from gaplan.workflows.estimate_options import EstimateCommand, run_estimate_command
+from gaplan.workflows.parse_options import command_from_options
 from gaplan.workflows.plan_options import PlanCommand, run_plan_command
 from gaplan.workflows.probe_options import ProbeCommand, run_probe_command
 from gaplan.workflows.train import run_train
@@ -32,16 +33,16 @@ from tests.workflows.test_applies import MISUSES
 
 
 def _train(params, given):
-    setup = prepare_train(TrainCommand.from_flat(params, given))
+    setup = prepare_train(command_from_options(TrainCommand, params, given))
     run_train(setup.spec, setup.run_dir, setup.options, device=setup.device, memory_limit=setup.memory_limit)
 
 
 LIBRARY = {
     "train": _train,
-    "probe": lambda params, given: run_probe_command(ProbeCommand.from_flat(params, given)),
-    "bench": lambda params, given: run_bench_command(BenchCommand.from_flat(params, given)),
-    "estimate": lambda params, given: run_estimate_command(EstimateCommand.from_flat(params, given)),
-    "plan": lambda params, given: run_plan_command(PlanCommand.from_flat(params, given)),
+    "probe": lambda params, given: run_probe_command(command_from_options(ProbeCommand, params, given)),
+    "bench": lambda params, given: run_bench_command(command_from_options(BenchCommand, params, given)),
+    "estimate": lambda params, given: run_estimate_command(command_from_options(EstimateCommand, params, given)),
+    "plan": lambda params, given: run_plan_command(command_from_options(PlanCommand, params, given)),
 }
 
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from gaplan.core.options import OptionError
+from gaplan.core.options import OptionError, from_saved, to_saved
 from gaplan.data.source import READ_DEFAULTS, DataSource
 from gaplan.runs.folder import CHECKPOINT, TRAIN_JSON
 from gaplan.training.config import LoopOptions, TrainConfig
@@ -23,7 +23,7 @@ OLD_FLAT_OPTIONS = {
 
 
 def test_the_flat_options_fill_the_nested_data_source_and_loop():
-    options = TrainOptions.from_flat({"data": "corpus.txt", "tokenizer": "bytes", "steps": 5, "seed": 3,
+    options = from_saved(TrainOptions, {"data": "corpus.txt", "tokenizer": "bytes", "steps": 5, "seed": 3,
                                       "micro_batch": 2})
     assert options.source == DataSource(path="corpus.txt", tokenizer="bytes")
     assert options.loop == LoopOptions(steps=5, seed=3)
@@ -38,10 +38,10 @@ NOT_GIVEN = {"text_field": None, "label_field": None, "long_samples": None, "gra
 
 
 def test_saved_flat_is_the_shape_older_run_folders_have():
-    assert set(TrainOptions().to_flat()) == set(OLD_FLAT_OPTIONS) | set(ADDED_SINCE)
-    old = TrainOptions.from_flat(OLD_FLAT_OPTIONS)
+    assert set(to_saved(TrainOptions())) == set(OLD_FLAT_OPTIONS) | set(ADDED_SINCE)
+    old = from_saved(TrainOptions, OLD_FLAT_OPTIONS)
     old = dataclasses.replace(old, source=old.source.without_defaults())  # as resume reads an older run's train.json
-    assert old.to_flat() == {**OLD_FLAT_OPTIONS, **ADDED_SINCE, **NOT_GIVEN}
+    assert to_saved(old) == {**OLD_FLAT_OPTIONS, **ADDED_SINCE, **NOT_GIVEN}
 
 
 @pytest.mark.parametrize("field, task", [("target_field", "causal-lm"), ("label_field", "causal-lm"),
@@ -79,7 +79,7 @@ def test_resume_marks_are_the_fields_metadata():
 ])
 def test_each_check_is_made_once_in_the_options_and_says_field_names(fields, message):
     with pytest.raises(OptionError) as caught:
-        TrainOptions.from_flat(fields)
+        from_saved(TrainOptions, fields)
     assert message in str(caught.value)
     assert "--" not in str(caught.value)
 
