@@ -77,8 +77,11 @@ def test_a_cpu_refuses_it_in_one_line():
     with pytest.raises(GaplanError, match="host memory already") as caught:
         estimate(spec, device_kind="cpu", effective_batch=4)
     assert "\n" not in str(caught.value)
-    with pytest.raises(GaplanError, match="host memory already"):
-        spec.check_device("cpu")
+    from gaplan.devices.card import cuda_cards
+
+    for device in ("cpu",) if cuda_cards().count else ("cpu", "auto"):  # auto: the CPU, on a machine without CUDA
+        with pytest.raises(GaplanError, match="host memory already"):
+            spec.check_device(device)
 
 
 def test_forward_context_on_a_cpu_is_autocast_alone():
