@@ -20,16 +20,17 @@ from gaplan.cli.options import (
     workload_options,
 )
 from gaplan.cli.output import BenchProgress, print_bench, same_terminal
+from gaplan.core.constants import BY_TOKENS
 from gaplan.core.lines import histogram_lines, token_bench_lines, trial_line
 from gaplan.core.options import OUTPUT
-from gaplan.workflows.bench_options import BenchCommand
+from gaplan.workflows.bench_options import BENCH_BY_SAMPLES, BenchCommand
 
 
 @click.command(name="bench", cls=GaplanCommand)
 @workload_options
 # the effective batch, the plan, the ranks, the large batch, the data (by tokens), the run folder
-@field_options(BenchCommand, data={"applies": "`--batch-by tokens`"})
-@field_options(BenchSettings, **{name: {"applies": "a bench by samples"}
+@field_options(BenchCommand, data={"applies": BY_TOKENS})
+@field_options(BenchSettings, **{name: {"applies": BENCH_BY_SAMPLES}
                                   for name in ("max_rounds", "ci_target", "time_budget", "all_splits")})
 @batch_by_options
 @overwrite_option()

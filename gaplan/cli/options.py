@@ -12,6 +12,7 @@ import click
 
 from gaplan.cli.field_options import field_options, sectioned
 from gaplan.cli.option_types import BYTES, CHECKPOINTING
+from gaplan.core.constants import BY_TOKENS
 from gaplan.core.options import DATA, MEMORY, OUTPUT, PLAN
 from gaplan.workload.spec import WorkloadSpec
 
@@ -65,7 +66,7 @@ def batch_by_options(func: Callable) -> Callable:
                   help="samples: micro-batches of a fixed number of samples; tokens: each step's samples packed "
                        "into micro-batches of at most T padded tokens (long-tailed data wastes less on padding; "
                        "T* is probed from --data's lengths)."),
-        sectioned(PLAN, "--granule", type=int, default=None, applies="`--batch-by tokens`",
+        sectioned(PLAN, "--granule", type=int, default=None, applies=BY_TOKENS,
                   help="With --batch-by tokens: a probed token budget is a multiple of this many tokens.  "
                        "[default: 64]"),
     ]

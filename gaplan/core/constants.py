@@ -24,3 +24,6 @@ SAMPLES_PLAN_KIND = "samples-plan"  # bench --batch-by tokens: micro-batches of 
 # Memory by category (breakdown.csv's columns), as torch's MemTracker reports it.
 BREAKDOWN_CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "other")
 DEFAULT_TRAIN_STEPS = 10  # optimizer steps `gaplan train` runs without --steps
+
+# Where the token budget's options apply (their ``applies`` metadata, the docs' tables).
+BY_TOKENS = "`--batch-by tokens`"

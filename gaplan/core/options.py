@@ -183,8 +183,14 @@ def to_flat(obj: Any) -> dict[str, Any]:
 
 def _nested_types(cls: type) -> dict[str, type]:
     """The dataclass each field holds (``X | None`` holds ``X``)."""
+    import types
     import typing
 
-    hints = {name: [arg for arg in typing.get_args(hint) if arg is not type(None)] or [hint]
-             for name, hint in typing.get_type_hints(cls).items()}
-    return {name: kinds[0] for name, kinds in hints.items() if len(kinds) == 1 and dataclasses.is_dataclass(kinds[0])}
+    def held(hint: Any) -> Any:
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            kinds = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+            return kinds[0] if len(kinds) == 1 else None
+        return hint
+
+    hints = {name: held(hint) for name, hint in typing.get_type_hints(cls).items()}
+    return {name: hint for name, hint in hints.items() if hint is not None and dataclasses.is_dataclass(hint)}

@@ -120,10 +120,10 @@ def trace_assumptions(spec, device: DeviceModel, observed, static_bytes: int,
                         "so the peak is the larger of the micro-steps' (weights, gradients, optimizer states, one "
                         "micro-batch's activations) and the optimizer step's; batches are full length.")]
     temporaries = max(0, optimizer_step_bytes - static_bytes) if optimizer_step_bytes is not None else 0
-    compiled = [compiled_model()] if spec.compile else []
+    levers = [compiled_model()] * spec.compile + [offloaded_activations()] * spec.offload_activations
     if device.kind == "cpu":
-        return notes + _cpu_process(spec, device, observed, temporaries, graph_nodes, panel_at_every_peak) + compiled
-    return notes + _cuda(spec, observed, static_bytes, temporaries, unfilled_segment_bytes) + compiled
+        return notes + _cpu_process(spec, device, observed, temporaries, graph_nodes, panel_at_every_peak) + levers
+    return notes + _cuda(spec, observed, static_bytes, temporaries, unfilled_segment_bytes) + levers
 
 
 def _cpu_process(spec, device: DeviceModel, observed, temporaries: int, graph_nodes: int,
@@ -252,6 +252,14 @@ def chunked_loss(chunk_tokens: int, vocab_size: int | None) -> Assumption:
         f"under activation checkpointing, so one chunk's logits ({format_bytes(logits)} in fp32 at vocabulary "
         f"{vocab_size or '?'}) exist at a time and are made again in backward: traced as it runs.",
         {"chunk_tokens": chunk_tokens, "vocab_size": vocab_size, "chunk_logits_bytes": logits})
+
+
+def offloaded_activations() -> Assumption:
+    """``--offload-activations``: how the trace runs torch's ``save_on_cpu`` (:mod:`gaplan.estimate.offload`)."""
+    return Assumption("offload", "Activation offloading (--offload-activations, torch's save_on_cpu): every tensor "
+                      "saved for backward leaves the device in forward and comes back, a fresh copy, while its node's "
+                      "backward runs (a weight a product saved comes back as a copy too); the pinned host memory "
+                      "holding them is not counted, and the copies' time is the lever table's, not the estimate's.")
 
 
 def compiled_model() -> Assumption:

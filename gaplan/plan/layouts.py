@@ -271,6 +271,8 @@ def workload_flags(workload: dict) -> list[str]:
         words.append("--compile")
     if workload.get("cpu_offload"):
         words.append("--cpu-offload")
+    if workload.get("offload_activations"):
+        words.append("--offload-activations")
     if workload.get("trust_remote_code"):
         words.append("--trust-remote-code")
     return words

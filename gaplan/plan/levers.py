@@ -80,8 +80,8 @@ LEVERS = (
           "every other block's forward runs again in backward", recompute_blocks=0.5),
     Lever("offload", "offload", "offload_activations", True,
           "every tensor saved for backward crosses PCIe twice, to pinned host memory in forward and back in "
-          "backward (torch's save_on_cpu; host memory holds one micro-batch's activations; the copies' time is not "
-          "in the modelled time)",
+          "backward (torch's save_on_cpu; host memory holds one micro-batch's activations; the copies are in the "
+          "modelled time, not overlapped with compute)",
           gpu_only="on a CPU the host memory is the device's: nothing moves"),
     Lever("compile", "compile", None, True, "",
           not_built="the estimate traces the eager model and cannot model what compile keeps for backward; "

@@ -30,7 +30,7 @@ from gaplan.workload.spec import WorkloadSpec, model_source_kind
 # Part of the key: a change in how trials measure must not reuse older answers.
 PROBE_METHOD = "fork-per-trial, 2 optimizer steps, anonymous peak, MKL fast memory manager off"
 _SAME_WORKLOAD_FIELDS = WorkloadSpec.probe_key_fields()
-_KEYED_WHEN_SET = {"compile": False}  # field -> the default that leaves it out of a cache key
+_KEYED_WHEN_SET = {"compile": False, "offload_activations": False}  # field -> the default that leaves it out of a key
 
 
 def plan_cache_path(spec: WorkloadSpec, device: str, memory_limit: int | None, threads: int | None = None,

@@ -28,7 +28,7 @@ from gaplan.workflows.parse_options import (
 )
 from gaplan.workload.spec import WorkloadSpec
 
-BY_SAMPLES = "a bench by samples"  # where the options of a bench by samples apply
+BENCH_BY_SAMPLES = "a bench by samples"  # where the options of a bench by samples apply
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class BenchCommand:
 
     spec: WorkloadSpec
     effective_batch: int = option(DEFAULT_EFFECTIVE_BATCH, section=PLAN, help=EFFECTIVE_BATCH_HELP)
-    plan_file: str | None = option(None, section=PLAN, flag="--plan", metavar="PLAN.JSON", applies=BY_SAMPLES,
+    plan_file: str | None = option(None, section=PLAN, flag="--plan", metavar="PLAN.JSON", applies=BENCH_BY_SAMPLES,
                                    help=PLAN_FILE_HELP)
     world_size: int = option(1, section=PLAN, applies="`--parallel fsdp` (a DDP split is timed in one process)", help=(
         "With --parallel fsdp: the ranks (2 or more) every timed run trains on, each under the budget."))
@@ -53,7 +53,7 @@ class BenchCommand:
     ci_target: float = 0.05
     time_budget: float = 300.0
     all_splits: bool = False
-    no_large_batch: bool = option(False, section=TIMING, applies=BY_SAMPLES,
+    no_large_batch: bool = option(False, section=TIMING, applies=BENCH_BY_SAMPLES,
                                   help="Do not run the true large batch (micro-batch = E).")
     batch_by: str = "samples"
     granule: int | None = None  # by tokens: a probed budget is a multiple of it (None: 64)

@@ -72,7 +72,7 @@ def compare_levers(
     cap = default_search_cap(effective_batch, 1)
     results: list[LeverResult] = []
     for row in lever_rows(selected, base, device_kind):
-        if not row and known_base is not None:
+        if not row and known_base is not None and not spec.offload_activations:  # (its host copies: traced here)
             result = dataclasses.replace(known_base, levers=(), model_seconds=_model_seconds(
                 inputs, spec, row, base, effective_batch, known_base.grad_accum_steps, known_base.extra))
         else:
@@ -123,10 +123,11 @@ def _model_seconds(inputs: CostInputs | None, spec: WorkloadSpec, row: Sequence[
                    grad_accum_steps: int | None, extra: dict) -> float | None:
     """The row's modelled time per optimizer step (None without the model's counts or a split); ``extra``: its
     estimate's, whose traced host copies (offloading) are a line in a micro-step's samples."""
-    if inputs is None or not grad_accum_steps:
+    offloads = base.offload_activations or "offload" in row
+    if inputs is None or not grad_accum_steps or (offloads and not all(key in extra for key in HOST_BYTES)):
         return None
     blocks, head = row_recompute(row, base)
-    per_micro_step, per_sample = (extra.get(key, 0) for key in HOST_BYTES)
+    per_micro_step, per_sample = (extra[key] if offloads else 0 for key in HOST_BYTES)
     return step_cost(inputs, effective_batch=effective_batch, grad_accum_steps=grad_accum_steps,
                      optimizer=spec.optimizer, recompute_blocks=blocks, recompute_head=head,
                      host_bytes=grad_accum_steps * per_micro_step + effective_batch * per_sample).total_s

@@ -12,11 +12,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from gaplan.core.checkpointing import AUTO
+from gaplan.core.constants import BY_TOKENS
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import OUTPUT, PLAN, TRAINING, nested, option, to_flat
 from gaplan.core.progress import Say, quiet
 from gaplan.runs.folder import default_run_dir
-from gaplan.workflows.train_options import BY_TOKENS, TrainOptions
+from gaplan.workflows.train_options import TrainOptions
 from gaplan.workload.spec import WorkloadSpec
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gaplan.core.checkpointing import Checkpointing, check_choice, parse_checkpointing_choice, saved_choice
-from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, PLAN_FILE_HELP
+from gaplan.core.constants import BY_TOKENS, DEFAULT_EFFECTIVE_BATCH, PLAN_FILE_HELP
 from gaplan.core.options import (
     MEMORY,
     OUTPUT,
@@ -31,7 +31,6 @@ from gaplan.plan.tokens import DEFAULT_GRANULE
 from gaplan.training.config import LoopOptions
 
 BATCH_BY = ("samples", "tokens")
-BY_TOKENS = "`--batch-by tokens`"  # where the token budget's options apply
 
 
 @dataclass(frozen=True)

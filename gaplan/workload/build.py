@@ -17,7 +17,7 @@ import contextlib
 import importlib
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from gaplan.core.errors import GaplanError
+from gaplan.core.options import OptionError
 from gaplan.core.tasks import CAUSAL_LM, CUSTOM
 from gaplan.data.tasks.infer import task_of_config
 from gaplan.data.tasks.registry import task_component
@@ -35,7 +36,7 @@ from gaplan.workload.loss import summed_token_loss
 from gaplan.workload.model_io import load_pretrained, quiet_transformers, weights_files
 from gaplan.workload.optimizers import check_optimizer_device, make_optimizer, optimizer_state_bytes
 from gaplan.workload.seq2seq import target_length
-from gaplan.workload.spec import DEFAULT_MODEL, PRESETS, WorkloadSpec, model_source_kind
+from gaplan.workload.spec import DEFAULT_MODEL, OFFLOAD_ON_CPU, PRESETS, WorkloadSpec, model_source_kind
 
 # re-exported: the spec is data; the optimizer's builder and state count live in gaplan.workload.optimizers
 __all__ = ["DEFAULT_MODEL", "PRESETS", "WorkloadSpec", "make_optimizer", "model_source_kind", "optimizer_state_bytes"]
@@ -99,16 +100,14 @@ class Workload:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=DTYPES[self.spec.dtype])
 
-    def forward_context(self) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def forward_context(self) -> Iterator[None]:
         """What each micro-step's forward runs under: :meth:`autocast`, and with ``offload_activations`` on a GPU
         torch's ``save_on_cpu`` (each tensor saved for backward goes to pinned host memory and comes back when
         backward needs it; the pack and unpack pair is kept with each saved tensor, so backward needs no context)."""
-        if not (self.spec.offload_activations and self.device.type == "cuda"):
-            return self.autocast()
-        stack = contextlib.ExitStack()
-        stack.enter_context(self.autocast())
-        stack.enter_context(torch.autograd.graph.save_on_cpu(pin_memory=True))
-        return stack
+        offload = self.spec.offload_activations and self.device.type == "cuda"
+        with self.autocast(), torch.autograd.graph.save_on_cpu(pin_memory=True) if offload else contextlib.nullcontext():
+            yield
 
 
 def static_bytes(model: nn.Module, optimizer: str) -> int:
@@ -174,6 +173,8 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
     device = torch.device(device)
     if device.type != "meta":
         check_optimizer_device(spec.optimizer, device)
+    if device.type == "cpu" and spec.offload_activations:  # --device auto resolves here (a fake workload: on meta)
+        raise OptionError(OFFLOAD_ON_CPU, "offload_activations", "device")
     model_device = torch.device("meta") if model_on_meta else device
     torch.manual_seed(seed)
     if model_source_kind(spec.model) == "function":

@@ -159,7 +159,7 @@ class WorkloadSpec:
         if self.cpu_offload and str(device).startswith("cpu"):
             raise OptionError("cpu_offload moves FSDP's shards and optimizer states off a GPU to the CPU; on "
                               "device cpu they are on the CPU already: leave it out", "cpu_offload", "device")
-        if self.offload_activations and _on_cpu(str(device)):
+        if self.offload_activations and str(device).strip().lower().startswith("cpu"):
             raise OptionError(OFFLOAD_ON_CPU, "offload_activations", "device")
         return self
 
@@ -304,15 +304,6 @@ class WorkloadSpec:
         if self.lora_targets.strip() == "all-linear":
             return "all-linear"
         return [t.strip() for t in self.lora_targets.split(",") if t.strip()]
-
-
-def _on_cpu(device: str) -> bool:
-    """Whether ``device`` (``auto`` resolved: the cards asked in a child) is the CPU."""
-    if device.strip().lower() != "auto":
-        return device.startswith("cpu")
-    from gaplan.devices.backend import resolve_device
-
-    return resolve_device("auto") == "cpu"
 
 
 def lengths_text(task: str | None, seq_len: int | None, target_len: int | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import shlex
 import subprocess
@@ -265,3 +266,23 @@ def test_random_orders_give_one_pick():
         random.Random(seed).shuffle(shuffled)
         picks.add(pick(shuffled).layout.machinery)
     assert picks == {"fsdp+ckpt"}
+
+
+def _switches() -> list[str]:
+    from gaplan.workload.spec import WorkloadSpec
+
+    return [f.name for f in dataclasses.fields(WorkloadSpec) if f.type in ("bool", bool)]
+
+
+@pytest.mark.parametrize("name", _switches())
+def test_the_launch_command_rebuilds_every_switch_of_the_workload(name):
+    """Each bool field of WorkloadSpec, turned on, comes back from the printed command as gaplan train parses it (a
+    switch left out would launch a run without it: --offload-activations once was)."""
+    from gaplan.cli.main import main
+    from gaplan.workflows.parse_options import spec_from_flat
+    from gaplan.workload.spec import WorkloadSpec
+
+    spec = WorkloadSpec(model="tiny-llama", parallel="fsdp" if name == "cpu_offload" else "ddp", **{name: True})
+    flags = workload_flags(spec.to_dict())
+    with main.get_command(None, "train").make_context("train", flags) as ctx:
+        assert spec_from_flat(ctx.params, device=False) == spec, flags

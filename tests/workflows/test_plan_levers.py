@@ -73,6 +73,11 @@ def test_the_offload_row_holds_less_and_pays_its_host_copies_on_a_gpu():
     plain = step_cost(cost_inputs(spec, "cuda"), effective_batch=16, grad_accum_steps=offload.grad_accum_steps,
                       optimizer="adamw").total_s
     assert offload.model_seconds == pytest.approx(plain + 2 * host / RATES["cuda"].host_bytes_per_s)
+    # A workload that offloads already: its base row is traced here, copies and all (the layouts' row has none).
+    offloading = compare_levers(WorkloadSpec(model="tiny-gpt2", seq_len=64, dtype="bf16", offload_activations=True),
+                                effective_batch=16, levers="ckpt", target="h100-80gb", device_kind="cuda",
+                                known_base=base)
+    assert offloading.results[0].model_seconds == pytest.approx(offload.model_seconds)
     on_cpu = compare_levers(WorkloadSpec(model="tiny-gpt2", seq_len=32), effective_batch=4, levers="offload",
                             device_kind="cpu", threads=1)
     assert [r.label for r in on_cpu.results] == ["base"]
