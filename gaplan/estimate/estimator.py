@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from gaplan.core.constants import SEARCH_CAP
 from gaplan.core.errors import DoesNotFit, GaplanError
-from gaplan.core.options import OptionError, check_positive_ints
+from gaplan.core.options import check_positive_ints
 from gaplan.core.units import format_bytes, parse_bytes
 from gaplan.estimate.budget import budget, check_device_kind
 from gaplan.estimate.edge import check_sizes, find_edge
@@ -19,7 +19,7 @@ from gaplan.estimate.trace import Tracer
 from gaplan.estimate.trust import model_family, trust_of
 from gaplan.plan.layouts import check_nodes, launch_command
 from gaplan.plan.split import make_plan
-from gaplan.workload.spec import ADAMW_IMPLEMENTATIONS, OFFLOAD_ON_CPU
+from gaplan.workload.spec import ADAMW_IMPLEMENTATIONS
 
 if TYPE_CHECKING:
     from gaplan.workload.build import WorkloadSpec
@@ -142,8 +142,7 @@ def one_micro_step(tracer, spec: WorkloadSpec, share: int, edge: int, line: tupl
 def make_tracer(spec: WorkloadSpec, device_kind: str, threads: int | None, world_size: int,
                 qlora_run=None) -> Tracer | ShardedTracer:
     """One rank's tracer: a W-way FSDP2 rank for ``--parallel fsdp``, else one process (with DDP's buckets above 1 rank)."""
-    if device_kind == "cpu" and spec.offload_activations:  # a CPU process's host memory is its device's
-        raise OptionError(OFFLOAD_ON_CPU, "offload_activations", "device")
+    spec.check_offload(device_kind)
     if spec.parallel == "fsdp":
         return ShardedTracer(spec, device_kind, world_size, threads)
     return Tracer(spec, device_kind, threads, world_size, qlora_run=qlora_run)

@@ -41,6 +41,7 @@ from gaplan.estimate.offload import HostCopies, offloaded_to_host
 from gaplan.estimate.recompute import recompute_under_forward_modes
 from gaplan.estimate.result import TracedRow
 from gaplan.estimate.torch_private import private, private_attr, private_module
+from gaplan.plan.search import least_squares_line
 from gaplan.workload.spec import DTYPE_BYTES
 
 if TYPE_CHECKING:
@@ -197,10 +198,8 @@ class Tracer:
         if self.pools is not None:
             data["unfilled_segment_bytes"] = self.unfilled_segment_bytes
         if self.spec.offload_activations and len(self.host_bytes) > 1:  # a micro-step's copies, a line in its samples
-            low, high = min(self.host_bytes), max(self.host_bytes)
-            per_sample = (self.host_bytes[high] - self.host_bytes[low]) / (high - low)
-            data.update(host_bytes_per_sample=round(per_sample),
-                        host_bytes_per_micro_step=round(self.host_bytes[low] - per_sample * low))
+            per_micro_step, per_sample = least_squares_line(sorted(self.host_bytes.items()))
+            data.update(host_bytes_per_sample=round(per_sample), host_bytes_per_micro_step=round(per_micro_step))
         if self.world_size > 1:
             data.update(parallel="ddp", world_size=self.world_size, ddp_bucket_bytes=self.bucket_bytes)
             if self.nccl_bytes:

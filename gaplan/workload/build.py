@@ -25,7 +25,6 @@ import torch
 from torch import nn
 
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import OptionError
 from gaplan.core.tasks import CAUSAL_LM, CUSTOM
 from gaplan.data.tasks.infer import task_of_config
 from gaplan.data.tasks.registry import task_component
@@ -36,7 +35,7 @@ from gaplan.workload.loss import summed_token_loss
 from gaplan.workload.model_io import load_pretrained, quiet_transformers, weights_files
 from gaplan.workload.optimizers import check_optimizer_device, make_optimizer, optimizer_state_bytes
 from gaplan.workload.seq2seq import target_length
-from gaplan.workload.spec import DEFAULT_MODEL, OFFLOAD_ON_CPU, PRESETS, WorkloadSpec, model_source_kind
+from gaplan.workload.spec import DEFAULT_MODEL, PRESETS, WorkloadSpec, model_source_kind
 
 # re-exported: the spec is data; the optimizer's builder and state count live in gaplan.workload.optimizers
 __all__ = ["DEFAULT_MODEL", "PRESETS", "WorkloadSpec", "make_optimizer", "model_source_kind", "optimizer_state_bytes"]
@@ -173,8 +172,7 @@ def build_workload(spec: WorkloadSpec, device: str | torch.device = "cpu", seed:
     device = torch.device(device)
     if device.type != "meta":
         check_optimizer_device(spec.optimizer, device)
-    if device.type == "cpu" and spec.offload_activations:  # --device auto resolves here (a fake workload: on meta)
-        raise OptionError(OFFLOAD_ON_CPU, "offload_activations", "device")
+    spec.check_offload(device.type)  # --device auto resolves here (a fake workload is built on meta)
     model_device = torch.device("meta") if model_on_meta else device
     torch.manual_seed(seed)
     if model_source_kind(spec.model) == "function":

@@ -38,8 +38,6 @@ SPLIT_ONLY_FIELDS = ("grad_checkpointing", "attention", "parallel", "cpu_offload
                      "offload_activations")
 DEFAULT_MODEL = "tiny-gpt2"
 FSDP = "`--parallel fsdp`"  # where the sharded layout's options apply
-OFFLOAD_ON_CPU = ("offload_activations moves the tensors saved for backward off a GPU to the host; on device cpu "
-                  "they are in host memory already: leave it out")
 
 # The learning rate when none is given: AdamW's usual 1e-3 learns in a few steps (so do its 8-bit forms and Adafactor
 # at a fixed rate); SGD takes a cautious 1e-4, and so does Lion, whose sign update wants a rate 3-10x below AdamW's.
@@ -159,8 +157,14 @@ class WorkloadSpec:
         if self.cpu_offload and str(device).startswith("cpu"):
             raise OptionError("cpu_offload moves FSDP's shards and optimizer states off a GPU to the CPU; on "
                               "device cpu they are on the CPU already: leave it out", "cpu_offload", "device")
+        return self.check_offload(device)
+
+    def check_offload(self, device: str) -> WorkloadSpec:
+        """``self``, or the one-line refusal of ``offload_activations`` on a CPU (whose host memory is its device's)."""
         if self.offload_activations and str(device).strip().lower().startswith("cpu"):
-            raise OptionError(OFFLOAD_ON_CPU, "offload_activations", "device")
+            raise OptionError("offload_activations moves the tensors saved for backward off a GPU to the host; on "
+                              "device cpu they are in host memory already: leave it out", "offload_activations",
+                              "device")
         return self
 
     def validate(self) -> WorkloadSpec:
