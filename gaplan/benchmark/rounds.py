@@ -95,6 +95,7 @@ def run_rounds(jobs: list[Job], settings: BenchSettings, trial: Callable[[Job], 
                reference: int | None, on_trial: Callable[[int, str, float | None], None] | None = None,
                on_gpu: bool = False, clock: Callable[[], float] = time.perf_counter) -> Timings:
     """The rounds and their stopping rule over any ``trial`` runner (a worker's, or recorded trials in a test)."""
+    settings.check_interval()
     labels = [split_label(job.sizes, world) for job in jobs]
     timings = [JobTimings() for _ in jobs]
     plan = next((i for i, job in enumerate(jobs) if job.kind == PLAN), None)

@@ -9,7 +9,6 @@ from typing import Any
 
 import click
 
-from gaplan.benchmark.measurement import BenchSettings
 from gaplan.cli.config_file import GaplanCommand, run_config_text
 from gaplan.cli.field_options import field_options, sectioned
 from gaplan.cli.options import (
@@ -23,15 +22,14 @@ from gaplan.cli.output import BenchProgress, print_bench, same_terminal
 from gaplan.core.constants import BY_TOKENS
 from gaplan.core.lines import histogram_lines, token_bench_lines, trial_line
 from gaplan.core.options import OUTPUT
-from gaplan.workflows.bench_options import BENCH_BY_SAMPLES, BenchCommand
+from gaplan.workflows.bench_options import BENCH_BY_SAMPLES, BY_SAMPLES_TIMING, BenchCommand
 
 
 @click.command(name="bench", cls=GaplanCommand)
 @workload_options
 # the effective batch, the plan, the ranks, the large batch, the data (by tokens), the run folder
-@field_options(BenchCommand, data={"applies": BY_TOKENS})
-@field_options(BenchSettings, **{name: {"applies": BENCH_BY_SAMPLES}
-                                  for name in ("max_rounds", "ci_target", "time_budget", "all_splits")})
+@field_options(BenchCommand, data={"applies": BY_TOKENS}, **{name: {"applies": BENCH_BY_SAMPLES}
+                                                             for name in BY_SAMPLES_TIMING})
 @batch_by_options
 @overwrite_option()
 @sectioned(OUTPUT, "--json", "as_json", is_flag=True, help="Print the rows as one JSON object on stdout.")

@@ -3,13 +3,11 @@ the workload's) and what is printed; the checks are :class:`gaplan.workflows.pro
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
 import click
 
-from gaplan.benchmark.measurement import BenchSettings
 from gaplan.cli.config_file import GaplanCommand, run_config_text
 from gaplan.cli.field_options import field_options, sectioned
 from gaplan.cli.options import (
@@ -21,12 +19,9 @@ from gaplan.cli.options import (
 )
 from gaplan.cli.output import BenchProgress, print_probe, same_terminal
 from gaplan.core.lines import histogram_lines, throughput_line, trial_line
-from gaplan.core.options import MEMORY, OUTPUT, option_name
+from gaplan.core.options import MEMORY, OUTPUT
 from gaplan.runs.folder import REPORT_HTML, REPORT_MD, TOKENS_JSON, path_in
-from gaplan.workflows.probe_settings import BY_SAMPLES, TIMED, ProbeOptions
-
-# How splits are timed (BenchSettings' options): they apply where the probe times splits.
-TIMING_OPTIONS = tuple(option_name(f) for f in dataclasses.fields(BenchSettings) if "help" in f.metadata)
+from gaplan.workflows.probe_settings import BY_SAMPLES, TIMED, TIMING_OPTIONS, ProbeOptions
 
 
 @click.command(name="probe", cls=GaplanCommand)

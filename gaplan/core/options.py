@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, TypeVar
 
 from gaplan.core.errors import GaplanError
@@ -161,6 +161,19 @@ def from_options(cls: type[T], options: Mapping[str, Any], **overrides: Any) -> 
         elif option_name(field) in options and not field.metadata.get("run_state"):
             values[field.name] = options[option_name(field)]
     return cls(**values)
+
+
+def check_applies(obj: Any, where: str, names: Collection[str] | None = None) -> None:
+    """Refuse the first option of ``obj`` (its nested objects' too) set away from its default, of those whose field
+    says it applies ``where`` (``names``: these options instead), as given where it does not apply: one line,
+    ``--flag applies to {where}``, in the command line's words for every caller."""
+    for path, field in leaf_fields(type(obj)):
+        name = option_name(field)
+        if name not in names if names is not None else field.metadata.get("applies") != where:
+            continue
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        if get_path(obj, path) != default:
+            raise GaplanError(f"{field.metadata.get('flag', flag(name))} applies to {where.replace('`', '')}")
 
 
 def get_path(obj: Any, path: tuple[str, ...]) -> Any:

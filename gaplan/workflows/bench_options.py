@@ -8,13 +8,13 @@ same refusals, word for word.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, replace
 
+from gaplan.benchmark.measurement import BenchSettings
 from gaplan.core.checkpointing import Checkpointing, check_choice
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, EFFECTIVE_BATCH_HELP, PLAN_FILE_HELP
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import OUTPUT, PLAN, TIMING, nested, option
+from gaplan.core.options import OUTPUT, PLAN, TIMING, check_applies, nested, option
 from gaplan.core.outputs import check_writable
 from gaplan.core.progress import Say, quiet
 from gaplan.data.source import DataSource
@@ -29,6 +29,7 @@ from gaplan.workflows.parse_options import (
 from gaplan.workload.spec import WorkloadSpec
 
 BENCH_BY_SAMPLES = "a bench by samples"  # where the options of a bench by samples apply
+BY_SAMPLES_TIMING = ("max_rounds", "ci_target", "time_budget", "all_splits")  # timing options of a bench by samples
 
 
 @dataclass(frozen=True)
@@ -46,22 +47,16 @@ class BenchCommand:
     memory_limit: int | None = None
     threads: int | None = None
     grad_checkpointing: Checkpointing | str | None = None  # as given: None, the blocks, or AUTO (with plan_file)
-    repeats: int = 2
-    warmup: int = 1
-    rounds: int = 3
-    max_rounds: int = 10
-    ci_target: float = 0.05
-    time_budget: float = 300.0
-    all_splits: bool = False
     no_large_batch: bool = option(False, section=TIMING, applies=BENCH_BY_SAMPLES,
                                   help="Do not run the true large batch (micro-batch = E).")
+    # How splits are timed; by tokens, its repeats, warmup and rounds (a fixed number, each plan once a round).
+    settings: BenchSettings = nested(BenchSettings)
     batch_by: str = "samples"
     granule: int | None = None  # by tokens: a probed budget is a multiple of it (None: 64)
     source: DataSource | None = nested(DataSource)  # --data (by tokens); None without it
     command: str | None = None  # the command line, recorded in plan.json
     out: str | None = option(None, section=OUTPUT, metavar="DIR", help="Run folder (default reports/bench-<model>-<time>).")
     overwrite: bool = False  # replace the run that ``out`` holds (its files only), else that is refused
-    settings: Any = field(default=None, init=False)  # by samples: the BenchSettings of the timing fields
 
     def __post_init__(self) -> None:
         check_positive({"effective_batch": self.effective_batch, "threads": self.threads,
@@ -71,29 +66,18 @@ class BenchCommand:
         granule_of({"granule": self.granule, "batch_by": self.batch_by})  # kept as given: replace() checks it again
         if self.out is None:  # named once, so what is printed after names what was written
             object.__setattr__(self, "out", default_run_dir("bench", self.spec.model))
-        if self.by_tokens:  # a fixed number of --rounds, each plan once a round
-            check_positive({"rounds": self.rounds, "repeats": self.repeats}, "rounds", "repeats")
-            if self.warmup < 0:
-                raise GaplanError(f"--warmup must be 0 or more (got {self.warmup})")
+        if self.by_tokens:
             check_by_tokens(self.spec, self.source, self.world_size, "bench")
             if self.plan_file:
                 raise GaplanError("--plan is a samples plan: gaplan bench --batch-by tokens probes T* and B* for --data")
-            for value, default, flag in ((self.max_rounds, 10, "--max-rounds"), (self.ci_target, 0.05, "--ci-target"),
-                                         (self.time_budget, 300.0, "--time-budget"),
-                                         (self.all_splits, False, "--all-splits"),
-                                         (self.no_large_batch, False, "--no-large-batch")):
-                if value != default:
-                    raise GaplanError(f"{flag} applies to a bench by samples (--batch-by tokens runs --rounds rounds "
-                                      "of the two plans)")
+            check_applies(self, BENCH_BY_SAMPLES)
+            check_applies(self.settings, BENCH_BY_SAMPLES, BY_SAMPLES_TIMING)
             return
-        from gaplan.benchmark.measurement import BenchSettings
         from gaplan.plan.split import make_plan
         from gaplan.probing.edge import trial_ranks
 
-        object.__setattr__(self, "settings", BenchSettings(
-            repeats=self.repeats, warmup=self.warmup, min_rounds=self.rounds, max_rounds=self.max_rounds,
-            ci_target=self.ci_target, time_budget_s=self.time_budget, all_splits=self.all_splits,
-            large_batch=not self.no_large_batch))
+        self.settings.check_interval()
+        object.__setattr__(self, "settings", replace(self.settings, large_batch=not self.no_large_batch))
         if self.source is not None:
             raise GaplanError("--data applies to --batch-by tokens here (bench by samples times full-length batches)")
         if trial_ranks(self.spec, self.world_size) == 1 and self.world_size != 1:
@@ -134,8 +118,9 @@ def _run_bench_command(command: BenchCommand, *, say: Say, on_trial: Callable | 
         return run_token_bench(command.spec, command.out, command.source, device=command.device,
                                memory_limit=command.memory_limit,
                                granule=granule_of({"granule": command.granule, "batch_by": command.batch_by}),
-                               effective_batch=command.effective_batch, warmup=command.warmup,
-                               repeats=command.repeats, rounds=command.rounds, threads=command.threads,
+                               effective_batch=command.effective_batch, warmup=command.settings.warmup,
+                               repeats=command.settings.repeats, rounds=command.settings.min_rounds,
+                               threads=command.threads,
                                command=command.command, say=say, on_trial=on_trial, on_profile=on_profile,
                                on_run=on_run)
     from gaplan.workflows.bench import probe_and_bench

@@ -148,20 +148,6 @@ def data_given(source: Any):
     return None
 
 
-def check_untimed(settings: Any) -> None:
-    """A command that times no splits refuses a timing option given away from its default (:class:`BenchSettings`
-    by field, named by its flag)."""
-    import dataclasses
-
-    from gaplan.core.options import option_name
-
-    defaults = type(settings)()
-    for item in dataclasses.fields(settings):
-        if getattr(settings, item.name) != getattr(defaults, item.name):
-            raise GaplanError(f"--{option_name(item).replace('_', '-')} applies to --report, --objective "
-                              "throughput|goodput and --grad-checkpointing auto (it says how their splits are timed)")
-
-
 def check_tokens_apply(spec: Any) -> None:
     """A token budget is one length per sample: a seq2seq-lm sample has two, so ``--batch-by tokens`` is refused."""
     from gaplan.data.tasks.registry import task_component

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from gaplan.core.checkpointing import AUTO
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import nested
+from gaplan.core.options import check_applies, nested
 from gaplan.core.outputs import check_writable
 from gaplan.core.progress import Say, quiet
 from gaplan.data.source import DataSource
@@ -21,18 +21,12 @@ from gaplan.runs.folder import default_run_dir
 from gaplan.runs.schema import save_run_config
 from gaplan.workflows.parse_options import (
     check_by_tokens,
-    check_untimed,
     data_given,
     granule_of,
     target_budget,
 )
-from gaplan.workflows.probe_settings import ProbeOptions
+from gaplan.workflows.probe_settings import BY_GOODPUT, BY_SAMPLES, TIMED, TIMING_OPTIONS, ProbeOptions
 from gaplan.workload.spec import WorkloadSpec
-
-# What a probe by tokens does not take: (field of ProbeOptions, its default, the flag).
-NOT_BY_TOKENS = (("report", False, "--report"), ("objective", "max-micro-batch", "--objective"),
-                 ("seed_from_estimate", None, "--seed-from-estimate"), ("search_cap", None, "--search-cap"),
-                 ("margin", 0.0, "--margin"))
 
 
 @dataclass(frozen=True)
@@ -64,12 +58,10 @@ class ProbeCommand:
         granule_of({"granule": self.granule, "batch_by": self.batch_by})  # kept as given: replace() checks it again
         by_goodput = probe.objective == "goodput"
         if not by_goodput:
-            for value, default, flag in ((probe.goodput.batch_range, None, "--batch-range"),
-                                         (probe.goodput.measure_steps, 30, "--measure-steps")):
-                if value != default:
-                    raise GaplanError(f"{flag} applies to --objective goodput")
+            check_applies(probe.goodput, BY_GOODPUT)
         if not self.timing:  # (by tokens, nothing is timed either)
-            check_untimed(probe.bench)
+            check_applies(probe.bench, TIMED, TIMING_OPTIONS)
+        probe.bench.check_interval()
         if self.by_tokens:
             self._check_by_tokens()
             return
@@ -91,9 +83,7 @@ class ProbeCommand:
 
     def _check_by_tokens(self) -> None:
         check_by_tokens(self.spec, self.source, self.probe.world_size, "probe")
-        for name, default, flag in NOT_BY_TOKENS:
-            if getattr(self.probe, name) != default:
-                raise GaplanError(f"{flag} applies to a probe by samples, not to --batch-by tokens")
+        check_applies(self.probe, BY_SAMPLES)
         if self.emit is not None:
             raise GaplanError("--emit applies to a probe by samples, not to --batch-by tokens")
         if self.probe.grad_checkpointing == AUTO:

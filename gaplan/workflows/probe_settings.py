@@ -4,13 +4,14 @@ and measuring run (:class:`GoodputOptions`): each field with help is its command
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
 from gaplan.benchmark.measurement import BenchSettings
 from gaplan.core.checkpointing import OFF, Checkpointing, check_typed
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, EFFECTIVE_BATCH_HELP
-from gaplan.core.options import MEMORY, PLAN, TIMING, OptionError, nested, option
+from gaplan.core.options import MEMORY, PLAN, TIMING, OptionError, nested, option, option_name
 from gaplan.data.source import DataSource
 from gaplan.workflows.parse_options import parse_batch_range
 
@@ -18,7 +19,9 @@ OBJECTIVES = ("max-micro-batch", "throughput", "goodput")
 
 # Where a probe's own options apply.
 BY_GOODPUT, BY_SAMPLES = "`--objective goodput`", "a probe by samples"
-TIMED = "`--report`, `--objective throughput` or `goodput`, `--grad-checkpointing auto` (how their splits are timed)"
+TIMED = "`--report`, `--objective throughput|goodput` and `--grad-checkpointing auto` (how their splits are timed)"
+# How splits are timed (BenchSettings' options): they apply where the probe times splits.
+TIMING_OPTIONS = tuple(option_name(f) for f in dataclasses.fields(BenchSettings) if "help" in f.metadata)
 
 
 @dataclass(frozen=True)
