@@ -15,6 +15,8 @@ from typing import Any
 import click
 
 from gaplan.core.checkpointing import parse_checkpointing_choice
+from gaplan.core.lora_targets import parse_lora_targets
+from gaplan.core.loss_choice import parse_loss
 from gaplan.core.units import parse_bytes
 from gaplan.plan.schedule import parse_schedule
 from gaplan.workflows.parse_options import parse_batch_range, parse_sizes
@@ -36,9 +38,11 @@ BYTES = Parsed("size", parse_bytes)  # bytes (an int) from 2GiB, 800MB, 10737418
 BATCH_RANGE = Parsed("range", parse_batch_range)  # (low, high) from LOW:HIGH
 SIZES = Parsed("sizes", parse_sizes)  # micro-batch sizes from B1,B2,...
 SCHEDULE = Parsed("schedule", parse_schedule)  # a ScheduleChoice from fixed, adaptive, warmup:STEPS
+LOSS = Parsed("loss", parse_loss)  # a LossChoice from plain, chunked, chunked:TOKENS
+LORA_TARGETS = Parsed("modules", parse_lora_targets)  # a LoraTargets from all-linear, M1,M2
 
 
-TYPES = (CHECKPOINTING, BYTES, BATCH_RANGE, SIZES, SCHEDULE)  # a new typed option's click type goes here too
+TYPES = (CHECKPOINTING, BYTES, BATCH_RANGE, SIZES, SCHEDULE, LOSS, LORA_TARGETS)  # a new typed option's click type goes here too
 
 
 def click_type(parse: Callable[[Any], Any]) -> Parsed:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from gaplan.core.checkpointing import OFF, ON, Checkpointing
 from gaplan.core.errors import GaplanError
+from gaplan.core.loss_choice import PLAIN, LossChoice
 
 OPTIMIZER_SWAP = ("changes the optimizer: the loss curve is not the {base} one (other update rule and states; "
                   "retune the learning rate)")
@@ -126,7 +127,7 @@ class Base:
     """The user's workload, as far as the levers read it."""
 
     optimizer: str = "adamw"
-    loss: str = "plain"
+    loss: LossChoice = PLAIN
     grad_checkpointing: Checkpointing = OFF
     offload_activations: bool = False
 
@@ -135,7 +136,7 @@ class Base:
         if lever.field == "optimizer":
             return self.optimizer == lever.value
         if lever.field == "loss":
-            return self.loss.partition(":")[0] == lever.value
+            return self.loss.kind == lever.value
         if lever.field == "grad_checkpointing":
             return self.grad_checkpointing in (ON, lever.value)
         if lever.field == "offload_activations":
@@ -201,5 +202,5 @@ def row_recompute(row: Sequence[str], base: Base = Base()) -> tuple[float, float
     row's levers or the base's own settings (full checkpointing, a chunked loss)."""
     levers = [BY_NAME[name] for name in row]
     blocks = max([lever.recompute_blocks for lever in levers] + [1.0 if base.grad_checkpointing else 0.0])
-    head = max([lever.recompute_head for lever in levers] + [1.0 if base.loss != "plain" else 0.0])
+    head = max([lever.recompute_head for lever in levers] + [1.0 if base.loss.chunked else 0.0])
     return blocks, head

@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from gaplan.core.errors import GaplanError
+from gaplan.core.lora_targets import parse_lora_targets
 from gaplan.data.tasks.registry import known_task
 
 
@@ -78,9 +79,6 @@ def read_adapter_config(path: str) -> dict[str, Any]:
     for key, name in (("r", "lora_r"), ("lora_alpha", "lora_alpha"), ("lora_dropout", "lora_dropout")):
         if key in config:
             fields[name] = config[key]
-    targets = config.get("target_modules")
-    if isinstance(targets, str):
-        fields["lora_targets"] = targets
-    elif isinstance(targets, list):
-        fields["lora_targets"] = ",".join(targets)
+    if isinstance(config.get("target_modules"), (str, list)):
+        fields["lora_targets"] = parse_lora_targets(config["target_modules"])
     return fields

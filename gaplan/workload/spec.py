@@ -12,6 +12,8 @@ from typing import ClassVar
 
 from gaplan.core.checkpointing import OFF, Checkpointing, check_typed, parse_checkpointing
 from gaplan.core.errors import GaplanError
+from gaplan.core.lora_targets import LoraTargets, parse_lora_targets
+from gaplan.core.loss_choice import LOSS_CHOICES, PLAIN, LossChoice, parse_loss
 from gaplan.core.options import DATA, MEMORY, TRAINING, OptionError, option, positive_finite
 from gaplan.data.tasks.component import LOSS_CHUNKED, TARGET_LEN
 from gaplan.data.tasks.registry import known_task, task_component, task_names, tasks_taking
@@ -30,7 +32,6 @@ ADAMW_IMPLEMENTATIONS = ("adamw", "adamw-fused", "adamw-forloop")
 # What --parallel fsdp trains with: torch's AdamW in each kernel and SGD step FSDP2's DTensor shards; the others keep
 # states FSDP2 does not shard.
 SHARDED_OPTIMIZERS = (*ADAMW_IMPLEMENTATIONS, "sgd")
-LOSSES = ("plain", "chunked")  # --loss plain | chunked[:TOKENS] (gaplan.workload.chunked_loss)
 
 # The fields that set how a step is split or run, not the step: memory and speed, not the math (both losses are
 # token-exact), so a resumed run may change them (and re-plans). docs/resume.md has the table.
@@ -97,7 +98,8 @@ class WorkloadSpec:
                          help="LoRA rank.")
     lora_alpha: float = option(32.0, section=DATA, help="LoRA scaling alpha.")
     lora_dropout: float = option(0.05, section=DATA, help="Dropout on the adapters' input.")
-    lora_targets: str | None = option(None, section=DATA, metavar="all-linear|M1,M2", help=(
+    lora_targets: LoraTargets | None = option(None, section=DATA, parse=parse_lora_targets, metavar="all-linear|M1,M2",
+                                              help=(
         "Modules that get adapters: all-linear, or names such as q_proj,v_proj (default: peft's for the "
         "architecture, e.g. c_attn for GPT-2, q_proj,v_proj for Llama)."))
     quantize: str | None = option(None, section=DATA, choices=QUANTIZE, applies="`--lora` (QLoRA)", help=(
@@ -109,7 +111,7 @@ class WorkloadSpec:
         "transformers' attention implementation where the model has both (default: the model's, sdpa where it has "
         "it): eager keeps the seq x seq probabilities for backward, sdpa does not."))
     # gaplan.workload.chunked_loss
-    loss: str = option("plain", section=MEMORY, metavar="plain|chunked[:TOKENS]",
+    loss: LossChoice = option(PLAIN, section=MEMORY, parse=parse_loss, metavar=LOSS_CHOICES,
                        applies="`chunked`: tasks `causal-lm` and `seq2seq-lm` (`plain` everywhere)", help=(
         "chunked: the LM head and cross-entropy TOKENS positions at a time, recomputed in backward, so the [B, T, V] "
         "logits never exist whole (causal-lm and seq2seq-lm; default TOKENS: 16 MiB of fp32 logits)."))
@@ -124,6 +126,10 @@ class WorkloadSpec:
 
     def __post_init__(self) -> None:
         check_typed(self.grad_checkpointing)  # a typed field: text is parsed at the edge
+        if not isinstance(self.loss, LossChoice):  # the Python API's edge, and a saved workload's text (from_dict)
+            object.__setattr__(self, "loss", parse_loss(self.loss))
+        if not isinstance(self.lora_targets, LoraTargets):  # the Python API's edge, a saved workload's text
+            object.__setattr__(self, "lora_targets", parse_lora_targets(self.lora_targets))
 
     @property
     def learning_rate(self) -> float:
@@ -132,7 +138,8 @@ class WorkloadSpec:
 
     def to_dict(self) -> dict:
         """The spec as plan files, caches and worker messages hold it (JSON); :meth:`from_dict` reads it back."""
-        return {**asdict(self), "grad_checkpointing": self.grad_checkpointing.spec_value()}
+        return {**asdict(self), "grad_checkpointing": self.grad_checkpointing.spec_value(), "loss": str(self.loss),
+                "lora_targets": None if self.lora_targets is None else str(self.lora_targets)}
 
     @classmethod
     def from_dict(cls, data: dict) -> WorkloadSpec:
@@ -230,17 +237,10 @@ class WorkloadSpec:
     @property
     def chunk_tokens(self) -> int | None:
         """``loss chunked:TOKENS``'s positions a chunk, 0 for ``chunked`` (the workload's default), None for plain."""
-        kind, _, tokens = self.loss.partition(":")
-        if kind != "chunked":
-            return None
-        return int(tokens) if tokens else 0
+        return self.loss.chunk_tokens
 
     def _validate_loss(self, kind: str) -> None:
-        name, colon, tokens = str(self.loss).partition(":")
-        if name not in LOSSES or (colon and (name != "chunked" or not tokens.isdigit() or int(tokens) < 1)):
-            raise OptionError(f"unknown loss {self.loss!r}; choose plain, chunked or chunked:TOKENS (a positive "
-                              "number of positions a chunk, e.g. chunked:1024)", "loss")
-        if name == "plain":
+        if not self.loss.chunked:
             return
         if kind == "function":
             raise OptionError("loss chunked does not apply to a module:function model (its function defines the loss)",
@@ -297,17 +297,11 @@ class WorkloadSpec:
             raise OptionError(f"lora_alpha must be a positive number (got {self.lora_alpha})", "lora_alpha")
         if not 0 <= self.lora_dropout < 1:
             raise OptionError(f"lora_dropout must be in [0, 1) (got {self.lora_dropout})", "lora_dropout")
-        if self.lora_targets is not None and not self.lora_target_modules:
-            raise OptionError("lora_targets names no module: give all-linear or names such as q_proj,v_proj", "lora_targets")
 
     @property
     def lora_target_modules(self) -> str | list[str] | None:
         """peft's ``target_modules``: None (its default for the architecture), ``"all-linear"``, or the names."""
-        if self.lora_targets is None:
-            return None
-        if self.lora_targets.strip() == "all-linear":
-            return "all-linear"
-        return [t.strip() for t in self.lora_targets.split(",") if t.strip()]
+        return None if self.lora_targets is None else self.lora_targets.target_modules
 
 
 def lengths_text(task: str | None, seq_len: int | None, target_len: int | None) -> str:

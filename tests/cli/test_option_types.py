@@ -12,14 +12,14 @@ import pathlib
 import pytest
 
 from gaplan.cli.main import main
-from gaplan.cli.option_types import BATCH_RANGE, BYTES, CHECKPOINTING, SCHEDULE, SIZES, Parsed
+from gaplan.cli.option_types import BATCH_RANGE, BYTES, CHECKPOINTING, LORA_TARGETS, LOSS, SCHEDULE, SIZES, Parsed
 from gaplan.core.checkpointing import AUTO, Checkpointing
 
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "gaplan"
 
 # The option (click's parameter name) -> its type, on every command that has it.
 TYPED = {"grad_checkpointing": CHECKPOINTING, "memory_limit": BYTES, "batch_range": BATCH_RANGE, "sizes": SIZES,
-         "batch_schedule": SCHEDULE}
+         "batch_schedule": SCHEDULE, "loss": LOSS, "lora_targets": LORA_TARGETS}
 
 # Every call of a parser in the package, by file, and why it is not a second parse of an option. (train.json's saved
 # forms are read back by the field's own parse mark, in gaplan.core.options.from_saved: the field names its parser.)
@@ -45,6 +45,16 @@ PARSER_CALLS = {
     "parse_batch_range": {"gaplan/cli/option_types.py": "the click type"},
     "parse_schedule": {"gaplan/cli/option_types.py": "the click type"},
     "parse_sizes": {"gaplan/cli/option_types.py": "the click type"},
+    "parse_loss": {
+        "gaplan/cli/option_types.py": "the click type",
+        "gaplan/workload/spec.py": "WorkloadSpec.__post_init__: the Python API's edge and a saved workload's text (a "
+                                   "LossChoice passes through)",
+    },
+    "parse_lora_targets": {
+        "gaplan/cli/option_types.py": "the click type",
+        "gaplan/workload/spec.py": "WorkloadSpec.__post_init__: the Python API's edge and a saved workload's text",
+        "gaplan/workload/lora.py": "read_adapter_config: an adapter_config.json's target_modules (--lora-config)",
+    },
 }
 
 
@@ -88,21 +98,24 @@ def _count_parses(monkeypatch) -> dict[str, int]:
             if callable(original) and original.__module__ != module.__name__:  # its users (a parser's own inner
                 # calls are part of that one parse)
                 def counted(*args, _name=name, _original=original, **kwargs):
-                    counts[_name] += 1
-                    return _original(*args, **kwargs)
+                    result = _original(*args, **kwargs)
+                    counts[_name] += not (args and result is args[0])  # a typed value (a default) passes through
+                    return result
                 monkeypatch.setattr(module, name, counted)
-    for kind in (CHECKPOINTING, BYTES, BATCH_RANGE, SIZES, SCHEDULE):  # the click types hold the parser they were made with
+    # the click types hold the parser they were made with
+    for kind in (CHECKPOINTING, BYTES, BATCH_RANGE, SIZES, SCHEDULE, LOSS, LORA_TARGETS):
         monkeypatch.setattr(kind, "_parse", getattr(types, kind._parse.__name__))
     return counts
 
 
 COMMAND_LINES = {
     "train": (["--grad-checkpointing", "every:2", "--memory-limit", "512MiB", "--micro-batch", "2", "--batch-schedule",
-               "warmup:3"], {"parse_checkpointing_choice": 1, "parse_bytes": 1, "parse_schedule": 1}),
+               "warmup:3", "--loss", "chunked:64"],
+              {"parse_checkpointing_choice": 1, "parse_bytes": 1, "parse_schedule": 1, "parse_loss": 1}),
     "probe": (["--grad-checkpointing", "on", "--memory-limit", "1GiB", "--objective", "goodput", "--batch-range",
                "2:16"], {"parse_checkpointing_choice": 1, "parse_bytes": 1, "parse_batch_range": 1}),
-    "bench": (["--grad-checkpointing", "layers:2", "--memory-limit", "1GiB"],
-              {"parse_checkpointing_choice": 1, "parse_bytes": 1}),
+    "bench": (["--grad-checkpointing", "layers:2", "--memory-limit", "1GiB", "--lora", "--lora-targets", "q_proj"],
+              {"parse_checkpointing_choice": 1, "parse_bytes": 1, "parse_lora_targets": 1}),
     "estimate": (["--grad-checkpointing", "on", "--memory-limit", "2GiB", "--sizes", "2,8"],
                  {"parse_checkpointing_choice": 1, "parse_bytes": 1, "parse_sizes": 1}),
     "plan": (["--memory-limit", "40GiB"], {"parse_bytes": 1}),

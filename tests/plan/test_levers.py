@@ -7,6 +7,7 @@ import pytest
 
 from gaplan.core.checkpointing import ON
 from gaplan.core.errors import GaplanError
+from gaplan.core.loss_choice import LossChoice
 from gaplan.plan.lever_cost import OPTIMIZER_PASSES, RATES, CostInputs, step_cost
 from gaplan.plan.lever_pick import LeverComparison, LeverResult, compare_measured, pick, rank
 from gaplan.plan.levers import (
@@ -94,7 +95,7 @@ def test_rows_are_fewer_than_the_cartesian_product_and_never_repeat():
 
 
 def test_a_lever_the_base_has_is_not_a_row_and_says_why():
-    base = Base(optimizer="lion", loss="chunked:64")
+    base = Base(optimizer="lion", loss=LossChoice(64))
     assert lever_rows(parse_levers("lion,sgd,chunked,ckpt"), base) == [(), ("sgd",), ("ckpt",), ("sgd", "ckpt")]
     assert not_compared(parse_levers("lion,chunked,compile"), base) == [
         ("lion", "the workload already has it (the base row)"),
@@ -240,5 +241,5 @@ def test_comparison_relative_time_within_interval_and_dict():
 def test_row_recompute_from_the_levers_or_the_base():
     assert row_recompute(()) == (0.0, 0.0)
     assert row_recompute(("lion", "chunked", "ckpt")) == (1.0, 1.0)
-    assert row_recompute(("ckpt",), Base(loss="chunked:64")) == (1.0, 1.0)
+    assert row_recompute(("ckpt",), Base(loss=LossChoice(64))) == (1.0, 1.0)
     assert row_recompute(("sgd",), Base(grad_checkpointing=ON)) == (1.0, 0.0)

@@ -77,7 +77,7 @@ def test_an_adapter_config_file_or_folder_gives_the_lora_fields(tmp_path):
     peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["q_proj", "v_proj"]).save_pretrained(tmp_path)
     fields = read_adapter_config(str(tmp_path))
     assert fields["lora"] and (fields["lora_r"], fields["lora_alpha"], fields["lora_dropout"]) == (8, 16, 0.1)
-    assert sorted(fields["lora_targets"].split(",")) == ["q_proj", "v_proj"]
+    assert sorted(fields["lora_targets"].names) == ["q_proj", "v_proj"]
     assert read_adapter_config(str(tmp_path / "adapter_config.json")) == fields
     spec = WorkloadSpec(model="tiny-llama", **fields).validate()
     assert sorted(spec.lora_target_modules) == ["q_proj", "v_proj"]
