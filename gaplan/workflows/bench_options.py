@@ -14,7 +14,7 @@ from gaplan.benchmark.measurement import BenchSettings
 from gaplan.core.checkpointing import Checkpointing, check_choice
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, EFFECTIVE_BATCH_HELP, PLAN_FILE_HELP
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import OUTPUT, PLAN, TIMING, check_applies, nested, option
+from gaplan.core.options import OUTPUT, PLAN, TIMING, check_applies, check_positive_ints, nested, option
 from gaplan.core.outputs import check_writable
 from gaplan.core.progress import Say, quiet
 from gaplan.data.source import DataSource
@@ -22,7 +22,6 @@ from gaplan.runs.claim import claim_run_folder
 from gaplan.runs.folder import default_run_dir
 from gaplan.workflows.parse_options import (
     check_by_tokens,
-    check_positive,
     data_given,
     granule_of,
 )
@@ -59,11 +58,10 @@ class BenchCommand:
     overwrite: bool = False  # replace the run that ``out`` holds (its files only), else that is refused
 
     def __post_init__(self) -> None:
-        check_positive({"effective_batch": self.effective_batch, "threads": self.threads,
-                        "world_size": self.world_size}, "effective_batch", "threads", "world_size")
+        check_positive_ints(effective_batch=self.effective_batch, threads=self.threads, world_size=self.world_size)
         object.__setattr__(self, "source", data_given(self.source))
         check_choice(self.grad_checkpointing, self.plan_file)
-        granule_of({"granule": self.granule, "batch_by": self.batch_by})  # kept as given: replace() checks it again
+        granule_of(self.granule, self.batch_by)  # kept as given: replace() checks it again
         if self.out is None:  # named once, so what is printed after names what was written
             object.__setattr__(self, "out", default_run_dir("bench", self.spec.model))
         if self.by_tokens:
@@ -117,7 +115,7 @@ def _run_bench_command(command: BenchCommand, *, say: Say, on_trial: Callable | 
 
         return run_token_bench(command.spec, command.out, command.source, device=command.device,
                                memory_limit=command.memory_limit,
-                               granule=granule_of({"granule": command.granule, "batch_by": command.batch_by}),
+                               granule=granule_of(command.granule, command.batch_by),
                                effective_batch=command.effective_batch, warmup=command.settings.warmup,
                                repeats=command.settings.repeats, rounds=command.settings.min_rounds,
                                threads=command.threads,

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, EFFECTIVE_BATCH_HELP
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import MEMORY, PLAN, option
+from gaplan.core.options import MEMORY, PLAN, check_positive_ints, option
 from gaplan.core.progress import Say, quiet
 from gaplan.plan.layouts import resolve_world
 from gaplan.plan.split import default_search_cap
-from gaplan.workflows.parse_options import check_positive, check_sizes, parse_sizes
+from gaplan.workflows.parse_options import check_sizes, parse_sizes
 from gaplan.workload.spec import WorkloadSpec
 
 
@@ -47,8 +47,7 @@ class EstimateCommand:
     def __post_init__(self) -> None:
         from gaplan.estimate.sharded import check_world_size
 
-        check_positive({"effective_batch": self.effective_batch, "search_cap": self.search_cap,
-                        "threads": self.threads}, "effective_batch", "search_cap", "threads")
+        check_positive_ints(effective_batch=self.effective_batch, search_cap=self.search_cap, threads=self.threads)
         ranks, machines = resolve_world(self.world_size, self.nodes, self.gpus_per_node)
         object.__setattr__(self, "ranks", ranks)
         object.__setattr__(self, "machines", machines)

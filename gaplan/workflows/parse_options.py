@@ -78,13 +78,6 @@ def command_from_options(cls: type[T], options: Mapping[str, Any], given: Collec
     return from_options(cls, {**options, "command": command}, spec=spec, **fields)
 
 
-def check_positive(options: Mapping[str, Any], *names: str) -> None:
-    for name in names:
-        value = options.get(name)
-        if value is not None and value < 1:
-            raise GaplanError(f"--{name.replace('_', '-')} must be a positive integer (got {value})")
-
-
 def parse_batch_range(value: str | Sequence[int] | None) -> tuple[int, int] | None:
     """``--batch-range LOW:HIGH`` (or a config file's ``[LOW, HIGH]``) -> (low, high), positive integers with low <=
     high; else a one-line error."""
@@ -116,16 +109,15 @@ def check_sizes(sizes: Sequence[int], shown: object) -> None:
         raise GaplanError(f"--sizes needs at least two positive micro-batch sizes (got {shown!r})")
 
 
-def granule_of(options: Mapping[str, Any]) -> int:
+def granule_of(granule: int | None, batch_by: str) -> int:
     """``--granule`` applies to ``--batch-by tokens``; left out, it is the default (64)."""
     from gaplan.plan.tokens import DEFAULT_GRANULE
 
-    granule = options.get("granule")
     if granule is None:
         return DEFAULT_GRANULE
     if granule < 1:
         raise GaplanError(f"--granule must be a positive number of tokens (got {granule})")
-    if options.get("batch_by") == "samples":
+    if batch_by == "samples":
         raise GaplanError("--granule applies to --batch-by tokens (a probed token budget is a multiple of it)")
     return granule
 

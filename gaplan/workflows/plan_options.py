@@ -14,16 +14,17 @@ from typing import Any, ClassVar
 
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import MEMORY, OUTPUT, PLAN, TIMING, option
+from gaplan.core.options import MEMORY, OUTPUT, PLAN, TIMING, check_applies, check_positive_ints, option
 from gaplan.core.outputs import check_writable
 from gaplan.core.progress import Say, quiet
 from gaplan.core.units import parse_bytes
 from gaplan.plan.layouts import MACHINERY, resolve_world
 from gaplan.plan.levers import BY_NAME
 from gaplan.runs.folder import default_run_dir
-from gaplan.workflows.parse_options import check_positive
 from gaplan.workflows.plan_levers import lever_selection
 from gaplan.workload.spec import WorkloadSpec
+
+MEASURE, CPU = "`--measure`", "`--device cpu`"  # where the measuring and the CPU's options apply
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,13 @@ class PlanCommand:
         "Samples per optimizer step, the same for every layout."))
     margin: float = option(0.0, section=MEMORY, help=(
         "Fraction of the limit kept free, as gaplan probe --margin (e.g. 0.05 against the estimate's error)."))
-    threads: int | None = option(None, section=MEMORY, applies="`--device cpu`",
+    threads: int | None = option(None, section=MEMORY, applies=CPU,
                                  help="CPU threads of the modelled process (--device cpu).")
     measure: bool = option(False, section=PLAN, help=(
         "Then probe and time every layout that fits on this machine's device (W local GPUs, or W CPU processes with "
         "--device cpu): the table gets the measured B*, peak and samples/s, and the pick is the fastest. Minutes per "
         "layout."))
-    repeats: int = option(3, section=TIMING, applies="`--measure`",
+    repeats: int = option(3, section=TIMING, applies=MEASURE,
                           help="Timed optimizer steps per layout or lever row (--measure).")
     # As given (None: the default levers; one device only).
     levers: str | None = option(None, section=PLAN, metavar="L1,L2", help=(
@@ -79,8 +80,7 @@ class PlanCommand:
     machines: int = field(default=1, init=False)
 
     def __post_init__(self) -> None:
-        check_positive({"effective_batch": self.effective_batch, "threads": self.threads, "repeats": self.repeats},
-                       "effective_batch", "threads", "repeats")
+        check_positive_ints(effective_batch=self.effective_batch, threads=self.threads, repeats=self.repeats)
         ranks, machines = resolve_world(self.world_size, self.nodes, self.gpus_per_node)
         object.__setattr__(self, "ranks", ranks)
         object.__setattr__(self, "machines", machines)
@@ -100,10 +100,10 @@ class PlanCommand:
                               "whole card), not --target")
         if self.measure and machines > 1:
             raise GaplanError("--measure runs every rank on this machine: it does not go with --nodes")
-        if not self.measure and self.repeats != 3:
-            raise GaplanError("--repeats applies to --measure (the timed steps of each layout measured here)")
-        if self.threads is not None and self.device != "cpu":
-            raise GaplanError("--threads applies to --device cpu (the modelled CPU process's threads)")
+        if not self.measure:
+            check_applies(self, MEASURE)
+        if self.device != "cpu":
+            check_applies(self, CPU)
         if self.out is None:  # named once, so what is printed after names what was written
             object.__setattr__(self, "out", default_run_dir("plan", self.spec.model))
 

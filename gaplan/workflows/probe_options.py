@@ -55,7 +55,7 @@ class ProbeCommand:
             object.__setattr__(self, "target", None)  # the budget now holds it (replace() does not redo it)
         object.__setattr__(self, "source", data_given(self.source))
         probe = self.probe
-        granule_of({"granule": self.granule, "batch_by": self.batch_by})  # kept as given: replace() checks it again
+        granule_of(self.granule, self.batch_by)  # kept as given: replace() checks it again
         by_goodput = probe.objective == "goodput"
         if not by_goodput:
             check_applies(probe.goodput, BY_GOODPUT)
@@ -126,7 +126,7 @@ def _run_probe_command(command: ProbeCommand, *, say: Say, on_trial: Callable | 
 
         return run_token_probe(command.spec, out, command.source, device=command.device,
                                memory_limit=command.memory_limit,
-                               granule=granule_of({"granule": command.granule, "batch_by": command.batch_by}),
+                               granule=granule_of(command.granule, command.batch_by),
                                effective_batch=probe.effective_batch, threads=probe.threads, command=probe.command,
                                say=say, on_trial=on_trial, on_profile=on_profile)
     from gaplan.workflows.probe import run_probe
