@@ -5,8 +5,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from gaplan.core.errors import GaplanError
 from gaplan.core.options import (
     OptionError,
+    check_applies,
     from_options,
     from_saved,
     leaf_fields,
@@ -93,3 +95,29 @@ def test_the_number_checks_refuse_nan_inf_bools_and_text():
     for bad in (0, -2, 1.0, True, "3"):
         with pytest.raises(OptionError, match=f"^b must be a positive integer \\(got {bad!r}\\)"):
             check_positive_ints(a=1, b=bad)
+
+
+@dataclass(frozen=True)
+class Scoped:
+    """Options that apply only somewhere (``applies``), one renamed (``flag``), one in a nested object."""
+
+    rounds: int = option(3, applies="`--report`")
+    plan_file: str | None = option(None, flag="--plan", applies="a run by samples")
+    everywhere: int = option(1)
+    inner: Inner = nested(Inner)
+
+
+@pytest.mark.parametrize("given, where, names, message", [
+    (dict(rounds=4), "`--report`", None, "--rounds applies to --report"),
+    (dict(plan_file="p.json"), "a run by samples", None, "--plan applies to a run by samples"),
+    (dict(inner=Inner(depth=2)), "`--deep`", ("depth",), "--depth applies to --deep"),
+])
+def test_an_option_away_from_its_default_where_it_does_not_apply_is_refused_by_its_flag(given, where, names, message):
+    with pytest.raises(GaplanError, match=f"^{message}$"):
+        check_applies(Scoped(**given), where, names)
+
+
+def test_options_at_their_defaults_or_applying_elsewhere_pass():
+    check_applies(Scoped(), "`--report`")  # every option at its default
+    check_applies(Scoped(rounds=4, everywhere=9), "a run by samples")  # rounds applies elsewhere; everywhere has none
+    check_applies(Scoped(inner=Inner(depth=2)), "`--deep`", ("data",))  # only the options named are looked at
