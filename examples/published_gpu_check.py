@@ -5,7 +5,12 @@ Each expressible row of ``docs/data/published_gpu.json`` is traced at its own mi
 
 * ``allocated`` (``torch.cuda.max_memory_allocated``): the traced peak plus the target's cuBLAS/cuBLASLt workspaces,
   which PyTorch takes from its caching allocator;
-* ``reserved``: the same (the trace counts every tensor at its allocator block and adds unfilled shared segments);
+* ``reserved``: the same (the trace counts every tensor at its allocator block and adds unfilled shared segments),
+  and under FSDP2 the sharded gradients' blocks: FSDP2 allocates them in its reduce-scatter stream
+  (``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``), and once ``zero_grad`` frees them the caching
+  allocator keeps them cached for that stream alone, reserved but free when the next step peaks in the main stream;
+* ``allocated`` and ``reserved`` leave out NCCL's buffers, which the estimate of a sharded step adds and which are not
+  the caching allocator's;
 * ``nvidia-smi``: that plus the CUDA context the source itself measured (``context_mib``); a row without one would
   take gaplan's own allowance and say so.
 
@@ -48,6 +53,7 @@ def spec_of(row: dict):
     s = row["settings"]
     lora = s.get("lora") or {}
     return WorkloadSpec(model=str(ROOT / row["config"]), task=s["task"], seq_len=s["seq_len"], dtype=s["dtype"],
+                        parallel=s.get("parallel", "ddp"),
                         weights_dtype=s["weights_dtype"], optimizer=s["optimizer"],
                         grad_checkpointing=parse_checkpointing(s["grad_checkpointing"]), attention=s.get("attention"),
                         lora=bool(lora),
@@ -66,15 +72,26 @@ def qlora_run_of(row: dict):
 
 def estimate_row(row: dict) -> dict:
     """Trace one row at its micro-batch; the estimate in the row's kind, in bytes, and what went into it."""
-    from gaplan.devices.reserve import CONTEXT_BYTES
+    from gaplan.devices.reserve import CONTEXT_BYTES, nccl_buffer_bytes
     from gaplan.estimate import lookup_target, trace_steps
 
     target = lookup_target(row["target"])
+    s = row["settings"]
+    world = s.get("world_size", 1)
     started = time.perf_counter()
-    (traced,) = trace_steps(spec_of(row), [row["settings"]["micro_batch"]], device_kind="cuda",
-                            qlora_run=qlora_run_of(row))
+    (traced,) = trace_steps(spec_of(row), [s["micro_batch"]], device_kind="cuda", qlora_run=qlora_run_of(row),
+                            world_size=world, accumulated=s.get("accumulated", True))
     seconds = time.perf_counter() - started
     estimate = traced.peak_bytes + target.workspace_bytes
+    sharded = s.get("parallel") == "fsdp"
+    nccl = nccl_buffer_bytes(world) if sharded else 0
+    gradient_pool = 0
+    if sharded and row["kind"] == "reserved":
+        # Full fine-tuning over fp32 weights: the sharded fp32 gradients are the sharded parameters' size.
+        assert not s.get("lora") and s["weights_dtype"] == "fp32", row["id"]
+        gradient_pool = traced.detail["sharded_parameters"]
+    if row["kind"] in ("allocated", "reserved"):
+        estimate += gradient_pool - nccl
     context = None
     if row["kind"] == "nvidia-smi":
         # The source's own measure of the context where it gives one: gaplan's allowance is a floor, not a measure.
@@ -84,7 +101,8 @@ def estimate_row(row: dict) -> dict:
     return {"id": row["id"], "model": row["model"], "settings": settings_text(row), "kind": row["kind"],
             "gpu": row["target"], "published_bytes": published, "estimated_bytes": estimate,
             "traced_peak_bytes": traced.peak_bytes, "traced_activations_bytes": traced.activations,
-            "workspace_bytes": target.workspace_bytes,
+            "workspace_bytes": target.workspace_bytes, "nccl_bytes_left_out": nccl,
+            "gradient_pool_bytes": gradient_pool,
             "context_bytes": context, "context_from": "source" if row.get("context_mib") else None,
             "error_pct": round(100 * (estimate - published) / published, 2), "seconds": round(seconds, 1)}
 
@@ -95,7 +113,10 @@ def settings_text(row: dict) -> str:
     parts = [f"seq {s['seq_len']}", f"mb {s['micro_batch']}", s["dtype"] if s["weights_dtype"] == "fp32"
              else f"{s['dtype']} weights", s["optimizer"]]
     if s["grad_checkpointing"]:
-        parts.append("checkpointing")
+        kind = s["grad_checkpointing"]
+        parts.append("checkpointing" if kind is True else f"checkpointing {kind}")
+    if s.get("parallel") == "fsdp":
+        parts.append(f"FSDP2 over {s['world_size']}" + ("" if s.get("accumulated", True) else ", no accumulation"))
     if s.get("lora"):
         parts.append(f"LoRA r{s['lora']['r']} ({s['lora']['targets']})")
     if s.get("quantize"):

@@ -164,7 +164,8 @@ def does_not_fit_hint(spec: WorkloadSpec, tracer, world_size: int) -> str:
 
 
 def trace_steps(spec: WorkloadSpec, micro_batches: Sequence[int], device_kind: str = "cpu",
-                threads: int | None = None, world_size: int = 1, qlora_run=None) -> list[TracedRow]:
+                threads: int | None = None, world_size: int = 1, qlora_run=None,
+                accumulated: bool = True) -> list[TracedRow]:
     """The estimated peak of one steady-state step at each micro-batch (no search, no budget), per rank.
 
     Each row is the larger of the micro-steps' and the optimizer step's traced peaks, plus the
@@ -173,16 +174,21 @@ def trace_steps(spec: WorkloadSpec, micro_batches: Sequence[int], device_kind: s
     ``world_size``-way FSDP2 step (what the largest rank of ``gaplan probe --parallel fsdp`` measures);
     ``row.detail`` then has FSDP's categories. ``qlora_run`` (:class:`gaplan.estimate.quantized.QLoRARun`): for
     a QLoRA spec, the bitsandbytes and loop of a run gaplan did not build (a published figure's); None: gaplan's own.
+    ``accumulated=False`` (FSDP): a step of one micro-step, which no earlier micro-step's gradients precede.
     """
     spec = spec.validate()
     check_device_kind(device_kind)
     check_world_size(spec, world_size)
     if not micro_batches or not all(isinstance(b, int) and b >= 1 for b in micro_batches):
         raise GaplanError(f"micro-batches must be positive integers (got {list(micro_batches)})")
+    if not accumulated and spec.parallel != "fsdp":
+        raise GaplanError("accumulated=False is traced for a sharded step (parallel fsdp) only: one device's trace "
+                          "holds the gradients, as after an earlier micro-step")
     with make_tracer(spec, device_kind, threads, world_size, qlora_run) as tracer:
         optimizer_step = tracer.optimizer_step()
         for b in micro_batches:
-            tracer.composed_step(tracer.micro_steps(b), optimizer_step)
+            steps = tracer.micro_steps(b) if accumulated else tracer.micro_steps(b, accumulated=False)
+            tracer.composed_step(steps, optimizer_step)
         return [r for r in tracer.final_rows() if r.phase == "step"]
 
 

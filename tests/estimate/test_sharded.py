@@ -259,3 +259,15 @@ def test_a_plan_of_one_micro_step_is_not_charged_unsharded_gradients_from_an_ear
     assert accumulated.accumulated and result.plan_peak_bytes == single.peak_bytes
     note = next(a for a in result.assumptions if a.values.get("grad_sync") == "last")
     assert note.values["plan_micro_steps"] == 1 and "charged none" in note.text
+
+
+@pytest.mark.slow
+def test_trace_steps_traces_a_sharded_step_of_one_micro_step_and_refuses_that_on_one_device():
+    """``accumulated=False`` (a published run's step of one micro-step per rank): no earlier micro-step's unsharded
+    gradients, so not above the accumulated step; on one device the trace always holds gradients, so it is refused."""
+    (accumulated,) = trace_steps(fsdp(), [2], device_kind="cpu", world_size=2, threads=1)
+    (single,) = trace_steps(fsdp(), [2], device_kind="cpu", world_size=2, threads=1, accumulated=False)
+    assert accumulated.accumulated and not single.accumulated
+    assert single.detail["unsharded_gradients"] < accumulated.detail["unsharded_gradients"]
+    with pytest.raises(GaplanError, match="accumulated=False is traced for a sharded step"):
+        trace_steps(WorkloadSpec(model="tiny-gpt2", seq_len=16), [2], accumulated=False)
