@@ -78,6 +78,8 @@ def test_the_torchtitan_rows_figures_the_page_states_are_the_results_files():
     drop = (eight["estimated_bytes"] - many["estimated_bytes"]) / gib
     without = drop - (eight["gradient_pool_bytes"] - many["gradient_pool_bytes"]) / gib
     assert f"the estimate's -{drop:.2f} (-{without:.1f} without it)" in text
+    estimate_page = " ".join((ROOT / "docs" / "estimate.md").read_text().split())
+    assert f"which read {-eight['error_pct']:.1f}% and {-many['error_pct']:.1f}% low" in estimate_page
     published = (eight["published_bytes"] - many["published_bytes"]) / gib
     assert f"ranks is -{published:.1f} GiB" in text
     # With the three terms not counted at their largest: the last block, the all-gather cache, the logits' segment.
