@@ -84,14 +84,13 @@ def estimate_row(row: dict) -> dict:
     seconds = time.perf_counter() - started
     estimate = traced.peak_bytes + target.workspace_bytes
     sharded = s.get("parallel") == "fsdp"
-    nccl = nccl_buffer_bytes(world) if sharded else 0
+    nccl = nccl_buffer_bytes(world) if sharded and row["kind"] in ("allocated", "reserved") else 0
     gradient_pool = 0
     if sharded and row["kind"] == "reserved":
         # Full fine-tuning over fp32 weights: the sharded fp32 gradients are the sharded parameters' size.
         assert not s.get("lora") and s["weights_dtype"] == "fp32", row["id"]
         gradient_pool = traced.detail["sharded_parameters"]
-    if row["kind"] in ("allocated", "reserved"):
-        estimate += gradient_pool - nccl
+    estimate += gradient_pool - nccl
     context = None
     if row["kind"] == "nvidia-smi":
         # The source's own measure of the context where it gives one: gaplan's allowance is a floor, not a measure.

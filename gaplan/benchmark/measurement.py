@@ -40,9 +40,6 @@ class BenchSettings:
                 raise OptionError(f"{name} must be a positive integer (got {value})", name)
         if self.warmup < 0:
             raise OptionError(f"warmup must be 0 or more (got {self.warmup})", "warmup")
-        if self.max_rounds < self.min_rounds:
-            raise OptionError(f"max_rounds ({self.max_rounds}) must be at least rounds ({self.min_rounds})",
-                              "max_rounds", "rounds")
         if not 0 < self.ci_target < 1:
             raise OptionError(f"ci_target must be between 0 and 1, e.g. 0.05 for ±5% (got {self.ci_target})",
                               "ci_target")
@@ -50,8 +47,11 @@ class BenchSettings:
             raise OptionError(f"time_budget must be positive, in seconds (got {self.time_budget_s})", "time_budget")
 
     def check_interval(self) -> None:
-        """Rounds that stop by an interval need two to give one (checked where splits are timed by it: a bench by
-        tokens runs a fixed number of rounds, one included)."""
+        """Rounds that stop by an interval: at most ``max_rounds``, and two at least to give one (checked where splits
+        are timed by it: a bench by tokens runs a fixed number of rounds, one or more than ``max_rounds`` included)."""
+        if self.max_rounds < self.min_rounds:
+            raise OptionError(f"max_rounds ({self.max_rounds}) must be at least rounds ({self.min_rounds})",
+                              "max_rounds", "rounds")
         if self.min_rounds < 2 and self.max_rounds > 1:
             raise OptionError("rounds must be at least 2 to give an interval (or max_rounds 1: one look, no interval)",
                               "rounds", "max_rounds")

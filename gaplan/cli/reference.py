@@ -42,7 +42,7 @@ def conditional_options(name: str) -> dict[str, str]:
 
 def scope_table(name: str) -> str:
     """:func:`conditional_options` as Markdown."""
-    rows = [f"| `{flag}` | {where} |" for flag, where in conditional_options(name).items()]
+    rows = [f"| `{flag}` | {_cell(where)} |" for flag, where in conditional_options(name).items()]
     return "\n".join(["| option | applies only |", "|---|---|", *rows]) + "\n"
 
 

@@ -23,10 +23,12 @@ class LoraTargets:
     names: tuple[str, ...]
 
     def __post_init__(self) -> None:
-        if not self.names or not all(isinstance(name, str) and name for name in self.names) or (
-                ALL_LINEAR in self.names and len(self.names) > 1):
+        if not self.names or not all(isinstance(name, str) and name for name in self.names):
             raise OptionError("lora_targets names no module: give all-linear or names such as q_proj,v_proj",
                               "lora_targets")
+        if ALL_LINEAR in self.names and len(self.names) > 1:
+            raise OptionError(f"lora_targets {','.join(self.names)}: all-linear is every linear layer, so it takes no "
+                              "names beside it", "lora_targets")
 
     @property
     def target_modules(self) -> str | list[str]:

@@ -12,6 +12,7 @@ Python callers), :meth:`OptionError.for_cli` as flags (``micro_batch`` -> ``--mi
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, TypeVar
@@ -52,7 +53,7 @@ def positive_finite(value: object) -> bool:
 def check_positive_ints(**values: object) -> None:
     """An :class:`OptionError` naming the first argument that is given (not None) and not a positive integer."""
     for name, value in values.items():
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1):
             raise OptionError(f"{name} must be a positive integer (got {value!r})", name)
 
 

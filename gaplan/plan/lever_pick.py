@@ -143,7 +143,7 @@ class LeverComparison:
     def to_dict(self) -> dict:
         chosen = self.pick
         data = {k: v for k, v in asdict(self).items() if k not in ("results", "base", "not_compared")}
-        data["base"] = asdict(self.base)
+        data["base"] = {**asdict(self.base), "loss": str(self.base.loss)}  # its text, as --loss takes it
         data["results"] = [self._row(r) for r in self.results]
         data["pick"] = self._row(chosen) if chosen is not None else None
         data["not_compared"] = [{"lever": name, "why": why} for name, why in self.not_compared]

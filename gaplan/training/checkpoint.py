@@ -42,7 +42,7 @@ from gaplan.runs.folder import CHECKPOINT
 from gaplan.training.train_log import truncate_log
 from gaplan.workload.build import Workload, optimizer_state_bytes
 from gaplan.workload.quantize import is_quantized, trainable_state
-from gaplan.workload.spec import SPLIT_ONLY_FIELDS
+from gaplan.workload.spec import SPLIT_ONLY_FIELDS, WorkloadSpec
 from gaplan.workload.state_size import tensor_bytes
 
 
@@ -128,13 +128,25 @@ def checkpoint_position(run_dir: str) -> tuple[int, Plan]:
 _RECORD_FREE = (*SPLIT_ONLY_FIELDS, "init", "trust_remote_code")
 
 
+def _as_written_today(record: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's workload record in the form today's spec writes its fields (an older gaplan kept a typed
+    option's text as given: ``--lora-targets "q_proj, v_proj"``); a record that does not read as a spec is left as it
+    is, and compared as it is."""
+    known = {name: value for name, value in record.items() if name in spec}
+    try:
+        written = WorkloadSpec.from_dict({**spec, **known}).to_dict()
+    except (GaplanError, TypeError):
+        return record
+    return {**record, **{name: written[name] for name in known}}
+
+
 def check_checkpoint_record(run_dir: str, spec: dict[str, Any], data: dict[str, Any]) -> None:
     """The checkpoint's own record of its workload (model, task, sequence length, dtype, optimizer, adapters) and
     its data (the file, the tokenizer, the fields read) against the run's (``spec`` and ``data``, from train.json):
     a checkpoint of another run is one line, before anything is written. A field an older checkpoint does not
     record is not compared; a data field is compared by what it reads as (None: its default)."""
     header = _checkpoint_header(run_dir)
-    record, read = header.get("workload") or {}, header.get("data") or {}
+    record, read = _as_written_today(header.get("workload") or {}, spec), header.get("data") or {}
     differ = [(name, record[name], value) for name, value in spec.items()
               if name not in _RECORD_FREE and name in record and record[name] != value]
     differ += [("data" if name == "path" else name, reads_as(name, read[name]), reads_as(name, value))

@@ -27,7 +27,8 @@ from gaplan.workflows.parse_options import (
 )
 from gaplan.workload.spec import WorkloadSpec
 
-BENCH_BY_SAMPLES = "a bench by samples"  # where the options of a bench by samples apply
+# Where the options of a bench by samples apply.
+BENCH_BY_SAMPLES = "a bench by samples (`--batch-by tokens` runs `--rounds` rounds of the two plans)"
 BY_SAMPLES_TIMING = ("max_rounds", "ci_target", "time_budget", "all_splits")  # timing options of a bench by samples
 
 
@@ -75,7 +76,8 @@ class BenchCommand:
         from gaplan.probing.edge import trial_ranks
 
         self.settings.check_interval()
-        object.__setattr__(self, "settings", replace(self.settings, large_batch=not self.no_large_batch))
+        if self.no_large_batch:  # the flag's (a Python caller's settings may say so themselves)
+            object.__setattr__(self, "settings", replace(self.settings, large_batch=False))
         if self.source is not None:
             raise GaplanError("--data applies to --batch-by tokens here (bench by samples times full-length batches)")
         if trial_ranks(self.spec, self.world_size) == 1 and self.world_size != 1:

@@ -18,7 +18,7 @@ from gaplan.workflows.parse_options import parse_batch_range
 OBJECTIVES = ("max-micro-batch", "throughput", "goodput")
 
 # Where a probe's own options apply.
-BY_GOODPUT, BY_SAMPLES = "`--objective goodput`", "a probe by samples"
+BY_GOODPUT, BY_SAMPLES = "`--objective goodput`", "a probe by samples (not `--batch-by tokens`)"
 TIMED = "`--report`, `--objective throughput|goodput` and `--grad-checkpointing auto` (how their splits are timed)"
 # How splits are timed (BenchSettings' options): they apply where the probe times splits.
 TIMING_OPTIONS = tuple(option_name(f) for f in dataclasses.fields(BenchSettings) if "help" in f.metadata)

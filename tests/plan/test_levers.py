@@ -1,6 +1,7 @@
 """The lever rows, the cost model and the pick (gaplan.plan.levers, lever_cost, lever_pick): pure arithmetic."""
 
 import itertools
+import json
 import math
 
 import pytest
@@ -236,6 +237,9 @@ def test_comparison_relative_time_within_interval_and_dict():
     assert data["pick"]["label"] == "ckpt" and data["within_interval"] == ["base"]
     assert data["results"][1]["tradeoffs"] == [BY_NAME["ckpt"].tradeoff]
     assert data["not_compared"] == [{"lever": "compile", "why": "why"}] and data["base"]["optimizer"] == "adamw"
+    assert data["base"]["loss"] == "plain"  # the text --loss takes (levers.json, plan --json)
+    chunked = LeverComparison("tiny-gpt2", "cpu", None, 2**30, 2**30, 16, Base(loss=LossChoice(64)), rows)
+    assert chunked.to_dict()["base"]["loss"] == "chunked:64" and json.dumps(chunked.to_dict())
 
 
 def test_row_recompute_from_the_levers_or_the_base():

@@ -52,3 +52,19 @@ def test_a_checked_command_object_can_be_replaced_and_is_checked_again(tmp_path)
     assert dataclasses.replace(bench, settings=BenchSettings(repeats=3)).settings.repeats == 3
     with pytest.raises(gaplan.GaplanError, match="--granule applies to --batch-by tokens"):
         dataclasses.replace(probe, granule=32)
+
+
+def test_a_bench_by_tokens_runs_any_number_of_rounds_and_keeps_a_callers_settings(tmp_path):
+    """Its --rounds is a fixed number (one, or more than a bench by samples' --max-rounds); by samples, a
+    caller's BenchSettings(large_batch=False) stays so."""
+    data = tmp_path / "corpus.txt"
+    data.write_text("a line of text\n" * 8)
+    for rounds in (1, 20):
+        bench = BenchCommand(SPEC, batch_by="tokens", source=DataSource(path=str(data)),
+                             settings=BenchSettings(min_rounds=rounds), out=str(tmp_path / "out"))
+        assert bench.settings.min_rounds == rounds
+    with pytest.raises(gaplan.GaplanError, match="max_rounds .10. must be at least rounds .20."):
+        BenchCommand(SPEC, settings=BenchSettings(min_rounds=20), out=str(tmp_path / "out"))
+    alone = BenchCommand(SPEC, settings=BenchSettings(large_batch=False), out=str(tmp_path / "out"))
+    assert not alone.settings.large_batch
+    assert not BenchCommand(SPEC, no_large_batch=True, out=str(tmp_path / "out")).settings.large_batch
