@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from gaplan.core.options import OptionError
 
 LOSS_CHOICES = "plain|chunked[:TOKENS]"
+_CHOOSE = "choose plain, chunked or chunked:TOKENS (a positive number of positions a chunk, e.g. chunked:1024)"
 
 
 @dataclass(frozen=True)
@@ -23,8 +24,7 @@ class LossChoice:
     def __post_init__(self) -> None:
         tokens = self.chunk_tokens
         if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0):
-            raise OptionError(f"loss chunked:{tokens} is not valid; choose plain, chunked or chunked:TOKENS (a "
-                              "positive number of positions a chunk, e.g. chunked:1024)", "loss")
+            raise OptionError(f"loss chunked:{tokens} is not valid; {_CHOOSE}", "loss")
 
     @property
     def chunked(self) -> bool:
@@ -52,5 +52,4 @@ def parse_loss(value: str | LossChoice) -> LossChoice:
         return PLAIN
     if name == "chunked" and (not colon or (tokens.isdigit() and int(tokens) >= 1)):
         return LossChoice(int(tokens) if colon else 0)
-    raise OptionError(f"unknown loss {value!r}; choose plain, chunked or chunked:TOKENS (a positive number of "
-                      "positions a chunk, e.g. chunked:1024)", "loss")
+    raise OptionError(f"unknown loss {value!r}; {_CHOOSE}", "loss")
