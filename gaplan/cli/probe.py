@@ -21,7 +21,8 @@ from gaplan.cli.output import BenchProgress, print_probe, same_terminal
 from gaplan.core.lines import histogram_lines, throughput_line, trial_line
 from gaplan.core.options import MEMORY, OUTPUT
 from gaplan.runs.folder import REPORT_HTML, REPORT_MD, TOKENS_JSON, path_in
-from gaplan.workflows.probe_settings import BY_SAMPLES, TIMED, TIMING_OPTIONS, ProbeOptions
+from gaplan.workflows.probe_options import ProbeCommand
+from gaplan.workflows.probe_settings import TIMED, TIMING_OPTIONS, ProbeOptions
 
 
 @click.command(name="probe", cls=GaplanCommand)
@@ -31,8 +32,7 @@ from gaplan.workflows.probe_settings import BY_SAMPLES, TIMED, TIMING_OPTIONS, P
                **{name: {"applies": TIMED} for name in TIMING_OPTIONS})
 @sectioned(MEMORY, "--target", default=None, metavar="GPU", applies="a CUDA device (a smaller GPU emulated on a larger one)",
            help="Emulate a smaller card from gaplan estimate --list-targets on this GPU (its usable memory as budget).")
-@sectioned(OUTPUT, "--emit", type=click.Choice(["hf"]), default=None, applies=BY_SAMPLES,
-           help="Also print the plan as code to paste: hf = transformers TrainingArguments.")
+@field_options(ProbeCommand, only=("emit",))
 @batch_by_options
 @sectioned(OUTPUT, "--out", default=None, metavar="DIR", help="Run folder for plan.json (default reports/probe-<model>-<time>).")
 @overwrite_option()
@@ -62,7 +62,7 @@ def probe(**options: Any) -> None:
     shortest lengths, T* the most tokens both allow, in granules. Writes plan.json (the probe at the
     longest length), tokens.json (the profile and T*: gaplan train --token-plan) and lengths.png.
     """
-    from gaplan.workflows.probe_options import ProbeCommand, run_probe_command
+    from gaplan.workflows.probe_options import run_probe_command
 
     command = command_object(ProbeCommand, options)
     if command.by_tokens:

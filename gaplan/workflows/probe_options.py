@@ -12,13 +12,12 @@ from dataclasses import dataclass, field
 
 from gaplan.core.checkpointing import AUTO
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import check_applies, nested
+from gaplan.core.options import OUTPUT, check_applies, nested, option
 from gaplan.core.outputs import check_writable
 from gaplan.core.progress import Say, quiet
 from gaplan.data.source import DataSource
 from gaplan.runs.claim import claim_run_folder
 from gaplan.runs.folder import default_run_dir
-from gaplan.runs.schema import save_run_config
 from gaplan.workflows.parse_options import (
     check_by_tokens,
     data_given,
@@ -42,7 +41,8 @@ class ProbeCommand:
     batch_by: str = "samples"
     granule: int | None = None  # by tokens: a probed budget is a multiple of it (None: 64)
     source: DataSource | None = nested(DataSource)  # --data (by tokens, or goodput's measuring run); None without it
-    emit: str | None = None  # "hf": the plan as TrainingArguments to paste
+    emit: str | None = option(None, section=OUTPUT, choices=("hf",), applies=BY_SAMPLES,
+                              help="Also print the plan as code to paste: hf = transformers TrainingArguments.")
     out: str | None = None  # the run folder (None: reports/probe-<model>-<time>)
     overwrite: bool = False  # replace the run that ``out`` holds (its files only), else that is refused
     ranks: int = field(default=1, init=False)  # processes each trial runs (the world size under FSDP)
@@ -83,9 +83,7 @@ class ProbeCommand:
 
     def _check_by_tokens(self) -> None:
         check_by_tokens(self.spec, self.source, self.probe.world_size, "probe")
-        check_applies(self.probe, BY_SAMPLES)
-        if self.emit is not None:
-            raise GaplanError("--emit applies to a probe by samples, not to --batch-by tokens")
+        check_applies(self, BY_SAMPLES)  # the probe's options of a probe by samples, and --emit
         if self.probe.grad_checkpointing == AUTO:
             raise GaplanError("--grad-checkpointing auto applies to a probe by samples: give on or off with --batch-by "
                               "tokens")
@@ -108,6 +106,8 @@ def run_probe_command(command: ProbeCommand, *, say: Say = quiet, on_trial: Call
     """Probe as ``command`` asks: a :class:`gaplan.workflows.probe.ProbeRun` by samples, a
     :class:`gaplan.workflows.probe_tokens.TokenProbeRun` by tokens. The run folder is checked before any work;
     ``config_toml`` (the options as ``--config`` reads them) is saved in it once the probe is done."""
+    from gaplan.runs.schema import save_run_config  # pandas: not at import, where the CLI builds probe's options
+
     out = command.out
     check_writable(out)
     with claim_run_folder(out, "probe", overwrite=command.overwrite):
