@@ -14,6 +14,9 @@ Each expressible row of ``docs/data/published_gpu.json`` is traced at its own mi
 * ``nvidia-smi``: that plus the CUDA context the source itself measured (``context_mib``); a row without one would
   take gaplan's own allowance and say so.
 
+The trace runs the installed torch's autograd. A row run on an older torch whose autograd kept more for backward says
+so (``settings.torch``), and its trace keeps that too (:func:`older_autograd`): before 1.11, softmax kept its input.
+
     python examples/published_gpu_check.py                       # every row, a Markdown table (about 15 s a row)
     python examples/published_gpu_check.py --only hf-bert-vanilla
     python examples/published_gpu_check.py --json docs/data/published_gpu_results.json
@@ -22,6 +25,7 @@ Each expressible row of ``docs/data/published_gpu.json`` is traced at its own mi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
@@ -70,6 +74,57 @@ def qlora_run_of(row: dict):
     return QLoRARun(**run) if run else None
 
 
+# torch 1.11 first left softmax's input out of what autograd keeps (pytorch/pytorch#66018, "Avoid saving self for
+# softmax and log_softmax"): 1.9 and 1.10 kept it besides the output (SoftmaxBackward0's _saved_self), only for its
+# dtype. The first release that does not keep it, as (major, minor).
+SOFTMAX_INPUT_DROPPED_IN = (1, 11)
+
+
+def torch_release(version: str | None) -> tuple[int, int] | None:
+    """``"1.10"`` -> (1, 10); None for a row run on a torch whose autograd keeps what today's does."""
+    if not version:
+        return None
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+@contextlib.contextmanager
+def older_autograd(version: str | None):
+    """Trace as the row's torch kept tensors for backward: before 1.11, each softmax's node also kept its input,
+    the tensor ``_softmax`` got (under autocast, its float32 copy), until that node's backward ran.
+
+    The input is packed through the saved-tensor hooks in force (activation checkpointing's, offloading's), as
+    autograd's own saved tensors are, so a checkpointed block keeps it only while recomputed.
+    """
+    release = torch_release(version)
+    if release is None or release >= SOFTMAX_INPUT_DROPPED_IN:
+        yield
+        return
+    import torch
+
+    softmax = torch.Tensor.softmax
+
+    def keeping_input(self, dim, dtype=None):
+        out = softmax(self, dim) if dtype is None else softmax(self, dim, dtype=dtype)
+        if out.grad_fn is not None:
+            hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+            kept = {"input": hooks[0](self) if hooks else self}
+
+            def drop(grad_outputs):  # the node's backward runs: autograd frees what it saved
+                packed = kept.pop("input", None)
+                if hooks and packed is not None:
+                    hooks[1](packed)
+
+            out.grad_fn.register_prehook(drop)
+        return out
+
+    torch.Tensor.softmax = keeping_input
+    try:
+        yield
+    finally:
+        torch.Tensor.softmax = softmax
+
+
 def estimate_row(row: dict) -> dict:
     """Trace one row at its micro-batch; the estimate in the row's kind, in bytes, and what went into it."""
     from gaplan.devices.reserve import CONTEXT_BYTES, nccl_buffer_bytes
@@ -79,8 +134,9 @@ def estimate_row(row: dict) -> dict:
     s = row["settings"]
     world = s.get("world_size", 1)
     started = time.perf_counter()
-    (traced,) = trace_steps(spec_of(row), [s["micro_batch"]], device_kind="cuda", qlora_run=qlora_run_of(row),
-                            world_size=world, accumulated=s.get("accumulated", True))
+    with older_autograd(s.get("torch")):
+        (traced,) = trace_steps(spec_of(row), [s["micro_batch"]], device_kind="cuda", qlora_run=qlora_run_of(row),
+                                world_size=world, accumulated=s.get("accumulated", True))
     seconds = time.perf_counter() - started
     estimate = traced.peak_bytes + target.workspace_bytes
     sharded = s.get("parallel") == "fsdp"
