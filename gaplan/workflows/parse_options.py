@@ -110,15 +110,16 @@ def check_sizes(sizes: Sequence[int], shown: object) -> None:
 
 
 def granule_of(granule: int | None, batch_by: str) -> int:
-    """``--granule`` applies to ``--batch-by tokens``; left out, it is the default (64)."""
-    from gaplan.plan.tokens import DEFAULT_GRANULE
+    """``granule`` applies to ``batch_by`` tokens; left out, it is the default (64). Every command's one check."""
+    from gaplan.core.options import OptionError
+    from gaplan.plan.tokens import DEFAULT_GRANULE, check_granule
 
     if granule is None:
         return DEFAULT_GRANULE
-    if granule < 1:
-        raise GaplanError(f"--granule must be a positive number of tokens (got {granule})")
+    check_granule(granule)
     if batch_by == "samples":
-        raise GaplanError("--granule applies to --batch-by tokens (a probed token budget is a multiple of it)")
+        raise OptionError("granule applies to batch_by tokens (a probed token budget is a multiple of it)", "granule",
+                          "batch_by")
     return granule
 
 

@@ -29,6 +29,7 @@ from gaplan.plan.goodput import LR_SCALINGS, SCHEDULE_LR_SCALING
 from gaplan.plan.schedule import FIXED, ScheduleChoice, parse_schedule
 from gaplan.plan.tokens import DEFAULT_GRANULE
 from gaplan.training.config import LoopOptions
+from gaplan.workflows.parse_options import granule_of
 
 BATCH_BY = ("samples", "tokens")
 
@@ -123,12 +124,8 @@ class TrainOptions:
                                   "effective_tokens", "effective_batch")
         if self.granule == DEFAULT_GRANULE:  # the default's own value is no choice (an older train.json holds it)
             object.__setattr__(self, "granule", None)
-        if self.granule is not None and self.granule < 1:
-            raise OptionError(f"granule must be a positive number of tokens (got {self.granule})", "granule")
+        granule_of(self.granule, self.batch_by)
         if self.batch_by == "samples":
-            if self.granule is not None:
-                raise OptionError("granule applies to batch_by tokens (a probed token budget is a multiple of it)",
-                                  "granule", "batch_by")
             if self.token_budget is not None:
                 raise OptionError("token_budget needs batch_by tokens", "token_budget", "batch_by")
             return

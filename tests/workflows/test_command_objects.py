@@ -50,7 +50,7 @@ def test_a_checked_command_object_can_be_replaced_and_is_checked_again(tmp_path)
     assert dataclasses.replace(probe, device="cpu").granule is None  # the default stays "not given"
     bench = BenchCommand(SPEC, out=out)
     assert dataclasses.replace(bench, settings=BenchSettings(repeats=3)).settings.repeats == 3
-    with pytest.raises(gaplan.GaplanError, match="--granule applies to --batch-by tokens"):
+    with pytest.raises(gaplan.GaplanError, match="^granule applies to batch_by tokens"):
         dataclasses.replace(probe, granule=32)
 
 
