@@ -75,8 +75,8 @@ def qlora_run_of(row: dict):
 
 
 # torch 1.11 first left softmax's input out of what autograd keeps (pytorch/pytorch#66018, "Avoid saving self for
-# softmax and log_softmax"): 1.9 and 1.10 kept it besides the output (SoftmaxBackward0's _saved_self), only for its
-# dtype. The first release that does not keep it, as (major, minor).
+# softmax and log_softmax"): 1.9 and 1.10 kept it besides the output (SoftmaxBackward's, in 1.10 SoftmaxBackward0's,
+# _saved_self), only for its dtype. The first release that does not keep it, as (major, minor).
 SOFTMAX_INPUT_DROPPED_IN = (1, 11)
 
 
@@ -84,40 +84,55 @@ def torch_release(version: str | None) -> tuple[int, int] | None:
     """``"1.10"`` -> (1, 10); None for a row run on a torch whose autograd keeps what today's does."""
     if not version:
         return None
-    major, minor = version.split(".")[:2]
+    major, minor = (version.split(".") + ["0"])[:2]
     return int(major), int(minor)
 
 
 @contextlib.contextmanager
 def older_autograd(version: str | None):
-    """Trace as the row's torch kept tensors for backward: before 1.11, each softmax's node also kept its input,
-    the tensor ``_softmax`` got (under autocast, its float32 copy), until that node's backward ran.
+    """Trace as the row's torch kept tensors for backward: before 1.11, each softmax's node also kept its input
+    until that node's backward had run. Forward and backward both run inside.
+
+    What is kept is the tensor softmax computes on in the trace: under autocast, the device model's float32 copy.
+    torch 1.10 on CUDA kept that for float32 and bf16 scores, but for fp16 scores the fp16 input itself
+    (``_softmax(..., half_to_float=True)``), half the bytes; the rows that use this (BERT's) had float32 scores in
+    their run (docs/estimate-vs-published.md). Only ``Tensor.softmax`` and what calls it (``F.softmax``,
+    ``nn.Softmax``) keep their input here: ``torch.softmax`` and ``log_softmax``, which 1.10 also made keep theirs,
+    do not (no row's peak holds one of any size).
 
     The input is packed through the saved-tensor hooks in force (activation checkpointing's, offloading's), as
-    autograd's own saved tensors are, so a checkpointed block keeps it only while recomputed.
+    autograd's own saved tensors are, so a checkpointed block keeps it only while recomputed, and an offloaded one
+    is copied out as 1.10 copied it.
     """
     release = torch_release(version)
     if release is None or release >= SOFTMAX_INPUT_DROPPED_IN:
         yield
         return
     import torch
+    from torch.overrides import handle_torch_function, has_torch_function_unary
 
+    from gaplan.estimate.torch_private import private
+
+    top_hooks = private("torch._C._autograd", "_top_saved_tensors_default_hooks")
     softmax = torch.Tensor.softmax
 
     def keeping_input(self, dim, dtype=None):
+        if has_torch_function_unary(self):  # as softmax's own binding does: the modes see softmax, then call this
+            return handle_torch_function(keeping_input, (self,), self, dim, dtype=dtype)
         out = softmax(self, dim) if dtype is None else softmax(self, dim, dtype=dtype)
         if out.grad_fn is not None:
-            hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+            hooks = top_hooks(False)
             kept = {"input": hooks[0](self) if hooks else self}
 
-            def drop(grad_outputs):  # the node's backward runs: autograd frees what it saved
+            def release_after(grad_inputs, grad_outputs):  # the node's backward has run: autograd frees what it saved
                 packed = kept.pop("input", None)
                 if hooks and packed is not None:
                     hooks[1](packed)
 
-            out.grad_fn.register_prehook(drop)
+            out.grad_fn.register_hook(release_after)
         return out
 
+    keeping_input.__name__ = keeping_input.__qualname__ = "softmax"  # the device model picks ops by name
     torch.Tensor.softmax = keeping_input
     try:
         yield
@@ -176,6 +191,8 @@ def settings_text(row: dict) -> str:
         parts.append(f"LoRA r{s['lora']['r']} ({s['lora']['targets']})")
     if s.get("quantize"):
         parts.append(s["quantize"])
+    if torch_release(s.get("torch")):
+        parts.append(f"torch {s['torch']}")
     return ", ".join(parts)
 
 

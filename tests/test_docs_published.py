@@ -89,12 +89,11 @@ def _tiny_bert(tmp_path) -> str:
     return str(tmp_path)
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
-@pytest.mark.parametrize("checkpointing", ["off", "on"])
+@pytest.mark.parametrize(("dtype", "checkpointing"), [("fp32", "off"), ("fp16", "on")])
 def test_a_row_on_torch_1_10_keeps_each_softmax_input_as_that_torch_did(tmp_path, dtype, checkpointing):
-    """torch 1.10's softmax node kept its input (float32: under autocast, the copy softmax got) until its backward:
-    one [micro-batch, heads, seq, seq] float32 tensor a block more at the backward's peak, and with checkpointing
-    only the block being recomputed keeps it. A row on today's torch traces as before."""
+    """torch 1.10's softmax node kept its input until its backward: one [micro-batch, heads, seq, seq] tensor a
+    block more at the backward's peak, and with checkpointing only the block being recomputed keeps it. Under fp16
+    autocast the trace keeps the device model's float32 copy (the BERT rows' run had float32 scores: the page)."""
     from gaplan.core.checkpointing import parse_checkpointing
     from gaplan.estimate import trace_steps
     from gaplan.workload.spec import WorkloadSpec
@@ -104,13 +103,47 @@ def test_a_row_on_torch_1_10_keeps_each_softmax_input_as_that_torch_did(tmp_path
                         weights_dtype="fp32", optimizer="adamw-forloop", attention="eager",
                         grad_checkpointing=parse_checkpointing(checkpointing))
     peaks = {}
-    for torch_version in (None, "2.13", "1.10"):
+    for torch_version in (None, "1.10"):
         with script.older_autograd(torch_version):
             (row,) = trace_steps(spec, [4], device_kind="cuda")
         peaks[torch_version] = row.activations
     scores = 4 * 4 * 512 * 512 * 4  # micro-batch x heads x seq x seq, float32
-    assert peaks["2.13"] == peaks[None]
     assert peaks["1.10"] - peaks[None] == scores * (2 if checkpointing == "off" else 1)
+
+
+def test_only_a_torch_before_1_11_keeps_softmax_input():
+    import torch
+
+    script = _script()
+    softmax = torch.Tensor.softmax
+    for version, patched in ((None, False), ("1.9", True), ("1.10", True), ("1.11", False), ("2.13", False)):
+        with script.older_autograd(version):
+            assert (torch.Tensor.softmax is not softmax) == patched, version
+        assert torch.Tensor.softmax is softmax
+
+
+def test_a_direct_softmax_call_is_still_upcast_by_the_cuda_device_model_and_keeps_one_input():
+    """``scores.softmax(-1)`` (not through ``F.softmax``) under fp16 autocast: the device model still runs it in
+    float32 (it picks ops by name), and the input is packed once besides the output."""
+    import torch
+
+    from gaplan.estimate.device import CudaAutocastFp32
+
+    script = _script()
+    packed = []
+
+    def pack(tensor):
+        packed.append(tensor.dtype)
+        return tensor
+
+    scores = torch.randn(2, 3, 8, 8, dtype=torch.float16, requires_grad=True) * 1
+    for torch_version, kept in ((None, [torch.float32]), ("1.10", [torch.float32, torch.float32])):
+        packed.clear()
+        with script.older_autograd(torch_version), torch.autocast("cpu", dtype=torch.float16), CudaAutocastFp32():
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+                out = scores.softmax(-1)
+        assert out.dtype == torch.float32
+        assert packed == kept
 
 
 def test_torch_1_10s_softmax_input_is_freed_by_its_backward_and_the_gradients_are_todays():

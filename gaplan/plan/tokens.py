@@ -92,8 +92,8 @@ LONG_SEARCH_CAP = 4096  # samples of the longest length the probe tries at most 
 
 
 def check_granule(granule: int) -> int:
-    if not isinstance(granule, int) or granule < 1:
-        raise OptionError(f"granule must be a positive number of tokens (got {granule})", "granule")
+    if not isinstance(granule, int) or isinstance(granule, bool) or granule < 1:
+        raise OptionError(f"granule must be a positive number of tokens (got {granule!r})", "granule")
     return granule
 
 
