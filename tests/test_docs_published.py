@@ -69,6 +69,11 @@ def test_the_bert_rows_figures_the_page_states_are_the_results_files():
     estimated = (four["estimated_bytes"] - one["estimated_bytes"]) / 3 / gib
     published = (four["published_bytes"] - one["published_bytes"]) / 3 / gib
     assert f"{estimated:.2f} GiB a sample against the published {published:.2f}" in text
+    # The fp16 row with the fp16 scores kept (2 bytes, not the float32 copy's 4): 24 layers x 4 samples x 16 heads.
+    fp16 = rows["hf-bert-fp16"]
+    halved = fp16["estimated_bytes"] - 24 * 4 * 16 * 512 * 512 * 2
+    error = 100 * (halved - fp16["published_bytes"]) / fp16["published_bytes"]
+    assert f"kept at 2 bytes it would read about {error:.1f}%" in text
 
 
 @pytest.mark.heavy
