@@ -21,6 +21,7 @@ from gaplan.estimate.allocator import (
     CUDA_SMALL_SIZE,
 )
 from gaplan.estimate.attention import describe_calls
+from gaplan.estimate.compiled import EAGER_TEXT, TRACED_TEXT
 from gaplan.estimate.device import (
     CPU_HEAP_BYTES,
     CPU_HEAP_BYTES_PER_NODE,
@@ -108,7 +109,7 @@ def trace_assumptions(spec, device: DeviceModel, observed, static_bytes: int,
     Args:
         spec: the workload spec (its optimizer and dtype).
         device: the device model the traces ran under.
-        observed: what the traces saw (``gemm_panel_bytes``, ``attention_ops``, ``convolutions``).
+        observed: what the traces saw (``gemm_panel_bytes``, ``attention_ops``, ``convolutions``, ``compiled``).
         panel_at_every_peak: MKL's buffer was added to every peak (a tracker that counts no workspace).
         static_bytes: weights, gradients and optimizer states.
         optimizer_step_bytes: the optimizer step's traced bytes (None when it was not traced).
@@ -120,7 +121,8 @@ def trace_assumptions(spec, device: DeviceModel, observed, static_bytes: int,
                         "so the peak is the larger of the micro-steps' (weights, gradients, optimizer states, one "
                         "micro-batch's activations) and the optimizer step's; batches are full length.")]
     temporaries = max(0, optimizer_step_bytes - static_bytes) if optimizer_step_bytes is not None else 0
-    levers = [compiled_model()] * spec.compile + [offloaded_activations()] * spec.offload_activations
+    compiled = [compiled_model(getattr(observed, "compiled", False))] if spec.compile else []
+    levers = compiled + [offloaded_activations()] * spec.offload_activations
     if device.kind == "cpu":
         return notes + _cpu_process(spec, device, observed, temporaries, graph_nodes, panel_at_every_peak) + levers
     return notes + _cuda(spec, observed, static_bytes, temporaries, unfilled_segment_bytes) + levers
@@ -262,11 +264,9 @@ def offloaded_activations() -> Assumption:
                       "holding them is not counted, and the copies' time is the lever table's, not the estimate's.")
 
 
-def compiled_model() -> Assumption:
-    """``--compile``: what the trace does not model."""
-    return Assumption("compile", "Compile: the trace runs the eager model; torch.compile's fused kernels can save "
-                      "fewer (or other) tensors for backward, and this estimate does not model that: gaplan probe "
-                      "--compile measures the compiled step.")
+def compiled_model(traced: bool) -> Assumption:
+    """``--compile``: traced as inductor partitions the step (``traced``: one CPU process), or the eager model."""
+    return Assumption("compile", TRACED_TEXT if traced else EAGER_TEXT)
 
 
 def _attention(ops, calls) -> Assumption:

@@ -62,6 +62,9 @@ class Tracer:
         # above 1 on cuda: NCCL's buffers, outside the allocator and in no one-process trial (gaplan.devices.reserve)
         self.nccl_bytes = nccl_buffer_bytes(world_size) if device_kind == "cuda" else 0
         self.device = DeviceModel(device_kind, threads)
+        # --compile, traced as inductor partitions the step (gaplan.estimate.compiled): on the cpu device model, and
+        # not with LoRA (dynamo stops in peft's model under the trace's fake tensors)
+        self.compiled = bool(spec.compile) and device_kind == "cpu" and not spec.lora
         self.rows: list[TracedRow] = []
         self.quantized = None  # QLoRA: the 4-bit accounting of the frozen base (gaplan.estimate.quantized)
         self.pools = None  # on cuda: the allocator's shared segments through each trace (gaplan.estimate.allocator)
@@ -75,8 +78,13 @@ class Tracer:
     def __enter__(self) -> Tracer:
         self.mode = fake_tensor_mode()
         try:
-            self.helper = TraceHelper()
+            self.helper = TraceHelper(self.compiled)
             self.workload = self.helper.counting_graphs(fake_workload(self.spec, self.device, self.mode))
+            if self.compiled:
+                from gaplan.estimate.compiled import compile_for_trace, one_pair_of_module_hooks
+
+                compile_for_trace(self.workload.model)
+                self._stack.enter_context(one_pair_of_module_hooks())
             self._no_step = dataclasses.replace(self.workload, optimizer=no_step_optimizer(self.workload.optimizer))
             if self.spec.quantize:
                 from gaplan.estimate.quantized import KeptInputs, QLoRARun, quantized_base
@@ -128,7 +136,8 @@ class Tracer:
         kept = self.kept_inputs if self.kept_inputs is not None and micro_steps else contextlib.nullcontext()
         self.host_copies.reset()
         with fake_tensor_errors(self.spec), kept:
-            breakdown = measure_breakdown(workload, micro_batch, micro_steps=micro_steps, workspace=self._workspace())
+            breakdown = measure_breakdown(workload, micro_batch, micro_steps=micro_steps, workspace=self._workspace(),
+                                          compiled=self.compiled)
         if micro_batch and micro_steps == 1:
             self.host_bytes[micro_batch] = self.host_copies.bytes
         categories = {category: getattr(breakdown, category) for category in BREAKDOWN_CATEGORIES}
@@ -244,17 +253,23 @@ class TraceHelper:
         cuda_attention_calls: under the cuda device model, each distinct SDPA call and the backend CUDA would take.
         attention_ops: names of the attention operators run.
         convolutions: whether any convolution ran.
+        compiled: the model was compiled for the trace, and its graphs ran under the trace.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, compiled: bool = False) -> None:
         dispatch_mode = private("torch.utils._python_dispatch", "TorchDispatchMode")
         helper = self
 
         class _Mode(dispatch_mode):
+            @classmethod
+            def ignore_compile_internals(cls) -> bool:  # a compiled model's graphs run under it (estimate.compiled)
+                return compiled
+
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 return helper.dispatch(func, args, kwargs or {})
 
         self._mode = _Mode()
+        self.compiled = compiled  # the model's compiled graphs ran under it (gaplan.estimate.compiled)
         self.gemm_panel_bytes = 0
         self.graph = GraphCount()
         self.cuda_attention_calls: set = set()  # on cuda: each distinct SDPA call and its backend (estimate.attention)

@@ -87,6 +87,8 @@ def trust_of(family: str | None, spec: dict, device_kind: str, world_size: int =
         differences.append(f"optimizer {spec['optimizer']}")
     if spec.get("loss", "plain") != "plain":
         differences.append(f"loss {spec['loss']} (docs/levers.md has its checks)")
+    if spec.get("compile"):
+        differences.append("compiled (docs/levers.md has its checks)")
     if world_size > 1:
         differences.append(f"{world_size} ranks ({spec.get('parallel') or 'ddp'})")
     return Trust(family, fine_tuning, errors, tuple(differences))

@@ -46,15 +46,16 @@ class MemoryBreakdown:
 
 
 def measure_breakdown(workload: Workload, micro_batch: int, micro_steps: int = 2,
-                      workspace: Workspace | None = None) -> MemoryBreakdown:
+                      workspace: Workspace | None = None, compiled: bool = False) -> MemoryBreakdown:
     """Run one steady-state step at ``micro_batch`` under ``MemTracker`` and return its peak by category.
 
     The optimizer states must already exist (:func:`gaplan.worker.trial.materialize_optimizer_state`);
     they are tracked from the optimizer, so they are counted even though they were made earlier.
     ``workspace(func, args)``, when given, is the bytes an operator holds only while it runs (a BLAS call's
-    packing buffers): counted in ``other`` at that moment, on top of what is live then.
+    packing buffers): counted in ``other`` at that moment, on top of what is live then. ``compiled``: the model is
+    compiled, and its graphs run under the tracker (:func:`memory_tracker`).
     """
-    tracker = memory_tracker(workspace)
+    tracker = memory_tracker(workspace, compiled)
     tracker.track_external(workload.model, workload.optimizer)
     batches = [workload.make_batch(micro_batch) for _ in range(micro_steps)]
 
@@ -76,7 +77,7 @@ def measure_breakdown(workload: Workload, micro_batch: int, micro_steps: int = 2
     return MemoryBreakdown(micro_batch, **by_category, tracked_total=sum(by_category.values()))
 
 
-def memory_tracker(workspace: Workspace | None = None):
+def memory_tracker(workspace: Workspace | None = None, compiled: bool = False):
     """torch's ``MemTracker``, able to trace a model with frozen parameters (LoRA's base).
 
     ``MemTracker`` registers a gradient hook on every parameter of each module it enters, and torch refuses a hook
@@ -85,10 +86,17 @@ def memory_tracker(workspace: Workspace | None = None):
 
     With ``workspace``, an operator's transient bytes count at the moment it runs, over what is live then (its
     output included): a buffer that lives only inside one call adds to the peak only if that call is at the peak.
+
+    ``compiled``: dynamo skips a compiled model's frames while a dispatch mode is on the stack, unless the mode says
+    it may be left out while compiling (``ignore_compile_internals``); this one then sees the compiled graphs' ops.
     """
     from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
 
     class FrozenAwareMemTracker(MemTracker):
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            return compiled
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             result = super().__torch_dispatch__(func, types, args, kwargs)
             extra = workspace(func, args) if workspace is not None and result is not NotImplemented else 0

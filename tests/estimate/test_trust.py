@@ -49,6 +49,8 @@ def test_a_family_in_the_zoo_reports_its_measured_error_and_how_the_run_differs(
     assert lora.errors == ZOO_ERRORS["gpt2"]["lora"]
     assert len(lora.differences) == 4 and "a CUDA target" in lora.describe() and "bf16 autocast" in lora.describe()
     assert lora.to_dict()["measured"] is True and lora.to_dict()["text"] == lora.describe()
+    compiled = trust_of("llama", {"model": "x", "compile": True}, "cpu")
+    assert compiled.differences == ("compiled (docs/levers.md has its checks)",)
 
 
 @pytest.mark.parametrize("family, spec, words", [

@@ -1,0 +1,93 @@
+"""``--compile`` in the trace: the fake model compiled as inductor partitions a training step, its graphs run op by
+op under the trace, so what a compiled step keeps for backward is what is counted.
+
+Inductor's partitioner (AOTAutograd's min-cut, after inductor's own joint-graph passes, on inductor's decompositions)
+decides what the forward saves; inductor then fuses the graphs' ops into kernels, which changes only what lives
+inside one graph's run. Running the partitioned graphs eagerly (``boxed_nop``: each graph's inputs are freed as it
+runs, as inductor's are) counts the saved tensors exactly and the intermediates inside a graph as eager ops hold
+them: on the CPU against a real inductor step the saved bytes and the step's peak agreed within 0.03 MiB where the
+peak lies outside a compiled graph, and a peak inside one reads high (docs/levers.md, "torch.compile").
+
+Two things make it run under the trace: dynamo skips a frame while a dispatch mode is on the stack unless the mode
+says it may be left out while compiling (``ignore_compile_internals``; the trace's modes do, with ``compiled``),
+and every ``MemTracker`` registers new global module hooks, on whose keys dynamo guards (each trace would compile
+again): :func:`one_pair_of_module_hooks` registers one pair for all of them. Only on the ``cpu`` device model and
+without LoRA: the ``cuda`` one's attention mode is not traceable by dynamo yet, nor is peft's model under fake
+tensors, so such an estimate traces the eager model and says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from gaplan.estimate.torch_private import private, private_attr
+
+# The estimate's ``compile`` assumption (gaplan.estimate.assumptions.compiled_model): traced, or the eager model.
+TRACED_TEXT = ("Compile: the model is compiled for the trace as inductor partitions a training step and its graphs run "
+               "op by op, so what the compiled step keeps for backward is counted; inside one graph its intermediates "
+               "live as eager ops hold them, where inductor fuses some away: a peak inside a compiled graph can read "
+               "high. gaplan probe --compile measures the compiled step.")
+EAGER_TEXT = ("Compile: the trace runs the eager model; torch.compile's fused kernels can save fewer (or other) tensors "
+              "for backward, and this estimate does not model that on CUDA, over sharded ranks or with LoRA (the "
+              "CUDA device model's attention and peft's model are not traceable by torch.compile under the trace "
+              "yet; a full fine-tune in one CPU process is modelled): gaplan probe --compile measures the compiled "
+              "step.")
+
+
+def trace_backend() -> Any:
+    """A ``torch.compile`` backend that partitions as inductor does and runs the graphs eagerly."""
+    aot_autograd = private("torch._dynamo.backends.common", "aot_autograd")
+    boxed_nop = private("torch._dynamo.backends.debugging", "boxed_nop")
+    partition_fn = private("torch._inductor.compile_fx", "partition_fn")
+    decompositions = private("torch._inductor.decomposition", "select_decomp_table")()
+    return aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop, partition_fn=partition_fn,
+                        decompositions=decompositions, keep_inference_input_mutations=True)
+
+
+def compile_for_trace(model: Any) -> None:
+    """Compile ``model`` in place for the trace, as ``gaplan.workload.compile`` compiles it for a run
+    (``dynamic=True``: one graph for the micro-batches traced, micro-batch 1 apart)."""
+    model.compile(backend=trace_backend(), dynamic=True)
+
+
+@contextlib.contextmanager
+def one_pair_of_module_hooks() -> Iterator[None]:
+    """Every ``ModTracker`` (each ``MemTracker`` has one) forwards to one pair of global module hooks registered here,
+    not its own: dynamo guards on the global hooks' keys, so new ones at each trace would compile the model again.
+    The hooks do nothing while dynamo compiles (a module inlined into a graph reports no forward) or for a graph's own
+    module."""
+    import torch
+    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+    tracker_class = private("torch.distributed._tools.mod_tracker", "ModTracker")
+    enter, exit_ = private_attr(tracker_class, "__enter__"), private_attr(tracker_class, "__exit__")
+    for name in ("_fw_pre_hook", "_fw_post_hook"):
+        private_attr(tracker_class, name)
+    active: list[Any] = []
+
+    def forwarded(name: str):
+        def hook(module, *args):
+            if not active or torch.compiler.is_compiling() or isinstance(module, torch.fx.GraphModule):
+                return None
+            return getattr(active[-1], name)(module, *args)
+
+        return hook
+
+    def entered(self):
+        active.append(self)
+        return self
+
+    def exited(self, *exc):
+        active.remove(self)
+
+    pre = register_module_forward_pre_hook(forwarded("_fw_pre_hook"))
+    post = register_module_forward_hook(forwarded("_fw_post_hook"), always_call=True)
+    tracker_class.__enter__, tracker_class.__exit__ = entered, exited
+    try:
+        yield
+    finally:
+        tracker_class.__enter__, tracker_class.__exit__ = enter, exit_
+        pre.remove()
+        post.remove()

@@ -1,0 +1,114 @@
+"""--compile in the trace (gaplan.estimate.compiled): on the cpu device model the fake model is compiled as inductor
+partitions the step; (heavy) what it counts is what a real inductor step on the CPU keeps and peaks at."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gaplan.estimate.assumptions import compiled_model
+from gaplan.estimate.trace import Tracer
+from gaplan.workload.spec import WorkloadSpec
+
+MiB = 2**20
+
+
+def test_only_a_full_fine_tune_on_the_cpu_device_model_traces_the_compiled_step_and_the_assumption_says_which():
+    spec = WorkloadSpec(model="tiny-llama", compile=True)
+    assert Tracer(spec, "cpu").compiled and not Tracer(spec, "cuda").compiled
+    assert not Tracer(WorkloadSpec(model="tiny-llama"), "cpu").compiled
+    assert not Tracer(WorkloadSpec(model="tiny-llama", compile=True, lora=True), "cpu").compiled
+    assert "is counted" in compiled_model(True).text and "does not model that on CUDA" in compiled_model(False).text
+
+
+def test_every_tracker_forwards_to_one_pair_of_module_hooks_and_the_trackers_own_come_back():
+    """dynamo guards on the global module hooks' keys: a tracker that registered its own at each trace would compile
+    the model again at each trace."""
+    from torch.distributed._tools.mod_tracker import ModTracker
+    from torch.nn.modules import module
+
+    from gaplan.estimate.compiled import one_pair_of_module_hooks
+
+    enter = ModTracker.__enter__
+    before = (len(module._global_forward_pre_hooks), len(module._global_forward_hooks))
+    seen = []
+    with one_pair_of_module_hooks():
+        keys = (tuple(module._global_forward_pre_hooks), tuple(module._global_forward_hooks))
+        for _ in range(2):
+            tracker = ModTracker()
+            with tracker:
+                assert (tuple(module._global_forward_pre_hooks), tuple(module._global_forward_hooks)) == keys
+                torch.nn.Linear(2, 2)(torch.ones(1, 2))
+                seen.append(set(tracker.parents))
+    assert ModTracker.__enter__ is enter
+    assert (len(module._global_forward_pre_hooks), len(module._global_forward_hooks)) == before
+    assert all("Global" in parents for parents in seen)
+
+
+def _real_compiled_step(spec: WorkloadSpec, micro_batches: tuple[int, ...]) -> dict[int, tuple[float, float]]:
+    """A real inductor step on the CPU, as the trace runs one (gradients held): per micro-batch, the bytes saved for
+    backward and the CPU allocator's peak over the step's start (torch's profiler), in MiB."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from gaplan.training.step import accumulate_gradients
+    from gaplan.workload.build import build_workload
+
+    workload = build_workload(spec, "cpu", seed=0)
+    parameters = {p.untyped_storage().data_ptr() for p in workload.model.parameters()}
+
+    def step(micro_batch: int, pack=lambda tensor: tensor) -> None:
+        def raw_loss(model, batch):
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+                return workload.raw_loss(model, batch)
+
+        accumulate_gradients(workload.model, [workload.make_batch(micro_batch)], raw_loss, workload.task,
+                             workload.loss_is_scaled_for_ga, workload.forward_context)
+
+    for p in workload.model.parameters():
+        p.grad = torch.zeros_like(p)
+    step(micro_batches[0])  # compiles
+    measured = {}
+    for micro_batch in micro_batches:
+        saved: dict[int, int] = {}
+
+        def pack(tensor, saved=saved):
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in parameters:
+                saved[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        for p in workload.model.parameters():
+            p.grad = torch.zeros_like(p)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+            step(micro_batch, pack)
+        events = sorted((e.start_ns(), e.nbytes()) for e in profiler.profiler.kineto_results.events()
+                        if e.name() == "[memory]")
+        current = peak = 0
+        for _, nbytes in events:
+            current += nbytes
+            peak = max(peak, current)
+        measured[micro_batch] = (sum(saved.values()) / MiB, peak / MiB)
+    return measured
+
+
+@pytest.mark.heavy  # about 3 minutes on 2 cores: a fake compile (40 s) and a real inductor one
+@pytest.mark.slow
+def test_the_compiled_trace_keeps_and_peaks_as_a_real_inductor_step():
+    spec = WorkloadSpec(model="tiny-llama", optimizer="sgd", compile=True)
+    sizes = (4, 8)
+    traced = {}
+    with Tracer(spec, "cpu") as tracer:
+        static = tracer.workload.static_bytes()  # weights and gradients (sgd: no states), live from the step's start
+        for micro_batch in sizes:
+            row = tracer.micro_steps(micro_batch)
+            traced[micro_batch] = (row.activations / MiB, (row.tracked_total - static) / MiB)
+        note = next(a for a in tracer.assumptions() if a.topic == "compile")
+        assert note.text == compiled_model(True).text
+    with Tracer(WorkloadSpec(model="tiny-llama", optimizer="sgd"), "cpu") as tracer:
+        eager_like = tracer.micro_steps(sizes[0]).activations / MiB
+    real = _real_compiled_step(spec, sizes)
+    for micro_batch in sizes:
+        (saved, peak), (real_saved, real_peak) = traced[micro_batch], real[micro_batch]
+        assert saved == pytest.approx(real_saved, abs=0.1), (micro_batch, traced, real)
+        assert peak == pytest.approx(real_peak, abs=0.1), (micro_batch, traced, real)
+    assert traced[sizes[0]][0] < 0.9 * eager_like  # compile keeps less than eager (inductor's partitioner)
