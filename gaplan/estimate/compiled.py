@@ -28,28 +28,41 @@ from gaplan.estimate.torch_private import private, private_attr
 TRACED_TEXT = ("Compile: the model is compiled for the trace as inductor partitions a training step and its graphs run "
                "op by op, so what the compiled step keeps for backward is counted; inside one graph its intermediates "
                "live as eager ops hold them, where inductor fuses some away: a peak inside a compiled graph can read "
-               "high. gaplan probe --compile measures the compiled step.")
+               "high. The compiler's own memory (dynamo's and inductor's, in the process: a CPU trial's resident peak "
+               "holds it) is not counted. gaplan probe --compile measures the compiled step.")
 EAGER_TEXT = ("Compile: the trace runs the eager model; torch.compile's fused kernels can save fewer (or other) tensors "
-              "for backward, and this estimate does not model that on CUDA, over sharded ranks or with LoRA (the "
+              "for backward, and this estimate does not model that on CUDA, over several ranks or with LoRA (the "
               "CUDA device model's attention and peft's model are not traceable by torch.compile under the trace "
               "yet; a full fine-tune in one CPU process is modelled): gaplan probe --compile measures the compiled "
               "step.")
 
 
-def trace_backend() -> Any:
-    """A ``torch.compile`` backend that partitions as inductor does and runs the graphs eagerly."""
+def trace_backend(compiled: list[Any]) -> Any:
+    """A ``torch.compile`` backend that partitions as inductor does and runs the graphs eagerly; each forward graph
+    it compiles is appended to ``compiled`` (none after a trace: dynamo did not compile, and the trace was eager)."""
     aot_autograd = private("torch._dynamo.backends.common", "aot_autograd")
     boxed_nop = private("torch._dynamo.backends.debugging", "boxed_nop")
     partition_fn = private("torch._inductor.compile_fx", "partition_fn")
     decompositions = private("torch._inductor.decomposition", "select_decomp_table")()
-    return aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop, partition_fn=partition_fn,
+
+    def forward(graph, example_inputs):
+        compiled.append(graph)
+        return boxed_nop(graph, example_inputs)
+
+    return aot_autograd(fw_compiler=forward, bw_compiler=boxed_nop, partition_fn=partition_fn,
                         decompositions=decompositions, keep_inference_input_mutations=True)
 
 
-def compile_for_trace(model: Any) -> None:
+def compile_for_trace(model: Any, compiled: list[Any]) -> None:
     """Compile ``model`` in place for the trace, as ``gaplan.workload.compile`` compiles it for a run
-    (``dynamic=True``: one graph for the micro-batches traced, micro-batch 1 apart)."""
-    model.compile(backend=trace_backend(), dynamic=True)
+    (``dynamic=True``: one graph for the micro-batches traced, micro-batch 1 apart); ``compiled``: as
+    :func:`trace_backend`'s."""
+    model.compile(backend=trace_backend(compiled), dynamic=True)
+
+
+def dynamo_error() -> type[BaseException]:
+    """What dynamo raises when it cannot compile a model (caught by the trace: one line, not a traceback)."""
+    return private("torch._dynamo.exc", "TorchDynamoException")
 
 
 @contextlib.contextmanager
@@ -57,7 +70,7 @@ def one_pair_of_module_hooks() -> Iterator[None]:
     """Every ``ModTracker`` (each ``MemTracker`` has one) forwards to one pair of global module hooks registered here,
     not its own: dynamo guards on the global hooks' keys, so new ones at each trace would compile the model again.
     The hooks do nothing while dynamo compiles (a module inlined into a graph reports no forward) or for a graph's own
-    module."""
+    module. Trackers nest (the last one entered gets the calls), as the trace's do."""
     import torch
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
@@ -69,7 +82,7 @@ def one_pair_of_module_hooks() -> Iterator[None]:
 
     def forwarded(name: str):
         def hook(module, *args):
-            if not active or torch.compiler.is_compiling() or isinstance(module, torch.fx.GraphModule):
+            if torch.compiler.is_compiling() or not active or isinstance(module, torch.fx.GraphModule):
                 return None
             return getattr(active[-1], name)(module, *args)
 

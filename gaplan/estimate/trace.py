@@ -62,9 +62,10 @@ class Tracer:
         # above 1 on cuda: NCCL's buffers, outside the allocator and in no one-process trial (gaplan.devices.reserve)
         self.nccl_bytes = nccl_buffer_bytes(world_size) if device_kind == "cuda" else 0
         self.device = DeviceModel(device_kind, threads)
-        # --compile, traced as inductor partitions the step (gaplan.estimate.compiled): on the cpu device model, and
-        # not with LoRA (dynamo stops in peft's model under the trace's fake tensors)
-        self.compiled = bool(spec.compile) and device_kind == "cpu" and not spec.lora
+        # --compile, traced as inductor partitions the step (gaplan.estimate.compiled): in one process on the cpu
+        # device model, and not with LoRA (dynamo stops in peft's model under the trace's fake tensors)
+        self.compiled = bool(spec.compile) and device_kind == "cpu" and world_size == 1 and not spec.lora
+        self.compiled_graphs: list = []  # the forward graphs compiled for the trace
         self.rows: list[TracedRow] = []
         self.quantized = None  # QLoRA: the 4-bit accounting of the frozen base (gaplan.estimate.quantized)
         self.pools = None  # on cuda: the allocator's shared segments through each trace (gaplan.estimate.allocator)
@@ -83,7 +84,7 @@ class Tracer:
             if self.compiled:
                 from gaplan.estimate.compiled import compile_for_trace, one_pair_of_module_hooks
 
-                compile_for_trace(self.workload.model)
+                compile_for_trace(self.workload.model, self.compiled_graphs)
                 self._stack.enter_context(one_pair_of_module_hooks())
             self._no_step = dataclasses.replace(self.workload, optimizer=no_step_optimizer(self.workload.optimizer))
             if self.spec.quantize:
@@ -135,9 +136,11 @@ class Tracer:
                 param.grad = torch.zeros_like(param)
         kept = self.kept_inputs if self.kept_inputs is not None and micro_steps else contextlib.nullcontext()
         self.host_copies.reset()
-        with fake_tensor_errors(self.spec), kept:
+        with fake_tensor_errors(self.spec), kept, compile_errors(self.compiled):
             breakdown = measure_breakdown(workload, micro_batch, micro_steps=micro_steps, workspace=self._workspace(),
                                           compiled=self.compiled)
+        if self.compiled and micro_steps and not self.compiled_graphs:  # dynamo left the model eager: say so
+            self.compiled = self.helper.compiled = False
         if micro_batch and micro_steps == 1:
             self.host_bytes[micro_batch] = self.host_copies.bytes
         categories = {category: getattr(breakdown, category) for category in BREAKDOWN_CATEGORIES}
@@ -234,6 +237,23 @@ class Tracer:
         if self.workload.info.get("loss_chunk_tokens"):
             notes.append(chunked_loss(self.workload.info["loss_chunk_tokens"], self.workload.vocab_size))
         return notes
+
+
+@contextlib.contextmanager
+def compile_errors(compiled: bool) -> Iterator[None]:
+    """A model dynamo cannot compile under the trace is one line, not a traceback."""
+    if not compiled:
+        yield
+        return
+    from gaplan.core.errors import GaplanError
+    from gaplan.estimate.compiled import dynamo_error
+
+    try:
+        yield
+    except dynamo_error() as exc:
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise GaplanError(f"--compile could not be traced ({reason}): estimate without --compile, or measure it with "
+                          "gaplan probe --compile") from exc
 
 
 def lora_assumption(spec: WorkloadSpec, model: Any) -> Assumption:

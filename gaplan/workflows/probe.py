@@ -93,11 +93,12 @@ def run_probe(spec: WorkloadSpec, out: str, options: ProbeOptions | None = None,
 
 def estimate_is_trusted(spec: WorkloadSpec, device: str, world_size: int) -> bool:
     """Whether a probe starts from the estimate by default: one process of a family the zoo measured
-    (:mod:`gaplan.estimate.trust`). Elsewhere the estimate may be further off, and a seed that misses costs trials."""
+    (:mod:`gaplan.estimate.trust`), not compiled (a compiled trial also holds the compiler, which the estimate does
+    not count). Elsewhere the estimate may be further off, and a seed that misses costs trials."""
     from gaplan.estimate.trust import trust_of
     from gaplan.workload.build import load_model_config, model_source_kind
 
-    if world_size > 1 or spec.parallel == "fsdp" or model_source_kind(spec.model) == "function":
+    if world_size > 1 or spec.parallel == "fsdp" or spec.compile or model_source_kind(spec.model) == "function":
         return False
     config, _, _ = load_model_config(spec)
     kind = "cpu" if device == "cpu" else "cuda"

@@ -82,8 +82,8 @@ class ProbeOptions:
     # None: where the zoo measured the model's family (estimate_is_trusted).
     seed_from_estimate: bool | None = option(None, section=PLAN, applies=BY_SAMPLES, help=(
         "Start the search at gaplan estimate's predicted edge (traced on fake tensors first) and verify both sides. "
-        "Default: on where the model's family is in the estimate's zoo of measured architectures (one process), off "
-        "elsewhere."))
+        "Default: on where the model's family is in the estimate's zoo of measured architectures (one process, not "
+        "compiled), off elsewhere."))
     threads: int | None = None
     command: str | None = None
 

@@ -122,7 +122,8 @@ class WorkloadSpec:
     # gaplan.workload.compile: changes what is saved for backward, so it is a probe key
     compile: bool = option(False, section=MEMORY, help=(
         "torch.compile the model (inductor), so the probe measures the compiled step (the estimate traces it as "
-        "inductor partitions it on the CPU without LoRA, else the eager model; on the CPU it needs a C++ compiler)."))
+        "inductor partitions it in one CPU process without LoRA, else the eager model; on the CPU it needs a C++ "
+        "compiler)."))
 
     def __post_init__(self) -> None:
         check_typed(self.grad_checkpointing)  # a typed field: text is parsed at the edge

@@ -24,6 +24,7 @@ def test_the_estimate_seeds_the_probe_where_the_zoo_measured_the_family(tmp_path
     assert estimate_is_trusted(WorkloadSpec(model="tiny-gpt2"), "cpu", 1)
     assert estimate_is_trusted(WorkloadSpec(model="tiny-llama", lora=True), "cuda:0", 1)
     assert not estimate_is_trusted(WorkloadSpec(model="tiny-gpt2"), "cpu", 2)  # the zoo measured one process
+    assert not estimate_is_trusted(WorkloadSpec(model="tiny-gpt2", compile=True), "cpu", 1)  # and no compiler in it
     assert not estimate_is_trusted(WorkloadSpec(model="tiny-llama", lora=True, quantize="4bit"), "cpu", 1)
     assert not estimate_is_trusted(WorkloadSpec(model=falcon_folder(tmp_path / "falcon")), "cpu", 1)
 

@@ -69,7 +69,7 @@ def test_compiled_uneven_accumulation_trains_the_eager_full_batchs_weights():
     """Two SGD steps of 3 + 2 compiled equal 5 at once eagerly, within fp32 rounding (fused kernels sum in another
     order). Minutes on 2 shared cores: inductor compiles forward and backward for the dynamic batch size."""
     spec = WorkloadSpec(model="tiny-gpt2", seq_len=16, optimizer="sgd", lr=0.5)
-    compiled = weights_after(WorkloadSpec(**{**spec.to_dict(), "compile": True}), (3, 2))
+    compiled = weights_after(WorkloadSpec.from_dict({**spec.to_dict(), "compile": True}), (3, 2))
     eager = weights_after(spec, (5,))
     for key in eager:
         assert_close_at_scale(compiled[key], eager[key], rtol=1e-5, msg=key)
