@@ -87,33 +87,26 @@ def test_a_row_estimates_as_recorded(row_id):
     assert _script().estimate_row(row)["estimated_bytes"] == recorded["estimated_bytes"]
 
 
-def _tiny_bert(tmp_path) -> str:
-    config = {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "intermediate_size": 128, "max_position_embeddings": 512, "vocab_size": 1000}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    return str(tmp_path)
-
-
 @pytest.mark.parametrize(("dtype", "checkpointing"), [("fp32", "off"), ("fp16", "on")])
-def test_a_row_on_torch_1_10_keeps_each_softmax_input_as_that_torch_did(tmp_path, dtype, checkpointing):
+def test_a_row_on_torch_1_10_keeps_each_softmax_input_as_that_torch_did(dtype, checkpointing):
     """torch 1.10's softmax node kept its input until its backward: one [micro-batch, heads, seq, seq] tensor a
-    block more at the backward's peak, and with checkpointing only the block being recomputed keeps it. Under fp16
-    autocast the trace keeps the device model's float32 copy (the BERT rows' run had float32 scores: the page)."""
+    block more at the backward's peak (the preset tiny-bert-cls), and with checkpointing only the block being
+    recomputed keeps it. Under fp16 autocast the trace keeps the device model's float32 copy (the BERT rows' run had
+    float32 scores: the page)."""
     from gaplan.core.checkpointing import parse_checkpointing
     from gaplan.estimate import trace_steps
     from gaplan.workload.spec import WorkloadSpec
 
     script = _script()
-    spec = WorkloadSpec(model=_tiny_bert(tmp_path), task="classification", seq_len=512, dtype=dtype,
-                        weights_dtype="fp32", optimizer="adamw-forloop", attention="eager",
-                        grad_checkpointing=parse_checkpointing(checkpointing))
+    spec = WorkloadSpec(model="tiny-bert-cls", seq_len=512, dtype=dtype, weights_dtype="fp32",  # 4 blocks, 4 heads
+                        optimizer="adamw-forloop", attention="eager", grad_checkpointing=parse_checkpointing(checkpointing))
     peaks = {}
     for torch_version in (None, "1.10"):
         with script.older_autograd(torch_version):
             (row,) = trace_steps(spec, [4], device_kind="cuda")
         peaks[torch_version] = row.activations
     scores = 4 * 4 * 512 * 512 * 4  # micro-batch x heads x seq x seq, float32
-    assert peaks["1.10"] - peaks[None] == scores * (2 if checkpointing == "off" else 1)
+    assert peaks["1.10"] - peaks[None] == scores * (4 if checkpointing == "off" else 1)
 
 
 def test_only_a_torch_before_1_11_keeps_softmax_input():
