@@ -103,26 +103,26 @@ def nccl_buffers(nccl_bytes: int, world_size: int) -> Assumption:
 def trace_assumptions(spec, device: DeviceModel, observed, static_bytes: int,
                       optimizer_step_bytes: int | None, graph_nodes: int,
                       panel_at_every_peak: bool = False,
-                      unfilled_segment_bytes: int | None = None) -> list[Assumption]:
+                      unfilled_segment_bytes: int | None = None, compiled: bool = False) -> list[Assumption]:
     """What the traces of ``spec`` assumed on ``device``.
 
     Args:
         spec: the workload spec (its optimizer and dtype).
         device: the device model the traces ran under.
-        observed: what the traces saw (``gemm_panel_bytes``, ``attention_ops``, ``convolutions``, ``compiled``).
+        observed: what the traces saw (``gemm_panel_bytes``, ``attention_ops``, ``convolutions``).
         panel_at_every_peak: MKL's buffer was added to every peak (a tracker that counts no workspace).
         static_bytes: weights, gradients and optimizer states.
         optimizer_step_bytes: the optimizer step's traced bytes (None when it was not traced).
         graph_nodes: a micro-step's autograd nodes (a CPU process's heap grows with them).
         unfilled_segment_bytes: on cuda, the most the allocator's shared segments held unfilled at a trace's peak
             (added to it); None where the trace does not follow them (a sharded trace).
+        compiled: the model was compiled for the traces and its graphs ran under them (gaplan.estimate.compiled).
     """
     notes = [Assumption("steady-state", "Steady state: optimizer states exist and gradients are held across micro-steps, "
                         "so the peak is the larger of the micro-steps' (weights, gradients, optimizer states, one "
                         "micro-batch's activations) and the optimizer step's; batches are full length.")]
     temporaries = max(0, optimizer_step_bytes - static_bytes) if optimizer_step_bytes is not None else 0
-    compiled = [compiled_model(getattr(observed, "compiled", False))] if spec.compile else []
-    levers = compiled + [offloaded_activations()] * spec.offload_activations
+    levers = [compiled_model(compiled)] * spec.compile + [offloaded_activations()] * spec.offload_activations
     if device.kind == "cpu":
         return notes + _cpu_process(spec, device, observed, temporaries, graph_nodes, panel_at_every_peak) + levers
     return notes + _cuda(spec, observed, static_bytes, temporaries, unfilled_segment_bytes) + levers

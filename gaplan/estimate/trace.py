@@ -140,7 +140,7 @@ class Tracer:
             breakdown = measure_breakdown(workload, micro_batch, micro_steps=micro_steps, workspace=self._workspace(),
                                           compiled=self.compiled)
         if self.compiled and micro_steps and not self.compiled_graphs:  # dynamo left the model eager: say so
-            self.compiled = self.helper.compiled = False
+            self.compiled = False
         if micro_batch and micro_steps == 1:
             self.host_bytes[micro_batch] = self.host_copies.bytes
         categories = {category: getattr(breakdown, category) for category in BREAKDOWN_CATEGORIES}
@@ -225,7 +225,7 @@ class Tracer:
         step = next((r for r in self.rows if r.phase == "optimizer-step"), None)
         notes = trace_assumptions(self.spec, self.device, self.helper, self.static_bytes(),
                                   step.tracked_total if step is not None else None, self.helper.graph.nodes,
-                                  unfilled_segment_bytes=self.unfilled_segment_bytes)
+                                  unfilled_segment_bytes=self.unfilled_segment_bytes, compiled=self.compiled)
         if self.world_size > 1:
             notes.append(data_parallel_buckets(self.bucket_bytes, self.world_size))
         if self.nccl_bytes:
@@ -273,7 +273,6 @@ class TraceHelper:
         cuda_attention_calls: under the cuda device model, each distinct SDPA call and the backend CUDA would take.
         attention_ops: names of the attention operators run.
         convolutions: whether any convolution ran.
-        compiled: the model was compiled for the trace, and its graphs ran under the trace.
     """
 
     def __init__(self, compiled: bool = False) -> None:
@@ -289,7 +288,6 @@ class TraceHelper:
                 return helper.dispatch(func, args, kwargs or {})
 
         self._mode = _Mode()
-        self.compiled = compiled  # the model's compiled graphs ran under it (gaplan.estimate.compiled)
         self.gemm_panel_bytes = 0
         self.graph = GraphCount()
         self.cuda_attention_calls: set = set()  # on cuda: each distinct SDPA call and its backend (estimate.attention)
