@@ -54,16 +54,16 @@ _EXPORTS = {
     "write_report": "gaplan.report.write",
     # each command as an object, checked once, and what runs it (the CLI is a thin layer over these)
     "ProbeCommand": "gaplan.workflows.probe_options",
-    "run_probe_command": "gaplan.workflows.probe_options",
+    "run_probe_command": "gaplan.workflows.run_commands",
     "TrainCommand": "gaplan.workflows.train_command",
     "prepare_train": "gaplan.workflows.train_command",
     "run_train": "gaplan.workflows.train",
     "BenchCommand": "gaplan.workflows.bench_options",
-    "run_bench_command": "gaplan.workflows.bench_options",
+    "run_bench_command": "gaplan.workflows.run_commands",
     "EstimateCommand": "gaplan.workflows.estimate_options",
-    "run_estimate_command": "gaplan.workflows.estimate_options",
+    "run_estimate_command": "gaplan.workflows.run_commands",
     "PlanCommand": "gaplan.workflows.plan_options",
-    "run_plan_command": "gaplan.workflows.plan_options",
+    "run_plan_command": "gaplan.workflows.run_commands",
 }
 __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)
 

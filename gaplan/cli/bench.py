@@ -18,10 +18,11 @@ from gaplan.cli.options import (
     stderr_printer,
     workload_options,
 )
-from gaplan.cli.output import BenchProgress, print_bench, same_terminal
+from gaplan.cli.output import BenchProgress, echo_lines, same_terminal
 from gaplan.core.constants import BY_TOKENS
-from gaplan.core.lines import histogram_lines, token_bench_lines, trial_line
+from gaplan.core.lines import histogram_lines, trial_line
 from gaplan.core.options import OUTPUT
+from gaplan.report.result_text import bench_lines, token_bench_result_lines
 from gaplan.workflows.bench_options import BENCH_BY_SAMPLES, BY_SAMPLES_TIMING, BenchCommand
 
 
@@ -63,7 +64,8 @@ def bench_command(**options: Any) -> None:
     runs per plan, interleaved, each of --warmup untimed and --repeats timed optimizer steps. Prints
     samples/s, real tokens/s, padding, micro-steps per step, peak, and the ratio of real tokens/s.
     """
-    from gaplan.workflows.bench_options import BenchCommand, run_bench_command
+    from gaplan.workflows.bench_options import BenchCommand
+    from gaplan.workflows.run_commands import run_bench_command
 
     command = command_object(BenchCommand, options)
     if command.by_tokens:
@@ -82,14 +84,14 @@ def bench_command(**options: Any) -> None:
     if options["as_json"]:
         click.echo(json.dumps({"run_dir": out, **measured.to_dict(), "report": files}))
         return
-    print_bench(measured)
+    echo_lines(bench_lines(measured))
     click.echo(f"throughput.csv, bench.json and the report written to {out}")
 
 
 def _bench_by_tokens(command: Any, options: dict[str, Any]) -> None:
     """``gaplan bench --batch-by tokens``: T*, then the token plan against the samples plan on the same data."""
     from gaplan.core.constants import TOKEN_PLAN_KIND
-    from gaplan.workflows.bench_options import run_bench_command
+    from gaplan.workflows.run_commands import run_bench_command
 
     out = command.out
     say = stderr_printer(options["quiet"])
@@ -109,14 +111,5 @@ def _bench_by_tokens(command: Any, options: dict[str, Any]) -> None:
     if options["as_json"]:
         click.echo(json.dumps(result.to_dict()))
         return
-    probe = result.probe
-    if not live:
-        click.echo(f"lengths    {probe.profile.describe()}")
-        click.echo("\n".join(histogram_lines(probe.profile.histogram)))
-    click.echo(probe.budget.describe())
-    click.echo(f"samples plan: B* = {probe.long_probe.max_micro_batch} at the longest length "
-               f"({probe.profile.longest} tokens)\n")
-    click.echo("\n".join(token_bench_lines(result.rows)))
-    if result.ratio is not None:
-        click.echo(f"\nreal tokens/s, token plan / samples plan: {result.ratio:.2f}x")
+    echo_lines(token_bench_result_lines(result, profile_shown_live=live))
     click.echo(f"throughput.csv, tokens.json and the report written to {out}")

@@ -10,9 +10,9 @@ import click
 from gaplan.cli.config_file import GaplanCommand
 from gaplan.cli.field_options import field_options, sectioned
 from gaplan.cli.options import command_object, stderr_printer, workload_options
-from gaplan.cli.output import print_estimate
+from gaplan.cli.output import echo_lines
 from gaplan.core.options import MEMORY, OUTPUT
-from gaplan.core.units import format_bytes
+from gaplan.report.result_text import estimate_lines, target_lines
 from gaplan.workflows.estimate_options import EstimateCommand
 from gaplan.workflows.probe_settings import ProbeOptions
 
@@ -51,22 +51,20 @@ def estimate_command(**options: Any) -> None:
       gaplan estimate --device cpu --memory-limit 1GiB     # compare with: gaplan probe
     """
     from gaplan.estimate import list_targets
-    from gaplan.workflows.estimate_options import EstimateCommand, run_estimate_command
+    from gaplan.workflows.estimate_options import EstimateCommand
+    from gaplan.workflows.run_commands import run_estimate_command
 
     if options["list_targets"]:
         targets = list_targets()
         if options["as_json"]:
             click.echo(json.dumps([t.to_dict() for t in targets]))
             return
-        click.echo(f"{'target':<12} {'memory':>10} {'reserve':>10} {'usable':>10}  description")
-        for t in targets:
-            click.echo(f"{t.name:<12} {format_bytes(t.total_bytes):>10} {format_bytes(t.reserve_bytes):>10} "
-                       f"{format_bytes(t.usable_bytes):>10}  {t.description}")
+        echo_lines(target_lines(targets))
         return
     command = command_object(EstimateCommand, options)
     result = run_estimate_command(command, say=stderr_printer(options["quiet"]))
     if options["as_json"]:
         click.echo(json.dumps(result.to_dict()))
         return
-    print_estimate(result)
+    echo_lines(estimate_lines(result))
 

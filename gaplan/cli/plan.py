@@ -11,6 +11,7 @@ import click
 from gaplan.cli.config_file import GaplanCommand
 from gaplan.cli.field_options import field_help, field_options, sectioned
 from gaplan.cli.options import command_object, lora_options, stderr_printer, task_and_lengths
+from gaplan.cli.output import echo_lines
 from gaplan.core.options import OUTPUT
 from gaplan.workflows.plan_options import PlanCommand
 from gaplan.workload.spec import WorkloadSpec
@@ -59,87 +60,16 @@ def plan_command(**options: Any) -> None:
       gaplan plan --model tiny-gpt2 --seq-len 16 --device cpu --world-size 2 --effective-batch 64 --measure
       gaplan plan --device cpu --effective-batch 16 --levers chunked,ckpt,lion
     """
-    from gaplan.report.layout_report import (
-        caveat_lines,
-        header_line,
-        layouts_frame,
-        not_estimated_lines,
-        pick_line,
-        report_dict,
-        table_text,
-        tradeoff_lines,
-    )
-    from gaplan.workflows.plan_options import PlanCommand, run_plan_command
+    from gaplan.report.result_text import layout_line, lever_line, measured_layout_line, plan_lines
+    from gaplan.workflows.plan_options import PlanCommand
+    from gaplan.workflows.run_commands import run_plan_command
 
     command = command_object(PlanCommand, options)
     say = stderr_printer(options["quiet"])
-    out = command.out
-
-    def progress(result) -> None:
-        what = f"{result.layout.label}, {result.precision_label}"
-        if result.fits is None:
-            say(f"  {what}: not estimated")
-        elif result.fits:
-            say(f"  {what}: B* {result.max_micro_batch}, peak {_bytes(result.peak_bytes)} per rank at micro-batch "
-                f"{result.micro_batch}")
-        else:
-            say(f"  {what}: does not fit")
-
-    def measured(result, split: str) -> None:
-        what = f"{result.layout.label}, {result.precision_label}"
-        if result.samples_per_s:
-            say(f"  {what}: B* {result.max_micro_batch} (estimated {result.extra.get('estimated_max_micro_batch')})"
-                f", {split}: {result.samples_per_s:.1f} samples/s")
-        else:
-            say(f"  {what}: {result.note}")
-
-    def lever_progress(result) -> None:
-        if result.fits:
-            rate = f", {result.samples_per_s:.1f} samples/s" if result.samples_per_s else ""
-            say(f"  {result.label}: B* {result.max_micro_batch}, {result.grad_accum_steps} step(s){rate}")
-        else:
-            say(f"  {result.label}: {result.note or 'does not fit'}")
-
-    done = run_plan_command(command, say=say, on_result=progress, on_measured=measured, on_lever=lever_progress)
-    comparison, files, lever_table = done.comparison, done.files, done.levers
+    done = run_plan_command(command, say=say, on_result=lambda r: say(layout_line(r)),
+                            on_measured=lambda r, split: say(measured_layout_line(r, split)),
+                            on_lever=lambda r: say(lever_line(r)))
     if options["as_json"]:
-        from gaplan.report.lever_report import report_dict as lever_dict
-
-        extra = {"levers": lever_dict(lever_table)} if lever_table is not None else {}
-        click.echo(json.dumps({**report_dict(comparison), **extra, "out": out, "files": files}))
+        click.echo(json.dumps(done.to_dict()))
         return
-    click.echo(header_line(comparison))
-    click.echo("")
-    click.echo(table_text(layouts_frame(comparison)))
-    for line in not_estimated_lines(comparison):
-        click.echo(line)
-    if any(r.extra.get("capped") for r in comparison.results):
-        click.echo("(cap): B* reached one rank's share of the effective batch; a larger micro-batch may fit but is "
-                   "never used")
-    click.echo("")
-    click.echo(pick_line(comparison))
-    for line in caveat_lines(comparison) + tradeoff_lines(comparison):
-        click.echo(line)
-    if lever_table is not None:
-        _print_levers(lever_table)
-    if done.launch_command:
-        click.echo(f"launch: {done.launch_command}")
-    click.echo(f"report: {out}/report.md (and report.html, layouts.png, layouts.csv, layouts.json"
-               + (", levers.md, levers.csv, levers.json)" if lever_table is not None else ")"))
-
-
-def _print_levers(table) -> None:
-    from gaplan.report.lever_report import cost_line, header_line, not_compared_lines, pick_lines, table_text
-
-    click.echo("")
-    click.echo(header_line(table))
-    click.echo("")
-    click.echo(table_text(table))
-    for line in not_compared_lines(table) + [cost_line(table), ""] + pick_lines(table):
-        click.echo(line)
-
-
-def _bytes(value: int | None) -> str:
-    from gaplan.core.units import format_bytes
-
-    return format_bytes(value or 0)
+    echo_lines(plan_lines(done.comparison, done.levers, done.launch_command, done.out))

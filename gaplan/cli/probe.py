@@ -17,9 +17,10 @@ from gaplan.cli.options import (
     stderr_printer,
     workload_options,
 )
-from gaplan.cli.output import BenchProgress, print_probe, same_terminal
+from gaplan.cli.output import BenchProgress, echo_lines, same_terminal
 from gaplan.core.lines import histogram_lines, throughput_line, trial_line
 from gaplan.core.options import MEMORY, OUTPUT
+from gaplan.report.result_text import probe_lines, token_probe_lines
 from gaplan.runs.folder import REPORT_HTML, REPORT_MD, TOKENS_JSON, path_in
 from gaplan.workflows.probe_options import ProbeCommand
 from gaplan.workflows.probe_settings import TIMED, TIMING_OPTIONS, ProbeOptions
@@ -62,7 +63,7 @@ def probe(**options: Any) -> None:
     shortest lengths, T* the most tokens both allow, in granules. Writes plan.json (the probe at the
     longest length), tokens.json (the profile and T*: gaplan train --token-plan) and lengths.png.
     """
-    from gaplan.workflows.probe_options import run_probe_command
+    from gaplan.workflows.run_commands import run_probe_command
 
     command = command_object(ProbeCommand, options)
     if command.by_tokens:
@@ -86,7 +87,7 @@ def probe(**options: Any) -> None:
         click.echo(json.dumps(dict(result.to_dict(), plan_file=run.plan_path, report=run.report_files,
                                    hf_snippet=snippet, estimate_seed=run.estimate_seed)))
         return
-    print_probe(result, trials_shown_live=not options["quiet"] and same_terminal())
+    echo_lines(probe_lines(result, trials_shown_live=not options["quiet"] and same_terminal()))
     if run.tuner_reason:
         click.echo(f"tuner ({options['objective']}): {run.tuner_reason}")
     click.echo(f"plan written to {run.plan_path}  (gaplan train --plan {run.plan_path})")
@@ -100,7 +101,7 @@ def probe(**options: Any) -> None:
 
 def _probe_by_tokens(command: Any, options: dict[str, Any]) -> None:
     """``gaplan probe --batch-by tokens``: the data's length profile, T*, plan.json, tokens.json, lengths.png."""
-    from gaplan.workflows.probe_options import run_probe_command
+    from gaplan.workflows.run_commands import run_probe_command
 
     out = command.out
     say = stderr_printer(options["quiet"])
@@ -117,22 +118,6 @@ def _probe_by_tokens(command: Any, options: dict[str, Any]) -> None:
     if options["as_json"]:
         click.echo(json.dumps(run.to_dict()))
         return
-    profile, budget = run.profile, run.budget
-    if not live:
-        click.echo(f"lengths    {profile.describe()}")
-        click.echo("\n".join(histogram_lines(profile.histogram)))
-        for name, probed in (("longest", run.long_probe), ("shortest", run.short_probe)):
-            if probed is not None:
-                click.echo(f"\nB* at the {name} length, {probed.workload.seq_len} tokens: {probed.max_micro_batch}"
-                           f"{' (the search cap; more may fit)' if probed.capped else ''}   [{len(probed.trials)} trials]")
-                for trial in probed.trials:
-                    click.echo(trial_line(trial))
-        click.echo("")
-    note = " (default CPU budget; set --memory-limit to change it)" if run.long_probe.budget_is_default else ""
-    from gaplan.core.units import format_bytes
-
-    click.echo(f"device     {run.long_probe.device}, budget {format_bytes(run.long_probe.memory_limit_bytes)}{note}")
-    click.echo(budget.describe())
-    click.echo(f"samples plan at the longest length: {run.long_probe.plan.describe()}")
+    echo_lines(token_probe_lines(run, profile_shown_live=live))
     click.echo(f"plan.json, tokens.json and lengths.png written to {out}  (gaplan train --batch-by tokens "
                f"--token-plan {path_in(out, TOKENS_JSON)})")

@@ -19,10 +19,10 @@ from gaplan.cli.options import (
     stderr_printer,
     workload_options,
 )
-from gaplan.cli.output import BenchProgress, ProgressBar, same_terminal
+from gaplan.cli.output import BenchProgress, ProgressBar, echo_lines, same_terminal
 from gaplan.core.lines import throughput_line
 from gaplan.core.options import OUTPUT
-from gaplan.core.units import format_bytes
+from gaplan.report.result_text import train_lines
 from gaplan.runs.folder import REPORT_HTML, REPORT_MD, path_in
 from gaplan.workflows.train_command import TrainCommand
 
@@ -91,26 +91,7 @@ def train_command(**options: Any) -> None:
     if options["as_json"]:
         click.echo(json.dumps(summary))
     elif summary["steps"]:
-        padded = summary.get("padded_tokens_per_s")
-        peak = summary.get("peak_bytes")
-        click.echo(f"trained {summary['steps']} steps in {summary['seconds']:.1f} s: loss {summary['loss_first']:.4f} -> "
-                   f"{summary['loss_last']:.4f}, {summary['samples_per_s']:.1f} samples/s, "
-                   f"{summary['tokens_per_s']:.0f} real tokens/s"
-                   + (f" ({padded:.0f} padded tokens/s)" if padded else "")
-                   + (f", peak (step) {format_bytes(peak)}" + ("" if train_options.enforce_memory_limit else
-                                                                " with no budget bound") if peak is not None else "")
-                   + f"; log and checkpoint in {run_dir}")
-        if summary.get("loss_check"):
-            from gaplan.training.loss_check import LossCheck
-
-            click.echo(LossCheck.from_dict(summary["loss_check"]).describe())
-        if len(summary.get("effective_batches") or []) > 1:
-            click.echo("effective batch: " + ", ".join(f"{run['effective_batch']} from step {run['from_step']}"
-                                                       for run in summary["effective_batches"]))
-        if summary.get("noise_scale"):
-            click.echo(f"noise scale: {summary['noise_scale']['summary']}")
-        if summary.get("verdict"):
-            click.echo(f"throughput: {summary['verdict']}")
+        echo_lines(train_lines(summary, run_dir, bounded=train_options.enforce_memory_limit))
         if summary.get("report"):
             click.echo(f"report written to {path_in(run_dir, REPORT_MD)} and {REPORT_HTML}")
     if run.interrupted:

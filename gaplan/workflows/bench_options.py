@@ -1,13 +1,12 @@
 """``gaplan bench``'s command line as one object: the workload's spec, the effective batch and ranks, how splits are
 timed, by samples or ``--batch-by tokens`` over the data, and the run folder, checked once at construction
-(:meth:`BenchCommand.__post_init__`); :func:`run_bench_command` runs it. The CLI parses text into it
-(:func:`gaplan.workflows.parse_options.command_from_options`) and prints what it raises; a Python caller gets the
-same refusals, word for word.
+(:meth:`BenchCommand.__post_init__`); :func:`gaplan.workflows.run_commands.run_bench_command` runs it. The CLI parses
+text into it (:func:`gaplan.workflows.parse_options.command_from_options`) and prints what it raises; a Python caller
+gets the same refusals, word for word.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from gaplan.benchmark.measurement import BenchSettings
@@ -15,10 +14,7 @@ from gaplan.core.checkpointing import Checkpointing, check_choice
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, EFFECTIVE_BATCH_HELP, PLAN_FILE_HELP
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import OUTPUT, PLAN, TIMING, check_applies, check_positive_ints, nested, option
-from gaplan.core.outputs import check_writable
-from gaplan.core.progress import Say, quiet
 from gaplan.data.source import DataSource
-from gaplan.runs.claim import claim_run_folder
 from gaplan.runs.folder import default_run_dir
 from gaplan.workflows.parse_options import (
     check_by_tokens,
@@ -88,45 +84,3 @@ class BenchCommand:
     @property
     def by_tokens(self) -> bool:
         return self.batch_by == "tokens"
-
-
-def run_bench_command(command: BenchCommand, *, say: Say = quiet, on_trial: Callable | None = None,
-                      on_bench_trial: Callable | None = None, on_start: Callable | None = None,
-                      on_profile: Callable | None = None, on_run: Callable | None = None,
-                      config_toml: str | None = None):
-    """Bench as ``command`` asks: by samples ``(measured, report files)`` of
-    :func:`gaplan.workflows.bench.probe_and_bench`; by tokens a
-    :class:`gaplan.workflows.bench_tokens.TokenBenchResult`. The run folder is checked before any work;
-    ``config_toml`` (the options as ``--config`` reads them) is saved in it once the bench is done."""
-    from gaplan.runs.schema import save_run_config  # pandas: not at import, where the CLI builds bench's options
-
-    check_writable(command.out)
-    inputs = [command.plan_file] if command.plan_file else []
-    with claim_run_folder(command.out, "bench", overwrite=command.overwrite, inputs=inputs):
-        result = _run_bench_command(command, say=say, on_trial=on_trial, on_bench_trial=on_bench_trial,
-                                    on_start=on_start, on_profile=on_profile, on_run=on_run)
-        save_run_config(command.out, config_toml)
-        return result
-
-
-def _run_bench_command(command: BenchCommand, *, say: Say, on_trial: Callable | None,
-                       on_bench_trial: Callable | None, on_start: Callable | None, on_profile: Callable | None,
-                       on_run: Callable | None):
-    if command.by_tokens:
-        from gaplan.workflows.bench_tokens import run_token_bench
-
-        return run_token_bench(command.spec, command.out, command.source, device=command.device,
-                               memory_limit=command.memory_limit,
-                               granule=granule_of(command.granule, command.batch_by),
-                               effective_batch=command.effective_batch, warmup=command.settings.warmup,
-                               repeats=command.settings.repeats, rounds=command.settings.min_rounds,
-                               threads=command.threads,
-                               command=command.command, say=say, on_trial=on_trial, on_profile=on_profile,
-                               on_run=on_run)
-    from gaplan.workflows.bench import probe_and_bench
-
-    return probe_and_bench(command.spec, command.out, command.effective_batch, command.settings,
-                           device=command.device, memory_limit=command.memory_limit, plan_file=command.plan_file,
-                           grad_checkpointing=command.grad_checkpointing, world_size=command.world_size,
-                           threads=command.threads, command=command.command, say=say, on_trial=on_trial,
-                           on_bench_trial=on_bench_trial, on_start=on_start)

@@ -1,8 +1,8 @@
 """``gaplan estimate``'s command line as one object: the workload's spec, the GPU (``target``) or budget, the effective
 batch, the ranks and the sizes traced, checked once at construction (:meth:`EstimateCommand.__post_init__`);
-:func:`run_estimate_command` runs it. The CLI parses text into it
-(:func:`gaplan.workflows.parse_options.command_from_options`) and prints what it raises; a Python caller gets the
-same refusals, word for word.
+:func:`gaplan.workflows.run_commands.run_estimate_command` runs it. The CLI parses text into it
+(:func:`gaplan.workflows.parse_options.command_from_options`) and prints what it raises; a Python caller gets the same
+refusals, word for word.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, EFFECTIVE_BATCH_HELP
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import MEMORY, PLAN, check_positive_ints, option
-from gaplan.core.progress import Say, quiet
 from gaplan.plan.layouts import resolve_world
-from gaplan.plan.split import default_search_cap
 from gaplan.workflows.parse_options import check_sizes, parse_sizes
 from gaplan.workload.spec import WorkloadSpec
 
@@ -62,16 +60,3 @@ class EstimateCommand:
     @property
     def device_kind(self) -> str:
         return "cpu" if (self.device or "auto").strip().lower() == "cpu" else "cuda"
-
-
-def run_estimate_command(command: EstimateCommand, *, say: Say = quiet):
-    """The :class:`gaplan.estimate.EstimateResult` of ``command`` (``say``: one progress line first)."""
-    from gaplan.estimate import estimate
-
-    rank = f"one rank of {command.ranks} ({command.spec.parallel}) " if command.ranks > 1 else ""
-    say(f"tracing {rank}{command.spec.model} on fake tensors (nothing is allocated) ...")
-    return estimate(command.spec, memory_limit=command.memory_limit, target=command.target,
-                    effective_batch=command.effective_batch, sizes=list(command.sizes) if command.sizes else None,
-                    device_kind=command.device_kind, threads=command.threads, world_size=command.ranks,
-                    nodes=command.machines,
-                    search_cap=command.search_cap or default_search_cap(command.effective_batch, command.ranks))

@@ -1,22 +1,19 @@
 """``gaplan plan``'s command line as one object: the workload's spec, the layouts to compare, the ranks, the GPU
 (``target``) or budget, the levers to compare on one device, and ``measure``'s settings, checked once at construction
-(:meth:`PlanCommand.__post_init__`); :func:`run_plan_command` estimates (and with ``measure`` probes and times) the
-layouts and the lever rows, and writes the report. The CLI parses text into it
-(:func:`gaplan.workflows.parse_options.command_from_options`) and prints what it raises; a Python caller gets the
-same refusals, word for word.
+(:meth:`PlanCommand.__post_init__`); :func:`gaplan.workflows.run_commands.run_plan_command` estimates (and with
+``measure`` probes and times) the layouts and the lever rows, and writes the report. The CLI parses text into it
+(:func:`gaplan.workflows.parse_options.command_from_options`) and prints what it raises; a Python caller gets the same
+refusals, word for word.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import MEMORY, OUTPUT, PLAN, TIMING, check_applies, check_positive_ints, option
-from gaplan.core.outputs import check_writable
-from gaplan.core.progress import Say, quiet
 from gaplan.core.units import parse_bytes
 from gaplan.plan.layouts import MACHINERY, resolve_world
 from gaplan.plan.levers import BY_NAME
@@ -106,72 +103,3 @@ class PlanCommand:
             check_applies(self, CPU)
         if self.out is None:  # named once, so what is printed after names what was written
             object.__setattr__(self, "out", default_run_dir("plan", self.spec.model))
-
-
-@dataclass(frozen=True)
-class PlanDone:
-    """What :func:`run_plan_command` made: the layouts compared, the lever table (None over ranks or with no lever),
-    and the files written."""
-
-    comparison: Any
-    levers: Any
-    files: list[str]
-
-    @property
-    def launch_command(self) -> str | None:
-        """The command that trains the pick: the lever table's on one device, else the layouts'."""
-        chosen = (self.levers.pick if self.levers is not None else None) or self.comparison.pick
-        return chosen.command if chosen is not None and chosen.command else None
-
-
-def run_plan_command(command: PlanCommand, *, say: Say = quiet, on_result: Callable | None = None,
-                     on_measured: Callable | None = None, on_lever: Callable | None = None) -> PlanDone:
-    """Estimate every layout of ``command`` (with ``measure``, then probe and time those that fit here), then on one
-    device the lever rows, and write the report into ``command.out``. The folder is checked first. ``on_result(layout
-    result)`` follows each estimate, ``on_measured(layout result, its split as text)`` each measurement and
-    ``on_lever(lever result)`` each lever row, estimated or measured."""
-    from gaplan.report.layout_report import write_layout_report
-    from gaplan.workflows.plan import compare_layouts
-
-    check_writable(command.out)
-    spec = command.spec
-    say(f"estimating {len(command.layouts)} layout(s) x 3 precisions of {spec.model} for {command.ranks} rank(s) on "
-        "fake tensors (nothing is allocated) ...")
-    comparison = compare_layouts(
-        spec, world_size=command.ranks, nodes=command.machines, effective_batch=command.effective_batch,
-        memory_limit=command.memory_limit, target=command.target, device_kind=command.device, dtype=spec.dtype,
-        machinery=list(command.layouts), grad_sync=command.grad_sync, threads=command.threads,
-        margin=command.margin, on_result=on_result)
-    if command.measure:
-        from gaplan.workflows.plan_measure import measure_layouts
-
-        fitting = sum(1 for r in comparison.results if r.fits)
-        say(f"measuring the {fitting} layout(s) that fit on this machine ({command.device}, {command.ranks} "
-            "rank(s)): an exact probe and a timed plan each ...")
-        estimated = comparison
-        comparison = measure_layouts(comparison, spec, device=command.device, memory_limit=command.memory_limit,
-                                     threads=command.threads, repeats=command.repeats,
-                                     on_result=on_measured and (lambda r: on_measured(r, estimated.split(r))))
-    files = write_layout_report(command.out, comparison)
-    levers = _lever_table(command, comparison, say, on_lever)
-    if levers is not None:
-        from gaplan.report.lever_report import write_lever_report
-
-        files = sorted(files + write_lever_report(command.out, levers))
-    return PlanDone(comparison, levers, files)
-
-
-def _lever_table(command: PlanCommand, comparison: Any, say: Say, on_lever: Callable | None) -> Any:
-    """The lever table on one device (estimated, then measured with ``measure``), or None."""
-    from gaplan.workflows.plan_levers import levers_after_layouts, measure_levers
-
-    if not command.lever_names:
-        return None
-    say(f"estimating the lever rows ({', '.join(command.lever_names)}) on one device ...")
-    table = levers_after_layouts(comparison, command.spec, command.lever_names, memory_limit=command.memory_limit,
-                                 threads=command.threads, on_result=on_lever)
-    if command.measure and table is not None:
-        say("measuring the lever rows that fit: an exact probe and two timed rounds each ...")
-        table = measure_levers(table, device=command.device, memory_limit=command.memory_limit,
-                               threads=command.threads, repeats=command.repeats, on_result=on_lever)
-    return table

@@ -1,22 +1,18 @@
 """``gaplan probe``'s command line as one object: the workload's spec, the probe's :class:`ProbeOptions`, the device and
 budget, the data, the mode (by samples or ``--batch-by tokens``) and the run folder, checked once at construction
-(:meth:`ProbeCommand.__post_init__`), and :func:`run_probe_command`, which runs it. The CLI parses text into it
-(:func:`gaplan.workflows.parse_options.command_from_options`) and prints what it raises; a Python caller gets the
-same refusals, word for word.
+(:meth:`ProbeCommand.__post_init__`), and :func:`gaplan.workflows.run_commands.run_probe_command` runs it. The CLI
+parses text into it (:func:`gaplan.workflows.parse_options.command_from_options`) and prints what it raises; a Python
+caller gets the same refusals, word for word.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gaplan.core.checkpointing import AUTO
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import OUTPUT, check_applies, nested, option
-from gaplan.core.outputs import check_writable
-from gaplan.core.progress import Say, quiet
 from gaplan.data.source import DataSource
-from gaplan.runs.claim import claim_run_folder
 from gaplan.runs.folder import default_run_dir
 from gaplan.workflows.parse_options import (
     check_by_tokens,
@@ -97,46 +93,3 @@ class ProbeCommand:
         """Whether the probe times splits after the search (the report, a throughput or goodput tuner, auto)."""
         probe = self.probe
         return probe.report or probe.objective in ("throughput", "goodput") or probe.grad_checkpointing == AUTO
-
-
-def run_probe_command(command: ProbeCommand, *, say: Say = quiet, on_trial: Callable | None = None,
-                      on_row: Callable | None = None, on_bench_trial: Callable | None = None,
-                      on_bench_start: Callable | None = None, on_profile: Callable | None = None,
-                      config_toml: str | None = None):
-    """Probe as ``command`` asks: a :class:`gaplan.workflows.probe.ProbeRun` by samples, a
-    :class:`gaplan.workflows.probe_tokens.TokenProbeRun` by tokens. The run folder is checked before any work;
-    ``config_toml`` (the options as ``--config`` reads them) is saved in it once the probe is done."""
-    from gaplan.runs.schema import save_run_config  # pandas: not at import, where the CLI builds probe's options
-
-    out = command.out
-    check_writable(out)
-    with claim_run_folder(out, "probe", overwrite=command.overwrite):
-        run = _run_probe_command(command, say=say, on_trial=on_trial, on_row=on_row, on_bench_trial=on_bench_trial,
-                                 on_bench_start=on_bench_start, on_profile=on_profile)
-        save_run_config(out, config_toml)
-        return run
-
-
-def _run_probe_command(command: ProbeCommand, *, say: Say, on_trial: Callable | None, on_row: Callable | None,
-                       on_bench_trial: Callable | None, on_bench_start: Callable | None, on_profile: Callable | None):
-    out = command.out
-    probe = command.probe
-    if command.by_tokens:
-        from gaplan.workflows.probe_tokens import run_token_probe
-
-        return run_token_probe(command.spec, out, command.source, device=command.device,
-                               memory_limit=command.memory_limit,
-                               granule=granule_of(command.granule, command.batch_by),
-                               effective_batch=probe.effective_batch, threads=probe.threads, command=probe.command,
-                               say=say, on_trial=on_trial, on_profile=on_profile)
-    from gaplan.workflows.probe import run_probe
-
-    each = (f"{command.ranks} fresh processes in one process group, each under the budget" if command.ranks > 1
-            else "a fresh process")
-    say(f"probing {command.spec.model} (each trial: {each}, 2 optimizer steps of 2 micro-steps) ...")
-    if command.timing:
-        say("after the probe, --report / --objective throughput time splits in interleaved rounds (the forecast of "
-            "how long follows the probe; --time-budget bounds it)")
-    return run_probe(command.spec, out, probe, device=command.device, memory_limit=command.memory_limit,
-                     on_trial=on_trial, on_row=on_row, say=say, on_bench_trial=on_bench_trial,
-                     on_bench_start=on_bench_start)

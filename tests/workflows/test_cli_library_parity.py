@@ -14,11 +14,12 @@ from gaplan.cli.main import main
 from gaplan.cli.options import given_on_command_line
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import OptionError, flag
-from gaplan.workflows.bench_options import BenchCommand, run_bench_command
-from gaplan.workflows.estimate_options import EstimateCommand, run_estimate_command
+from gaplan.workflows.bench_options import BenchCommand
+from gaplan.workflows.estimate_options import EstimateCommand
 from gaplan.workflows.parse_options import command_from_options
-from gaplan.workflows.plan_options import PlanCommand, run_plan_command
-from gaplan.workflows.probe_options import ProbeCommand, run_probe_command
+from gaplan.workflows.plan_options import PlanCommand
+from gaplan.workflows.probe_options import ProbeCommand
+from gaplan.workflows.run_commands import run_bench_command, run_estimate_command, run_plan_command, run_probe_command
 from gaplan.workflows.train import run_train
 from gaplan.workflows.train_command import TrainCommand, prepare_train
 from tests.cli import (
