@@ -11,9 +11,9 @@ peak lies outside a compiled graph, and a peak inside one reads high (docs/lever
 Two things make it run under the trace: dynamo skips a frame while a dispatch mode is on the stack unless the mode
 says it may be left out while compiling (``ignore_compile_internals``; the trace's modes do, with ``compiled``),
 and every ``MemTracker`` registers new global module hooks, on whose keys dynamo guards (each trace would compile
-again): :func:`one_pair_of_module_hooks` registers one pair for all of them. Only on the ``cpu`` device model and
-without LoRA: the ``cuda`` one's attention mode is not traceable by dynamo yet, nor is peft's model under fake
-tensors, so such an estimate traces the eager model and says so.
+again): :func:`one_pair_of_module_hooks` registers one pair for all of them. Only on the ``cpu`` device model, in one
+process (LoRA and QLoRA included): the ``cuda`` one's attention mode is not traceable by dynamo yet, so such an
+estimate traces the eager model and says so.
 """
 
 from __future__ import annotations
@@ -31,10 +31,9 @@ TRACED_TEXT = ("Compile: the model is compiled for the trace as inductor partiti
                "high. The compiler's own memory (dynamo's and inductor's, in the process: a CPU trial's resident peak "
                "holds it) is not counted. gaplan probe --compile measures the compiled step.")
 EAGER_TEXT = ("Compile: the trace runs the eager model; torch.compile's fused kernels can save fewer (or other) tensors "
-              "for backward, and this estimate does not model that on CUDA, over several ranks or with LoRA (the "
-              "CUDA device model's attention and peft's model are not traceable by torch.compile under the trace "
-              "yet; a full fine-tune in one CPU process is modelled): gaplan probe --compile measures the compiled "
-              "step.")
+              "for backward, and this estimate does not model that on CUDA or over several ranks (the CUDA device "
+              "model's attention is not traceable by torch.compile under the trace yet; one CPU process is "
+              "modelled): gaplan probe --compile measures the compiled step.")
 
 
 def trace_backend(compiled: list[Any]) -> Any:
@@ -45,11 +44,20 @@ def trace_backend(compiled: list[Any]) -> Any:
     partition_fn = private("torch._inductor.compile_fx", "partition_fn")
     decompositions = private("torch._inductor.decomposition", "select_decomp_table")()
 
+    detect_fake_mode = private("torch._guards", "detect_fake_mode")
+    virtualized = private("torch._inductor.virtualized", "V")
+
     def forward(graph, example_inputs):
         compiled.append(graph)
         return boxed_nop(graph, example_inputs)
 
-    return aot_autograd(fw_compiler=forward, bw_compiler=boxed_nop, partition_fn=partition_fn,
+    def partition(graph, joint_inputs, **kwargs):
+        # Under the fake mode of the graph's inputs, as inductor's own compile partitions: its joint-graph passes make
+        # tensors there (the seeds of a dropout's random numbers, as in LoRA's adapters).
+        with virtualized.set_fake_mode(detect_fake_mode(joint_inputs)):
+            return partition_fn(graph, joint_inputs, **kwargs)
+
+    return aot_autograd(fw_compiler=forward, bw_compiler=boxed_nop, partition_fn=partition,
                         decompositions=decompositions, keep_inference_input_mutations=True)
 
 

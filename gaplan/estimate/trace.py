@@ -63,8 +63,8 @@ class Tracer:
         self.nccl_bytes = nccl_buffer_bytes(world_size) if device_kind == "cuda" else 0
         self.device = DeviceModel(device_kind, threads)
         # --compile, traced as inductor partitions the step (gaplan.estimate.compiled): in one process on the cpu
-        # device model, and not with LoRA (dynamo stops in peft's model under the trace's fake tensors)
-        self.compiled = bool(spec.compile) and device_kind == "cpu" and world_size == 1 and not spec.lora
+        # device model (LoRA and QLoRA too); the cuda one's attention mode is not traceable by dynamo yet
+        self.compiled = bool(spec.compile) and device_kind == "cpu" and world_size == 1
         self.compiled_graphs: list = []  # the forward graphs compiled for the trace
         self.rows: list[TracedRow] = []
         self.quantized = None  # QLoRA: the 4-bit accounting of the frozen base (gaplan.estimate.quantized)

@@ -85,9 +85,9 @@ LEVERS = (
           "modelled time, not overlapped with compute)",
           gpu_only="on a CPU the host memory is the device's: nothing moves"),
     Lever("compile", "compile", None, True, "",
-          not_built="the estimate models what compile keeps for backward in one CPU process only (not on CUDA, "
-                    "over several ranks or with LoRA), and the table does not compare it yet; probe it: gaplan "
-                    "probe --compile"),
+          not_built="the estimate models what compile keeps for backward in one CPU process only (not on CUDA "
+                    "or over several ranks), and the table does not compare it yet; probe it: gaplan probe "
+                    "--compile"),
 )
 BY_NAME = {lever.name: lever for lever in LEVERS}
 OPTIMIZER_LEVERS = tuple(lever.name for lever in LEVERS if lever.kind == "optimizer")
