@@ -12,8 +12,10 @@ and is mostly rows no one would pick. They are:
 * each other optimizer named in ``--levers`` with those memory levers together: an optimizer swap is a change of
   training semantics, so it is compared only when asked, and then at its most memory-saving.
 
-A lever the estimate cannot model (``compile``) is listed, with the reason, and never estimated; one that does
-nothing on a CPU (``offload``: the host is the device) is left out of a CPU's table, with the reason.
+A lever the estimate models on the CPU device model only (``compile``) is listed for a CUDA device, with the reason,
+and never estimated there; one that does nothing on a CPU (``offload``: the host is the device) is left out of a
+CPU's table, with the reason. ``compile`` is compared only when ``--levers`` names it: each of its rows compiles the
+model for the trace (about a minute on 2 cores).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class Lever:
     (checkpointing); ``recompute_head`` is 1 when the LM head's forward runs again (the chunked loss).
     ``cuda_only`` says why it cannot run on the CPU (it is then estimated, never measured there); ``gpu_only``
     why it does nothing there (it is then not compared for a CPU);
-    ``not_built`` why gaplan cannot run or estimate it at all (listed, not compared).
+    ``cpu_only`` why it is not estimated for a CUDA device (listed there, not compared).
     """
 
     name: str  # as --levers names it
@@ -49,7 +51,7 @@ class Lever:
     recompute_head: float = 0.0
     cuda_only: str = ""
     gpu_only: str = ""
-    not_built: str = ""
+    cpu_only: str = ""
 
 
 # In the order of the table; within a kind the most memory-saving first (the one "together" rows take).
@@ -84,15 +86,18 @@ LEVERS = (
           "backward (torch's save_on_cpu; host memory holds one micro-batch's activations; the copies are in the "
           "modelled time, not overlapped with compute)",
           gpu_only="on a CPU the host memory is the device's: nothing moves"),
-    Lever("compile", "compile", None, True, "",
-          not_built="the estimate models what compile keeps for backward in one CPU process only (not on CUDA "
-                    "or over several ranks), and the table does not compare it yet; probe it: gaplan probe "
-                    "--compile"),
+    Lever("compile", "compile", "compile", True,
+          "torch.compile (inductor): what its kernels save for backward is traced as inductor partitions the step; "
+          "the modelled time is the eager kernels' (its speed is measured with --measure), and each process compiles "
+          "first",
+          cpu_only="the estimate traces compile on the CPU device model only: the CUDA one's attention model is not "
+                   "traceable by dynamo yet (probe it on the GPU: gaplan probe --compile)"),
 )
 BY_NAME = {lever.name: lever for lever in LEVERS}
 OPTIMIZER_LEVERS = tuple(lever.name for lever in LEVERS if lever.kind == "optimizer")
-# Without --levers: every lever but the optimizers (the user's --optimizer is kept: a swap changes the training).
-DEFAULT_LEVERS = tuple(lever.name for lever in LEVERS if lever.kind != "optimizer")
+# Without --levers: every lever but the optimizers (the user's --optimizer is kept: a swap changes the training) and
+# compile (its trace compiles the model: a minute a row).
+DEFAULT_LEVERS = tuple(lever.name for lever in LEVERS if lever.kind not in ("optimizer", "compile"))
 
 
 def parse_levers(text: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -131,6 +136,7 @@ class Base:
     loss: LossChoice = PLAIN
     grad_checkpointing: Checkpointing = OFF
     offload_activations: bool = False
+    compile: bool = False
 
     def has(self, lever: Lever) -> bool:
         """True when the workload already has this lever's setting (so the lever adds nothing)."""
@@ -140,9 +146,7 @@ class Base:
             return self.loss.kind == lever.value
         if lever.field == "grad_checkpointing":
             return self.grad_checkpointing in (ON, lever.value)
-        if lever.field == "offload_activations":
-            return self.offload_activations
-        return False
+        return bool(getattr(self, lever.field))  # offloading, compile: on or off
 
 
 def lever_rows(selected: Iterable[str], base: Base = Base(), device_kind: str = "cuda") -> list[tuple[str, ...]]:
@@ -171,8 +175,8 @@ def not_compared(selected: Iterable[str], base: Base = Base(), device_kind: str 
 
 
 def _why_not(lever: Lever, base: Base, device_kind: str) -> str:
-    if lever.not_built:
-        return lever.not_built
+    if lever.cpu_only and device_kind != "cpu":
+        return lever.cpu_only
     if base.has(lever):
         return "the workload already has it (the base row)"
     return lever.gpu_only if device_kind == "cpu" else ""

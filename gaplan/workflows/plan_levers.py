@@ -66,7 +66,7 @@ def compare_levers(
         raise GaplanError("the lever table is for one device: use --parallel ddp (the layouts compare FSDP)")
     the_budget, memory_limit = margin_budget(device_kind, memory_limit, target, margin)
     base = Base(optimizer=spec.optimizer, loss=spec.loss, grad_checkpointing=spec.grad_checkpointing,
-                offload_activations=spec.offload_activations)
+                offload_activations=spec.offload_activations, compile=spec.compile)
     started = time.perf_counter()
     inputs = cost_inputs(spec, device_kind)
     cap = default_search_cap(effective_batch, 1)
@@ -100,6 +100,8 @@ def _estimate_row(estimate, spec: WorkloadSpec, row: tuple[str, ...], base: Base
     """One row estimated and its time modelled; a row that cannot be estimated says why in its note."""
     why_not_here = cuda_only(row) if device_kind == "cpu" else ""
     note = f"estimate only: {why_not_here} (not run on the CPU)" if why_not_here else ""
+    if "compile" in row:  # its memory is traced; its speed is not modelled
+        note = "; ".join(filter(None, [note, "time (model): the eager kernels'"]))
     try:
         the_spec = row_spec(spec, row)
         result = estimate(the_spec, memory_limit=memory_limit, target=target, effective_batch=effective_batch,

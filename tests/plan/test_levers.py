@@ -33,15 +33,13 @@ def test_every_optimizer_is_a_lever_and_every_lever_sets_a_real_field():
     assert set(OPTIMIZER_LEVERS) == set(OPTIMIZERS) == set(OPTIMIZER_PASSES)
     fields = set(WorkloadSpec.__dataclass_fields__)
     for lever in LEVERS:
-        assert lever.not_built or lever.field in fields, lever.name
-        if not lever.not_built:  # the value is one the spec accepts
-            WorkloadSpec(model="tiny-gpt2", **{lever.field: lever.value}).validate()
+        assert lever.field in fields, lever.name
+        WorkloadSpec(model="tiny-gpt2", **{lever.field: lever.value}).validate()  # a value the spec accepts
 
 
 def test_default_levers_keep_the_optimizer():
-    assert parse_levers(None) == parse_levers("") == DEFAULT_LEVERS == ("chunked", "ckpt", "ops", "every:2", "offload",
-                                                                           "compile")
-    assert not set(DEFAULT_LEVERS) & set(OPTIMIZER_LEVERS)
+    assert parse_levers(None) == parse_levers("") == DEFAULT_LEVERS == ("chunked", "ckpt", "ops", "every:2", "offload")
+    assert not set(DEFAULT_LEVERS) & set(OPTIMIZER_LEVERS)  # and compile only when named: a minute a row
 
 
 def test_parse_levers_orders_dedupes_and_expands_groups():
@@ -72,6 +70,17 @@ def test_a_cpu_table_leaves_out_offloading_and_says_why():
     assert lever_rows(("offload", "ckpt"), Base(offload_activations=True)) == [(), ("ckpt",)]
 
 
+def test_compile_is_a_row_on_the_cpu_device_model_alone_and_together_and_says_why_not_on_cuda():
+    chosen = parse_levers("chunked,ckpt,compile")
+    assert lever_rows(chosen, device_kind="cpu") == [(), ("chunked",), ("ckpt",), ("compile",),
+                                                     ("chunked", "ckpt", "compile")]
+    assert row_settings(("compile",)) == {"compile": True} and row_recompute(("compile",)) == (0.0, 0.0)
+    assert lever_rows(chosen) == [(), ("chunked",), ("ckpt",), ("chunked", "ckpt")]
+    assert not_compared(chosen) == [("compile", BY_NAME["compile"].cpu_only)]
+    assert "CPU device model only" in BY_NAME["compile"].cpu_only
+    assert lever_rows(chosen, Base(compile=True), "cpu") == [(), ("chunked",), ("ckpt",), ("chunked", "ckpt")]
+
+
 def test_all_levers_are_twenty_one_rows_with_adamw():
     rows = lever_rows(parse_levers("all"))
     assert len(rows) == 21 and sum(len(row) == 1 for row in rows) == 12 and ("chunked", "ckpt", "offload") in rows
@@ -90,9 +99,10 @@ def test_rows_are_fewer_than_the_cartesian_product_and_never_repeat():
             rows = lever_rows(chosen)
             assert len(rows) == len(set(rows)) and rows[0] == ()
             assert all(len({BY_NAME[n].kind for n in row}) == len(row) for row in rows), "one lever of each kind"
-            built = [n for n in chosen if not BY_NAME[n].not_built]
+            built = [n for n in chosen if not BY_NAME[n].cpu_only]  # a CUDA device's table
             assert len(rows) <= 2 * len(built) + 2
             assert all(set(row) <= set(built) for row in rows)
+            assert len(lever_rows(chosen, device_kind="cpu")) <= 2 * len(chosen) + 2
 
 
 def test_a_lever_the_base_has_is_not_a_row_and_says_why():
@@ -101,7 +111,7 @@ def test_a_lever_the_base_has_is_not_a_row_and_says_why():
     assert not_compared(parse_levers("lion,chunked,compile"), base) == [
         ("lion", "the workload already has it (the base row)"),
         ("chunked", "the workload already has it (the base row)"),
-        ("compile", BY_NAME["compile"].not_built)]
+        ("compile", BY_NAME["compile"].cpu_only)]
     assert lever_rows(("ckpt",), Base(grad_checkpointing=ON)) == [()]
 
 
