@@ -33,6 +33,13 @@ def _in_run_folder(command: Any, kind: str, config_toml: str | None, work: Calla
         return result
 
 
+def _by_tokens(command: ProbeCommand | BenchCommand) -> dict[str, Any]:
+    """What a probe and a bench by tokens both take from their command: the workload, the folder, the data, the
+    device, the budget and the granule (``run_token_probe``'s and ``run_token_bench``'s first arguments)."""
+    return {"spec": command.spec, "out": command.out, "data": command.source, "device": command.device,
+            "memory_limit": command.memory_limit, "granule": granule_of(command.granule, command.batch_by)}
+
+
 def run_probe_command(command: ProbeCommand, *, say: Say = quiet, on_trial: Callable | None = None,
                       on_row: Callable | None = None, on_bench_trial: Callable | None = None,
                       on_bench_start: Callable | None = None, on_profile: Callable | None = None,
@@ -45,10 +52,7 @@ def run_probe_command(command: ProbeCommand, *, say: Say = quiet, on_trial: Call
         if command.by_tokens:
             from gaplan.workflows.probe_tokens import run_token_probe
 
-            return run_token_probe(command.spec, command.out, command.source, device=command.device,
-                                   memory_limit=command.memory_limit,
-                                   granule=granule_of(command.granule, command.batch_by),
-                                   effective_batch=probe.effective_batch, threads=probe.threads,
+            return run_token_probe(**_by_tokens(command), effective_batch=probe.effective_batch, threads=probe.threads,
                                    command=probe.command, say=say, on_trial=on_trial, on_profile=on_profile)
         from gaplan.workflows.probe import run_probe
 
@@ -78,10 +82,7 @@ def run_bench_command(command: BenchCommand, *, say: Say = quiet, on_trial: Call
         if command.by_tokens:
             from gaplan.workflows.bench_tokens import run_token_bench
 
-            return run_token_bench(command.spec, command.out, command.source, device=command.device,
-                                   memory_limit=command.memory_limit,
-                                   granule=granule_of(command.granule, command.batch_by),
-                                   effective_batch=command.effective_batch, warmup=settings.warmup,
+            return run_token_bench(**_by_tokens(command), effective_batch=command.effective_batch, warmup=settings.warmup,
                                    repeats=settings.repeats, rounds=settings.min_rounds, threads=command.threads,
                                    command=command.command, say=say, on_trial=on_trial, on_profile=on_profile,
                                    on_run=on_run)
