@@ -284,7 +284,7 @@ def _attention(ops, calls) -> Assumption:
                      "runs flash)")
         text += (". The trace reads the batch as full length, so transformers drops its padding mask as on a real "
                  "run (--attention eager keeps the probabilities instead).")
-        return Assumption("attention", text, {"kernel": "+".join(backends), "calls": [vars(c) for c in sorted(
+        return Assumption("attention", text, {"kernel": "+".join(backends), "calls": [c._asdict() for c in sorted(
             calls, key=lambda c: (c.backend, c.head_size, c.dtype, c.mask, c.grouped))]})
     if any("flash" in op or "efficient" in op for op in ops):
         return Assumption("attention", "Attention: traced through PyTorch's fused scaled_dot_product_attention kernel "

@@ -12,13 +12,12 @@ so its probabilities are counted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 HALF_DTYPES = ("torch.float16", "torch.bfloat16")
 
 
-@dataclass(frozen=True)
-class AttentionCall:
+class AttentionCall(NamedTuple):
     """One SDPA call as CUDA would see it, and the backend it would take."""
 
     head_size: int

@@ -11,9 +11,9 @@ peak lies outside a compiled graph, and a peak inside one reads high (docs/lever
 Two things make it run under the trace: dynamo skips a frame while a dispatch mode is on the stack unless the mode
 says it may be left out while compiling (``ignore_compile_internals``; the trace's modes do, with ``compiled``),
 and every ``MemTracker`` registers new global module hooks, on whose keys dynamo guards (each trace would compile
-again): :func:`one_pair_of_module_hooks` registers one pair for all of them. Only on the ``cpu`` device model, in one
-process (LoRA and QLoRA included): the ``cuda`` one's attention mode is not traceable by dynamo yet, so such an
-estimate traces the eager model and says so.
+again): :func:`one_pair_of_module_hooks` registers one pair for all of them. The ``cuda`` device model's modes (each
+SDPA call's CUDA kernel, CUDA autocast's float32 ops, the fused dropout) are traced into the graphs as dynamo meets
+them. In one process (LoRA and QLoRA included); over several ranks the estimate traces the eager model and says so.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ TRACED_TEXT = ("Compile: the model is compiled for the trace as inductor partiti
                "op by op, so what the compiled step keeps for backward is counted; inside one graph its intermediates "
                "live as eager ops hold them, where inductor fuses some away: a peak inside a compiled graph can read "
                "high. The compiler's own memory (dynamo's and inductor's, in the process: a CPU trial's resident peak "
-               "holds it) is not counted. gaplan probe --compile measures the compiled step.")
+               "holds it) is not counted. Checked against real inductor steps on the CPU; on CUDA not yet on a GPU. gaplan probe "
+               "--compile measures the compiled step.")
 EAGER_TEXT = ("Compile: the trace runs the eager model; torch.compile's fused kernels can save fewer (or other) tensors "
-              "for backward, and this estimate does not model that on CUDA or over several ranks (the CUDA device "
-              "model's attention is not traceable by torch.compile under the trace yet; one CPU process is "
-              "modelled): gaplan probe --compile measures the compiled step.")
+              "for backward, and this estimate does not model that over several ranks (one process is modelled): "
+              "gaplan probe --compile measures the compiled step.")
 
 
 def trace_backend(compiled: list[Any]) -> Any:

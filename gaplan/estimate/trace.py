@@ -62,9 +62,9 @@ class Tracer:
         # above 1 on cuda: NCCL's buffers, outside the allocator and in no one-process trial (gaplan.devices.reserve)
         self.nccl_bytes = nccl_buffer_bytes(world_size) if device_kind == "cuda" else 0
         self.device = DeviceModel(device_kind, threads)
-        # --compile, traced as inductor partitions the step (gaplan.estimate.compiled): in one process on the cpu
-        # device model (LoRA and QLoRA too); the cuda one's attention mode is not traceable by dynamo yet
-        self.compiled = bool(spec.compile) and device_kind == "cpu" and world_size == 1
+        # --compile, traced as inductor partitions the step (gaplan.estimate.compiled): in one process (LoRA and
+        # QLoRA too); over several ranks the trace runs the eager model
+        self.compiled = bool(spec.compile) and world_size == 1
         self.compiled_graphs: list = []  # the forward graphs compiled for the trace
         self.rows: list[TracedRow] = []
         self.quantized = None  # QLoRA: the 4-bit accounting of the frozen base (gaplan.estimate.quantized)

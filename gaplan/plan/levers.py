@@ -12,10 +12,9 @@ and is mostly rows no one would pick. They are:
 * each other optimizer named in ``--levers`` with those memory levers together: an optimizer swap is a change of
   training semantics, so it is compared only when asked, and then at its most memory-saving.
 
-A lever the estimate models on the CPU device model only (``compile``) is listed for a CUDA device, with the reason,
-and never estimated there; one that does nothing on a CPU (``offload``: the host is the device) is left out of a
-CPU's table, with the reason. ``compile`` is compared only when ``--levers`` names it: each of its rows compiles the
-model for the trace (about a minute on 2 cores).
+A lever that does nothing on a CPU (``offload``: the host is the device) is left out of a CPU's table, with the
+reason. ``compile`` is compared only when ``--levers`` names it: each of its rows compiles the model for the trace
+(about a minute on 2 cores).
 """
 
 from __future__ import annotations
@@ -39,7 +38,6 @@ class Lever:
     (checkpointing); ``recompute_head`` is 1 when the LM head's forward runs again (the chunked loss).
     ``cuda_only`` says why it cannot run on the CPU (it is then estimated, never measured there); ``gpu_only``
     why it does nothing there (it is then not compared for a CPU);
-    ``cpu_only`` why it is not estimated for a CUDA device (listed there, not compared).
     """
 
     name: str  # as --levers names it
@@ -51,7 +49,6 @@ class Lever:
     recompute_head: float = 0.0
     cuda_only: str = ""
     gpu_only: str = ""
-    cpu_only: str = ""
 
 
 # In the order of the table; within a kind the most memory-saving first (the one "together" rows take).
@@ -89,9 +86,7 @@ LEVERS = (
     Lever("compile", "compile", "compile", True,
           "torch.compile (inductor): what its kernels save for backward is traced as inductor partitions the step; "
           "the modelled time is the eager kernels' (its speed is measured with --measure), and each process compiles "
-          "first",
-          cpu_only="the estimate traces compile on the CPU device model only: the CUDA one's attention model is not "
-                   "traceable by dynamo yet (probe it on the GPU: gaplan probe --compile)"),
+          "first"),
 )
 BY_NAME = {lever.name: lever for lever in LEVERS}
 OPTIMIZER_LEVERS = tuple(lever.name for lever in LEVERS if lever.kind == "optimizer")
@@ -175,8 +170,6 @@ def not_compared(selected: Iterable[str], base: Base = Base(), device_kind: str 
 
 
 def _why_not(lever: Lever, base: Base, device_kind: str) -> str:
-    if lever.cpu_only and device_kind != "cpu":
-        return lever.cpu_only
     if base.has(lever):
         return "the workload already has it (the base row)"
     return lever.gpu_only if device_kind == "cpu" else ""

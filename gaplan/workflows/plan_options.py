@@ -68,7 +68,7 @@ class PlanCommand:
     # As given (None: the default levers; one device only).
     levers: str | None = option(None, section=PLAN, metavar="L1,L2", help=(
         "On one device (--world-size 1): the memory levers to compare, of " + ", ".join(BY_NAME) + " (or all, "
-        "optimizers, none); default: all but the optimizers (yours is kept) and compile (a CPU device's, a minute a row)."))
+        "optimizers, none); default: all but the optimizers (yours is kept) and compile (a minute a row)."))
     out: str | None = option(None, section=OUTPUT, metavar="DIR", help=(
         "Folder for layouts.csv/json, layouts.png, report.md/html (default reports/plan-<model>-<time>)."))
     layouts: tuple[str, ...] = field(default=(), init=False)  # machinery, parsed

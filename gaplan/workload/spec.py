@@ -122,7 +122,7 @@ class WorkloadSpec:
     # gaplan.workload.compile: changes what is saved for backward, so it is a probe key
     compile: bool = option(False, section=MEMORY, help=(
         "torch.compile the model (inductor), so the probe measures the compiled step (the estimate traces it as "
-        "inductor partitions it in one CPU process without LoRA, else the eager model; on the CPU it needs a C++ "
+        "inductor partitions it in one process, over several ranks the eager model; on the CPU it needs a C++ "
         "compiler)."))
 
     def __post_init__(self) -> None:

@@ -70,21 +70,21 @@ def test_a_cpu_table_leaves_out_offloading_and_says_why():
     assert lever_rows(("offload", "ckpt"), Base(offload_activations=True)) == [(), ("ckpt",)]
 
 
-def test_compile_is_a_row_on_the_cpu_device_model_alone_and_together_and_says_why_not_on_cuda():
+def test_compile_is_a_row_alone_and_together_when_named():
     chosen = parse_levers("chunked,ckpt,compile")
-    assert lever_rows(chosen, device_kind="cpu") == [(), ("chunked",), ("ckpt",), ("compile",),
-                                                     ("chunked", "ckpt", "compile")]
+    for device_kind in ("cpu", "cuda"):
+        assert lever_rows(chosen, device_kind=device_kind) == [(), ("chunked",), ("ckpt",), ("compile",),
+                                                               ("chunked", "ckpt", "compile")]
     assert row_settings(("compile",)) == {"compile": True} and row_recompute(("compile",)) == (0.0, 0.0)
-    assert lever_rows(chosen) == [(), ("chunked",), ("ckpt",), ("chunked", "ckpt")]
-    assert not_compared(chosen) == [("compile", BY_NAME["compile"].cpu_only)]
-    assert "CPU device model only" in BY_NAME["compile"].cpu_only
     assert lever_rows(chosen, Base(compile=True), "cpu") == [(), ("chunked",), ("ckpt",), ("chunked", "ckpt")]
+    assert not_compared(chosen, Base(compile=True)) == [("compile", "the workload already has it (the base row)")]
 
 
-def test_all_levers_are_twenty_one_rows_with_adamw():
+def test_all_levers_are_twenty_two_rows_with_adamw():
     rows = lever_rows(parse_levers("all"))
-    assert len(rows) == 21 and sum(len(row) == 1 for row in rows) == 12 and ("chunked", "ckpt", "offload") in rows
-    assert sum(len(row) == 4 for row in rows) == 7
+    together = ("chunked", "ckpt", "offload", "compile")
+    assert len(rows) == 22 and sum(len(row) == 1 for row in rows) == 13 and together in rows
+    assert sum(len(row) == 5 for row in rows) == 7
 
 
 def test_rows_with_optimizers_add_each_alone_and_with_the_memory_levers():
@@ -99,10 +99,7 @@ def test_rows_are_fewer_than_the_cartesian_product_and_never_repeat():
             rows = lever_rows(chosen)
             assert len(rows) == len(set(rows)) and rows[0] == ()
             assert all(len({BY_NAME[n].kind for n in row}) == len(row) for row in rows), "one lever of each kind"
-            built = [n for n in chosen if not BY_NAME[n].cpu_only]  # a CUDA device's table
-            assert len(rows) <= 2 * len(built) + 2
-            assert all(set(row) <= set(built) for row in rows)
-            assert len(lever_rows(chosen, device_kind="cpu")) <= 2 * len(chosen) + 2
+            assert len(rows) <= 2 * len(chosen) + 2
 
 
 def test_a_lever_the_base_has_is_not_a_row_and_says_why():
@@ -110,8 +107,7 @@ def test_a_lever_the_base_has_is_not_a_row_and_says_why():
     assert lever_rows(parse_levers("lion,sgd,chunked,ckpt"), base) == [(), ("sgd",), ("ckpt",), ("sgd", "ckpt")]
     assert not_compared(parse_levers("lion,chunked,compile"), base) == [
         ("lion", "the workload already has it (the base row)"),
-        ("chunked", "the workload already has it (the base row)"),
-        ("compile", BY_NAME["compile"].cpu_only)]
+        ("chunked", "the workload already has it (the base row)")]
     assert lever_rows(("ckpt",), Base(grad_checkpointing=ON)) == [()]
 
 
