@@ -265,7 +265,7 @@ def offloaded_activations() -> Assumption:
 
 
 def compiled_model(traced: bool) -> Assumption:
-    """``--compile``: traced as inductor partitions the step (``traced``: one CPU process), or the eager model."""
+    """``--compile``: traced as inductor partitions the step (``traced``: one process), or the eager model."""
     return Assumption("compile", TRACED_TEXT if traced else EAGER_TEXT)
 
 

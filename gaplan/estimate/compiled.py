@@ -13,7 +13,8 @@ says it may be left out while compiling (``ignore_compile_internals``; the trace
 and every ``MemTracker`` registers new global module hooks, on whose keys dynamo guards (each trace would compile
 again): :func:`one_pair_of_module_hooks` registers one pair for all of them. The ``cuda`` device model's modes (each
 SDPA call's CUDA kernel, CUDA autocast's float32 ops, the fused dropout) are traced into the graphs as dynamo meets
-them. In one process (LoRA and QLoRA included); over several ranks the estimate traces the eager model and says so.
+them. In one process (LoRA and QLoRA included); over several ranks or with activation offloading the estimate traces
+the eager model and says so.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ TRACED_TEXT = ("Compile: the model is compiled for the trace as inductor partiti
                "holds it) is not counted. Checked against real inductor steps on the CPU; on CUDA not yet on a GPU. gaplan probe "
                "--compile measures the compiled step.")
 EAGER_TEXT = ("Compile: the trace runs the eager model; torch.compile's fused kernels can save fewer (or other) tensors "
-              "for backward, and this estimate does not model that over several ranks (one process is modelled): "
-              "gaplan probe --compile measures the compiled step.")
+              "for backward, and this estimate does not model that over several ranks or with activation offloading "
+              "(save_on_cpu's hooks do not trace under dynamo here; one process without it is modelled): gaplan probe "
+              "--compile measures the compiled step.")
 
 
 def trace_backend(compiled: list[Any]) -> Any:
@@ -71,6 +73,14 @@ def compile_for_trace(model: Any, compiled: list[Any]) -> None:
 def dynamo_error() -> type[BaseException]:
     """What dynamo raises when it cannot compile a model (caught by the trace: one line, not a traceback)."""
     return private("torch._dynamo.exc", "TorchDynamoException")
+
+
+def raised_in_compiler(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside torch's compiler (dynamo, AOTAutograd, inductor), not by the model."""
+    import traceback
+
+    return any(part in frame.filename for frame in traceback.extract_tb(exc.__traceback__)
+               for part in ("/torch/_dynamo/", "/torch/_functorch/", "/torch/_inductor/"))
 
 
 @contextlib.contextmanager

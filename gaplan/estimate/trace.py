@@ -63,8 +63,8 @@ class Tracer:
         self.nccl_bytes = nccl_buffer_bytes(world_size) if device_kind == "cuda" else 0
         self.device = DeviceModel(device_kind, threads)
         # --compile, traced as inductor partitions the step (gaplan.estimate.compiled): in one process (LoRA and
-        # QLoRA too); over several ranks the trace runs the eager model
-        self.compiled = bool(spec.compile) and world_size == 1
+        # QLoRA too); over several ranks, or offloading (save_on_cpu's hooks fail in dynamo here), the eager model
+        self.compiled = bool(spec.compile) and world_size == 1 and not spec.offload_activations
         self.compiled_graphs: list = []  # the forward graphs compiled for the trace
         self.rows: list[TracedRow] = []
         self.quantized = None  # QLoRA: the 4-bit accounting of the frozen base (gaplan.estimate.quantized)
@@ -241,17 +241,22 @@ class Tracer:
 
 @contextlib.contextmanager
 def compile_errors(compiled: bool) -> Iterator[None]:
-    """A model dynamo cannot compile under the trace is one line, not a traceback."""
+    """A model dynamo cannot compile under the trace is one line, not a traceback: dynamo's own errors, and any other
+    raised inside the compiler (dynamo asserts on GPT-2's checkpointed blocks, for one)."""
     if not compiled:
         yield
         return
     from gaplan.core.errors import GaplanError
-    from gaplan.estimate.compiled import dynamo_error
+    from gaplan.estimate.compiled import dynamo_error, raised_in_compiler
 
     try:
         yield
-    except dynamo_error() as exc:
-        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    except Exception as exc:
+        dynamos = isinstance(exc, dynamo_error())
+        if not dynamos and not raised_in_compiler(exc):
+            raise
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        reason = reason if dynamos and reason else f"{type(exc).__name__}{': ' * bool(reason)}{reason}"
         raise GaplanError(f"--compile could not be traced ({reason}): estimate without --compile, or measure it with "
                           "gaplan probe --compile") from exc
 

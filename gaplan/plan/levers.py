@@ -13,8 +13,8 @@ and is mostly rows no one would pick. They are:
   training semantics, so it is compared only when asked, and then at its most memory-saving.
 
 A lever that does nothing on a CPU (``offload``: the host is the device) is left out of a CPU's table, with the
-reason. ``compile`` is compared only when ``--levers`` names it: each of its rows compiles the model for the trace
-(about a minute on 2 cores).
+reason. ``compile`` is compared only when ``--levers`` names it, and alone: its row compiles the model for the trace
+(about a minute on 2 cores), and it joins no "together" row.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Lever:
     ``recompute_blocks`` is the fraction of the transformer blocks whose forward runs again in backward
     (checkpointing); ``recompute_head`` is 1 when the LM head's forward runs again (the chunked loss).
     ``cuda_only`` says why it cannot run on the CPU (it is then estimated, never measured there); ``gpu_only``
-    why it does nothing there (it is then not compared for a CPU);
+    why it does nothing there (it is then not compared for a CPU).
     """
 
     name: str  # as --levers names it
@@ -153,7 +153,7 @@ def lever_rows(selected: Iterable[str], base: Base = Base(), device_kind: str = 
     rows += [(lever.name,) for lever in levers]
     memory: dict[str, str] = {}
     for lever in levers:
-        if lever.kind != "optimizer":
+        if lever.kind not in ("optimizer", "compile"):  # compile alone: each row of it compiles the model
             memory.setdefault(lever.kind, lever.name)
     together = tuple(memory.values())
     if len(together) > 1:
@@ -164,7 +164,7 @@ def lever_rows(selected: Iterable[str], base: Base = Base(), device_kind: str = 
 
 
 def not_compared(selected: Iterable[str], base: Base = Base(), device_kind: str = "cuda") -> list[tuple[str, str]]:
-    """``(lever, why)`` for each selected lever that is not in any row: not built, already the base's, or doing
+    """``(lever, why)`` for each selected lever that is not in any row: already the base's, or doing
     nothing on ``device_kind``."""
     return [(name, why) for name in selected if (why := _why_not(BY_NAME[name], base, device_kind))]
 

@@ -29,7 +29,7 @@ def base_text(base: Base) -> str:
     """The base row's settings in words."""
     return (f"--optimizer {base.optimizer}, --loss {base.loss}, checkpointing "
             f"{'on' if base.grad_checkpointing else 'off'}" + (", activations offloaded" if base.offload_activations
-                                                                else ""))
+                                                                else "") + (", compiled" if base.compile else ""))
 
 
 def split_of(comparison: LeverComparison, result: LeverResult) -> str:

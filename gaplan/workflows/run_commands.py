@@ -21,7 +21,7 @@ from gaplan.workflows.probe_options import ProbeCommand
 
 
 def _in_run_folder(command: Any, kind: str, config_toml: str | None, work: Callable[[], Any],
-                   inputs: list[str] = ()) -> Any:
+                   inputs: tuple[str, ...] = ()) -> Any:
     """``work()`` with ``command.out`` checked first and claimed while it runs (``inputs``: files it reads, which
     ``--overwrite`` must not remove); ``config_toml`` (the options as ``--config`` reads them) saved there after."""
     from gaplan.runs.schema import save_run_config  # pandas: not at import, where the CLI builds the options
@@ -94,7 +94,7 @@ def run_bench_command(command: BenchCommand, *, say: Say = quiet, on_trial: Call
                                threads=command.threads, command=command.command, say=say, on_trial=on_trial,
                                on_bench_trial=on_bench_trial, on_start=on_start)
 
-    return _in_run_folder(command, "bench", config_toml, work, [command.plan_file] if command.plan_file else [])
+    return _in_run_folder(command, "bench", config_toml, work, (command.plan_file,) if command.plan_file else ())
 def run_estimate_command(command: EstimateCommand, *, say: Say = quiet):
     """The :class:`gaplan.estimate.EstimateResult` of ``command`` (``say``: one progress line first)."""
     from gaplan.estimate import estimate

@@ -1,8 +1,8 @@
 """``--compile``: the model compiled with ``torch.compile`` (inductor), in place, so a probe measures the compiled step.
 
 Compilation changes what is saved for backward (fused kernels keep fewer intermediates, or others), so the
-probe must run the compiled model to find its B*; the estimate traces it as inductor partitions it in one CPU
-process without LoRA, else the eager model (gaplan.estimate.compiled), and says which. The model is
+probe must run the compiled model to find its B*; the estimate traces it as inductor partitions it in one process
+(over several ranks or with activation offloading, the eager model: gaplan.estimate.compiled), and says which. The model is
 compiled with ``nn.Module.compile``, not wrapped: its ``state_dict`` keys stay the same, so a checkpoint loads
 with or without ``--compile``. ``dynamic=True``: one graph for every micro-batch size, not a recompile per trial.
 """

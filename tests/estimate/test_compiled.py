@@ -113,6 +113,32 @@ def test_a_model_dynamo_cannot_compile_under_the_trace_is_one_line():
         raise TorchDynamoException("x")
 
 
+def test_any_error_raised_inside_the_compiler_is_one_line_and_the_models_own_are_not():
+    """dynamo asserts on GPT-2's checkpointed blocks, and save_on_cpu's hooks fail in AOTAutograd: plain errors, raised
+    in the compiler's frames, are one line too; the same error raised by the model's code stays what it is."""
+    from gaplan.core.errors import GaplanError
+    from gaplan.estimate.trace import compile_errors
+
+    compiler: dict = {}
+    exec(compile("def fail():\n    raise AssertionError('lift_tracked_freevar_to_input')\n",
+                 "/site-packages/torch/_dynamo/output_graph.py", "exec"), compiler)
+    with pytest.raises(GaplanError, match=r"^--compile could not be traced \(AssertionError: lift_tracked_freevar"):
+        with compile_errors(True):
+            compiler["fail"]()
+
+    def models_own():
+        raise AssertionError("the model's own check")
+
+    with pytest.raises(AssertionError, match="the model's own check"), compile_errors(True):
+        models_own()
+
+
+def test_activation_offloading_traces_the_eager_model_and_says_so():
+    spec = WorkloadSpec(model="tiny-llama", compile=True, offload_activations=True)
+    assert not Tracer(spec, "cpu").compiled and not Tracer(spec, "cuda").compiled
+    assert "with activation offloading" in compiled_model(False).text
+
+
 def _real_compiled_step(spec: WorkloadSpec, micro_batches: tuple[int, ...]) -> dict[int, tuple[float, float]]:
     """A real inductor step on the CPU, as the trace runs one (gradients held): per micro-batch, the bytes saved for
     backward and the CPU allocator's peak over the step's start (torch's profiler), in MiB."""

@@ -74,3 +74,10 @@ def test_written_files_agree(tmp_path):
     assert data["pick"]["label"] == "ckpt" and data["within_interval"] == ["base"] and "rates" in data["cost_model"]
     markdown = (tmp_path / "levers.md").read_text()
     assert "| levers" in markdown and "lever pick: ckpt" in markdown and "not compared: compile" in markdown
+
+
+def test_the_base_row_says_a_compiled_workload_is_compiled():
+    from gaplan.report.lever_report import base_text
+
+    assert base_text(Base()) == "--optimizer adamw, --loss plain, checkpointing off"
+    assert base_text(Base(compile=True)).endswith("checkpointing off, compiled")
