@@ -10,18 +10,15 @@ from gaplan.core.units import format_bytes
 from gaplan.plan.split import Plan
 from gaplan.workload.spec import lengths_text
 
-DEFAULT_BUDGET_NOTE = " (default CPU budget; set --memory-limit to change it)"
-
 
 def probe_lines(result: Any, trials_shown_live: bool) -> list[str]:
     """A probe: workload, budget, the trials (unless already shown live), the edge, the plan."""
     spec = result.workload
-    note = DEFAULT_BUDGET_NOTE if result.budget_is_default else ""
     ranks = getattr(result, "trial_ranks", 1)
     per_rank = " per rank" if ranks > 1 else ""
     lines = [f"model      {spec.model}  ({result.task}, {result.param_count / 1e6:.1f}M parameters, "
              f"{lengths_text(result.task, result.seq_len, spec.target_len)}, {spec.dtype}, {spec.optimizer})",
-             f"device     {result.device}, budget {format_bytes(result.memory_limit_bytes)}{per_rank}{note}"]
+             _device_line(result, per_rank)]
     if ranks > 1:
         lines.append(f"layout     FSDP2 over {ranks} ranks: every trial runs all {ranks} ranks; a size fits only if it "
                      "fits on every rank, and the peak is the largest rank's")
@@ -47,10 +44,14 @@ def token_probe_lines(run: Any, profile_shown_live: bool) -> list[str]:
                               f"{' (the search cap; more may fit)' if probed.capped else ''}   "
                               f"[{len(probed.trials)} trials]", *map(trial_line, probed.trials)]
         lines.append("")
-    long_probe = run.long_probe
-    note = DEFAULT_BUDGET_NOTE if long_probe.budget_is_default else ""
-    return lines + [f"device     {long_probe.device}, budget {format_bytes(long_probe.memory_limit_bytes)}{note}",
-                    run.budget.describe(), f"samples plan at the longest length: {long_probe.plan.describe()}"]
+    return lines + [_device_line(run.long_probe), run.budget.describe(),
+                    f"samples plan at the longest length: {run.long_probe.plan.describe()}"]
+
+
+def _device_line(probed: Any, per_rank: str = "") -> str:
+    """A probe's device and budget (and that the budget is the CPU's default, when it is)."""
+    note = " (default CPU budget; set --memory-limit to change it)" if probed.budget_is_default else ""
+    return f"device     {probed.device}, budget {format_bytes(probed.memory_limit_bytes)}{per_rank}{note}"
 
 
 def bench_lines(measured: Any) -> list[str]:
@@ -223,7 +224,7 @@ def plan_lines(comparison: Any, levers: Any, launch_command: str | None, out: st
 
 def layout_line(result: Any) -> str:
     """One layout estimated: its B* and peak per rank, or that it does not fit."""
-    what = f"  {result.layout.label}, {result.precision_label}"
+    what = _layout_label(result)
     if result.fits is None:
         return f"{what}: not estimated"
     if not result.fits:
@@ -234,11 +235,15 @@ def layout_line(result: Any) -> str:
 
 def measured_layout_line(result: Any, split: str) -> str:
     """One layout probed and timed: its measured B* against the estimate's, and its rate at ``split``."""
-    what = f"  {result.layout.label}, {result.precision_label}"
+    what = _layout_label(result)
     if not result.samples_per_s:
         return f"{what}: {result.note}"
     return (f"{what}: B* {result.max_micro_batch} (estimated {result.extra.get('estimated_max_micro_batch')}), {split}: "
             f"{result.samples_per_s:.1f} samples/s")
+
+
+def _layout_label(result: Any) -> str:
+    return f"  {result.layout.label}, {result.precision_label}"
 
 
 def lever_line(result: Any) -> str:

@@ -95,6 +95,8 @@ def run_bench_command(command: BenchCommand, *, say: Say = quiet, on_trial: Call
                                on_bench_trial=on_bench_trial, on_start=on_start)
 
     return _in_run_folder(command, "bench", config_toml, work, (command.plan_file,) if command.plan_file else ())
+
+
 def run_estimate_command(command: EstimateCommand, *, say: Say = quiet):
     """The :class:`gaplan.estimate.EstimateResult` of ``command`` (``say``: one progress line first)."""
     from gaplan.estimate import estimate
