@@ -139,7 +139,7 @@ def main():
         sampled_worst, _ = worst_difference(sampled_got, [pool[i] for i in step_indices])
         print(json.dumps({"world": world, "items": items, "targets": targets, "worst": worst,
                           "edge": result.max_micro_batch, "micro_batch": plan.micro_batch,
-                          "accumulation": plan.grad_accum_steps, "accelerator_steps": accelerator.gradient_accumulation_steps,
+                          "accumulation": plan.grad_accum_steps,
                           "untouched": untouched,
                           "planned_worst": planned_worst, "sampled_sizes": every_rank_sizes,
                           "sampled_samples": len(set(step_indices)), "sampled_worst": sampled_worst}))
