@@ -3,6 +3,8 @@ partitions the step; (heavy) what it counts is what a real inductor step on the 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -139,15 +141,23 @@ def test_activation_offloading_traces_the_eager_model_and_says_so():
     assert "with activation offloading" in compiled_model(False).text
 
 
-def _real_compiled_step(spec: WorkloadSpec, micro_batches: tuple[int, ...]) -> dict[int, tuple[float, float]]:
+def _real_compiled_step(spec: WorkloadSpec, micro_batches: tuple[int, ...],
+                        eager_graphs: bool = False) -> dict[int, tuple[float, float]]:
     """A real inductor step on the CPU, as the trace runs one (gradients held): per micro-batch, the bytes saved for
-    backward and the CPU allocator's peak over the step's start (torch's profiler), in MiB."""
+    backward and the CPU allocator's peak over the step's start (torch's profiler), in MiB. ``eager_graphs``: the
+    trace's backend instead of inductor, on real tensors (the same partition, its graphs run op by op)."""
     from torch.profiler import ProfilerActivity, profile
 
     from gaplan.training.step import accumulate_gradients
     from gaplan.workload.build import build_workload
 
-    workload = build_workload(spec, "cpu", seed=0)
+    if eager_graphs:
+        from gaplan.estimate.compiled import trace_backend
+
+        workload = build_workload(dataclasses.replace(spec, compile=False), "cpu", seed=0)
+        workload.model.compile(backend=trace_backend([]), dynamic=True)
+    else:
+        workload = build_workload(spec, "cpu", seed=0)
     parameters = {p.untyped_storage().data_ptr() for p in workload.model.parameters()}
 
     def step(micro_batch: int, pack=lambda tensor: tensor) -> None:
@@ -224,6 +234,40 @@ def test_the_compiled_trace_keeps_and_peaks_as_a_real_inductor_step(settings, si
         assert saved == pytest.approx(real_saved, abs=0.1), (micro_batch, traced, real)
         assert peak == pytest.approx(real_peak, abs=0.1), (micro_batch, traced, real)
     assert traced[sizes[0]][0] < 0.9 * eager_like  # compile keeps less than eager (inductor's partitioner)
+
+
+@pytest.mark.heavy  # about a minute on 2 cores: a fake compile, a real one and the trace's backend on real tensors
+@pytest.mark.slow
+def test_where_the_peak_lies_inside_a_compiled_graph_the_trace_reads_the_graph_run_op_by_op_and_high():
+    """tiny-bert-cls peaks inside the backward graph (no vocabulary-sized logits): the trace's peak is that of the same
+    partitioned graphs run op by op on real tensors, and above inductor's, whose kernels fuse intermediates away;
+    what the step saves for backward is the same tensors either way. (docs/levers.md, "torch.compile")"""
+    from gaplan.core.options import OptionError
+    from gaplan.workload.compile import check_compiler
+
+    try:
+        check_compiler("cpu")
+    except OptionError as exc:
+        pytest.skip(str(exc))
+    torch._dynamo.reset()
+    spec = WorkloadSpec(model="tiny-bert-cls", optimizer="sgd", compile=True)
+    traced = {}
+    with Tracer(spec, "cpu") as tracer:
+        for micro_batch in (4, 8):
+            row = tracer.micro_steps(micro_batch)
+            static = row.parameters + row.gradients + row.optimizer_states
+            traced[micro_batch] = (row.activations / MiB, (row.tracked_total - static) / MiB)
+    torch._dynamo.reset()
+    op_by_op = _real_compiled_step(spec, (4, 8), eager_graphs=True)
+    torch._dynamo.reset()
+    inductor = _real_compiled_step(spec, (4, 8))
+    for micro_batch in (4, 8):
+        (at_peak, peak), (saved, eager_peak), (real_saved, real_peak) = (
+            traced[micro_batch], op_by_op[micro_batch], inductor[micro_batch])
+        assert saved == pytest.approx(real_saved, abs=0.01), (micro_batch, op_by_op, inductor)
+        assert peak == pytest.approx(eager_peak, abs=0.1), (micro_batch, traced, op_by_op)
+        assert real_peak < 0.95 * peak, (micro_batch, traced, inductor)  # the fused kernels hold less
+        assert at_peak < saved  # in backward, some saved tensors are freed before the peak
 
 
 @pytest.mark.heavy  # about a minute and a half on 2 cores: three traces, two of them compiled
