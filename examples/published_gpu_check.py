@@ -4,8 +4,9 @@ Each expressible row of ``docs/data/published_gpu.json`` is traced at its own mi
 (:func:`gaplan.estimate.trace_steps`, nothing allocated) and compared in the row's own kind:
 
 * ``allocated`` (``torch.cuda.max_memory_allocated``): the traced peak plus the target's cuBLAS/cuBLASLt workspaces,
-  which PyTorch takes from its caching allocator;
-* ``reserved``: the same (the trace counts every tensor at its allocator block and adds unfilled shared segments),
+  which PyTorch takes from its caching allocator, less what the allocator's segments held beyond the live blocks;
+* ``reserved``: the traced peak (every tensor at its allocator block, and what the segments holding live blocks
+  held beyond them) plus the workspaces and the wholly free cached segments a run with room keeps reserved,
   and under FSDP2 the sharded gradients' blocks: FSDP2 allocates them in its reduce-scatter stream
   (``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``), and once ``zero_grad`` frees them the caching
   allocator keeps them cached for that stream alone, reserved but free when the next step peaks in the main stream;
@@ -154,6 +155,10 @@ def estimate_row(row: dict) -> dict:
                                 world_size=world, accumulated=s.get("accumulated", True))
     seconds = time.perf_counter() - started
     estimate = traced.peak_bytes + target.workspace_bytes
+    # The allocator's segments (gaplan.estimate.allocator): max_memory_allocated counts blocks only, so what the
+    # segments held beyond them is left out; reserved memory (and nvidia-smi's) keeps the wholly free cached segments.
+    segments = -traced.unfilled_segment_bytes if row["kind"] == "allocated" else traced.cached_segment_bytes
+    estimate += segments
     sharded = s.get("parallel") == "fsdp"
     nccl = nccl_buffer_bytes(world) if sharded and row["kind"] in ("allocated", "reserved") else 0
     gradient_pool = 0
@@ -172,7 +177,8 @@ def estimate_row(row: dict) -> dict:
             "gpu": row["target"], "published_bytes": published, "estimated_bytes": estimate,
             "traced_peak_bytes": traced.peak_bytes, "traced_activations_bytes": traced.activations,
             "workspace_bytes": target.workspace_bytes, "nccl_bytes_left_out": nccl,
-            "gradient_pool_bytes": gradient_pool,
+            "gradient_pool_bytes": gradient_pool, "segment_bytes": segments,
+            "unfilled_segment_bytes": traced.unfilled_segment_bytes,
             "context_bytes": context, "context_from": "source" if row.get("context_mib") else None,
             "error_pct": round(100 * (estimate - published) / published, 2), "seconds": round(seconds, 1)}
 

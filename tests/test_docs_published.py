@@ -194,24 +194,33 @@ def test_the_torchtitan_rows_figures_the_page_states_are_the_results_files():
     assert f"the estimate's -{drop:.2f} (-{without:.1f} without it)" in text
     estimate_page = " ".join((ROOT / "docs" / "estimate.md").read_text().split())
     assert f"which read {-eight['error_pct']:.1f}% and {-many['error_pct']:.1f}% low" in estimate_page
+    assert f"reads {eight['error_pct']:+.1f}% ({eight['estimated_bytes'] / gib:.2f} GiB against 82.4)" in text
     published = (eight["published_bytes"] - many["published_bytes"]) / gib
     assert f"ranks is -{published:.1f} GiB" in text
-    # With the three terms not counted at their largest: the last block, the all-gather cache, the logits' segment.
-    largest = {8: (0.41 + 2.20 + 3.9) * gib, 128: (0.41 + 1.97 + 3.9) * gib}
+    # With the two terms not counted at their largest: the last block, the all-gather stream's cache.
+    largest = {8: (0.41 + 2.20) * gib, 128: (0.41 + 1.97) * gib}
     assert [round(100 * (r["estimated_bytes"] + largest[ranks] - r["published_bytes"]) / r["published_bytes"], 1)
-            for ranks, r in ((8, eight), (128, many))] == [-4.7, -4.0]
-    assert "with the three above at their largest, -4.7% and -4.0%" in text
+            for ranks, r in ((8, eight), (128, many))] == [-1.5, 1.0]
+    assert "with the two above at their largest, -1.5% and +1.0%" in text
+    cached = [f"{r['segment_bytes'] / gib:.2f}" for r in (eight, many)]
+    assert f"{cached[0]} GiB of wholly free cached segments on 8 ranks, {cached[1]} on 128" in text
 
 
 @pytest.mark.heavy
 @pytest.mark.slow
 def test_the_torchtitan_row_estimates_as_recorded_and_its_checkpointing_is_the_save_list():
     """The 8-rank row re-traced (about 10 s a trace on 2 cores), and full checkpointing instead of the op-level policy:
-    the difference is the page's 27.06 GiB, the save list's hand sum over 32 blocks."""
+    the difference in tensors is the page's 27.06 GiB, the save list's hand sum over 32 blocks."""
     script = _script()
     row = next(r for r in ROWS if r["id"] == "torchtitan-llama-3.1-8b-fsdp8")
     recorded = next(r for r in RESULTS["rows"] if r["id"] == row["id"])
     assert script.estimate_row(row)["estimated_bytes"] == recorded["estimated_bytes"]
-    full = dict(row, settings=dict(row["settings"], grad_checkpointing="on"))
-    saved = (recorded["estimated_bytes"] - script.estimate_row(full)["estimated_bytes"]) / 1024**3
-    assert f"takes {saved:.2f} GiB off the estimate" in " ".join(PAGE.read_text().split())
+    full = script.estimate_row(dict(row, settings=dict(row["settings"], grad_checkpointing="on")))
+    saved = (recorded["estimated_bytes"] - full["estimated_bytes"]) / 1024**3
+    text = " ".join(PAGE.read_text().split())
+    assert f"takes {saved:.2f} GiB off the estimate" in text
+
+    def tensors(result):  # the traced peak without the allocator's segments
+        return result["traced_peak_bytes"] - result["unfilled_segment_bytes"]
+
+    assert f"{(tensors(recorded) - tensors(full)) / 1024**3:.2f} GiB of tensors, the hand sum" in text

@@ -85,10 +85,12 @@ def test_the_allocators_sizes_are_the_codes():
     )
 
     estimate = flat("docs/estimate.md")
-    assert (f"(rounded up to {CUDA_BLOCK} B); blocks of {mib(CUDA_SMALL_SIZE)} or less share {mib(CUDA_SMALL_SEGMENT)} "
-            f"segments, blocks under {mib(CUDA_LARGE_ALLOC)} share {mib(CUDA_MID_SEGMENT)} segments, and a block of "
-            f"{mib(CUDA_LARGE_ALLOC)} or more is its own segment, rounded up to {mib(CUDA_ROUND_LARGE)}" in estimate)
-    assert f"A {mib(CUDA_MID_SEGMENT)} segment is taken to hold only 1–10 MiB blocks" in estimate
+    assert f"A request is rounded up to {CUDA_BLOCK} B" in estimate
+    assert (f"(at least {CUDA_BLOCK} B in the small pool, more than {mib(CUDA_SMALL_SIZE)} in the large one)"
+            in estimate)
+    assert (f"blocks of {mib(CUDA_SMALL_SIZE)} or less share {mib(CUDA_SMALL_SEGMENT)} segments, blocks under "
+            f"{mib(CUDA_LARGE_ALLOC)} share {mib(CUDA_MID_SEGMENT)} segments, and a block of {mib(CUDA_LARGE_ALLOC)} "
+            f"or more is its own segment, rounded up to {mib(CUDA_ROUND_LARGE)}" in estimate)
     gpu = flat("docs/gpu.md")
     assert (f"blocks of {mib(CUDA_SMALL_SIZE)} or less share {mib(CUDA_SMALL_SEGMENT)} segments, blocks under "
             f"{mib(CUDA_LARGE_ALLOC)} share {mib(CUDA_MID_SEGMENT)} ones, larger blocks are their own segment rounded "

@@ -12,14 +12,7 @@ from typing import Any
 
 from gaplan.core.units import format_bytes
 from gaplan.devices.reserve import CONTEXT_BYTES, NCCL_MAX_CHANNELS, NCCL_RING_PEERS
-from gaplan.estimate.allocator import (
-    CUDA_BLOCK,
-    CUDA_LARGE_ALLOC,
-    CUDA_MID_SEGMENT,
-    CUDA_ROUND_LARGE,
-    CUDA_SMALL_SEGMENT,
-    CUDA_SMALL_SIZE,
-)
+from gaplan.estimate.allocator import allocator_text
 from gaplan.estimate.attention import describe_calls
 from gaplan.estimate.compiled import EAGER_TEXT, TRACED_TEXT
 from gaplan.estimate.device import (
@@ -103,7 +96,8 @@ def nccl_buffers(nccl_bytes: int, world_size: int) -> Assumption:
 def trace_assumptions(spec, device: DeviceModel, observed, static_bytes: int,
                       optimizer_step_bytes: int | None, graph_nodes: int,
                       panel_at_every_peak: bool = False,
-                      unfilled_segment_bytes: int | None = None, compiled: bool = False) -> list[Assumption]:
+                      unfilled_segment_bytes: int | None = None, compiled: bool = False,
+                      sharded: bool = False) -> list[Assumption]:
     """What the traces of ``spec`` assumed on ``device``.
 
     Args:
@@ -114,9 +108,10 @@ def trace_assumptions(spec, device: DeviceModel, observed, static_bytes: int,
         static_bytes: weights, gradients and optimizer states.
         optimizer_step_bytes: the optimizer step's traced bytes (None when it was not traced).
         graph_nodes: a micro-step's autograd nodes (a CPU process's heap grows with them).
-        unfilled_segment_bytes: on cuda, the most the allocator's shared segments held unfilled at a trace's peak
-            (added to it); None where the trace does not follow them (a sharded trace).
+        unfilled_segment_bytes: on cuda, the most the allocator's segments held beyond the live blocks at a trace's
+            peak (added to it).
         compiled: the model was compiled for the traces and its graphs ran under them (gaplan.estimate.compiled).
+        sharded: one rank of an FSDP step (its allocator replays one stream of several).
     """
     notes = [Assumption("steady-state", "Steady state: optimizer states exist and gradients are held across micro-steps, "
                         "so the peak is the larger of the micro-steps' (weights, gradients, optimizer states, one "
@@ -125,7 +120,7 @@ def trace_assumptions(spec, device: DeviceModel, observed, static_bytes: int,
     levers = [compiled_model(compiled)] * spec.compile + [offloaded_activations()] * spec.offload_activations
     if device.kind == "cpu":
         return notes + _cpu_process(spec, device, observed, temporaries, graph_nodes, panel_at_every_peak) + levers
-    return notes + _cuda(spec, observed, static_bytes, temporaries, unfilled_segment_bytes) + levers
+    return notes + _cuda(spec, observed, static_bytes, temporaries, unfilled_segment_bytes, sharded) + levers
 
 
 def _cpu_process(spec, device: DeviceModel, observed, temporaries: int, graph_nodes: int,
@@ -153,8 +148,9 @@ def _cpu_process(spec, device: DeviceModel, observed, temporaries: int, graph_no
     return notes
 
 
-def _cuda(spec, observed, static: int, temporaries: int, unfilled: int | None) -> list[Assumption]:
-    notes = [allocator_segments(unfilled)]
+def _cuda(spec, observed, static: int, temporaries: int, unfilled: int | None,
+          sharded: bool) -> list[Assumption]:
+    notes = [allocator_segments(unfilled, sharded)]
     notes.append(_optimizer(spec.optimizer, "cuda", temporaries, static))
     notes.append(_attention(observed.attention_ops, observed.cuda_attention_calls))
     if spec.dtype != "fp32":
@@ -172,26 +168,9 @@ def _cuda(spec, observed, static: int, temporaries: int, unfilled: int | None) -
     return notes
 
 
-def allocator_segments(unfilled: int | None) -> Assumption:
-    """The CUDA caching allocator as the estimate models it (:mod:`gaplan.estimate.allocator`); ``unfilled``: what
-    its shared segments held unfilled at the peak and was added (None: not followed, in a sharded trace)."""
-    values = {"block_bytes": CUDA_BLOCK, "small_size_bytes": CUDA_SMALL_SIZE,
-              "small_segment_bytes": CUDA_SMALL_SEGMENT, "mid_segment_bytes": CUDA_MID_SEGMENT,
-              "large_alloc_bytes": CUDA_LARGE_ALLOC, "round_large_bytes": CUDA_ROUND_LARGE}
-    text = (f"CUDA caching allocator, its reserved peak: every tensor counted at its block (rounded up to {CUDA_BLOCK} "
-            f"bytes); blocks of {format_bytes(CUDA_SMALL_SIZE)} or less share {format_bytes(CUDA_SMALL_SEGMENT)} "
-            f"segments and blocks under {format_bytes(CUDA_LARGE_ALLOC)} share {format_bytes(CUDA_MID_SEGMENT)} "
-            f"segments, ")
-    if unfilled is None:
-        text += "not followed in this trace (what those segments hold unfilled is not counted); "
-    else:
-        text += (f"which stay reserved once made: what they held unfilled at the peak, packed without gaps, is added "
-                 f"({format_bytes(unfilled)} at most); ")
-        values["unfilled_segment_bytes"] = unfilled
-    text += (f"a block of {format_bytes(CUDA_LARGE_ALLOC)} or more is its own segment, rounded up to "
-             f"{format_bytes(CUDA_ROUND_LARGE)}. Fragmentation inside the segments is not modelled (the reserved peak "
-             "can be a few percent higher: keep a margin, or check with gaplan probe on the card).")
-    return Assumption("allocator", text, values)
+def allocator_segments(unfilled: int | None, sharded: bool = False) -> Assumption:
+    """The CUDA caching allocator as the estimate models it (:func:`gaplan.estimate.allocator.allocator_text`)."""
+    return Assumption("allocator", *allocator_text(unfilled, sharded))
 
 
 _STATES = {

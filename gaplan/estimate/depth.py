@@ -26,6 +26,13 @@ def extrapolate(traced: dict[int, dict[str, int]], depth: int) -> dict[str, int]
             for name in names}
 
 
+def unsegmented(traced: dict[int, dict[str, int]]) -> dict[str, int]:
+    """The allocator's segments beyond the live blocks, the most of any traced depth, not extrapolated: they are
+    what the step's largest transient tensors leave cached (the loss's logits, a block's widest intermediates), the
+    same at every depth, not a block's worth each."""
+    return {key: max(row.get(key, 0) for row in traced.values()) for key in ("unfilled_segments", "cached_segments")}
+
+
 def uniform_stack(model: nn.Module, blocks: list[nn.Module]) -> tuple[nn.Module, str] | None:
     """``(parent, name)`` of the ``nn.ModuleList`` that holds exactly ``blocks`` when they are identical in shape
     (same class, same parameters and buffers); None otherwise (the model is then traced at full depth)."""

@@ -232,7 +232,7 @@ class DeviceModel:
         return CudaDropout()
 
     def allocator(self) -> contextlib.AbstractContextManager:
-        """How MemTracker counts a storage: on ``cuda`` at the CUDA allocator's block, the shared segments followed
+        """How MemTracker counts a storage: on ``cuda`` at the CUDA allocator's block, the caching allocator replayed
         (it yields the :class:`gaplan.estimate.allocator.TracePools`); on ``cpu`` as is (it yields None)."""
         return cuda_segment_pools() if self.kind == "cuda" else contextlib.nullcontext()
 

@@ -40,6 +40,11 @@ class TracedRow:
     # A sharded (FSDP) trace's own categories (gaplan.estimate.sharded.FSDP_CATEGORIES, plus host_bytes: what
     # --cpu-offload keeps in host memory); empty for one process.
     detail: dict = field(default_factory=dict)
+    # On cuda (gaplan.estimate.allocator): what the segments holding live blocks held beyond them at the peak (in
+    # ``other`` and the peak), and the wholly free cached segments a run with room keeps reserved besides (not in the
+    # peak: an out-of-memory retry gives them back; max_memory_reserved and nvidia-smi show them).
+    unfilled_segment_bytes: int = 0
+    cached_segment_bytes: int = 0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

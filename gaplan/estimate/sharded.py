@@ -40,7 +40,7 @@ from gaplan.core.errors import GaplanError
 from gaplan.core.options import OptionError
 from gaplan.devices.reserve import nccl_buffer_bytes
 from gaplan.estimate.assumptions import Assumption, nccl_buffers, sharded_assumptions, trace_assumptions
-from gaplan.estimate.depth import extrapolate, truncated_copy, uniform_stack
+from gaplan.estimate.depth import extrapolate, truncated_copy, uniform_stack, unsegmented
 from gaplan.estimate.device import DeviceModel, GraphCount
 from gaplan.estimate.fake import fake_batch_maker, fake_tensor_errors, fake_tensor_mode, readable_values
 from gaplan.estimate.offload import offloaded_to_host
@@ -176,6 +176,8 @@ class ShardedTracer:
         self.depths: tuple[int, ...] = ()
         # the estimate's plan has one micro-step (no accumulation) and this is its traced step (estimator.one_micro_step)
         self.one_micro_step_plan: TracedRow | None = None
+        self.pools = None  # on cuda: the caching allocator replayed through each trace (gaplan.estimate.allocator)
+        self.unfilled_segment_bytes = 0  # the most any trace's segments held beyond its live blocks at its peak
 
     # -- setting up ------------------------------------------------------------------------------
 
@@ -219,7 +221,7 @@ class ShardedTracer:
         self._stack.enter_context(quiet_module_tracking())
         self._stack.enter_context(readable_values())
         self._stack.enter_context(recompute_under_forward_modes())  # the device's modes, in recomputation too
-        self._stack.enter_context(self.device.allocator())
+        self.pools = self._stack.enter_context(self.device.allocator())
         self._stack.enter_context(self.mode)
         self._stack.enter_context(self.helper)
         self._stack.enter_context(self.device.autocast(self.spec.dtype))
@@ -272,19 +274,25 @@ class ShardedTracer:
                                  workload.forward_context, no_sync=no_sync_for(workload.model, self.spec.grad_sync))
         workload.optimizer.zero_grad(set_to_none=True)
         del batches
-        return by_category(tracker.get_tracker_snapshot("peak"), FSDP_CATEGORY_OF)
+        return {**by_category(tracker.get_tracker_snapshot("peak"), FSDP_CATEGORY_OF), **self._segments()}
+
+    def _segments(self) -> dict[str, int]:
+        """The last trace's segments beyond its live blocks (gaplan.estimate.allocator), on cuda."""
+        if self.pools is None:
+            return {}
+        return {"unfilled_segments": self.pools.unfilled(), "cached_segments": self.pools.cached()}
 
     def micro_steps(self, micro_batch: int, accumulated: bool = True) -> TracedRow:
         traced = {c.depth: self._trace_copy(c, micro_batch, accumulated) for c in self._copies}
-        row = self._row(micro_batch, "micro-steps", extrapolate(traced, self.blocks))
+        row = self._row(micro_batch, "micro-steps", extrapolate(traced, self.blocks), unsegmented(traced))
         return self._add(dataclasses.replace(row, accumulated=accumulated))
 
     def optimizer_step(self) -> TracedRow:
         if self._optimizer_row is None:
-            self._optimizer_row = self._add(self._row(0, "optimizer-step", self._trace_optimizer_step()))
+            self._optimizer_row = self._add(self._row(0, "optimizer-step", *self._trace_optimizer_step()))
         return self._optimizer_row
 
-    def _trace_optimizer_step(self) -> dict[str, int]:
+    def _trace_optimizer_step(self) -> tuple[dict[str, int], dict[str, int]]:
         """The optimizer step on tensors shaped like rank 0's local shards (and the replicated buffers), at the
         traced depths, extrapolated (every block adds the same shards, gradients, states and step temporaries)."""
         from gaplan.training.breakdown import measure_breakdown
@@ -302,8 +310,8 @@ class ShardedTracer:
             # measure_breakdown groups MemTracker's types into gaplan's; on the shards they are the sharded ones.
             traced[depth] = {"sharded_parameters": breakdown.parameters, "sharded_gradients": breakdown.gradients,
                              "optimizer_states": breakdown.optimizer_states, "activations": breakdown.activations,
-                             "temporaries": breakdown.other}
-        return extrapolate(traced, self.blocks)
+                             "temporaries": breakdown.other, **self._segments()}
+        return extrapolate(traced, self.blocks), unsegmented(traced)
 
     def step(self, micro_batch: int, accumulated: bool = True) -> TracedRow:
         """The whole step at ``micro_batch``; not ``accumulated``: a step of one micro-step (no accumulation)."""
@@ -322,17 +330,23 @@ class ShardedTracer:
         self.rows.append(row)
         return row
 
-    def _row(self, micro_batch: int, phase: str, detail: dict[str, int]) -> TracedRow:
-        """A row of what the device holds: with --cpu-offload on a GPU, the offloaded categories are host memory."""
+    def _row(self, micro_batch: int, phase: str, detail: dict[str, int],
+             segments: dict[str, int] | None = None) -> TracedRow:
+        """A row of what the device holds: with --cpu-offload on a GPU, the offloaded categories are host memory;
+        ``segments``: what the allocator's segments held beyond the live blocks (:func:`unsegmented`), in ``other``."""
         detail = {name: int(detail.get(name, 0)) for name in FSDP_CATEGORIES}
         host = 0
         if self.spec.cpu_offload and self.device.kind == "cuda":
             host = sum(detail[name] for name in OFFLOADED)
             detail.update(dict.fromkeys(OFFLOADED, 0))
         groups = {group: sum(detail[name] for name in names) for group, names in GROUPS.items()}
+        unfilled, cached = (segments or {}).get("unfilled_segments", 0), (segments or {}).get("cached_segments", 0)
+        groups["other"] += unfilled
+        self.unfilled_segment_bytes = max(self.unfilled_segment_bytes, unfilled)
         total = sum(groups.values())
         return TracedRow(micro_batch=micro_batch, phase=phase, **groups, tracked_total=total,
-                         peak_bytes=total + self.overhead(), detail={**detail, "host_bytes": host})
+                         peak_bytes=total + self.overhead(), detail={**detail, "host_bytes": host},
+                         unfilled_segment_bytes=unfilled, cached_segment_bytes=cached)
 
     # -- what the device adds, and what was assumed ----------------------------------------------
 
@@ -374,7 +388,8 @@ class ShardedTracer:
         step = self._optimizer_row
         notes = trace_assumptions(self.spec, self.device, self.helper, self.static_bytes(),
                                   step.tracked_total if step is not None else None, self.graph_nodes(),
-                                  panel_at_every_peak=True)
+                                  panel_at_every_peak=True, sharded=True,
+                                  unfilled_segment_bytes=self.unfilled_segment_bytes if self.pools else None)
         held = max((r.detail.get("unsharded_gradients", 0) for r in self.rows if r.accumulated), default=0)
         single = self.one_micro_step_plan
         notes += sharded_assumptions(self.spec, self.device.kind, self.world_size, self.blocks, self.depths,

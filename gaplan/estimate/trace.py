@@ -68,8 +68,8 @@ class Tracer:
         self.compiled_graphs: list = []  # the forward graphs compiled for the trace
         self.rows: list[TracedRow] = []
         self.quantized = None  # QLoRA: the 4-bit accounting of the frozen base (gaplan.estimate.quantized)
-        self.pools = None  # on cuda: the allocator's shared segments through each trace (gaplan.estimate.allocator)
-        self.unfilled_segment_bytes = 0  # the most any trace's shared segments held unfilled at its peak
+        self.pools = None  # on cuda: the caching allocator replayed through each trace (gaplan.estimate.allocator)
+        self.unfilled_segment_bytes = 0  # the most any trace's segments held beyond its live blocks at its peak
         self.host_copies = HostCopies()  # offload_activations: the bytes a traced micro-step sent to the host
         self.host_bytes: dict[int, int] = {}  # by a traced micro-step's samples
         self._stack = contextlib.ExitStack()
@@ -148,13 +148,15 @@ class Tracer:
         if self.quantized is not None:  # the base's weights at 4 bits (their dequantized copies are workspaces)
             categories["parameters"] -= self.quantized.saved_bytes
             total -= self.quantized.saved_bytes
-        if self.pools is not None:  # the reserved peak: what the shared 2 and 20 MiB segments hold unfilled
-            unfilled = self.pools.unfilled()
+        unfilled = cached = 0
+        if self.pools is not None:  # the reserved peak: what the allocator's segments hold beyond the live blocks
+            unfilled, cached = self.pools.unfilled(), self.pools.cached()
             categories["other"] += unfilled
             total += unfilled
             self.unfilled_segment_bytes = max(self.unfilled_segment_bytes, unfilled)
         row = TracedRow(micro_batch=breakdown.micro_batch, phase=phase, **categories, tracked_total=total,
-                        peak_bytes=total + self.overhead())
+                        peak_bytes=total + self.overhead(), unfilled_segment_bytes=unfilled,
+                        cached_segment_bytes=cached)
         self.rows.append(row)
         return row
 

@@ -106,6 +106,6 @@ def test_the_documented_figures():
 
     kept, off = traced(spec), traced(dataclasses.replace(spec, offload_activations=True))
     ckpt = traced(dataclasses.replace(spec, offload_activations=True, grad_checkpointing=ON))
-    assert (round(off.line[1] / mib, 1), round(kept.line[1] / mib, 1)) == (48.0, 77.1)
+    assert (round(off.line[1] / mib, 1), round(kept.line[1] / mib, 1)) == (48.0, 77.2)
     assert round(off.extra["host_bytes_per_sample"] / mib, 1) == 66.6
     assert round(ckpt.extra["host_bytes_per_sample"] / mib, 1) == 35.8

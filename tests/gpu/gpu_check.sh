@@ -20,7 +20,7 @@ print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_de
 PY
 ) || exit 2
 { echo "$header"; echo; echo "| check | result | measured |"; echo "|---|---|---|"; } > "$table"
-# 16 checks, among them two probes under different allocator settings, the context's size, a 2-rank NCCL trial
+# 17 checks, among them an allocator replay, two probes under different allocator settings, the context's size, a 2-rank NCCL trial
 # (skipped with one card; issue 45) and two compiled trials (issue 57): 560 s
 # leaves the device tool's 600 s a command room for the header and the table.
 limit=560
