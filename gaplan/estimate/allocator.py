@@ -176,7 +176,6 @@ def allocator_text(unfilled: int | None, sharded: bool = False) -> tuple[str, di
     """The estimate's ``allocator`` assumption, its text and values: the caching allocator as replayed here;
     ``unfilled``: what its segments held beyond the live blocks at the peak, added to it (None: before a trace);
     ``sharded``: one rank of an FSDP step."""
-
     values = {"block_bytes": CUDA_BLOCK, "small_size_bytes": CUDA_SMALL_SIZE,
               "small_segment_bytes": CUDA_SMALL_SEGMENT, "mid_segment_bytes": CUDA_MID_SEGMENT,
               "large_alloc_bytes": CUDA_LARGE_ALLOC, "round_large_bytes": CUDA_ROUND_LARGE}
@@ -193,8 +192,8 @@ def allocator_text(unfilled: int | None, sharded: bool = False) -> tuple[str, di
              "keeps them reserved (max_memory_reserved and nvidia-smi show them: each row's cached_segment_bytes). "
              "One stream is replayed, with torch's default settings (expandable_segments and max_split_size_mb change "
              "the segments): blocks cached by another stream serve only it")
-    text += (" (FSDP's all-gather and reduce-scatter streams keep their own; the segments are those of the deepest "
-             "traced copy's, not extrapolated)." if sharded else ".")
+    text += (" (FSDP's all-gather and reduce-scatter streams keep their own; the segments are the most of any "
+             "traced depth's, not extrapolated)." if sharded else ".")
     return text, values
 
 

@@ -190,11 +190,11 @@ _SHARDED_COLUMNS = (("sh.params", "sharded_parameters"), ("gathered", "unsharded
 def _sharded_rows(rows: Any) -> list[str]:
     """FSDP's categories: sharded and gathered parameters, sharded and full gradients, the collectives' buffers."""
     lines = [f"  {'micro-batch':>11} {'phase':>14} " + " ".join(f"{title:>10}" for title, _ in _SHARDED_COLUMNS)
-             + f" {'peak':>10}"]
-    for row in rows:
+             + f" {'segments':>10} {'peak':>10}"]
+    for row in rows:  # segments: what the allocator's segments hold beyond the live blocks (on cuda)
         detail = row.detail or {}
         values = [detail.get(key, 0) + (detail.get("inputs", 0) if key == "activations" else 0)
-                  for _, key in _SHARDED_COLUMNS]
+                  for _, key in _SHARDED_COLUMNS] + [row.unfilled_segment_bytes]
         lines.append(f"  {row.micro_batch:>11} {phase_label(row):>14} " + " ".join(f"{format_bytes(v):>10}" for v in values)
                      + f" {format_bytes(row.peak_bytes):>10}")
     return lines

@@ -118,8 +118,8 @@ def test_a_deep_stack_traced_at_two_depths_gives_the_full_depth_trace(tmp_path, 
     full = trace_steps(spec, [5], device_kind="cuda", world_size=4)
     assert extrapolated[0].detail["activations"] > 0
     assert [r.detail for r in extrapolated] == [r.detail for r in full]
-    # What the allocator's segments hold beyond the live blocks is the deeper copy's, not extrapolated: the rest of
-    # the peak is the full trace's exactly, and the segments' part within a few small segments of it.
+    # What the allocator's segments hold beyond the live blocks is the most of the traced depths', not extrapolated:
+    # the rest of the peak is the full trace's exactly, and the segments' part within a few small segments of it.
     assert ([r.peak_bytes - r.unfilled_segment_bytes for r in extrapolated]
             == [r.peak_bytes - r.unfilled_segment_bytes for r in full])
     for short, whole in zip(extrapolated, full, strict=True):
