@@ -54,14 +54,14 @@ CUDA_ROUND_LARGE = 2 * MiB
 
 
 def cuda_block_bytes(nbytes: int) -> int:
-    """Bytes the estimate counts for a tensor of ``nbytes`` (what MemTracker adds): its 512-byte-rounded block, or
-    for 10 MiB or more the segment of its own it gets when no cached block fits (rounded up to 2 MiB)."""
+    """Bytes the estimate counts for a tensor of ``nbytes`` (what MemTracker adds, and ``max_memory_allocated``):
+    its block as a new segment hands it out, the request rounded up to 512 bytes, or for 10 MiB or more the whole
+    2 MiB-rounded segment when what is left of it (1 MiB or less) is not split off."""
     if nbytes <= 0:
         return 0
     block = request_bytes(nbytes)
-    if block >= CUDA_LARGE_ALLOC:
-        return -(-block // CUDA_ROUND_LARGE) * CUDA_ROUND_LARGE
-    return block
+    segment = segment_bytes(block)
+    return segment if block >= CUDA_LARGE_ALLOC and segment - block <= CUDA_SMALL_SIZE else block
 
 
 def request_bytes(nbytes: int) -> int:

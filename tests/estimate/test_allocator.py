@@ -22,7 +22,8 @@ def test_cuda_block_rounding():
     assert cuda_block_bytes(512) == 512
     assert cuda_block_bytes(513) == 1024
     assert cuda_block_bytes(10 * MiB - 1) == 10 * MiB  # 512-rounded to 10 MiB: its own segment, already 2 MiB-rounded
-    assert cuda_block_bytes(10 * MiB + 1) == 12 * MiB  # its own segment, 2 MiB-rounded
+    assert cuda_block_bytes(11 * MiB + 1) == 12 * MiB  # its own 12 MiB segment: the rest (under 1 MiB) is not split off
+    assert cuda_block_bytes(10 * MiB + 1) == 10 * MiB + 512  # 1.5 MiB of its 12 MiB segment split off: the block's own
     assert cuda_block_bytes(3 * MiB + 1) == 3 * MiB + 512  # shares a 20 MiB segment: 512-rounded only
 
 
