@@ -81,6 +81,7 @@ def segment_bytes(request: int) -> int:
 @dataclass
 class _Segment:
     small: bool  # the small pool's (2 MiB, requests of 1 MiB or less) or the large pool's
+    size: int
     blocks: list[list[int]]  # [offset, size, live (0 or 1)], in address order, covering the segment
     live: int = 0  # blocks handed out
 
@@ -122,7 +123,7 @@ class CachingAllocator:
             size, index, offset = free.pop(found)
         else:  # alloc_block: a new segment
             size, index, offset = segment_bytes(request), len(self._segments), 0
-            self._segments.append(_Segment(small, [[0, size, 0]]))
+            self._segments.append(_Segment(small, size, [[0, size, 0]]))
             self.reserved += size
         segment = self._segments[index]
         position = _position(segment, offset)
@@ -133,7 +134,7 @@ class CachingAllocator:
         else:
             segment.blocks[position][2] = 1
         if segment.live == 0:
-            self.in_use += sum(block[1] for block in segment.blocks)
+            self.in_use += segment.size
         segment.live += 1
         counted = cuda_block_bytes(nbytes)
         self._placed[key] = (index, offset, counted)
@@ -154,17 +155,18 @@ class CachingAllocator:
         segment.blocks[position][2] = 0
         segment.live -= 1
         if segment.live == 0:
-            self.in_use -= sum(block[1] for block in segment.blocks)
-        # free_block: merged with a free neighbour on either side
-        for neighbour in (position + 1, position - 1):
-            if 0 <= neighbour < len(segment.blocks) and not segment.blocks[neighbour][2]:
-                free.remove((segment.blocks[neighbour][1], index, segment.blocks[neighbour][0]))
-        if position + 1 < len(segment.blocks) and not segment.blocks[position + 1][2]:
-            segment.blocks[position][1] += segment.blocks.pop(position + 1)[1]
-        if position > 0 and not segment.blocks[position - 1][2]:
-            segment.blocks[position - 1][1] += segment.blocks.pop(position)[1]
+            self.in_use -= segment.size
+        blocks = segment.blocks  # free_block: merged with a free neighbour on either side
+        if position + 1 < len(blocks) and not blocks[position + 1][2]:
+            after = blocks.pop(position + 1)
+            free.remove((after[1], index, after[0]))
+            blocks[position][1] += after[1]
+        if position > 0 and not blocks[position - 1][2]:
+            before = blocks[position - 1]
+            free.remove((before[1], index, before[0]))
+            before[1] += blocks.pop(position)[1]
             position -= 1
-        bisect.insort(free, (segment.blocks[position][1], index, segment.blocks[position][0]))
+        bisect.insort(free, (blocks[position][1], index, blocks[position][0]))
 
 
 def _position(segment: _Segment, offset: int) -> int:

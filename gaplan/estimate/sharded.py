@@ -177,7 +177,6 @@ class ShardedTracer:
         # the estimate's plan has one micro-step (no accumulation) and this is its traced step (estimator.one_micro_step)
         self.one_micro_step_plan: TracedRow | None = None
         self.pools = None  # on cuda: the caching allocator replayed through each trace (gaplan.estimate.allocator)
-        self.unfilled_segment_bytes = 0  # the most any trace's segments held beyond its live blocks at its peak
 
     # -- setting up ------------------------------------------------------------------------------
 
@@ -342,7 +341,6 @@ class ShardedTracer:
         groups = {group: sum(detail[name] for name in names) for group, names in GROUPS.items()}
         unfilled, cached = (segments or {}).get("unfilled_segments", 0), (segments or {}).get("cached_segments", 0)
         groups["other"] += unfilled
-        self.unfilled_segment_bytes = max(self.unfilled_segment_bytes, unfilled)
         total = sum(groups.values())
         return TracedRow(micro_batch=micro_batch, phase=phase, **groups, tracked_total=total,
                          peak_bytes=total + self.overhead(), detail={**detail, "host_bytes": host},
@@ -386,10 +384,10 @@ class ShardedTracer:
 
     def assumptions(self) -> list[Assumption]:
         step = self._optimizer_row
+        unfilled = max((r.unfilled_segment_bytes for r in self.rows), default=0) if self.pools else None
         notes = trace_assumptions(self.spec, self.device, self.helper, self.static_bytes(),
                                   step.tracked_total if step is not None else None, self.graph_nodes(),
-                                  panel_at_every_peak=True, sharded=True,
-                                  unfilled_segment_bytes=self.unfilled_segment_bytes if self.pools else None)
+                                  panel_at_every_peak=True, sharded=True, unfilled_segment_bytes=unfilled)
         held = max((r.detail.get("unsharded_gradients", 0) for r in self.rows if r.accumulated), default=0)
         single = self.one_micro_step_plan
         notes += sharded_assumptions(self.spec, self.device.kind, self.world_size, self.blocks, self.depths,

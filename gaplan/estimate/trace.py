@@ -69,7 +69,6 @@ class Tracer:
         self.rows: list[TracedRow] = []
         self.quantized = None  # QLoRA: the 4-bit accounting of the frozen base (gaplan.estimate.quantized)
         self.pools = None  # on cuda: the caching allocator replayed through each trace (gaplan.estimate.allocator)
-        self.unfilled_segment_bytes = 0  # the most any trace's segments held beyond its live blocks at its peak
         self.host_copies = HostCopies()  # offload_activations: the bytes a traced micro-step sent to the host
         self.host_bytes: dict[int, int] = {}  # by a traced micro-step's samples
         self._stack = contextlib.ExitStack()
@@ -153,12 +152,16 @@ class Tracer:
             unfilled, cached = self.pools.unfilled(), self.pools.cached()
             categories["other"] += unfilled
             total += unfilled
-            self.unfilled_segment_bytes = max(self.unfilled_segment_bytes, unfilled)
         row = TracedRow(micro_batch=breakdown.micro_batch, phase=phase, **categories, tracked_total=total,
                         peak_bytes=total + self.overhead(), unfilled_segment_bytes=unfilled,
                         cached_segment_bytes=cached)
         self.rows.append(row)
         return row
+
+    @property
+    def unfilled_segment_bytes(self) -> int:
+        """The most any trace's segments held beyond its live blocks at its peak (on cuda)."""
+        return max((row.unfilled_segment_bytes for row in self.rows), default=0)
 
     def _workspace(self):
         """What an operator holds only while it runs: the device's (MKL's buffer on CPU) and a 4-bit layer's
