@@ -20,7 +20,7 @@ default settings: no ``max_split_size_mb``, no expandable segments, no garbage c
 high-water marks: the segments that hold a live block (what a run must fit: an out-of-memory retry gives the wholly
 free ones back first) and every segment made (what ``max_memory_reserved`` and nvidia-smi show in a run with room:
 cached free segments, such as a large tensor's freed before a larger one is asked for, stay reserved).
-:func:`cuda_segment_pools` feeds it from MemTracker. What it leaves out, said in the estimate's ``allocator``
+:func:`replayed_cuda_allocators` feeds it from MemTracker. What it leaves out, said in the estimate's ``allocator``
 assumption: other streams (a block cached by one stream serves only that stream: FSDP's all-gather and
 reduce-scatter streams keep their own), and blocks whose freeing waits on another stream's events.
 
@@ -199,7 +199,7 @@ def allocator_text(unfilled: int | None, sharded: bool = False) -> tuple[str, di
     return text, values
 
 
-class TracePools:
+class TraceAllocators:
     """The :class:`CachingAllocator` of each MemTracker seen, by tracker; ``latest`` is the last tracker's."""
 
     def __init__(self) -> None:
@@ -207,11 +207,11 @@ class TracePools:
         self.latest: CachingAllocator | None = None
 
     def of(self, tracker: object) -> CachingAllocator:
-        pools = self._by_tracker.get(id(tracker))
-        if pools is None:  # a new trace: one tracker per measure_breakdown
+        allocator = self._by_tracker.get(id(tracker))
+        if allocator is None:  # a new trace: one tracker per measure_breakdown
             self._by_tracker = {id(tracker): CachingAllocator()}
-            pools = self.latest = self._by_tracker[id(tracker)]
-        return pools
+            allocator = self.latest = self._by_tracker[id(tracker)]
+        return allocator
 
     def unfilled(self) -> int:
         """What the last trace's segments held beyond its live blocks at the peak a run must fit (0 before any)."""
@@ -223,9 +223,9 @@ class TracePools:
 
 
 @contextlib.contextmanager
-def cuda_segment_pools() -> Iterator[TracePools]:
+def replayed_cuda_allocators() -> Iterator[TraceAllocators]:
     """Count each storage at the CUDA allocator's block (MemTracker does so only for cuda tensors), and replay each
-    trace's blocks through the caching allocator: yields the :class:`TracePools`."""
+    trace's blocks through the caching allocator: yields the :class:`TraceAllocators`."""
     info = private("torch.distributed._tools.mem_tracker", "_WeakRefInfo")
     tracker_class = private("torch.distributed._tools.mem_tracker", "MemTracker")
     update_type = private("torch.distributed._tools.mem_tracker", "_UpdateType")
@@ -240,14 +240,14 @@ def cuda_segment_pools() -> Iterator[TracePools]:
         raise missing("MemTracker._update_snap(u_type, winfo, old_mem_consumed, old_reftype)")
     for name in ("ADD", "DEL", "SIZE"):
         private_attr(update_type, name)
-    pools = TracePools()
+    allocators = TraceAllocators()
 
     def rounded(self) -> int:
         return cuda_block_bytes(self.size * self.element_size)
 
     def update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None):
         original_update(self, u_type, winfo, old_mem_consumed=old_mem_consumed, old_reftype=old_reftype)
-        trace = pools.of(self)
+        trace = allocators.of(self)
         if u_type in (update_type.ADD, update_type.SIZE):  # made, or resized (freed and made again)
             trace.alloc(id(winfo), winfo.size * winfo.element_size)
         elif u_type == update_type.DEL:
@@ -256,7 +256,7 @@ def cuda_segment_pools() -> Iterator[TracePools]:
     info._calculate_mem_consumed = rounded
     tracker_class._update_snap = update_snap
     try:
-        yield pools
+        yield allocators
     finally:
         info._calculate_mem_consumed = original_size
         tracker_class._update_snap = original_update

@@ -16,12 +16,16 @@ if TYPE_CHECKING:
     from torch import nn
 
 
+SEGMENT_KEYS = ("unfilled_segments", "cached_segments")
+
+
 def extrapolate(traced: dict[int, dict[str, int]], depth: int) -> dict[str, int]:
-    """Each category at ``depth`` blocks, on the line through the two traced depths (the one trace when whole)."""
+    """Each category at ``depth`` blocks, on the line through the two traced depths (the one trace when whole); the
+    allocator's segments are left to :func:`unsegmented`."""
     if depth in traced:
-        return dict(traced[depth])
+        return {name: value for name, value in traced[depth].items() if name not in SEGMENT_KEYS}
     (d1, low), (d2, high) = sorted(traced.items())[:2]
-    names = set(low) | set(high)
+    names = (set(low) | set(high)) - set(SEGMENT_KEYS)
     return {name: max(0, round(low.get(name, 0) + (high.get(name, 0) - low.get(name, 0)) * (depth - d1) / (d2 - d1)))
             for name in names}
 
@@ -30,7 +34,7 @@ def unsegmented(traced: dict[int, dict[str, int]]) -> dict[str, int]:
     """The allocator's segments beyond the live blocks, the most of any traced depth, not extrapolated: they are
     what the step's largest transient tensors leave cached (the loss's logits, a block's widest intermediates), the
     same at every depth, not a block's worth each."""
-    return {key: max(row.get(key, 0) for row in traced.values()) for key in ("unfilled_segments", "cached_segments")}
+    return {key: max(row.get(key, 0) for row in traced.values()) for key in SEGMENT_KEYS}
 
 
 def uniform_stack(model: nn.Module, blocks: list[nn.Module]) -> tuple[nn.Module, str] | None:

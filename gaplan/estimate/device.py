@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gaplan.core.constants import MiB
-from gaplan.estimate.allocator import cuda_segment_pools
+from gaplan.estimate.allocator import replayed_cuda_allocators
 
 # --- CUDA: memory outside PyTorch's tensors ---------------------------------------------------------------------
 # The CUDA context: gaplan.devices.reserve (CONTEXT_BYTES), read by the probe too.
@@ -233,8 +233,8 @@ class DeviceModel:
 
     def allocator(self) -> contextlib.AbstractContextManager:
         """How MemTracker counts a storage: on ``cuda`` at the CUDA allocator's block, the caching allocator replayed
-        (it yields the :class:`gaplan.estimate.allocator.TracePools`); on ``cpu`` as is (it yields None)."""
-        return cuda_segment_pools() if self.kind == "cuda" else contextlib.nullcontext()
+        (it yields the :class:`gaplan.estimate.allocator.TraceAllocators`); on ``cpu`` as is (it yields None)."""
+        return replayed_cuda_allocators() if self.kind == "cuda" else contextlib.nullcontext()
 
     def autocast(self, dtype: str) -> contextlib.AbstractContextManager:
         """CUDA autocast's float32 op list over CPU autocast, for mixed precision on ``cuda``."""

@@ -176,7 +176,7 @@ class ShardedTracer:
         self.depths: tuple[int, ...] = ()
         # the estimate's plan has one micro-step (no accumulation) and this is its traced step (estimator.one_micro_step)
         self.one_micro_step_plan: TracedRow | None = None
-        self.pools = None  # on cuda: the caching allocator replayed through each trace (gaplan.estimate.allocator)
+        self.allocators = None  # on cuda: the caching allocator replayed through each trace (gaplan.estimate.allocator)
 
     # -- setting up ------------------------------------------------------------------------------
 
@@ -220,7 +220,7 @@ class ShardedTracer:
         self._stack.enter_context(quiet_module_tracking())
         self._stack.enter_context(readable_values())
         self._stack.enter_context(recompute_under_forward_modes())  # the device's modes, in recomputation too
-        self.pools = self._stack.enter_context(self.device.allocator())
+        self.allocators = self._stack.enter_context(self.device.allocator())
         self._stack.enter_context(self.mode)
         self._stack.enter_context(self.helper)
         self._stack.enter_context(self.device.autocast(self.spec.dtype))
@@ -277,9 +277,9 @@ class ShardedTracer:
 
     def _segments(self) -> dict[str, int]:
         """The last trace's segments beyond its live blocks (gaplan.estimate.allocator), on cuda."""
-        if self.pools is None:
+        if self.allocators is None:
             return {}
-        return {"unfilled_segments": self.pools.unfilled(), "cached_segments": self.pools.cached()}
+        return {"unfilled_segments": self.allocators.unfilled(), "cached_segments": self.allocators.cached()}
 
     def micro_steps(self, micro_batch: int, accumulated: bool = True) -> TracedRow:
         traced = {c.depth: self._trace_copy(c, micro_batch, accumulated) for c in self._copies}
@@ -384,7 +384,7 @@ class ShardedTracer:
 
     def assumptions(self) -> list[Assumption]:
         step = self._optimizer_row
-        unfilled = max((r.unfilled_segment_bytes for r in self.rows), default=0) if self.pools else None
+        unfilled = max((r.unfilled_segment_bytes for r in self.rows), default=0) if self.allocators else None
         notes = trace_assumptions(self.spec, self.device, self.helper, self.static_bytes(),
                                   step.tracked_total if step is not None else None, self.graph_nodes(),
                                   panel_at_every_peak=True, sharded=True, unfilled_segment_bytes=unfilled)

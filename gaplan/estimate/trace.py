@@ -68,7 +68,7 @@ class Tracer:
         self.compiled_graphs: list = []  # the forward graphs compiled for the trace
         self.rows: list[TracedRow] = []
         self.quantized = None  # QLoRA: the 4-bit accounting of the frozen base (gaplan.estimate.quantized)
-        self.pools = None  # on cuda: the caching allocator replayed through each trace (gaplan.estimate.allocator)
+        self.allocators = None  # on cuda: the caching allocator replayed through each trace (gaplan.estimate.allocator)
         self.host_copies = HostCopies()  # offload_activations: the bytes a traced micro-step sent to the host
         self.host_bytes: dict[int, int] = {}  # by a traced micro-step's samples
         self._stack = contextlib.ExitStack()
@@ -102,7 +102,7 @@ class Tracer:
             self._stack.enter_context(quiet_module_tracking())
             self._stack.enter_context(readable_values())
             self._stack.enter_context(recompute_under_forward_modes())  # the device's modes, in recomputation too
-            self.pools = self._stack.enter_context(self.device.allocator())
+            self.allocators = self._stack.enter_context(self.device.allocator())
             self._stack.enter_context(self.mode)
             self._stack.enter_context(self.helper)
             self._stack.enter_context(self.device.autocast(self.spec.dtype))
@@ -148,8 +148,8 @@ class Tracer:
             categories["parameters"] -= self.quantized.saved_bytes
             total -= self.quantized.saved_bytes
         unfilled = cached = 0
-        if self.pools is not None:  # the reserved peak: what the allocator's segments hold beyond the live blocks
-            unfilled, cached = self.pools.unfilled(), self.pools.cached()
+        if self.allocators is not None:  # the reserved peak: what the allocator's segments hold beyond the live blocks
+            unfilled, cached = self.allocators.unfilled(), self.allocators.cached()
             categories["other"] += unfilled
             total += unfilled
         row = TracedRow(micro_batch=breakdown.micro_batch, phase=phase, **categories, tracked_total=total,
@@ -212,7 +212,7 @@ class Tracer:
     def extra(self) -> dict[str, Any]:
         data: dict[str, Any] = {"attention_ops": sorted(self.helper.attention_ops)}
         data.update(self.device.extra(self.helper.gemm_panel_bytes, self.helper.graph.nodes))
-        if self.pools is not None:
+        if self.allocators is not None:
             data["unfilled_segment_bytes"] = self.unfilled_segment_bytes
         if self.spec.offload_activations and len(self.host_bytes) > 1:  # a micro-step's copies, a line in its samples
             per_micro_step, per_sample = least_squares_line(sorted(self.host_bytes.items()))

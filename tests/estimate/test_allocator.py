@@ -10,7 +10,7 @@ from gaplan.core.constants import MiB
 from gaplan.estimate.allocator import (
     CachingAllocator,
     cuda_block_bytes,
-    cuda_segment_pools,
+    replayed_cuda_allocators,
     request_bytes,
     segment_bytes,
 )
@@ -127,17 +127,17 @@ def test_memtracker_feeds_the_allocator_block_by_block():
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    with cuda_segment_pools() as pools:
+    with replayed_cuda_allocators() as allocators:
         tracker = MemTracker()
         with tracker:
             held = [torch.ones(3 * MiB // 4) for _ in range(3)]  # three float32 tensors of 3 MiB
             small = torch.ones(1000)  # 4,000 bytes: a 4,096-byte block in a 2 MiB segment
             del held
-        trace = pools.latest
-    assert trace is pools.of(tracker)
+        trace = allocators.latest
+    assert trace is allocators.of(tracker)
     assert trace.peak_allocated == 9 * MiB + 4096
     assert trace.unfilled_at_peak == (20 * MiB - 9 * MiB) + (2 * MiB - 4096)
-    assert pools.unfilled() == trace.unfilled_at_peak and pools.cached() == 0
+    assert allocators.unfilled() == trace.unfilled_at_peak and allocators.cached() == 0
     assert small.numel() == 1000
     # the patch is undone: MemTracker counts a storage by its bytes again
     from torch.distributed._tools.mem_tracker import _WeakRefInfo

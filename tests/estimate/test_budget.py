@@ -59,10 +59,10 @@ def test_the_cublas_workspaces_come_off_the_budget_once_and_the_trace_holds_none
         assert 8192 * MiB - b.usable_bytes == target.context_bytes + workspace  # once: not twice
     model = DeviceModel("cuda")
     assert model.workspace() is None  # no per-operator workspace on cuda (MKL's is the CPU's)
-    with model.allocator() as pools, FakeTensorMode():
+    with model.allocator() as allocators, FakeTensorMode():
         tracker = memory_tracker(model.workspace())
         with tracker:
             a, w = torch.ones(512, 1024), torch.ones(1024, 4096)  # made under the tracker, so it counts them
             out = a @ w
     operands = sum(cuda_block_bytes(t.numel() * 4) for t in (a, w, out))
-    assert pools.latest.peak_allocated == operands  # nothing of 8.1 MiB or 64 MiB beside them
+    assert allocators.latest.peak_allocated == operands  # nothing of 8.1 MiB or 64 MiB beside them
