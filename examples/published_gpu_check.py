@@ -16,7 +16,8 @@ Each expressible row of ``docs/data/published_gpu.json`` is traced at its own mi
   take gaplan's own allowance and say so.
 
 The trace runs the installed torch's autograd. A row run on an older torch whose autograd kept more for backward says
-so (``settings.torch``), and its trace keeps that too (:func:`older_autograd`): before 1.11, softmax kept its input.
+so (``settings.torch``), and its trace keeps that too (:func:`older_autograd`): before 1.11, softmax kept its input;
+before 2.2, mean kept its input.
 
     python examples/published_gpu_check.py                       # every row, a Markdown table (about 15 s a row)
     python examples/published_gpu_check.py --only hf-bert-vanilla
@@ -75,10 +76,14 @@ def qlora_run_of(row: dict):
     return QLoRARun(**run) if run else None
 
 
-# torch 1.11 first left softmax's input out of what autograd keeps (pytorch/pytorch#66018, "Avoid saving self for
-# softmax and log_softmax"): 1.9 and 1.10 kept it besides the output (SoftmaxBackward's, in 1.10 SoftmaxBackward0's,
-# _saved_self), only for its dtype. The first release that does not keep it, as (major, minor).
+# What autograd once kept for backward and today's does not, with the first release that stopped, as (major, minor):
+# * softmax's input, besides its output, only for its dtype: 1.9 and 1.10 kept it (SoftmaxBackward's, in 1.10
+#   SoftmaxBackward0's, _saved_self); 1.11 does not (pytorch/pytorch#66018, "Avoid saving self for softmax and
+#   log_softmax");
+# * mean's input, only for its element count: 2.1.0's MeanBackward0/1 hold `SavedVariable self_` (the wheel's
+#   Functions.h), 2.2.0's `self_sym_numel` (pytorch/pytorch#109935, "Avoid saving self for mean.backward").
 SOFTMAX_INPUT_DROPPED_IN = (1, 11)
+MEAN_INPUT_DROPPED_IN = (2, 2)
 
 
 def torch_release(version: str | None) -> tuple[int, int] | None:
@@ -89,38 +94,19 @@ def torch_release(version: str | None) -> tuple[int, int] | None:
     return int(major), int(minor)
 
 
-@contextlib.contextmanager
-def older_autograd(version: str | None):
-    """Trace as the row's torch kept tensors for backward: before 1.11, each softmax's node also kept its input
-    until that node's backward had run. Forward and backward both run inside.
-
-    What is kept is the tensor softmax computes on in the trace: under autocast, the device model's float32 copy.
-    torch 1.10 on CUDA kept that for float32 and bf16 scores, but for fp16 scores the fp16 input itself
-    (``_softmax(..., half_to_float=True)``), half the bytes; the rows that use this (BERT's) had float32 scores in
-    their run (docs/estimate-vs-published.md). Only ``Tensor.softmax`` and what calls it (``F.softmax``,
-    ``nn.Softmax``) keep their input here: ``torch.softmax`` and ``log_softmax``, which 1.10 also made keep theirs,
-    do not (no row's peak holds one of any size).
-
-    The input is packed through the saved-tensor hooks in force (activation checkpointing's, offloading's), as
-    autograd's own saved tensors are, so a checkpointed block keeps it only while recomputed, and an offloaded one
-    is copied out as 1.10 copied it.
-    """
-    release = torch_release(version)
-    if release is None or release >= SOFTMAX_INPUT_DROPPED_IN:
-        yield
-        return
-    import torch
+def _keeping_input(original, name: str):
+    """``original`` (a method or function whose first argument is a tensor), keeping that input until the output's
+    node has run its backward, packed through the saved-tensor hooks in force, as autograd's own saved tensors are."""
     from torch.overrides import handle_torch_function, has_torch_function_unary
 
     from gaplan.estimate.torch_private import private
 
     top_hooks = private("torch._C._autograd", "_top_saved_tensors_default_hooks")
-    softmax = torch.Tensor.softmax
 
-    def keeping_input(self, dim, dtype=None):
-        if has_torch_function_unary(self):  # as softmax's own binding does: the modes see softmax, then call this
-            return handle_torch_function(keeping_input, (self,), self, dim, dtype=dtype)
-        out = softmax(self, dim) if dtype is None else softmax(self, dim, dtype=dtype)
+    def keeping_input(self, *args, **kwargs):
+        if has_torch_function_unary(self):  # as the op's own binding does: the modes see the op, then call this
+            return handle_torch_function(keeping_input, (self,), self, *args, **kwargs)
+        out = original(self, *args, **kwargs)
         if out.grad_fn is not None:
             hooks = top_hooks(False)
             kept = {"input": hooks[0](self) if hooks else self}
@@ -133,12 +119,43 @@ def older_autograd(version: str | None):
             out.grad_fn.register_hook(release_after)
         return out
 
-    keeping_input.__name__ = keeping_input.__qualname__ = "softmax"  # the device model picks ops by name
-    torch.Tensor.softmax = keeping_input
+    keeping_input.__name__ = keeping_input.__qualname__ = name  # the device model picks ops by name
+    return keeping_input
+
+
+@contextlib.contextmanager
+def older_autograd(version: str | None):
+    """Trace as the row's torch kept tensors for backward: before 1.11, each softmax's node also kept its input, and
+    before 2.2 each mean's, until that node's backward had run. Forward and backward both run inside.
+
+    What is kept is the tensor the op computes on: under autocast, the device model's float32 copy of a softmax's
+    input. torch 1.10 on CUDA kept that for float32 and bf16 scores, but for fp16 scores the fp16 input itself
+    (``_softmax(..., half_to_float=True)``), half the bytes; the rows that use this (BERT's) had float32 scores in
+    their run (docs/estimate-vs-published.md). Only ``Tensor.softmax`` and what calls it (``F.softmax``,
+    ``nn.Softmax``) keep their input here: ``torch.softmax`` and ``log_softmax``, which 1.10 also made keep theirs,
+    do not (no row's peak holds one of any size). ``torch.mean`` and ``Tensor.mean`` both keep theirs (an RMSNorm's
+    squares, in LitGPT's and transformers' Llama).
+
+    The input is packed through the saved-tensor hooks in force (activation checkpointing's, offloading's), as
+    autograd's own saved tensors are, so a checkpointed block keeps it only while recomputed, and an offloaded one
+    is copied out as the old torch copied it.
+    """
+    release = torch_release(version)
+    import torch
+
+    patched = []
+    if release is not None and release < SOFTMAX_INPUT_DROPPED_IN:
+        patched.append((torch.Tensor, "softmax"))
+    if release is not None and release < MEAN_INPUT_DROPPED_IN:
+        patched += [(torch.Tensor, "mean"), (torch, "mean")]
+    originals = [(owner, name, getattr(owner, name)) for owner, name in patched]
+    for owner, name, original in originals:
+        setattr(owner, name, _keeping_input(original, name))
     try:
         yield
     finally:
-        torch.Tensor.softmax = softmax
+        for owner, name, original in originals:
+            setattr(owner, name, original)
 
 
 def estimate_row(row: dict) -> dict:

@@ -109,15 +109,43 @@ def test_a_row_on_torch_1_10_keeps_each_softmax_input_as_that_torch_did(dtype, c
     assert peaks["1.10"] - peaks[None] == scores * (4 if checkpointing == "off" else 1)
 
 
-def test_only_a_torch_before_1_11_keeps_softmax_input():
+@pytest.mark.parametrize("checkpointing", ["off", "on"])
+def test_a_row_on_torch_2_1_keeps_each_means_input_as_that_torch_did(checkpointing):
+    """torch 2.1's mean node kept its input until its backward: transformers' Llama RMSNorm takes the mean of the
+    float32 squares, so each of tiny-llama's 9 norms (2 a block, 4 blocks, and the last) keeps one [micro-batch, seq,
+    hidden] float32 tensor more at the peak; with every block checkpointed only the last norm, outside them. torch
+    2.2 traces as today's."""
+    from gaplan.core.checkpointing import parse_checkpointing
+    from gaplan.estimate import trace_steps
+    from gaplan.workload.spec import WorkloadSpec
+
+    script = _script()
+    spec = WorkloadSpec(model="tiny-llama", seq_len=128, dtype="bf16", weights_dtype="fp32", optimizer="adamw",
+                        grad_checkpointing=parse_checkpointing(checkpointing))  # hidden 256, 4 blocks
+    peaks = {}
+    for torch_version in (None, "2.1", "2.2"):
+        with script.older_autograd(torch_version):
+            (row,) = trace_steps(spec, [4], device_kind="cuda")
+        peaks[torch_version] = row.activations
+    squares = 4 * 128 * 256 * 4  # micro-batch x seq x hidden, float32
+    assert peaks["2.1"] - peaks[None] == squares * (9 if checkpointing == "off" else 1)
+    assert peaks["2.2"] == peaks[None]
+
+
+def test_only_a_torch_before_1_11_keeps_softmax_input_and_before_2_2_means():
     import torch
 
     script = _script()
-    softmax = torch.Tensor.softmax
-    for version, patched in ((None, False), ("1.9", True), ("1.10", True), ("1.11", False), ("2.13", False)):
+    kept = {"softmax": (torch.Tensor, "softmax"), "mean": (torch.Tensor, "mean"), "torch.mean": (torch, "mean")}
+    originals = {name: getattr(owner, attribute) for name, (owner, attribute) in kept.items()}
+    for version, patched in ((None, ()), ("1.9", ("softmax", "mean", "torch.mean")),
+                             ("1.10", ("softmax", "mean", "torch.mean")), ("1.11", ("mean", "torch.mean")),
+                             ("2.1", ("mean", "torch.mean")), ("2.2", ()), ("2.13", ())):
         with script.older_autograd(version):
-            assert (torch.Tensor.softmax is not softmax) == patched, version
-        assert torch.Tensor.softmax is softmax
+            now = {name for name, (owner, attribute) in kept.items()
+                   if getattr(owner, attribute) is not originals[name]}
+            assert now == set(patched), version
+        assert all(getattr(owner, attribute) is originals[name] for name, (owner, attribute) in kept.items())
 
 
 def test_a_direct_softmax_call_is_still_upcast_by_the_cuda_device_model_and_keeps_one_input():
@@ -144,9 +172,10 @@ def test_a_direct_softmax_call_is_still_upcast_by_the_cuda_device_model_and_keep
         assert packed == kept
 
 
-def test_torch_1_10s_softmax_input_is_freed_by_its_backward_and_the_gradients_are_todays():
-    """Kept after forward (not in a checkpointed block, whose recomputation keeps it), gone after backward; the
-    gradients are today's."""
+@pytest.mark.parametrize(("old_torch", "op"), [("1.10", "softmax"), ("2.1", "mean"), ("2.1", "torch.mean")])
+def test_an_old_torchs_kept_input_is_freed_by_its_backward_and_the_gradients_are_todays(old_torch, op):
+    """torch 1.10's softmax input, torch 2.1's mean input: kept after forward (not in a checkpointed block, whose
+    recomputation keeps it), gone after backward; the gradients are today's."""
     import weakref
 
     import torch
@@ -154,26 +183,28 @@ def test_torch_1_10s_softmax_input_is_freed_by_its_backward_and_the_gradients_ar
     from torch.utils.checkpoint import checkpoint
 
     script = _script()
-    softmax = torch.Tensor.softmax
+    softmax, mean = torch.Tensor.softmax, torch.mean
+    run = {"softmax": lambda t: F.softmax(t, dim=-1), "mean": lambda t: t.mean(-1, keepdim=True).exp(),
+           "torch.mean": lambda t: torch.mean(t, dim=-1, keepdim=True).exp()}[op]
     inputs = []
 
     def block(x):
-        scores = x * 2
-        inputs.append(weakref.ref(scores))
-        return F.softmax(scores, dim=-1)
+        made = x * 2
+        inputs.append(weakref.ref(made))
+        return run(made)
 
     weights = torch.randn(3, 5)
     grads = []
-    for torch_version, checkpointed in ((None, False), ("1.10", False), ("1.10", True)):
+    for torch_version, checkpointed in ((None, False), (old_torch, False), (old_torch, True)):
         x = torch.randn(3, 5, generator=torch.Generator().manual_seed(0), requires_grad=True)
         with script.older_autograd(torch_version):
             out = checkpoint(block, x, use_reentrant=False) if checkpointed else block(x)
             kept_after_forward = inputs[-1]() is not None
             (out * weights).sum().backward()
-        assert kept_after_forward == (torch_version == "1.10" and not checkpointed)
+        assert kept_after_forward == (torch_version == old_torch and not checkpointed)
         assert all(ref() is None for ref in inputs)
         grads.append(x.grad)
-    assert torch.Tensor.softmax is softmax  # put back
+    assert torch.Tensor.softmax is softmax and torch.mean is mean  # put back
     torch.testing.assert_close(grads[1], grads[0])
     torch.testing.assert_close(grads[2], grads[0])
 
