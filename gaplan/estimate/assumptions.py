@@ -358,21 +358,27 @@ def lora_adapters(spec, frozen_bytes: int, trainable: int, trainable_bytes: int)
 def quantized_weights(quantized, spec) -> Assumption:
     """QLoRA: the 4-bit base as modelled (bytes per weight, what stays in full precision, the dequantized copy)."""
     from gaplan.estimate.quantized import BYTES_PER_WEIGHT_OF, NESTED_BLOCK, NF4_BLOCK
+    from gaplan.workload.spec import model_source_kind
 
     per_weight = BYTES_PER_WEIGHT_OF[spec.quantize]
     layout = (f"nf4 with double quantization, {per_weight:.4f} bytes per weight (a 4-bit code, an 8-bit absmax per "
               f"{NF4_BLOCK}, an fp32 scale per {NESTED_BLOCK} absmaxes)" if spec.quantize == "4bit" else
               f"nf4 without double quantization, {per_weight:.4f} bytes per weight (a 4-bit code, an fp32 absmax per "
               f"{NF4_BLOCK})")
+    own = model_source_kind(spec.model) == "function"
+    layers = (f"the {quantized.layers} frozen nn.Linear layers of the module:function model (its head included)" if own
+              else f"the {quantized.layers} frozen linear layers of the base (GPT-2's Conv1D too)")
+    kept = ("as the function built them; the rest (its adapters, embeddings, norms) stays as traced" if own else
+            f"in {spec.weights_dtype}; embeddings, norms, the output head and the adapters stay as traced")
     return Assumption(
         "quantization",
-        f"QLoRA (--quantize {spec.quantize}): the {quantized.layers} frozen linear layers of the base (GPT-2's Conv1D "
-        f"too) in bitsandbytes' {layout}: {format_bytes(quantized.quantized_bytes)} instead "
-        f"of {format_bytes(quantized.traced_bytes)} in {spec.weights_dtype}; embeddings, norms, the output head and "
-        f"the adapters stay as traced. Each 4-bit layer dequantizes its weight to the compute dtype for each of its "
+        f"QLoRA (--quantize {spec.quantize}): {layers} in bitsandbytes' {layout}: "
+        f"{format_bytes(quantized.quantized_bytes)} instead of {format_bytes(quantized.traced_bytes)} {kept}. Each "
+        f"4-bit layer dequantizes its weight to {'its own dtype' if own else 'the compute dtype'} for each of its "
         f"products, forward and backward, and frees it after: counted at that product's moment (the largest copy "
-        f"{format_bytes(quantized.dequantized_bytes)}). bitsandbytes' kernels' own workspace is not counted. Within "
-        f"3% of QLoRA's probe on the CPU (bitsandbytes' CPU backend); not yet checked on a GPU.",
+        f"{format_bytes(quantized.dequantized_bytes)}). bitsandbytes' kernels' own workspace is not counted. "
+        + ("Checked against the layers bitsandbytes builds, not against a probe's peak; not yet checked on a GPU." if own
+           else "Within 3% of QLoRA's probe on the CPU (bitsandbytes' CPU backend); not yet checked on a GPU."),
         {"layers": quantized.layers, "quantized_bytes": quantized.quantized_bytes,
          "traced_bytes": quantized.traced_bytes, "dequantized_bytes": quantized.dequantized_bytes,
          "bytes_per_weight": per_weight})

@@ -50,22 +50,33 @@ class QuantizedBase:
         return 0 if operands is None else max(self.copies.get(m.untyped_storage()._cdata, 0) for m in operands)
 
 
-def quantized_base(model: Any, compute_bytes: int, quantize: str = "4bit", run: QLoRARun | None = None,
+def quantized_base(model: Any, compute_bytes: int | None, quantize: str = "4bit", run: QLoRARun | None = None,
                    compute_dtype: str | None = None) -> QuantizedBase:
     """The 4-bit accounting of ``model``'s frozen linear layers (a PeftModel: adapters and heads excluded, unless
-    ``run.quantize_head``). With ``run.quant_state_dtype`` other than ``compute_dtype`` (weights quantized from
+    ``run.quantize_head``; a ``module:function`` model: every frozen ``nn.Linear``). ``compute_dtype`` None (and
+    ``compute_bytes`` None): each layer computes in its weight's own dtype, as gaplan builds a ``module:function``
+    model's 4-bit layers. With ``run.quant_state_dtype`` other than the compute dtype (weights quantized from
     another dtype), each copy is dequantized in that dtype and cast: both are held at the cast, counted as one
     workspace with the product."""
     from gaplan.workload.quantize import quantized_layers
 
     run = run or QLoRARun()
-    if run.quant_state_dtype and run.quant_state_dtype != compute_dtype:
-        compute_bytes += DTYPE_BYTES[run.quant_state_dtype]
     weights = [module.weight for module in quantized_layers(model, head=run.quantize_head).values()]
+
+    def copy_bytes(weight: Any) -> int:
+        dtype = compute_dtype or DTYPE_NAME_OF[str(weight.dtype)]
+        per_element = compute_bytes if compute_bytes is not None else weight.element_size()
+        if run.quant_state_dtype and run.quant_state_dtype != dtype:
+            per_element += DTYPE_BYTES[run.quant_state_dtype]
+        return weight.numel() * per_element
+
     return QuantizedBase(layers=len(weights), traced_bytes=sum(w.numel() * w.element_size() for w in weights),
                          quantized_bytes=int(sum(w.numel() for w in weights) * BYTES_PER_WEIGHT_OF[quantize]),
-                         dequantized_bytes=max((w.numel() for w in weights), default=0) * compute_bytes,
-                         copies={w.untyped_storage()._cdata: w.numel() * compute_bytes for w in weights})
+                         dequantized_bytes=max((copy_bytes(w) for w in weights), default=0),
+                         copies={w.untyped_storage()._cdata: copy_bytes(w) for w in weights})
+
+
+DTYPE_NAME_OF = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
 
 
 # bitsandbytes before 0.43.2 kept each 4-bit product's input on its autograd context, ``ctx.tensors = (A, B)`` in

@@ -42,7 +42,7 @@ from gaplan.estimate.recompute import recompute_under_forward_modes
 from gaplan.estimate.result import TracedRow
 from gaplan.estimate.torch_private import private, private_attr, private_module
 from gaplan.plan.search import least_squares_line
-from gaplan.workload.spec import DTYPE_BYTES
+from gaplan.workload.spec import DTYPE_BYTES, model_source_kind
 
 if TYPE_CHECKING:
     from gaplan.workload.build import Workload, WorkloadSpec
@@ -90,9 +90,11 @@ class Tracer:
                 from gaplan.estimate.quantized import KeptInputs, QLoRARun, quantized_base
 
                 self.qlora_run = self.qlora_run or QLoRARun()
-                self.quantized = quantized_base(self.workload.model, compute_bytes=DTYPE_BYTES[self.spec.dtype],
+                own = model_source_kind(self.spec.model) == "function"  # each layer in its weight's dtype
+                self.quantized = quantized_base(self.workload.model,
+                                                compute_bytes=None if own else DTYPE_BYTES[self.spec.dtype],
                                                 quantize=self.spec.quantize, run=self.qlora_run,
-                                                compute_dtype=self.spec.dtype)
+                                                compute_dtype=None if own else self.spec.dtype)
                 if self.qlora_run.keeps_inputs:
                     self.kept_inputs = KeptInputs(self.workload.model, self.qlora_run)
             if self.world_size > 1:  # DDP's buckets: a flat copy of the gradients, held through every step

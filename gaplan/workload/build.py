@@ -363,7 +363,12 @@ def _build_custom(spec: WorkloadSpec, device: torch.device) -> Workload:
     except ValueError as exc:
         raise GaplanError(f"--model {spec.model!r}: {exc}") from None
     apply_checkpointing(made.model, spec.grad_checkpointing, spec.model)
-    model = made.model.to(device).train()
+    model = made.model
+    if spec.quantize and device.type != "meta":  # a fake model keeps its dtype: gaplan.estimate.quantized counts
+        from gaplan.workload.quantize import quantize_frozen_linears
+
+        model = quantize_frozen_linears(model, device, spec.quantize)
+    model = model.to(device).train()
     if spec.compile:
         compile_model(model, device)
     user_loss = made.loss

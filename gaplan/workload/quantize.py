@@ -66,12 +66,20 @@ def quantized_layers(model: nn.Module, head: bool = False) -> dict[str, nn.Modul
     ``replace_with_bnb_linear``), every ``nn.Linear`` and GPT-2 ``Conv1D`` but what ``get_keys_to_not_convert``
     keeps (the output head and the weights tied to it). A PeftModel's adapters are not among them. ``head``: the
     output head too, as Lightning Fabric's ``BitsandbytesPrecision`` converts every ``nn.Linear`` (the estimate of a
-    LitGPT run; gaplan's own build keeps transformers' rule)."""
+    LitGPT run; gaplan's own build keeps transformers' rule).
+
+    A model that is not transformers' (a ``module:function`` model, which brings its own adapters): every
+    ``nn.Linear`` whose weight is frozen, the head included, as Fabric converts every ``nn.Linear`` (a trainable
+    one cannot be 4-bit)."""
+    from transformers import PreTrainedModel
     from transformers.pytorch_utils import Conv1D
     from transformers.quantizers.base import get_keys_to_not_convert
     from transformers.quantizers.quantizers_utils import should_convert_module
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not isinstance(base, PreTrainedModel):
+        return {name: module for name, module in base.named_modules()
+                if type(module) is nn.Linear and not module.weight.requires_grad}
     kept = get_keys_to_not_convert(base)
     output = base.get_output_embeddings() if head and hasattr(base, "get_output_embeddings") else None
     return {name: module for name, module in base.named_modules()
@@ -100,15 +108,39 @@ def quantize_base(model: nn.Module, compute_dtype: torch.dtype, device: torch.de
         if not isinstance(layer, bnb.nn.Linear4bit):
             raise GaplanError(f"--quantize {quantize}: transformers did not quantize {name} ({type(original).__name__})")
         weight = original.weight.data.T.contiguous() if isinstance(original, Conv1D) else original.weight.data
-        layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, **layer.weight.__dict__).to(device)
-        if original.bias is not None:
-            layer.bias = nn.Parameter(original.bias.data.to(device), requires_grad=False)
-        original.weight = original.bias = None  # the full-precision copy goes now, not after the last layer
+        _fill_4bit(layer, original, weight, device)
     originals.clear()
     model.to(device)
     model.is_loaded_in_4bit = True
     model.config.quantization_config = config
     return model
+
+
+def quantize_frozen_linears(model: nn.Module, device: torch.device, quantize: str = "4bit") -> nn.Module:
+    """A ``module:function`` model (built on the CPU) with its :func:`quantized_layers`, its frozen ``nn.Linear``
+    layers, each a ``bnb.nn.Linear4bit`` on ``device`` that computes in the dtype its weight had (a bf16 model's
+    products stay bf16, as Fabric's ``BitsandbytesPrecision`` keeps the run's dtype); the rest moved there."""
+    bnb = import_bitsandbytes()
+    for name, original in quantized_layers(model).items():
+        parent_name, _, child = name.rpartition(".")
+        layer = bnb.nn.Linear4bit(original.in_features, original.out_features, bias=original.bias is not None,
+                                  compute_dtype=original.weight.dtype, compress_statistics=DOUBLE_QUANT[quantize],
+                                  quant_type=QUANT_TYPE, quant_storage=torch.uint8, device="meta")
+        _fill_4bit(layer, original, original.weight.data, device)
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
+    model.to(device)
+    model.is_loaded_in_4bit = True
+    return model
+
+
+def _fill_4bit(layer: nn.Module, original: nn.Module, weight: torch.Tensor, device: torch.device) -> None:
+    """``layer`` (a ``Linear4bit`` on meta) given ``original``'s weight, quantized as it moves to ``device``, and its
+    bias; the full-precision copy goes now, not after the last layer."""
+    bnb = import_bitsandbytes()
+    layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, **layer.weight.__dict__).to(device)
+    if original.bias is not None:
+        layer.bias = nn.Parameter(original.bias.data.to(device), requires_grad=False)
+    original.weight = original.bias = None
 
 
 def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:

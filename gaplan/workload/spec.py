@@ -22,6 +22,7 @@ from gaplan.workload.presets import PRESETS
 DTYPE_NAMES = ("fp32", "bf16", "fp16")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}  # bytes an element, by DTYPE_NAMES' name
 QUANTIZE = ("4bit", "nf4")  # 4bit: nf4 with double quantization (QLoRA's); nf4: without it (LitGPT's bnb.nf4)
+QUANTIZE_APPLIES = "`--lora` (QLoRA), or a `module:function` model (its frozen `nn.Linear` layers)"
 ATTENTIONS = ("eager", "sdpa")  # transformers' attn_implementation: None keeps the model's default (sdpa where it has it)
 INITS = ("auto", "pretrained", "random")  # auto: the folder's weights when it has them, else a random init
 # The optimizers gaplan builds (gaplan.workload.optimizers), the choices of every command's --optimizer.
@@ -102,9 +103,10 @@ class WorkloadSpec:
                                               help=(
         "Modules that get adapters: all-linear, or names such as q_proj,v_proj (default: peft's for the "
         "architecture, e.g. c_attn for GPT-2, q_proj,v_proj for Llama)."))
-    quantize: str | None = option(None, section=DATA, choices=QUANTIZE, applies="`--lora` (QLoRA)", help=(
+    quantize: str | None = option(None, section=DATA, choices=QUANTIZE, applies=QUANTIZE_APPLIES, help=(
         "QLoRA: the frozen base in 4-bit nf4, 4bit with double quantization (QLoRA's), nf4 without it (LitGPT's "
-        "bnb.nf4); bitsandbytes >= 0.46, which runs it on CUDA and on the CPU."))
+        "bnb.nf4); of a module:function model, its frozen nn.Linear layers; bitsandbytes >= 0.46, which runs it on "
+        "CUDA and on the CPU."))
     target_len: int | None = option(None, section=DATA, applies="task `seq2seq-lm`", help=(
         "seq2seq-lm: the target (decoder) length (default: half the source length)."))
     attention: str | None = option(None, section=DATA, choices=ATTENTIONS, help=(
@@ -265,20 +267,7 @@ class WorkloadSpec:
             raise OptionError(f"target_len applies to {' and '.join(tasks_taking(TARGET_LEN))} models; {self.model} "
                               f"trains as {task}", "target_len")
 
-    def _validate_lora(self, kind: str) -> None:
-        if self.quantize is not None and self.quantize not in QUANTIZE:
-            raise OptionError(f"unknown quantize {self.quantize!r}; choose {', '.join(QUANTIZE)}", "quantize")
-        if not self.lora:
-            # The adapters' settings without adapters would train a full fine-tune and ignore them.
-            defaults = {f.name: f.default for f in fields(self) if f.name in LORA_SETTINGS}
-            changed = [name for name in LORA_SETTINGS if getattr(self, name) != defaults[name]]
-            if changed:
-                raise OptionError(f"{', '.join(changed)} {'sets' if len(changed) == 1 else 'set'} LoRA adapters, and "
-                                  "lora is off: add lora, or leave it out", *changed, "lora")
-            if self.quantize:
-                raise OptionError(f"quantize {self.quantize} is QLoRA: it quantizes the frozen base under lora adapters; "
-                                  "add lora", "quantize", "lora")
-            return
+    def _check_quantize_fsdp(self) -> None:
         if self.quantize and self.parallel == "fsdp":
             # FSDP+QLoRA as published (PEFT's guide, Answer.AI's) is FSDP1's flat parameters over 4-bit weights stored
             # as bf16 (bnb_4bit_quant_storage). gaplan shards with FSDP2, whose fully_shard makes each Params4bit a
@@ -289,6 +278,24 @@ class WorkloadSpec:
                               "fully_shard turns bitsandbytes' 4-bit weights into plain shards without their "
                               "quantization state (the published FSDP+QLoRA recipe is FSDP1's); use QLoRA on one card, "
                               "or LoRA with fsdp", "quantize", "parallel")
+
+    def _validate_lora(self, kind: str) -> None:
+        if self.quantize is not None and self.quantize not in QUANTIZE:
+            raise OptionError(f"unknown quantize {self.quantize!r}; choose {', '.join(QUANTIZE)}", "quantize")
+        if not self.lora:
+            # The adapters' settings without adapters would train a full fine-tune and ignore them.
+            defaults = {f.name: f.default for f in fields(self) if f.name in LORA_SETTINGS}
+            changed = [name for name in LORA_SETTINGS if getattr(self, name) != defaults[name]]
+            if changed:
+                raise OptionError(f"{', '.join(changed)} {'sets' if len(changed) == 1 else 'set'} LoRA adapters, and "
+                                  "lora is off: add lora, or leave it out", *changed, "lora")
+            if self.quantize and kind != "function":  # a module:function model's own adapters train its base
+                raise OptionError(f"quantize {self.quantize} is QLoRA: it quantizes the frozen base under lora adapters; "
+                                  "add lora (or give a module:function model, whose frozen linear layers it quantizes)",
+                                  "quantize", "lora")
+            self._check_quantize_fsdp()
+            return
+        self._check_quantize_fsdp()
         if kind == "function":
             raise OptionError("lora does not apply to a module:function model (its function builds it): wrap it "
                               "with peft.get_peft_model there", "lora")

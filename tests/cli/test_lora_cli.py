@@ -202,3 +202,21 @@ def test_lora_over_two_ddp_ranks_and_over_fsdp2_trains_the_adapter_one_process_t
         assert set(other) == set(one), layout
         for name, value in one.items():
             torch.testing.assert_close(other[name], value, rtol=1e-5, atol=1e-6, msg=f"{layout} {name}")
+
+
+def test_a_function_models_4_bit_run_checkpoints_its_own_adapters_alone_and_resumes(tmp_path):
+    """examples/frozen_base.py with --quantize nf4: the checkpoint holds the model's adapter matrices (its 4-bit base
+    is rebuilt from the function), and --resume goes on from it."""
+    pytest.importorskip("bitsandbytes")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, GAPLAN_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=root)
+    run = ["train", "--model", "examples.frozen_base:make_bf16", "--quantize", "nf4", "--micro-batch", "4",
+           "--effective-batch", "8", "--checkpoint-every", "1", "--quiet", "--json"]
+    for extra, steps in ((["--out", "run", "--steps", "3"], 3), (["--resume", "run", "--steps", "5"], 2)):
+        done = subprocess.run([sys.executable, "-m", "gaplan", *run, *extra], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert json.loads(done.stdout)["steps"] == steps
+        saved = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+        assert saved["step"] == 3 + (steps if extra[0] == "--resume" else 0)
+        assert sorted(saved["model"]) == [f"blocks.{i}.up.lora_{m}" for i in range(2) for m in "ab"]

@@ -177,3 +177,19 @@ def test_fsdp2_drops_the_quantization_state_of_4bit_weights_the_reason_fsdp_qlor
             model(x)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_function_models_frozen_linear_layers_are_counted_in_4_bits_each_copy_in_its_own_dtype():
+    """examples/frozen_base.py in bf16: its 5 frozen nn.Linear layers (the head among them) in nf4, each product
+    holding a bf16 copy of its layer's weight; the adapters, embedding and norms as built."""
+    fields = dict(model="examples.frozen_base:make_bf16")
+    full = estimate(WorkloadSpec(**fields), target="t4", effective_batch=64)
+    nf4 = estimate(WorkloadSpec(**fields, quantize="nf4"), target="t4", effective_batch=64)
+    values = next(a for a in nf4.assumptions if a.topic == "quantization").values
+    weights = 2 * (128 * 512 + 512 * 128) + 128 * 512  # 2 blocks' up and down, and the head
+    assert values["layers"] == 5 and values["traced_bytes"] == 2 * weights
+    assert values["quantized_bytes"] == int(weights * (0.5 + 4 / 64))
+    assert values["dequantized_bytes"] == 2 * 128 * 512
+    assert full.static_bytes - nf4.static_bytes == values["traced_bytes"] - values["quantized_bytes"]
+    text = next(a for a in nf4.assumptions if a.topic == "quantization").text
+    assert "module:function model (its head included)" in text and "its own dtype" in text

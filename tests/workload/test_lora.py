@@ -56,7 +56,7 @@ def test_a_target_the_model_lacks_is_one_line():
     (dict(lora_alpha=float("inf")), r"lora_alpha must be a positive number \(got inf\)"),
     (dict(lora_dropout=1.0), r"lora_dropout must be in \[0, 1\)"),
     (dict(lora_targets=" , "), "lora_targets names no module"),
-    (dict(lora=False, quantize="4bit"), "add lora"),
+    (dict(lora=False, quantize="4bit"), "add lora \\(or give a module:function model, whose frozen linear layers"),
     (dict(lora=False, lora_r=8), "lora_r sets LoRA adapters, and lora is off"),
     (dict(lora=False, lora_alpha=8.0, lora_targets="all-linear"), "lora_alpha, lora_targets set LoRA adapters"),
     (dict(quantize="8bit"), "unknown quantize"),

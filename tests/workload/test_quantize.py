@@ -91,3 +91,68 @@ def test_qlora_without_bitsandbytes_or_with_one_older_than_its_cpu_backend_is_on
     with pytest.raises(GaplanError, match="on the CPU needs bitsandbytes >= 0.46 .installed: 0.45.5"):
         qlora_spec().validate().check_device("cpu")
     qlora_spec().validate().check_device("cuda:0")  # 0.45 runs nf4 on CUDA
+
+
+FROZEN_BASE = "examples.frozen_base"
+FROZEN_LAYERS = {"blocks.0.up.linear", "blocks.0.down", "blocks.1.up.linear", "blocks.1.down", "head"}
+
+
+@pytest.mark.parametrize(("maker", "dtype"), [("make", torch.float32), ("make_bf16", torch.bfloat16)])
+def test_a_function_models_frozen_linear_layers_are_nf4_in_their_own_dtype_and_its_adapters_stay(maker, dtype):
+    """A module:function model with its own adapters (examples/frozen_base.py): every frozen nn.Linear, the head
+    included, becomes bitsandbytes' nf4 of its full-precision weight, computing in that weight's dtype; the adapters
+    and the frozen embedding and norms stay as built."""
+    spec = WorkloadSpec(model=f"{FROZEN_BASE}:{maker}", quantize="nf4")
+    quantized = build_workload(spec, seed=0)
+    full = full_precision_twin(quantized, seed=0)
+    assert is_quantized(quantized.model) and not is_quantized(full.model)
+    found = base_layers(quantized.model)
+    assert set(found) == FROZEN_LAYERS
+    originals = dict(full.model.named_modules())
+    for name, layer in found.items():
+        assert layer.compute_dtype == dtype and layer.weight.quant_type == "nf4", name
+        assert not layer.weight.compress_statistics, name  # nf4: no double quantization
+        original = originals[name].weight.detach()
+        codes, state = bnb.functional.quantize_4bit(original.contiguous(), quant_type="nf4", compress_statistics=False)
+        dequantized = bnb.functional.dequantize_4bit(layer.weight.data, layer.weight.quant_state)
+        assert dequantized.dtype == dtype and torch.equal(dequantized, bnb.functional.dequantize_4bit(codes, state))
+    trainable = {n for n, p in quantized.model.named_parameters() if p.requires_grad}
+    assert trainable == {f"blocks.{i}.up.lora_{m}" for i in range(2) for m in "ab"}
+    assert type(quantized.model.embed) is torch.nn.Embedding and quantized.model.embed.weight.dtype == dtype
+
+
+def test_accumulated_adapter_gradients_of_a_function_models_4_bit_base_equal_one_batch():
+    """Two micro-batches of 4 give the function model's adapters the gradient of one batch of 8 (its loss is a
+    per-batch mean: gaplan averages the two)."""
+    from gaplan.training.step import accumulate_gradients
+
+    spec = WorkloadSpec(model=f"{FROZEN_BASE}:make", quantize="4bit")
+
+    def adapter_grads(splits):
+        workload = build_workload(spec, seed=0)
+        with torch.no_grad():
+            for name, p in workload.model.named_parameters():
+                if "lora_b" in name:  # B starts at zero: a seeded non-zero B gives A a gradient too
+                    p.normal_(0, 0.02, generator=torch.Generator().manual_seed(len(name)))
+        torch.manual_seed(1)
+        batch = workload.make_batch(8)
+        starts = [sum(splits[:i]) for i in range(len(splits))]
+        batches = [{k: v[s:s + n] for k, v in batch.items()} for s, n in zip(starts, splits, strict=True)]
+        accumulate_gradients(workload.model, batches, workload.raw_loss, workload.task, workload.loss_is_scaled_for_ga)
+        return {n: p.grad.clone() for n, p in workload.model.named_parameters() if p.requires_grad}
+
+    full, split = adapter_grads([8]), adapter_grads([4, 4])
+    assert set(full) == set(split) and len(full) == 4
+    for name, grad in full.items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(split[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    (dict(model=f"{FROZEN_BASE}:make", quantize="nf4", parallel="fsdp"), "quantize nf4 with parallel fsdp"),
+    (dict(model="tiny-llama", quantize="nf4"), "add lora \\(or give a module:function model"),
+])
+def test_quantize_without_lora_is_a_function_models_and_on_one_card(fields, message):
+    with pytest.raises(GaplanError, match=message):
+        WorkloadSpec(**fields).validate()
+    WorkloadSpec(model=f"{FROZEN_BASE}:make", quantize="nf4").validate()
