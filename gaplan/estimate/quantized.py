@@ -50,6 +50,9 @@ class QuantizedBase:
         return 0 if operands is None else max(self.copies.get(m.untyped_storage()._cdata, 0) for m in operands)
 
 
+DTYPE_NAME_OF = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}  # a weight's, by name
+
+
 def quantized_base(model: Any, compute_bytes: int | None, quantize: str = "4bit", run: QLoRARun | None = None,
                    compute_dtype: str | None = None) -> QuantizedBase:
     """The 4-bit accounting of ``model``'s frozen linear layers (a PeftModel: adapters and heads excluded, unless
@@ -64,7 +67,7 @@ def quantized_base(model: Any, compute_bytes: int | None, quantize: str = "4bit"
     weights = [module.weight for module in quantized_layers(model, head=run.quantize_head).values()]
 
     def copy_bytes(weight: Any) -> int:
-        dtype = compute_dtype or DTYPE_NAME_OF[str(weight.dtype)]
+        dtype = compute_dtype or DTYPE_NAME_OF.get(str(weight.dtype))
         per_element = compute_bytes if compute_bytes is not None else weight.element_size()
         if run.quant_state_dtype and run.quant_state_dtype != dtype:
             per_element += DTYPE_BYTES[run.quant_state_dtype]
@@ -74,9 +77,6 @@ def quantized_base(model: Any, compute_bytes: int | None, quantize: str = "4bit"
                          quantized_bytes=int(sum(w.numel() for w in weights) * BYTES_PER_WEIGHT_OF[quantize]),
                          dequantized_bytes=max((copy_bytes(w) for w in weights), default=0),
                          copies={w.untyped_storage()._cdata: copy_bytes(w) for w in weights})
-
-
-DTYPE_NAME_OF = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
 
 
 # bitsandbytes before 0.43.2 kept each 4-bit product's input on its autograd context, ``ctx.tensors = (A, B)`` in

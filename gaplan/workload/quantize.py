@@ -78,8 +78,12 @@ def quantized_layers(model: nn.Module, head: bool = False) -> dict[str, nn.Modul
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not isinstance(base, PreTrainedModel):
-        return {name: module for name, module in base.named_modules()
-                if type(module) is nn.Linear and not module.weight.requires_grad}
+        frozen = {name: module for name, module in base.named_modules()
+                  if type(module) is nn.Linear and not module.weight.requires_grad}
+        if not frozen:
+            raise GaplanError("--quantize puts a module:function model's frozen nn.Linear layers in 4 bits, and this "
+                              "model has none: freeze its base in the function (requires_grad_(False))")
+        return frozen
     kept = get_keys_to_not_convert(base)
     output = base.get_output_embeddings() if head and hasattr(base, "get_output_embeddings") else None
     return {name: module for name, module in base.named_modules()

@@ -156,3 +156,8 @@ def test_quantize_without_lora_is_a_function_models_and_on_one_card(fields, mess
     with pytest.raises(GaplanError, match=message):
         WorkloadSpec(**fields).validate()
     WorkloadSpec(model=f"{FROZEN_BASE}:make", quantize="nf4").validate()
+
+
+def test_quantize_of_a_function_model_without_a_frozen_linear_layer_is_one_line():
+    with pytest.raises(GaplanError, match="this model has none: freeze its base"):
+        build_workload(WorkloadSpec(model="examples.custom_model:make_cnn", quantize="nf4"), seed=0)
