@@ -103,10 +103,11 @@ def _keeping_input(original, name: str):
 
     top_hooks = private("torch._C._autograd", "_top_saved_tensors_default_hooks")
 
-    def keeping_input(self, *args, **kwargs):
+    def keeping_input(*args, **kwargs):
+        self = args[0] if args else kwargs.get("input", kwargs.get("self"))  # torch.mean(input=x) names it
         if has_torch_function_unary(self):  # as the op's own binding does: the modes see the op, then call this
-            return handle_torch_function(keeping_input, (self,), self, *args, **kwargs)
-        out = original(self, *args, **kwargs)
+            return handle_torch_function(keeping_input, (self,), *args, **kwargs)
+        out = original(*args, **kwargs)
         if out.grad_fn is not None:
             hooks = top_hooks(False)
             kept = {"input": hooks[0](self) if hooks else self}
@@ -148,14 +149,18 @@ def older_autograd(version: str | None):
         patched.append((torch.Tensor, "softmax"))
     if release is not None and release < MEAN_INPUT_DROPPED_IN:
         patched += [(torch.Tensor, "mean"), (torch, "mean")]
-    originals = [(owner, name, getattr(owner, name)) for owner, name in patched]
-    for owner, name, original in originals:
-        setattr(owner, name, _keeping_input(original, name))
+    # (owner, name, original, whether the owner itself held it: Tensor.mean is inherited from TensorBase)
+    originals = [(owner, name, getattr(owner, name), name in vars(owner)) for owner, name in patched]
     try:
+        for owner, name, original, _ in originals:
+            setattr(owner, name, _keeping_input(original, name))
         yield
     finally:
-        for owner, name, original in originals:
-            setattr(owner, name, original)
+        for owner, name, original, own in originals:
+            if own:
+                setattr(owner, name, original)
+            elif name in vars(owner):
+                delattr(owner, name)
 
 
 def estimate_row(row: dict) -> dict:

@@ -372,7 +372,7 @@ def quantized_weights(quantized, spec) -> Assumption:
             f"in {spec.weights_dtype}; embeddings, norms, the output head and the adapters stay as traced")
     return Assumption(
         "quantization",
-        f"QLoRA (--quantize {spec.quantize}): {layers} in bitsandbytes' {layout}: "
+        f"{'A 4-bit base' if own else 'QLoRA'} (--quantize {spec.quantize}): {layers} in bitsandbytes' {layout}: "
         f"{format_bytes(quantized.quantized_bytes)} instead of {format_bytes(quantized.traced_bytes)} {kept}. Each "
         f"4-bit layer dequantizes its weight to {'its own dtype' if own else 'the compute dtype'} for each of its "
         f"products, forward and backward, and frees it after: counted at that product's moment (the largest copy "

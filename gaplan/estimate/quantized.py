@@ -53,22 +53,21 @@ class QuantizedBase:
 DTYPE_NAME_OF = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}  # a weight's, by name
 
 
-def quantized_base(model: Any, compute_bytes: int | None, quantize: str = "4bit", run: QLoRARun | None = None,
-                   compute_dtype: str | None = None) -> QuantizedBase:
+def quantized_base(model: Any, compute_dtype: str | None, quantize: str = "4bit", run: QLoRARun | None = None,
+                   own: bool = False) -> QuantizedBase:
     """The 4-bit accounting of ``model``'s frozen linear layers (a PeftModel: adapters and heads excluded, unless
-    ``run.quantize_head``; a ``module:function`` model: every frozen ``nn.Linear``). ``compute_dtype`` None (and
-    ``compute_bytes`` None): each layer computes in its weight's own dtype, as gaplan builds a ``module:function``
-    model's 4-bit layers. With ``run.quant_state_dtype`` other than the compute dtype (weights quantized from
-    another dtype), each copy is dequantized in that dtype and cast: both are held at the cast, counted as one
-    workspace with the product."""
+    ``run.quantize_head``; ``own``, a ``module:function`` model: every frozen ``nn.Linear``). ``compute_dtype`` None:
+    each layer computes in its weight's own dtype, as gaplan builds a ``module:function`` model's 4-bit layers. With
+    ``run.quant_state_dtype`` other than the compute dtype (weights quantized from another dtype), each copy is
+    dequantized in that dtype and cast: both are held at the cast, counted as one workspace with the product."""
     from gaplan.workload.quantize import quantized_layers
 
     run = run or QLoRARun()
-    weights = [module.weight for module in quantized_layers(model, head=run.quantize_head).values()]
+    weights = [module.weight for module in quantized_layers(model, head=run.quantize_head, own=own).values()]
 
     def copy_bytes(weight: Any) -> int:
         dtype = compute_dtype or DTYPE_NAME_OF.get(str(weight.dtype))
-        per_element = compute_bytes if compute_bytes is not None else weight.element_size()
+        per_element = DTYPE_BYTES[compute_dtype] if compute_dtype else weight.element_size()
         if run.quant_state_dtype and run.quant_state_dtype != dtype:
             per_element += DTYPE_BYTES[run.quant_state_dtype]
         return weight.numel() * per_element
@@ -133,8 +132,8 @@ class KeptInputs:
     (the forward's own peak is at its end, where all of them exist), freed when the head's forward returns.
     """
 
-    def __init__(self, model: Any, run: QLoRARun) -> None:
-        self.model, self.run = model, run
+    def __init__(self, model: Any, run: QLoRARun, own: bool = False) -> None:
+        self.model, self.run, self.own = model, run, own
         self.current: list[Any] = []
         self.previous: list[Any] = []
         self.seen: set[int] = set()
@@ -169,7 +168,7 @@ class KeptInputs:
             self.previous.clear()
 
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        layers = quantized_layers(self.model, head=self.run.quantize_head).values()
+        layers = quantized_layers(self.model, head=self.run.quantize_head, own=self.own).values()
         self.handles = [layer.register_forward_pre_hook(keep) for layer in layers]
         head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
         if head is not None:

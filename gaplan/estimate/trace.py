@@ -42,7 +42,7 @@ from gaplan.estimate.recompute import recompute_under_forward_modes
 from gaplan.estimate.result import TracedRow
 from gaplan.estimate.torch_private import private, private_attr, private_module
 from gaplan.plan.search import least_squares_line
-from gaplan.workload.spec import DTYPE_BYTES, model_source_kind
+from gaplan.workload.spec import model_source_kind
 
 if TYPE_CHECKING:
     from gaplan.workload.build import Workload, WorkloadSpec
@@ -91,12 +91,10 @@ class Tracer:
 
                 self.qlora_run = self.qlora_run or QLoRARun()
                 own = model_source_kind(self.spec.model) == "function"  # each layer in its weight's dtype
-                self.quantized = quantized_base(self.workload.model,
-                                                compute_bytes=None if own else DTYPE_BYTES[self.spec.dtype],
-                                                quantize=self.spec.quantize, run=self.qlora_run,
-                                                compute_dtype=None if own else self.spec.dtype)
+                self.quantized = quantized_base(self.workload.model, None if own else self.spec.dtype,
+                                                quantize=self.spec.quantize, run=self.qlora_run, own=own)
                 if self.qlora_run.keeps_inputs:
-                    self.kept_inputs = KeptInputs(self.workload.model, self.qlora_run)
+                    self.kept_inputs = KeptInputs(self.workload.model, self.qlora_run, own)
             if self.world_size > 1:  # DDP's buckets: a flat copy of the gradients, held through every step
                 self.bucket_bytes = sum(p.numel() * p.element_size() for p in self.workload.model.parameters()
                                         if p.requires_grad)

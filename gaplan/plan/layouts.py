@@ -249,7 +249,7 @@ _FLAGS = (("task", "--task"), ("seq_len", "--seq-len"), ("target_len", "--target
           ("loss", "--loss"),
           ("init", "--init"), ("parallel", "--parallel"), ("grad_sync", "--grad-sync"))
 _LORA_FLAGS = (("lora_r", "--lora-r"), ("lora_alpha", "--lora-alpha"), ("lora_dropout", "--lora-dropout"),
-               ("lora_targets", "--lora-targets"), ("quantize", "--quantize"))
+               ("lora_targets", "--lora-targets"))
 
 
 def workload_flags(workload: dict) -> list[str]:
@@ -265,6 +265,8 @@ def workload_flags(workload: dict) -> list[str]:
             value = workload.get(key)
             if value is not None and value != _DEFAULTS.get(key):
                 words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    if workload.get("quantize"):  # QLoRA's, or a module:function model's frozen linear layers
+        words += ["--quantize", str(workload["quantize"])]
     if workload.get("grad_checkpointing"):  # True, or the blocks chosen (every:K, layers:N)
         words += ["--grad-checkpointing", str(parse_checkpointing(workload["grad_checkpointing"]))]
     if workload.get("compile"):

@@ -364,7 +364,7 @@ def _build_custom(spec: WorkloadSpec, device: torch.device) -> Workload:
         raise GaplanError(f"--model {spec.model!r}: {exc}") from None
     apply_checkpointing(made.model, spec.grad_checkpointing, spec.model)
     model = made.model
-    if spec.quantize and device.type != "meta":  # a fake model keeps its dtype: gaplan.estimate.quantized counts
+    if spec.quantize and device.type != "meta":  # on meta (the estimate's trace) gaplan.estimate.quantized counts it
         from gaplan.workload.quantize import quantize_frozen_linears
 
         model = quantize_frozen_linears(model, device, spec.quantize)

@@ -61,34 +61,47 @@ def quantization_config(compute_dtype: torch.dtype, quantize: str = "4bit") -> A
                               bnb_4bit_quant_storage=torch.uint8)
 
 
-def quantized_layers(model: nn.Module, head: bool = False) -> dict[str, nn.Module]:
+def quantized_layers(model: nn.Module, head: bool = False, own: bool = False) -> dict[str, nn.Module]:
     """The layers QLoRA puts in 4 bits, by name, under ``model`` or a PeftModel's base: transformers' rule (its
     ``replace_with_bnb_linear``), every ``nn.Linear`` and GPT-2 ``Conv1D`` but what ``get_keys_to_not_convert``
     keeps (the output head and the weights tied to it). A PeftModel's adapters are not among them. ``head``: the
     output head too, as Lightning Fabric's ``BitsandbytesPrecision`` converts every ``nn.Linear`` (the estimate of a
     LitGPT run; gaplan's own build keeps transformers' rule).
 
-    A model that is not transformers' (a ``module:function`` model, which brings its own adapters): every
-    ``nn.Linear`` whose weight is frozen, the head included, as Fabric converts every ``nn.Linear`` (a trainable
-    one cannot be 4-bit)."""
-    from transformers import PreTrainedModel
+    ``own``: a ``module:function`` model, which brings its own adapters: every ``nn.Linear`` under ``model`` whose
+    weight is frozen, the head included, as Fabric converts every ``nn.Linear`` (a trainable one cannot be 4-bit).
+    One whose weight another parameter holder shares (a head tied to an embedding) is refused in one line: 4 bits
+    would give each holder its own copy."""
+    if own:
+        return _frozen_linears(model)
     from transformers.pytorch_utils import Conv1D
     from transformers.quantizers.base import get_keys_to_not_convert
     from transformers.quantizers.quantizers_utils import should_convert_module
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if not isinstance(base, PreTrainedModel):
-        frozen = {name: module for name, module in base.named_modules()
-                  if type(module) is nn.Linear and not module.weight.requires_grad}
-        if not frozen:
-            raise GaplanError("--quantize puts a module:function model's frozen nn.Linear layers in 4 bits, and this "
-                              "model has none: freeze its base in the function (requires_grad_(False))")
-        return frozen
     kept = get_keys_to_not_convert(base)
     output = base.get_output_embeddings() if head and hasattr(base, "get_output_embeddings") else None
     return {name: module for name, module in base.named_modules()
             if (type(module) is nn.Linear or isinstance(module, Conv1D)) and ".lora_" not in name
             and (should_convert_module(name, kept) or (module is output and type(module) is nn.Linear))}
+
+
+def _frozen_linears(model: nn.Module) -> dict[str, nn.Module]:
+    frozen = {name: module for name, module in model.named_modules()
+              if type(module) is nn.Linear and not module.weight.requires_grad}
+    if not frozen:
+        raise GaplanError("--quantize puts a module:function model's frozen nn.Linear layers in 4 bits, and this "
+                          "model has none: freeze its base in the function (requires_grad_(False))")
+    holders: dict[int, list[str]] = {}
+    for name, module in model.named_modules():
+        for param_name, param in module.named_parameters(recurse=False):
+            holders.setdefault(id(param), []).append(f"{name}.{param_name}" if name else param_name)
+    for module in frozen.values():
+        shared = holders[id(module.weight)]
+        if len(shared) > 1:
+            raise GaplanError(f"--quantize: {' and '.join(shared)} are one weight; 4 bits would give each its own "
+                              "copy: untie them in the function, or leave --quantize out")
+    return frozen
 
 
 def quantize_base(model: nn.Module, compute_dtype: torch.dtype, device: torch.device,
@@ -121,29 +134,36 @@ def quantize_base(model: nn.Module, compute_dtype: torch.dtype, device: torch.de
 
 
 def quantize_frozen_linears(model: nn.Module, device: torch.device, quantize: str = "4bit") -> nn.Module:
-    """A ``module:function`` model (built on the CPU) with its :func:`quantized_layers`, its frozen ``nn.Linear``
-    layers, each a ``bnb.nn.Linear4bit`` on ``device`` that computes in the dtype its weight had (a bf16 model's
-    products stay bf16, as Fabric's ``BitsandbytesPrecision`` keeps the run's dtype); the rest moved there."""
+    """A ``module:function`` model with its frozen ``nn.Linear`` layers (:func:`quantized_layers`, ``own``) each a
+    ``bnb.nn.Linear4bit`` on ``device`` that computes in the dtype its weight had (a bf16 model's products stay bf16,
+    as a bf16-true run under Fabric's ``BitsandbytesPrecision`` computes them); the rest moved there, a bias that
+    trains still training. A layer reached by two names is replaced at both."""
     bnb = import_bitsandbytes()
-    for name, original in quantized_layers(model).items():
-        parent_name, _, child = name.rpartition(".")
+    names: dict[int, list[str]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        names.setdefault(id(module), []).append(name)
+    for original in quantized_layers(model, own=True).values():
         layer = bnb.nn.Linear4bit(original.in_features, original.out_features, bias=original.bias is not None,
                                   compute_dtype=original.weight.dtype, compress_statistics=DOUBLE_QUANT[quantize],
                                   quant_type=QUANT_TYPE, quant_storage=torch.uint8, device="meta")
-        _fill_4bit(layer, original, original.weight.data, device)
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
+        _fill_4bit(layer, original, original.weight.data, device,
+                   bias_trains=original.bias is not None and original.bias.requires_grad)
+        for name in names[id(original)]:
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
     model.to(device)
     model.is_loaded_in_4bit = True
     return model
 
 
-def _fill_4bit(layer: nn.Module, original: nn.Module, weight: torch.Tensor, device: torch.device) -> None:
+def _fill_4bit(layer: nn.Module, original: nn.Module, weight: torch.Tensor, device: torch.device,
+               bias_trains: bool = False) -> None:
     """``layer`` (a ``Linear4bit`` on meta) given ``original``'s weight, quantized as it moves to ``device``, and its
     bias; the full-precision copy goes now, not after the last layer."""
     bnb = import_bitsandbytes()
     layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, **layer.weight.__dict__).to(device)
     if original.bias is not None:
-        layer.bias = nn.Parameter(original.bias.data.to(device), requires_grad=False)
+        layer.bias = nn.Parameter(original.bias.data.to(device), requires_grad=bias_trains)
     original.weight = original.bias = None
 
 

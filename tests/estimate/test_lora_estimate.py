@@ -100,7 +100,7 @@ def test_a_4_bit_layers_products_hold_its_dequantized_copy_and_nothing_else_does
     from gaplan.estimate.quantized import quantized_base
 
     model = build_workload(WorkloadSpec(model="tiny-llama", seq_len=32, lora=True), "meta").model
-    base = quantized_base(model, compute_bytes=2)
+    base = quantized_base(model, "bf16")
     aten = torch.ops.aten
     layers = dict(model.named_modules())
     down = layers["base_model.model.model.layers.0.mlp.down_proj"].weight
@@ -179,17 +179,16 @@ def test_fsdp2_drops_the_quantization_state_of_4bit_weights_the_reason_fsdp_qlor
         dist.destroy_process_group()
 
 
-def test_a_function_models_frozen_linear_layers_are_counted_in_4_bits_each_copy_in_its_own_dtype():
-    """examples/frozen_base.py in bf16: its 5 frozen nn.Linear layers (the head among them) in nf4, each product
-    holding a bf16 copy of its layer's weight; the adapters, embedding and norms as built."""
-    fields = dict(model="examples.frozen_base:make_bf16")
-    full = estimate(WorkloadSpec(**fields), target="t4", effective_batch=64)
-    nf4 = estimate(WorkloadSpec(**fields, quantize="nf4"), target="t4", effective_batch=64)
-    values = next(a for a in nf4.assumptions if a.topic == "quantization").values
+@pytest.mark.parametrize(("maker", "element"), [("make", 4), ("make_bf16", 2)])
+def test_a_function_models_frozen_linear_layers_are_counted_in_4_bits_each_copy_in_its_own_dtype(maker, element):
+    """examples/frozen_base.py: its 5 frozen nn.Linear layers (the head among them) in nf4, each product holding a
+    copy of its layer's weight in that weight's dtype (fp32: 4 bytes, bf16: 2); the adapters, embedding and norms
+    as built; the text says it is the function's own base, not QLoRA's."""
+    nf4 = estimate(WorkloadSpec(model=f"examples.frozen_base:{maker}", quantize="nf4"), target="t4", effective_batch=64)
+    note = next(a for a in nf4.assumptions if a.topic == "quantization")
     weights = 2 * (128 * 512 + 512 * 128) + 128 * 512  # 2 blocks' up and down, and the head
-    assert values["layers"] == 5 and values["traced_bytes"] == 2 * weights
-    assert values["quantized_bytes"] == int(weights * (0.5 + 4 / 64))
-    assert values["dequantized_bytes"] == 2 * 128 * 512
-    assert full.static_bytes - nf4.static_bytes == values["traced_bytes"] - values["quantized_bytes"]
-    text = next(a for a in nf4.assumptions if a.topic == "quantization").text
-    assert "module:function model (its head included)" in text and "its own dtype" in text
+    assert note.values["layers"] == 5 and note.values["traced_bytes"] == element * weights
+    assert note.values["quantized_bytes"] == int(weights * (0.5 + 4 / 64))
+    assert note.values["dequantized_bytes"] == element * 128 * 512
+    assert note.text.startswith("A 4-bit base (--quantize nf4): the 5 frozen nn.Linear layers of the module:function "
+                                "model (its head included)") and "its own dtype" in note.text

@@ -286,3 +286,10 @@ def test_the_launch_command_rebuilds_every_switch_of_the_workload(name):
     flags = workload_flags(spec.to_dict())
     with main.get_command(None, "train").make_context("train", flags) as ctx:
         assert spec_from_flat(ctx.params, device=False) == spec, flags
+
+
+def test_the_launch_command_keeps_quantize_with_lora_and_without():
+    """QLoRA's (after --lora's own flags) and a module:function model's frozen layers in 4 bits (no --lora)."""
+    assert workload_flags({"model": "m", "lora": True, "lora_r": 8, "quantize": "4bit"}) == [
+        "--model", "m", "--lora", "--lora-r", "8", "--quantize", "4bit"]
+    assert workload_flags({"model": "pkg:make", "quantize": "nf4"}) == ["--model", "pkg:make", "--quantize", "nf4"]

@@ -118,6 +118,7 @@ def test_a_function_models_frozen_linear_layers_are_nf4_in_their_own_dtype_and_i
         assert dequantized.dtype == dtype and torch.equal(dequantized, bnb.functional.dequantize_4bit(codes, state))
     trainable = {n for n, p in quantized.model.named_parameters() if p.requires_grad}
     assert trainable == {f"blocks.{i}.up.lora_{m}" for i in range(2) for m in "ab"}
+    assert not any(p.requires_grad for layer in found.values() for p in layer.parameters())
     assert type(quantized.model.embed) is torch.nn.Embedding and quantized.model.embed.weight.dtype == dtype
 
 
@@ -158,6 +159,29 @@ def test_quantize_without_lora_is_a_function_models_and_on_one_card(fields, mess
     WorkloadSpec(model=f"{FROZEN_BASE}:make", quantize="nf4").validate()
 
 
-def test_quantize_of_a_function_model_without_a_frozen_linear_layer_is_one_line():
+def test_quantize_of_a_function_model_without_a_frozen_linear_layer_or_with_a_tied_one_is_one_line():
     with pytest.raises(GaplanError, match="this model has none: freeze its base"):
         build_workload(WorkloadSpec(model="examples.custom_model:make_cnn", quantize="nf4"), seed=0)
+    from gaplan.workload.quantize import quantized_layers
+
+    model = torch.nn.ModuleDict({"embed": torch.nn.Embedding(8, 4), "head": torch.nn.Linear(4, 8, bias=False)})
+    model.head.weight = model.embed.weight  # tied, as a language model's head often is
+    model.requires_grad_(False)
+    with pytest.raises(GaplanError, match="embed.weight and head.weight are one weight"):
+        quantized_layers(model, own=True)
+
+
+def test_a_function_models_layer_under_two_names_is_one_4_bit_layer_and_a_training_bias_still_trains():
+    """The rule is the function model's own (frozen nn.Linear), also for a transformers model it returns: a layer
+    whose bias trains keeps that bias trainable; a layer reached by two names is replaced at both."""
+    from gaplan.workload.quantize import quantize_frozen_linears
+
+    shared = torch.nn.Linear(64, 64)
+    shared.weight.requires_grad_(False)  # the bias trains
+    model = torch.nn.ModuleDict({"a": shared, "b": torch.nn.Sequential(shared), "head": torch.nn.Linear(64, 8)})
+    model = quantize_frozen_linears(model, torch.device("cpu"), "nf4")
+    assert model["a"] is model["b"][0] and isinstance(model["a"], bnb.nn.Linear4bit)
+    assert model["a"].bias.requires_grad and type(model["head"]) is torch.nn.Linear  # the head trains: not 4-bit
+    x = torch.randn(2, 64)
+    model["head"](model["b"](model["a"](x))).sum().backward()
+    assert model["a"].bias.grad is not None
