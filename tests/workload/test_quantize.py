@@ -185,3 +185,19 @@ def test_a_function_models_layer_under_two_names_is_one_4_bit_layer_and_a_traini
     x = torch.randn(2, 64)
     model["head"](model["b"](model["a"](x))).sum().backward()
     assert model["a"].bias.grad is not None
+
+
+def test_a_transformers_model_a_function_returns_takes_the_function_models_rule():
+    """Every frozen nn.Linear, the head included, and not a layer that trains: not transformers' rule."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from gaplan.workload.quantize import quantized_layers
+
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, vocab_size=64))
+    model.requires_grad_(False)
+    model.model.layers[0].self_attn.q_proj.requires_grad_(True)
+    names = set(quantized_layers(model, own=True))
+    projections = {f"model.layers.0.{part}" for part in ("self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                                         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+    assert names == projections | {"lm_head"}
