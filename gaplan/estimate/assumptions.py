@@ -358,14 +358,13 @@ def lora_adapters(spec, frozen_bytes: int, trainable: int, trainable_bytes: int)
 def quantized_weights(quantized, spec) -> Assumption:
     """QLoRA: the 4-bit base as modelled (bytes per weight, what stays in full precision, the dequantized copy)."""
     from gaplan.estimate.quantized import BYTES_PER_WEIGHT_OF, NESTED_BLOCK, NF4_BLOCK
-    from gaplan.workload.spec import model_source_kind
 
     per_weight = BYTES_PER_WEIGHT_OF[spec.quantize]
     layout = (f"nf4 with double quantization, {per_weight:.4f} bytes per weight (a 4-bit code, an 8-bit absmax per "
               f"{NF4_BLOCK}, an fp32 scale per {NESTED_BLOCK} absmaxes)" if spec.quantize == "4bit" else
               f"nf4 without double quantization, {per_weight:.4f} bytes per weight (a 4-bit code, an fp32 absmax per "
               f"{NF4_BLOCK})")
-    own = model_source_kind(spec.model) == "function"
+    own = quantized.own
     layers = (f"the {quantized.layers} frozen nn.Linear layers of the module:function model (its head included)" if own
               else f"the {quantized.layers} frozen linear layers of the base (GPT-2's Conv1D too)")
     kept = ("as the function built them; the rest (its adapters, embeddings, norms) stays as traced" if own else

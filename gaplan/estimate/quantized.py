@@ -34,6 +34,7 @@ class QuantizedBase:
     traced_bytes: int  # their weights as traced (in --weights-dtype)
     quantized_bytes: int  # the same weights in 4-bit nf4 (with double quantization for --quantize 4bit)
     dequantized_bytes: int  # the largest layer's weight in the compute dtype: held while that layer computes
+    own: bool = False  # a module:function model's frozen nn.Linear layers, each computing in its weight's dtype
     # The traced weights' storages (views share them) -> the bytes of that layer's dequantized copy.
     copies: dict[int, int] = field(default_factory=dict, compare=False, repr=False)
 
@@ -50,9 +51,6 @@ class QuantizedBase:
         return 0 if operands is None else max(self.copies.get(m.untyped_storage()._cdata, 0) for m in operands)
 
 
-DTYPE_NAME_OF = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}  # a weight's, by name
-
-
 def quantized_base(model: Any, compute_dtype: str | None, quantize: str = "4bit", run: QLoRARun | None = None,
                    own: bool = False) -> QuantizedBase:
     """The 4-bit accounting of ``model``'s frozen linear layers (a PeftModel: adapters and heads excluded, unless
@@ -60,13 +58,15 @@ def quantized_base(model: Any, compute_dtype: str | None, quantize: str = "4bit"
     each layer computes in its weight's own dtype, as gaplan builds a ``module:function`` model's 4-bit layers. With
     ``run.quant_state_dtype`` other than the compute dtype (weights quantized from another dtype), each copy is
     dequantized in that dtype and cast: both are held at the cast, counted as one workspace with the product."""
+    from gaplan.workload.build import DTYPES
     from gaplan.workload.quantize import quantized_layers
 
     run = run or QLoRARun()
     weights = [module.weight for module in quantized_layers(model, head=run.quantize_head, own=own).values()]
+    name_of = {dtype: name for name, dtype in DTYPES.items()}
 
     def copy_bytes(weight: Any) -> int:
-        dtype = compute_dtype or DTYPE_NAME_OF.get(str(weight.dtype))
+        dtype = compute_dtype or name_of.get(weight.dtype)
         per_element = DTYPE_BYTES[compute_dtype] if compute_dtype else weight.element_size()
         if run.quant_state_dtype and run.quant_state_dtype != dtype:
             per_element += DTYPE_BYTES[run.quant_state_dtype]
@@ -74,7 +74,7 @@ def quantized_base(model: Any, compute_dtype: str | None, quantize: str = "4bit"
 
     return QuantizedBase(layers=len(weights), traced_bytes=sum(w.numel() * w.element_size() for w in weights),
                          quantized_bytes=int(sum(w.numel() for w in weights) * BYTES_PER_WEIGHT_OF[quantize]),
-                         dequantized_bytes=max((copy_bytes(w) for w in weights), default=0),
+                         dequantized_bytes=max((copy_bytes(w) for w in weights), default=0), own=own,
                          copies={w.untyped_storage()._cdata: copy_bytes(w) for w in weights})
 
 

@@ -267,18 +267,6 @@ class WorkloadSpec:
             raise OptionError(f"target_len applies to {' and '.join(tasks_taking(TARGET_LEN))} models; {self.model} "
                               f"trains as {task}", "target_len")
 
-    def _check_quantize_fsdp(self) -> None:
-        if self.quantize and self.parallel == "fsdp":
-            # FSDP+QLoRA as published (PEFT's guide, Answer.AI's) is FSDP1's flat parameters over 4-bit weights stored
-            # as bf16 (bnb_4bit_quant_storage). gaplan shards with FSDP2, whose fully_shard makes each Params4bit a
-            # plain DTensor shard and drops its quant_state: a forward then fails (measured on the CPU, bitsandbytes
-            # 0.50, torch 2.13; tests/estimate/test_lora_estimate.py) or, on CUDA, computes wrong values
-            # (bitsandbytes#1945, accelerate#3874, both open).
-            raise OptionError(f"quantize {self.quantize} with parallel fsdp is not supported: gaplan shards with FSDP2, whose "
-                              "fully_shard turns bitsandbytes' 4-bit weights into plain shards without their "
-                              "quantization state (the published FSDP+QLoRA recipe is FSDP1's); use QLoRA on one card, "
-                              "or LoRA with fsdp", "quantize", "parallel")
-
     def _validate_lora(self, kind: str) -> None:
         if self.quantize is not None and self.quantize not in QUANTIZE:
             raise OptionError(f"unknown quantize {self.quantize!r}; choose {', '.join(QUANTIZE)}", "quantize")
@@ -293,9 +281,18 @@ class WorkloadSpec:
                 raise OptionError(f"quantize {self.quantize} is QLoRA: it quantizes the frozen base under lora adapters; "
                                   "add lora (or give a module:function model, whose frozen linear layers it quantizes)",
                                   "quantize", "lora")
-            self._check_quantize_fsdp()
+        if self.quantize and self.parallel == "fsdp":
+            # FSDP+QLoRA as published (PEFT's guide, Answer.AI's) is FSDP1's flat parameters over 4-bit weights stored
+            # as bf16 (bnb_4bit_quant_storage). gaplan shards with FSDP2, whose fully_shard makes each Params4bit a
+            # plain DTensor shard and drops its quant_state: a forward then fails (measured on the CPU, bitsandbytes
+            # 0.50, torch 2.13; tests/estimate/test_lora_estimate.py) or, on CUDA, computes wrong values
+            # (bitsandbytes#1945, accelerate#3874, both open).
+            raise OptionError(f"quantize {self.quantize} with parallel fsdp is not supported: gaplan shards with FSDP2, whose "
+                              "fully_shard turns bitsandbytes' 4-bit weights into plain shards without their "
+                              "quantization state (the published FSDP+QLoRA recipe is FSDP1's); use QLoRA on one card, "
+                              "or LoRA with fsdp", "quantize", "parallel")
+        if not self.lora:
             return
-        self._check_quantize_fsdp()
         if kind == "function":
             raise OptionError("lora does not apply to a module:function model (its function builds it): wrap it "
                               "with peft.get_peft_model there", "lora")
