@@ -18,11 +18,9 @@ from gaplan.workload.spec import WorkloadSpec
 
 
 @click.command(name="plan", cls=GaplanCommand)
-@field_options(WorkloadSpec, only=("model", "dtype", "optimizer", "loss", "lr", "trust_remote_code"),
+@field_options(WorkloadSpec, only=("model", "optimizer", "loss", "lr", "trust_remote_code"),
                model={"help": field_help(WorkloadSpec, "model") + " Shapes to plan for: llama-2-7b, llama-2-13b, "
                                                                   "llama-2-70b."},
-               dtype={"type": click.Choice(["bf16", "fp16", "fp32"]), "default": "bf16", "metavar": None, "help": (
-                   "Compute dtype; the layouts try fp32 weights with it (autocast) and pure low-precision weights.")},
                optimizer={"help": "The optimizer every row trains with (others are compared only when --levers names "
                                   "them)."},
                loss={"help": "The loss of every layout (the lever table compares chunked too).", "applies": None},

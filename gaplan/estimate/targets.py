@@ -43,6 +43,12 @@ class Target:
     def usable_bytes(self) -> int:
         return self.total_bytes - self.reserve_bytes
 
+    @property
+    def has_bf16(self) -> bool:
+        """Whether the card computes in bf16 (tensor cores from compute capability 8.0, Ampere, on); a V100 or T4
+        runs bf16 emulated, far slower than fp16."""
+        return int(self.compute_capability.split(".")[0]) >= 8
+
     def to_dict(self) -> dict:
         data = asdict(self)
         data["reserve_bytes"] = self.reserve_bytes
@@ -74,6 +80,15 @@ _TARGETS = (
 _BY_NAME = {t.name: t for t in _TARGETS}
 _ALIASES = {"h100": "h100-80gb", "h100-nvl": "h100-94gb", "a100": "a100-80gb", "a10": "a10g",
             "4090": "rtx-4090", "3090": "rtx-3090", "v100": "v100-32gb"}
+
+
+def bf16_caveat(name: str, dtype: str) -> str | None:
+    """What bf16 asked of target ``name`` costs when the card has none (a V100, a T4); None otherwise."""
+    target = lookup_target(name)
+    if dtype != "bf16" or target.has_bf16:
+        return None
+    return (f"caveat: {target.name} (compute capability {target.compute_capability}) has no bf16: bf16 runs emulated "
+            "there, far slower than fp16; --dtype auto (the default) plans with fp16 on this card.")
 
 
 def list_targets() -> list[Target]:

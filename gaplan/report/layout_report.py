@@ -193,7 +193,7 @@ def caveat_lines(comparison: LayoutComparison) -> list[str]:
     ``--margin`` that keeps headroom, and the ``gaplan probe`` that checks it on the hardware."""
     chosen = comparison.pick
     if chosen is None or comparison.margin >= NEAR_LIMIT or not near_limit(chosen, comparison.usable_bytes):
-        return []
+        return _bf16_caveat(comparison)
     share = (chosen.peak_bytes or 0) / comparison.usable_bytes
     lines = [f"caveat: the pick's peak, {format_bytes(chosen.peak_bytes)} per rank, is {share:.1%} of the "
              f"{format_bytes(comparison.usable_bytes)} usable: within {NEAR_LIMIT:.0%} of the limit, from an "
@@ -201,7 +201,14 @@ def caveat_lines(comparison: LayoutComparison) -> list[str]:
              f"(plans against {1 - NEAR_LIMIT:.0%} of the limit)."]
     if chosen.check_command:
         lines.append(f"check on the hardware: {chosen.check_command}")
-    return lines
+    return lines + _bf16_caveat(comparison)
+
+
+def _bf16_caveat(comparison: LayoutComparison) -> list[str]:
+    from gaplan.estimate.targets import bf16_caveat
+
+    caveat = comparison.device_kind == "cuda" and comparison.target and bf16_caveat(comparison.target, comparison.dtype)
+    return [caveat] if caveat else []
 
 
 def _saving(comparison: LayoutComparison, chosen: LayoutResult, other: LayoutResult | None, without: str) -> str:

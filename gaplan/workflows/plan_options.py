@@ -8,12 +8,12 @@ refusals, word for word.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import MEMORY, OUTPUT, PLAN, TIMING, check_applies, check_positive_ints, option
+from gaplan.core.options import MEMORY, OUTPUT, PLAN, TIMING, OptionError, check_applies, check_positive_ints, option
 from gaplan.core.units import parse_bytes
 from gaplan.plan.layouts import MACHINERY, resolve_world
 from gaplan.plan.levers import BY_NAME
@@ -21,6 +21,7 @@ from gaplan.runs.folder import default_run_dir
 from gaplan.workflows.plan_levers import lever_selection
 from gaplan.workload.spec import WorkloadSpec
 
+DTYPES = ("auto", "bf16", "fp16", "fp32")  # plan's --dtype: auto is the card's
 MEASURE, CPU = "`--measure`", "`--device cpu`"  # where the measuring and the CPU's options apply
 
 
@@ -28,11 +29,12 @@ MEASURE, CPU = "`--measure`", "`--device cpu`"  # where the measuring and the CP
 class PlanCommand:
     """One ``gaplan plan``: the ``machinery`` layouts of ``spec``'s model compared over ``world_size`` ranks (or
     ``nodes`` x ``gpus_per_node``) for ``target`` (or ``memory_limit`` bytes per rank); with ``measure``, each that
-    fits then probed and timed here (``repeats`` timed steps)."""
+    fits then probed and timed here (``repeats`` timed steps). The compute ``dtype`` replaces the spec's (auto: bf16,
+    or fp16 on a ``target`` without bf16)."""
 
     # The spec is checked for no device (plan models them); plan's --grad-sync (auto|last|every) is a choice per
-    # layout, not the spec's.
-    SPEC_OPTIONS: ClassVar[dict] = {"device": False, "grad_sync": "last"}
+    # layout, not the spec's, and its --dtype (auto) is the card's: the spec takes it in __post_init__.
+    SPEC_OPTIONS: ClassVar[dict] = {"device": False, "grad_sync": "last", "dtype": "bf16"}
 
     spec: WorkloadSpec
     machinery: str = option(",".join(MACHINERY), section=PLAN, flag="--layouts", metavar="L1,L2", help=(
@@ -42,6 +44,9 @@ class PlanCommand:
                             applies="the FSDP layouts of `--layouts`", help=(
         "FSDP gradient reduce-scatter: on the last micro-step, on every one, or auto (the last unless every lets a "
         "larger micro-batch fit)."))
+    dtype: str = option("auto", section=MEMORY, choices=DTYPES, help=(
+        "Compute dtype; the layouts try fp32 weights with it (autocast) and pure low-precision weights. auto: bf16, "
+        "or fp16 on a card that has no bf16 (compute capability below 8.0: V100, T4)."))
     device: str = option("cuda", section=MEMORY, choices=("cuda", "cpu"), help=(
         "cuda: plan for GPUs (--target or --memory-limit); cpu: CPU processes (compare with gaplan probe)."))
     target: str | None = option(None, section=MEMORY, metavar="GPU", applies="`--device cuda`, without `--measure`",
@@ -78,6 +83,8 @@ class PlanCommand:
 
     def __post_init__(self) -> None:
         check_positive_ints(effective_batch=self.effective_batch, threads=self.threads, repeats=self.repeats)
+        if self.dtype not in DTYPES:
+            raise OptionError(f"dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})", "dtype")
         ranks, machines = resolve_world(self.world_size, self.nodes, self.gpus_per_node)
         object.__setattr__(self, "ranks", ranks)
         object.__setattr__(self, "machines", machines)
@@ -103,3 +110,14 @@ class PlanCommand:
             check_applies(self, CPU)
         if self.out is None:  # named once, so what is printed after names what was written
             object.__setattr__(self, "out", default_run_dir("plan", self.spec.model))
+        object.__setattr__(self, "spec", replace(self.spec, dtype=self.compute_dtype))
+
+    @property
+    def compute_dtype(self) -> str:
+        """``dtype``, with auto the card's: bf16, or fp16 on a ``target`` without bf16 (the default target, and a
+        budget without one, take bf16)."""
+        if self.dtype != "auto":
+            return self.dtype
+        from gaplan.estimate.targets import lookup_target
+
+        return "fp16" if self.target and not lookup_target(self.target).has_bf16 else "bf16"

@@ -133,6 +133,21 @@ def test_plan_prints_a_table_and_the_launch_line(tmp_path):
     assert os.path.exists(tmp_path / "p" / "levers.md")
 
 
+@pytest.mark.slow
+def test_plan_for_a_v100_picks_fp16_and_says_why_bf16_is_a_poor_choice_there(tmp_path):
+    """--dtype auto (the default) plans with fp16 on a card without bf16; bf16 given there is kept, with a caveat."""
+    base = ["plan", "--model", "tiny-gpt2", "--seq-len", "16", "--target", "v100-16gb", "--effective-batch", "8",
+            "--layouts", "ddp", "--levers", "none", "--quiet"]
+    auto = CliRunner().invoke(main, [*base, "--out", str(tmp_path / "a")])
+    assert auto.exit_code == 0, auto.output
+    assert "fp16 compute (autocast)" in auto.stdout and "--dtype fp16" in auto.stdout and "caveat" not in auto.stdout
+    given = CliRunner().invoke(main, [*base, "--dtype", "bf16", "--json", "--out", str(tmp_path / "b")])
+    assert given.exit_code == 0, given.output
+    assert json.loads(given.stdout)["caveats"] == [
+        "caveat: v100-16gb (compute capability 7.0) has no bf16: bf16 runs emulated there, far slower than fp16; "
+        "--dtype auto (the default) plans with fp16 on this card."]
+
+
 @pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.distributed

@@ -42,6 +42,26 @@ def test_a_command_object_names_its_run_folder_once():
     assert command.out.startswith("reports/plan-tiny-gpt2-") and command.ranks == 1 and command.layouts
 
 
+# NVIDIA's tensor cores compute in bf16 from Ampere (compute capability 8.0) on; Volta (V100, 7.0) and Turing (T4,
+# 7.5) have none: bf16 runs emulated there, and people train those cards in fp16.
+CARDS_WITHOUT_BF16 = {"v100-16gb", "v100-32gb", "t4"}
+
+
+def test_plans_dtype_auto_is_bf16_but_fp16_on_a_card_without_bf16(tmp_path):
+    from gaplan.estimate import list_targets
+
+    out = str(tmp_path / "out")
+    for target in list_targets():
+        command = PlanCommand(SPEC, target=target.name, out=out)
+        assert command.spec.dtype == ("fp16" if target.name in CARDS_WITHOUT_BF16 else "bf16"), target.name
+    assert PlanCommand(SPEC, target="v100", dtype="bf16", out=out).spec.dtype == "bf16"  # given: kept
+    assert PlanCommand(SPEC, target="t4", dtype="fp32", out=out).spec.dtype == "fp32"
+    assert PlanCommand(SPEC, out=out).spec.dtype == "bf16"  # the default target, an H100
+    assert PlanCommand(SPEC, memory_limit=2**34, out=out).spec.dtype == "bf16"  # a budget names no card
+    with pytest.raises(gaplan.GaplanError, match="^dtype must be one of auto, bf16, fp16, fp32"):
+        PlanCommand(SPEC, dtype="float16", out=out)
+
+
 def test_a_checked_command_object_can_be_replaced_and_is_checked_again(tmp_path):
     import dataclasses
 
