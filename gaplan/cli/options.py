@@ -89,15 +89,6 @@ def command_object(cls: type, options: dict[str, Any]):
     return command_from_options(cls, options, given_on_command_line(click.get_current_context()), command_line())
 
 
-def spec_from_options(options: dict[str, Any]):
-    """The workload of the parsed options (:func:`gaplan.workflows.parse_options.spec_from_flat`), with the options
-    given on this command line (none outside a command's run)."""
-    from gaplan.workflows.parse_options import spec_from_flat
-
-    ctx = click.get_current_context(silent=True)
-    return spec_from_flat(options, given_on_command_line(ctx) if ctx else ())
-
-
 def command_line() -> str:
     """This invocation as a shell command, recorded in plan.json so a report says how to reproduce it.
 

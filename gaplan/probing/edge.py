@@ -101,8 +101,9 @@ def probe(
     """
     spec = (spec or WorkloadSpec()).validate()
     ranks = trial_ranks(spec, world_size)
-    if not 0 <= margin < 1:
-        raise OptionError(f"margin must be a fraction in [0, 1) (got {margin})", "margin")
+    from gaplan.estimate.budget import check_margin
+
+    check_margin(margin)
     if memory_limit is not None:
         memory_limit = parse_bytes(memory_limit)
     check_positive_ints(threads=threads, optimizer_steps=optimizer_steps, start=None if callable(start) else start)

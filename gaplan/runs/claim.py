@@ -100,7 +100,7 @@ def hold_run_folder(out: str, what: str = "--out") -> Iterator[str]:
         finally:
             _held[real][1] -= 1
         return
-    made = not os.path.exists(real)
+    made = _missing_folders(real)
     try:
         os.makedirs(real, exist_ok=True)
     except OSError as exc:
@@ -115,9 +115,25 @@ def hold_run_folder(out: str, what: str = "--out") -> Iterator[str]:
             if descriptor >= 0:
                 os.close(descriptor)  # closing the descriptor releases the lock
     finally:
-        if made:  # a command that wrote nothing (or was refused) leaves no folder behind
-            with contextlib.suppress(OSError):
-                os.rmdir(real)
+        # A command that wrote nothing (or was refused) leaves no folder behind: neither ``out`` nor the parents made
+        # for it (``reports/``), deepest first; a folder something else wrote into stays.
+        for folder in made:
+            try:
+                os.rmdir(folder)
+            except OSError:
+                break
+
+
+def _missing_folders(real: str) -> list[str]:
+    """The folders ``os.makedirs(real)`` would make, deepest first."""
+    missing = []
+    while real and not os.path.exists(real):
+        missing.append(real)
+        parent = os.path.dirname(real)
+        if parent == real:
+            break
+        real = parent
+    return missing
 
 
 def _lock(real: str, out: str, what: str) -> int:

@@ -28,6 +28,9 @@ def read_toml(path: str) -> dict[str, Any]:
         raise GaplanError(f"--config {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise GaplanError(f"--config {path}: not TOML ({exc})") from None
+    except UnicodeDecodeError as exc:  # tomllib decodes the file as UTF-8 before it parses a line
+        raise GaplanError(f"--config {path}: not TOML (not UTF-8 text: byte {exc.object[exc.start]:#04x} at offset "
+                          f"{exc.start})") from None
 
 
 def read_config(path: str, command: str, parsers: Mapping[str, Callable[[Any], Any]],

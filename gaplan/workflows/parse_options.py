@@ -123,16 +123,6 @@ def granule_of(granule: int | None, batch_by: str) -> int:
     return granule
 
 
-def data_source_of(options: Mapping[str, Any]):
-    """The ``--data`` options as a :class:`gaplan.data.source.DataSource` (None without ``--data``), by its fields."""
-    from gaplan.core.options import from_options
-    from gaplan.data.source import DataSource
-
-    if not options.get("data"):
-        return None
-    return from_options(DataSource, options)
-
-
 def data_given(source: Any):
     """``source`` when it names data, else None; a field of it given without data is refused (one line)."""
     if source is None or source.path:

@@ -63,7 +63,6 @@ class ProbeOptions:
     effective_batch: int = option(DEFAULT_EFFECTIVE_BATCH, section=PLAN, help=EFFECTIVE_BATCH_HELP)
     world_size: int = option(1, section=PLAN, help=(
         "Processes the batch is split over (with --parallel fsdp, 2 or more: every trial runs them all)."))
-    # Checked where the probe uses it (gaplan.probing.edge.probe), for every caller.
     margin: float = option(0.0, section=MEMORY, applies=BY_SAMPLES, help=(
         "Fraction of the budget kept free (e.g. 0.05 for longer batches later)."))
     search_cap: int | None = option(None, section=PLAN, aliases=("--max-micro-batch",), applies=BY_SAMPLES, help=(
@@ -92,6 +91,9 @@ class ProbeOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise OptionError(f"{name} must be a positive integer (got {value})", name)
+        from gaplan.estimate.budget import check_margin
+
+        check_margin(self.margin)
         if self.grad_checkpointing is None:  # not given (the workload spec's default)
             object.__setattr__(self, "grad_checkpointing", OFF)
         check_typed(self.grad_checkpointing, auto=True)

@@ -88,10 +88,12 @@ def test_a_flag_given_wins_over_the_file_and_the_file_counts_as_given(tmp_path):
     ("[train.model]\nseq-len = 16\n", "[train.model] is not a table of train (its tables: data, loop, workload)"),
     ("[train.loop]\nsteps = 'x'\n", "[train.loop] steps = 'x': 'x' is not a valid integer."),
     ("[train\n", "not TOML"),
+    (b"\xff\xfe\x00binary", "not TOML (not UTF-8 text: byte 0xff at offset 0)"),  # tomllib decodes before it parses
+    (b"[train]\nsteps = 2\n\xff\n", "not TOML (not UTF-8 text: byte 0xff at offset 18)"),
 ])
 def test_a_bad_file_is_one_line(text, line, tmp_path):
     path = tmp_path / "run.toml"
-    path.write_text(text)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
     result = CliRunner().invoke(main, ["train", "--config", str(path), "--out", str(tmp_path / "o")])
     lines = [text for text in result.stderr.splitlines() if text.strip()]
     assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"gaplan: --config {path}: {line}"), \

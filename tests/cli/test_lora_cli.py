@@ -160,10 +160,10 @@ def test_bad_lora_options_are_one_line_and_exit_2(tmp_path, args, message):
 
 
 def test_the_launch_command_of_a_lora_plan_rebuilds_its_workload():
-    from gaplan.cli.options import spec_from_options
     from gaplan.cli.train import train_command
     from gaplan.core.checkpointing import ON
     from gaplan.plan.layouts import workload_flags
+    from gaplan.workflows.parse_options import spec_from_flat
     from gaplan.workload.spec import WorkloadSpec
 
     spec = WorkloadSpec(model="tiny-llama", seq_len=64, weights_dtype="bf16", dtype="bf16", lora=True, lora_r=8,
@@ -171,7 +171,7 @@ def test_the_launch_command_of_a_lora_plan_rebuilds_its_workload():
     words = workload_flags(spec.to_dict())
     assert "--lora" in words and "--lora-r" in words and "--lora-alpha" in words
     context = train_command.make_context("train", [*words, "--device", "cpu"])
-    assert spec_from_options(context.params) == spec
+    assert spec_from_flat(context.params) == spec
     assert "--lora" not in workload_flags(WorkloadSpec(model="tiny-llama").to_dict())
 
 

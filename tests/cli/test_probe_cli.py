@@ -95,7 +95,7 @@ BAD_INPUT = [
 @pytest.mark.parametrize("args, message", BAD_INPUT)
 def test_bad_input_is_one_line_exit_2(tmp_path, args, message):
     if not any(a == "--out" for a in args):
-        args = [*args, "--out", str(tmp_path / "out")]
+        args = [*args, "--out", str(tmp_path / "runs" / "out")]  # its parent too: refused, it leaves neither
     if "cuda" in args and _has_cuda():
         pytest.skip("this machine has CUDA")
     result = CliRunner().invoke(main, ["probe", "--quiet", *args])
@@ -103,7 +103,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, message):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("gaplan: ") and message in lines[0], result.stderr
     assert "Traceback" not in result.output
-    assert not (tmp_path / "out").exists(), "nothing may be written on bad input"
+    assert not (tmp_path / "runs").exists(), "nothing may be written on bad input"
 
 
 def _has_cuda():

@@ -134,15 +134,15 @@ def test_the_selective_checkpointing_estimate_is_within_3_percent_of_real_trials
 
 @pytest.mark.parametrize("checkpointing", ["every:2", "layers:3", True])
 def test_the_launch_command_rebuilds_the_blocks_checkpointed_and_compile(checkpointing):
-    from gaplan.cli.options import spec_from_options
     from gaplan.cli.train import train_command
     from gaplan.plan.layouts import workload_flags
+    from gaplan.workflows.parse_options import spec_from_flat
 
     spec = WorkloadSpec(model="tiny-gpt2", seq_len=16, grad_checkpointing=parse_checkpointing(checkpointing),
                         compile=True)
     context = train_command.make_context("train", [*workload_flags(spec.to_dict()), "--device", "cpu"])
     with context:
-        assert spec_from_options(context.params) == spec
+        assert spec_from_flat(context.params) == spec
 
 
 @pytest.mark.slow

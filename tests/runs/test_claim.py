@@ -146,3 +146,16 @@ def test_the_run_folder_page_quotes_the_refusal_as_it_is(tmp_path, monkeypatch):
     with pytest.raises(GaplanError) as refusal:
         check_run_folder("reports/run", "train")
     assert f"    gaplan: {refusal.value}\n" in page
+
+
+def test_a_refused_command_leaves_no_folder_it_made_but_keeps_what_another_wrote(tmp_path):
+    """The folders made for ``out`` (``reports/`` under a new working folder) go when the block leaves them empty;
+    a parent that holds something else stays."""
+    out = tmp_path / "a" / "b" / "c"
+    with pytest.raises(GaplanError, match="refused"):
+        with hold_run_folder(str(out)):
+            raise GaplanError("refused")
+    assert os.listdir(tmp_path) == []
+    with hold_run_folder(str(out)):
+        (tmp_path / "a" / "note.txt").write_text("another writer's")
+    assert sorted(os.listdir(tmp_path / "a")) == ["note.txt"]
