@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Protocol
 
 from gaplan.core.constants import DEFAULT_CPU_BUDGET
@@ -52,6 +54,17 @@ def is_out_of_memory(exc: BaseException) -> bool:
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
     return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MESSAGES)
+
+
+@contextlib.contextmanager
+def out_of_memory_as(message: str) -> Iterator[None]:
+    """Inside, an out-of-memory error is ``message`` (a :class:`GaplanError`, one line): where no retry can help."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - classified right below; anything else re-raises
+        if not is_out_of_memory(exc):
+            raise
+        raise GaplanError(message) from None
 
 
 def release_after_oom(device) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from gaplan.core.errors import GaplanError
 from gaplan.data import Sample
 from gaplan.devices.backend import is_out_of_memory, release_after_oom
 from gaplan.parallel.process_group import Distributed
@@ -83,13 +84,19 @@ def step_until_it_fits(inputs: StepInputs, step: int, plan: Plan, token_budget: 
             return StepDone(loss, tokens, padded, micro_batches, plan, token_budget)
         except Exception as exc:  # noqa: BLE001 - classified right below
             smallest = token_budget <= longest_sample(micro_batches) if token_budget else plan.micro_batch == 1
-            if not (is_out_of_memory(exc) or isinstance(exc, PeerOutOfMemory)) or smallest:
+            if not (is_out_of_memory(exc) or isinstance(exc, PeerOutOfMemory)):
                 raise
+            where = "another rank" if isinstance(exc, PeerOutOfMemory) else getattr(exc, "gaplan_phase", "")
+            if smallest:  # nothing left to halve: the budget is too small for this workload
+                size = f"a token budget of {token_budget}" if token_budget else "micro-batch 1"
+                raise GaplanError(f"step {step + 1}: out of memory at {size}{f' (in {where})' if where else ''}, the "
+                                  "smallest split of a step: it does not fit this budget; give more memory "
+                                  "(--memory-limit), or a memory lever (--grad-checkpointing on, --loss chunked, "
+                                  "--optimizer sgd: docs/levers.md)") from None
             if inputs.shards:
                 raise sharded_out_of_memory(exc, step, plan, token_budget, micro_batches, dist,
                                             inputs.run_dir) from None
             agreement.report_own_failure()
-            where = "another rank" if isinstance(exc, PeerOutOfMemory) else getattr(exc, "gaplan_phase", "")
         workload.optimizer.zero_grad(set_to_none=True)  # after the except block: the traceback is gone
         release_after_oom(workload.device)
         halved = halved_sizes(plan, token_budget, micro_batches)

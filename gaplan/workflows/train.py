@@ -22,15 +22,16 @@ from gaplan.core.constants import DEFAULT_CPU_BUDGET
 from gaplan.core.disk import WriteFailed, disk_faults_as_one_line
 from gaplan.core.errors import GaplanError
 from gaplan.core.progress import Say, quiet
+from gaplan.devices.backend import out_of_memory_as
 from gaplan.plan.split import Plan, make_plan
 from gaplan.runs.folder import CHECKPOINT, PLAN_JSON, TRAIN_LOG_CSV, path_in
 from gaplan.runs.probe_result import plan_without_probe, save_probe
 from gaplan.runs.schema import save_run_config
 from gaplan.workflows.bench import run_bench
-from gaplan.workflows.train_data import read_training_data
+from gaplan.workflows.train_data import corpus_to_train, read_training_data
 from gaplan.workflows.train_options import TrainOptions
 from gaplan.workflows.train_plan import batch_schedule_for, plan_for_ranks, probe_token_budget_for_ranks
-from gaplan.workflows.train_resume import new_split, resume_settings, save_settings, saved_position, say_split
+from gaplan.workflows.train_resume import extended, new_split, resume_settings, save_settings, saved_position, say_split
 from gaplan.workload.spec import WorkloadSpec
 
 __all__ = ["TrainOptions", "TrainRun", "resume_settings", "run_train"]
@@ -119,17 +120,18 @@ def _train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, device: str,
     if saved is not None:
         say_split(saved[1], plan, changed, dist.world_size, main_say)
     meter = _memory_meter(spec, options, device, memory_limit, main_say)
-    workload = _build(spec, options, device, dist, main_say)
+    with out_of_memory_as(f"out of memory while building {spec.model}: it does not fit here (give more memory)"):
+        workload = _build(spec, options, device, dist, main_say)
     if options.resume:  # the checkpoint's tensors against this model, before any file of the run is written
         from gaplan.training.checkpoint import check_checkpoint_fits
 
         check_checkpoint_fits(run_dir, workload)
-    corpus = _check_corpus(corpus, spec, options, workload)
+    corpus = corpus_to_train(corpus, spec, options.seed, options.token_budget, workload)
     if not options.token_budget:  # by tokens, the micro-batches are packed anew each step (said below)
         main_say(f"plan{' at the top of the schedule' if schedule is not None else ''}: {plan.describe()}")
     if is_main:
         os.makedirs(run_dir, exist_ok=True)
-        if not options.resume or changed:  # a new split is the setting the next resume compares with
+        if not options.resume or changed or extended(run_dir, options):  # what the next resume compares with
             save_settings(run_dir, spec, options, device, memory_limit)
         save_run_config(run_dir, None if options.resume else config_toml)  # a resumed run keeps its first
         record = probed if probed is not None else plan_without_probe(
@@ -255,22 +257,6 @@ def _build(spec: WorkloadSpec, options: TrainOptions, device: str, dist: Any, sa
             + (", parameters and optimizer states offloaded to the CPU" if spec.cpu_offload else "")
             + f", gradients reduced on {'every micro-step' if spec.grad_sync == 'every' else 'the last micro-step'}")
     return workload
-
-
-def _check_corpus(corpus: Any, spec: WorkloadSpec, options: TrainOptions, workload: Any):
-    """The samples to train on (the synthetic corpus without ``--data``), checked against the token budget."""
-    from gaplan.data import SyntheticCorpus, TextCorpus
-    from gaplan.workload.spec import model_source_kind
-
-    if corpus is None and model_source_kind(spec.model) != "function":
-        corpus = SyntheticCorpus(workload.seq_len, workload.num_labels or 4, seed=options.seed,
-                                 target_len=workload.info.get("target_len"))
-    # The longest sample the steps can hold: the data's (read already), else a full-length synthetic one.
-    longest = max(map(len, (s.ids for s in corpus.samples))) if isinstance(corpus, TextCorpus) else workload.seq_len
-    if options.token_budget and longest and options.token_budget < longest:
-        raise GaplanError(f"--token-budget {options.token_budget} is below the longest sample ({longest} tokens): "
-                          "it would not fit in any micro-batch")
-    return corpus
 
 
 def _save_outputs(run_dir: str, options: TrainOptions, workload: Any, corpus: Any, result: Any, dist: Any,

@@ -9,6 +9,7 @@ caller gets the same refusals, word for word.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 from gaplan.core.checkpointing import AUTO
@@ -42,6 +43,9 @@ class TrainCommand:
     def __post_init__(self) -> None:
         if self.overwrite and self.resume is not None:
             raise GaplanError("--overwrite replaces a run and --resume continues one: give one")
+        if self.resume is not None and self.out is not None and os.path.realpath(self.out) != os.path.realpath(self.resume):
+            raise GaplanError(f"--out {self.out} and --resume {self.resume}: a resumed run goes on in its own folder; "
+                              "leave out --out (a copy of the folder resumes into the copy)")
         if self.token_plan is not None:  # the options hold the budget it gives: it needs tokens, and no budget
             if self.options.batch_by != "tokens":
                 raise GaplanError("--token-plan needs --batch-by tokens")

@@ -4,6 +4,7 @@ lengths cached (:mod:`gaplan.data.lengths`) so a token probe of the same data ne
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from gaplan.core.errors import GaplanError
 from gaplan.core.outputs import check_path_exists
@@ -77,3 +78,18 @@ def _lengths_cache(spec: WorkloadSpec, source: DataSource, task: str, seq_len: i
     return lengths_cache_path(source.path, seq_len=seq_len, task=task, tokenizer_dir=_tokenizer_dir(spec),
                               tokenizer_choice=source.tokenizer, text_field=source.text_name,
                               label_field=source.label_name, long_samples=source.long_sample_rule)
+
+
+def corpus_to_train(corpus: Any, spec: WorkloadSpec, seed: int, token_budget: int | None, workload: Any):
+    """The samples to train on (the synthetic corpus without ``--data``), checked against the token budget."""
+    from gaplan.data import SyntheticCorpus, TextCorpus
+
+    if corpus is None and model_source_kind(spec.model) != "function":
+        corpus = SyntheticCorpus(workload.seq_len, workload.num_labels or 4, seed=seed,
+                                 target_len=workload.info.get("target_len"))
+    # The longest sample the steps can hold: the data's (read already), else a full-length synthetic one.
+    longest = max(map(len, (s.ids for s in corpus.samples))) if isinstance(corpus, TextCorpus) else workload.seq_len
+    if token_budget and longest and token_budget < longest:
+        raise GaplanError(f"--token-budget {token_budget} is below the longest sample ({longest} tokens): "
+                          "it would not fit in any micro-batch")
+    return corpus

@@ -61,7 +61,7 @@ def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Map
             spec = dataclasses.replace(spec, **{name: value})
         elif getattr(spec, name) != value:
             raise GaplanError(f"--resume {run_dir}: --{name.replace('_', '-')} {value} contradicts the run's "
-                              f"{getattr(spec, name)} (resume continues the run as it was started)")
+                              f"{_as_run_had(getattr(spec, name))} (resume continues the run as it was started)")
     for path_names, leaf in leaf_fields(TrainOptions):
         name = option_name(leaf)
         if name not in given_options or name not in marks:
@@ -69,7 +69,8 @@ def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Map
         # A data field agrees with what it reads as: --target-field target again on a run started without it.
         if marks[name] == "fixed" and reads_as(name, get_path(options, path_names)) != reads_as(name, given_options[name]):
             raise GaplanError(f"--resume {run_dir}: --{name.replace('_', '-')} {given_options[name]} contradicts the "
-                              f"run's {get_path(options, path_names)} (resume continues the run as it was started)")
+                              f"run's {_as_run_had(get_path(options, path_names))} (resume continues the run as it was "
+                              "started)")
         if marks[name] == "free":
             options = replace_path(options, path_names, given_options[name])
     environment = saved.get("environment", {})
@@ -77,6 +78,11 @@ def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Map
     if moved and "micro_batch" not in given_options:
         options = dataclasses.replace(options, micro_batch=None)
     return spec, dataclasses.replace(options, resume=True), environment
+
+
+def _as_run_had(value: Any) -> Any:
+    """A saved value as the contradiction names it: None is the default the run was started with (no value given)."""
+    return "default (it was started without one)" if value is None else value
 
 
 def new_split(run_dir: str, spec: WorkloadSpec, options: TrainOptions, device: str,
@@ -92,6 +98,12 @@ def new_split(run_dir: str, spec: WorkloadSpec, options: TrainOptions, device: s
     now = spec.to_dict()  # in the saved form, as train.json holds it
     changed += [name for name in SPLIT_ONLY_FIELDS if saved_spec.get(name) != now[name]]
     return changed
+
+
+def extended(run_dir: str, options: TrainOptions) -> bool:
+    """Whether this resume sets other ``steps`` than ``train.json`` holds (a run extended, or ended sooner)."""
+    with open(path_in(run_dir, TRAIN_JSON), encoding="utf-8") as handle:
+        return json.load(handle)["options"].get("steps") != options.steps
 
 
 def save_settings(run_dir: str, spec: WorkloadSpec, options: TrainOptions, device: str,

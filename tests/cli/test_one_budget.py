@@ -34,3 +34,18 @@ def test_the_probes_edge_is_the_edge_of_train_under_the_enforced_budget(tmp_path
                          "--out", str(tmp_path / f"train-{micro_batch}"))
         assert summary["steps"] == 2
         assert bool(summary["oom_fallbacks"]) == falls_back, (micro_batch, edge, summary["oom_fallbacks"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("limit, line", [
+    ("50MiB", "gaplan: step 1: out of memory at micro-batch 1 (in the backward of micro-step 1 of 2), the smallest "
+              "split of a step: it does not fit this budget; give more memory (--memory-limit)"),
+    ("1KiB", "gaplan: out of memory while building tiny-gpt2: it does not fit here (give more memory)"),
+])
+def test_a_budget_that_micro_batch_1_does_not_fit_is_one_line_not_a_traceback(tmp_path, limit, line):
+    """Nothing left to halve, or the model itself over the budget: one line, exit 2 (was Python's MemoryError)."""
+    done = subprocess.run([sys.executable, "-m", "gaplan", "train", "--seq-len", "16", "--effective-batch", "2",
+                           "--micro-batch", "1", "--steps", "1", "--enforce-memory-limit", "--memory-limit", limit,
+                           "--quiet", "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=600)
+    lines = [text for text in done.stderr.splitlines() if text.strip()]
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith(line), done.stderr[-3000:]

@@ -5,6 +5,7 @@ data, and one that names a callable is refused unread."""
 import contextlib
 import csv
 import fcntl
+import json
 import math
 import os
 import pickle
@@ -146,6 +147,11 @@ def test_extending_a_run_goes_on_along_the_cosine_over_its_new_steps(tmp_path):
     assert result.exit_code == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "--steps 6 is below the 8 steps the run has done" in lines[0], result.stderr
+    assert (run_dir / "train_log.csv").read_bytes() == before
+    # train.json holds the new length, so a plain --resume of the extended run (done) compares with 8, not 4.
+    assert json.loads((run_dir / "train.json").read_text())["options"]["steps"] == 8
+    result = CliRunner().invoke(main, ["train", "--resume", str(run_dir)])
+    assert result.exit_code == 0, result.output
     assert (run_dir / "train_log.csv").read_bytes() == before
 
 

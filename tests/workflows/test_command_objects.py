@@ -30,6 +30,7 @@ SPEC = WorkloadSpec(model="tiny-gpt2", seq_len=16)
     (lambda out: PlanCommand(SPEC, threads=2, out=out), "--threads applies to --device cpu"),
     (lambda out: PlanCommand(SPEC, machinery="ddp", grad_sync="every", out=out), "--grad-sync applies to the FSDP"),
     (lambda out: TrainCommand(SPEC, token_plan="tokens.json", out=out), "--token-plan needs --batch-by tokens"),
+    (lambda out: TrainCommand(SPEC, resume="reports/run", out=out), "a resumed run goes on in its own folder"),
 ])
 def test_a_command_object_built_in_python_refuses_as_the_cli_does(build, message, tmp_path):
     with pytest.raises(gaplan.GaplanError, match=message.replace("|", r"\|").replace("(", r"\(")):

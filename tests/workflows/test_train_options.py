@@ -115,6 +115,8 @@ def test_a_fixed_option_given_again_must_agree(tmp_path):
     with pytest.raises(Exception, match="--data other.txt contradicts"):
         resume_settings(folder, {}, {"data": "other.txt"})
     assert resume_settings(folder, {}, {"seed": 7})[1].seed == 7
+    with pytest.raises(Exception, match=r"--lr 0.5 contradicts the run's default \(it was started without one\)"):
+        resume_settings(folder, {"lr": 0.5}, {})  # the run's None is its optimizer's default, said so
 
 
 def test_a_folder_without_a_checkpoint_has_nothing_to_resume(tmp_path):
