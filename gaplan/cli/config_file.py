@@ -52,10 +52,21 @@ def _load(ctx: click.Context, param: click.Parameter, path: str | None) -> None:
     from gaplan.workflows.config_file import read_config
 
     options = _options(ctx.command)
-    values = read_config(path, ctx.command.name,
-                         {key: partial(option.type_cast_value, ctx) for key, option in options.items()},
+    values = read_config(path, ctx.command.name, {key: partial(_parse, ctx, option) for key, option in options.items()},
                          {key: getattr(option, "table", None) for key, option in options.items()})
     ctx.default_map = {**(ctx.default_map or {}), **{options[key].name: value for key, value in values.items()}}
+
+
+def _parse(ctx: click.Context, option: click.Option, value: Any) -> Any:
+    """A file's value by its option's type, as the command line's text would be: a number that is not an integer (a
+    float, a bool, a list) is refused for an integer option, not cut to one as click's int() would."""
+    numbers = (click.types.IntParamType, click.types.FloatParamType)
+    if isinstance(option.type, numbers) and (isinstance(value, bool) or not isinstance(value, int | float | str)
+                                             or isinstance(option.type, click.types.IntParamType)
+                                             and isinstance(value, float)):
+        kind = "an integer" if isinstance(option.type, click.types.IntParamType) else "a number"
+        raise click.BadParameter(f"{value!r} is not {kind}")
+    return option.type_cast_value(ctx, value)
 
 
 def _mark(ctx: click.Context, param: click.Parameter, value: bool) -> None:

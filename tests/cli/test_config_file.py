@@ -87,6 +87,9 @@ def test_a_flag_given_wins_over_the_file_and_the_file_counts_as_given(tmp_path):
     ("[train.loop]\nmodel = 'tiny-llama'\n", "[train.loop] has no option 'model' (it is in [train.workload])"),
     ("[train.model]\nseq-len = 16\n", "[train.model] is not a table of train (its tables: data, loop, workload)"),
     ("[train.loop]\nsteps = 'x'\n", "[train.loop] steps = 'x': 'x' is not a valid integer."),
+    ("[train.loop]\nsteps = 2.5\n", "[train.loop] steps = 2.5: 2.5 is not an integer"),  # not cut to 2
+    ("[train.loop]\nsteps = [1, 2]\n", "[train.loop] steps = [1, 2]: [1, 2] is not an integer"),
+    ("[train.loop]\nlr = true\n", "[train.loop] lr = True: True is not a number"),
     ("[train\n", "not TOML"),
     (b"\xff\xfe\x00binary", "not TOML (not UTF-8 text: byte 0xff at offset 0)"),  # tomllib decodes before it parses
     (b"[train]\nsteps = 2\n\xff\n", "not TOML (not UTF-8 text: byte 0xff at offset 18)"),
