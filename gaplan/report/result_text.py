@@ -81,6 +81,9 @@ def token_bench_result_lines(result: Any, profile_shown_live: bool) -> list[str]
 
 def train_lines(summary: dict[str, Any], run_dir: str, bounded: bool) -> list[str]:
     """A training run: steps, loss, rates, peak (``bounded``: under a budget), and what it measured besides."""
+    if not summary["steps"] and summary.get("steps_done"):  # a resumed run that had done its steps
+        done = summary["steps_done"]
+        return [f"nothing to train: the run in {run_dir} has done its {done} steps (--steps above {done} extends it)"]
     padded, peak = summary.get("padded_tokens_per_s"), summary.get("peak_bytes")
     peak_text = "" if peak is None else f", peak (step) {format_bytes(peak)}" + ("" if bounded else " with no budget bound")
     lines = [f"trained {summary['steps']} steps in {summary['seconds']:.1f} s: loss {summary['loss_first']:.4f} -> "

@@ -90,6 +90,10 @@ def _train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, device: str,
     from gaplan.training.config import TrainConfig
     from gaplan.training.loop import train
 
+    saved = saved_position(run_dir, spec, options) if options.resume else None  # the checkpoint's step and plan
+    if saved is not None and saved[0] == options.steps:  # nothing to train: no file of the run is written again
+        return TrainRun({"steps": 0, "steps_done": saved[0], "run_dir": run_dir}, False,
+                        int(os.environ.get("RANK", "0")) == 0)
     device = resolve_device(device)
     formed_here = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     dist = init_distributed(device)
@@ -103,7 +107,6 @@ def _train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, device: str,
                           "torchrun --nproc-per-node N -m gaplan train ... (N at least 2)")
     is_main = dist.rank == 0
     main_say = say if is_main else quiet
-    saved = saved_position(run_dir, spec, options) if options.resume else None  # the checkpoint's step and plan
     options, restart = _after_an_oom_restart(spec, run_dir, options, dist, main_say)
     if dist.active and device == "cpu" and memory_limit is not None:
         main_say(f"each of the {dist.world_size} ranks has its own {memory_limit / 2**30:.2f} GiB budget "

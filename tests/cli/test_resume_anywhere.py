@@ -150,9 +150,11 @@ def test_extending_a_run_goes_on_along_the_cosine_over_its_new_steps(tmp_path):
     assert (run_dir / "train_log.csv").read_bytes() == before
     # train.json holds the new length, so a plain --resume of the extended run (done) compares with 8, not 4.
     assert json.loads((run_dir / "train.json").read_text())["options"]["steps"] == 8
+    files = {name: (run_dir / name).read_bytes() for name in os.listdir(run_dir)}
     result = CliRunner().invoke(main, ["train", "--resume", str(run_dir)])
     assert result.exit_code == 0, result.output
-    assert (run_dir / "train_log.csv").read_bytes() == before
+    assert result.stdout == f"nothing to train: the run in {run_dir} has done its 8 steps (--steps above 8 extends it)\n"
+    assert {name: (run_dir / name).read_bytes() for name in os.listdir(run_dir)} == files  # nothing written again
 
 
 class _RunsACommand:

@@ -131,7 +131,8 @@ def test_bad_input(tmp_path):
     ]
     for args, message in cases:
         out = tmp_path / "never-written"
-        result = CliRunner().invoke(main, ["train", "--quiet", "--out", str(out), *args])
+        where = [] if "--resume" in args else ["--out", str(out)]  # a resumed run has its own folder
+        result = CliRunner().invoke(main, ["train", "--quiet", *where, *args])
         assert result.exit_code == 2, (args, result.output)
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and message in lines[0], (args, result.stderr)
