@@ -4,7 +4,8 @@ A command that writes a run folder claims it first (:func:`claim_run_folder`): t
 ``..``) is locked with an OS lock (``flock`` on the folder itself, so nothing is left in it, and the kernel
 releases it when the process ends, however it ends), then checked: a folder that already holds a run's files is
 refused in one line, unless the command continues that run (``--resume``) or was told ``--overwrite`` (then the
-old run's files are removed, and only those). A probe or a bench never writes into a train run's folder.
+old run's files are replaced, and only those; a command refused before it writes leaves them as they were). A
+probe or a bench never writes into a train run's folder.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ RUN_FILE_NAMES = frozenset(
     if name.isupper() and isinstance(value, str) and "." in value and name not in ("REPORTS_ROOT",)
 )
 TRAIN_RUN_FILES = (folder.TRAIN_JSON, folder.CHECKPOINT)  # what makes a folder a train run's
+# Where --overwrite sets the old run's files aside (``.replaced.tmp.<pid>``) until the new run writes its own.
+REPLACED_PREFIX = ".replaced.tmp."
 
 
 def run_files_in(directory: str) -> list[str]:
@@ -34,7 +37,7 @@ def run_files_in(directory: str) -> list[str]:
     except (FileNotFoundError, NotADirectoryError):
         return []
     return sorted(name for name in names if name in RUN_FILE_NAMES or name.startswith(folder.SHARDED_STATE_PREFIX)
-                  or is_temporary_write(name))
+                  or is_temporary_write(name) or name.startswith(REPLACED_PREFIX))
 
 
 def is_temporary_write(name: str) -> bool:
@@ -186,8 +189,8 @@ def _command_line(pid: int) -> str:
 def claim_run_folder(out: str, command: str, *, overwrite: bool = False, resume: bool = False,
                      inputs: list[str] | tuple[str, ...] = (), what: str = "--out") -> Iterator[str]:
     """Hold ``out`` (:func:`hold_run_folder`) and check it (:func:`check_run_folder`; skipped for a run that is
-    continued); with ``overwrite`` the old run's files are removed first, unless one of them is among the command's
-    ``inputs`` (a ``--plan`` read from the folder it would empty). Yields the resolved path."""
+    continued); with ``overwrite`` the old run's files are replaced (:func:`_set_aside`), unless one of them is among
+    the command's ``inputs`` (a ``--plan`` read from the folder it would empty). Yields the resolved path."""
     with hold_run_folder(out, what) as real:
         if not resume and _held[real][1] == 1:  # a nested claim (a train's --compare) writes its own folder
             old = check_run_folder(out, command, overwrite=overwrite, what=what)
@@ -196,5 +199,35 @@ def claim_run_folder(out: str, command: str, *, overwrite: bool = False, resume:
                 if os.path.join(real, name) in read:
                     raise GaplanError(f"--overwrite would remove {name} of {out}, which this command reads: copy it "
                                       f"out of the folder first, or give a fresh {what}")
-            remove_run_files(real, old)
+            with _set_aside(real, old):
+                yield real
+                return
         yield real
+
+
+@contextlib.contextmanager
+def _set_aside(real: str, names: list[str]) -> Iterator[None]:
+    """``--overwrite``: the old run's files moved aside while the new run starts, back in place if it ends before
+    writing anything (an input it refuses costs the old run nothing), else removed."""
+    if not names:
+        yield
+        return
+    aside = os.path.join(real, f"{REPLACED_PREFIX}{os.getpid()}")
+    remove_run_files(real, [os.path.basename(aside)])  # a kill's leftover of this pid's
+    os.mkdir(aside)
+    for name in names:
+        os.replace(os.path.join(real, name), os.path.join(aside, name))
+    before = set(os.listdir(real))
+    wrote = True
+    try:
+        yield
+    except BaseException:
+        wrote = set(os.listdir(real)) != before
+        raise
+    finally:
+        if wrote:
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            for name in names:
+                os.replace(os.path.join(aside, name), os.path.join(real, name))
+            os.rmdir(aside)

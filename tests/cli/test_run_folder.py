@@ -111,6 +111,9 @@ def test_overwrite_replaces_the_run_whole_and_keeps_the_users_files(run):
     assert json.loads((run / "train.json").read_text())["options"]["steps"] == 2
     assert torch.load(run / "checkpoint.pt", weights_only=True, mmap=True)["step"] == 2
     refused(gaplan(*TRAIN, "--resume", str(run), "--overwrite"), "--overwrite replaces a run and --resume continues one")
+    before = {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()}
+    refused(gaplan(*TRAIN, "--steps", "2", "--out", str(run), "--overwrite", "--device", "tpu"), "--device must be")
+    assert {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()} == before  # refused: kept
 
 
 @pytest.mark.heavy

@@ -56,7 +56,29 @@ def test_overwrite_removes_the_runs_files_and_keeps_the_users(tmp_path):
         (tmp_path / name).write_text("x")
     (tmp_path / "checkpoint-shards-step3").mkdir()
     with claim_run_folder(str(tmp_path), "train", overwrite=True):
-        assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
+        assert [name for name in sorted(os.listdir(tmp_path)) if not name.startswith(".replaced.tmp.")] == ["notes.txt"]
+        (tmp_path / "plan.json").write_text("the new run's")
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "plan.json"]
+    assert (tmp_path / "plan.json").read_text() == "the new run's"
+
+
+@pytest.mark.parametrize("writes", [False, True])
+def test_a_command_refused_before_it_writes_leaves_the_run_it_would_overwrite(tmp_path, writes):
+    """A mistyped option after --overwrite costs the old run nothing; a run that failed after writing has replaced
+    it (as asked)."""
+    for name in ("plan.json", "train.json", "notes.txt"):
+        (tmp_path / name).write_text(f"old {name}")
+    (tmp_path / "checkpoint-shards-step3").mkdir()
+    with pytest.raises(GaplanError, match="refused"):
+        with claim_run_folder(str(tmp_path), "train", overwrite=True):
+            if writes:
+                (tmp_path / "config.toml").write_text("new")
+            raise GaplanError("refused")
+    if writes:
+        assert sorted(os.listdir(tmp_path)) == ["config.toml", "notes.txt"]
+    else:
+        assert sorted(os.listdir(tmp_path)) == ["checkpoint-shards-step3", "notes.txt", "plan.json", "train.json"]
+        assert (tmp_path / "plan.json").read_text() == "old plan.json"
 
 
 def test_overwrite_refuses_to_remove_a_file_the_command_reads(tmp_path):
