@@ -10,7 +10,7 @@ import click
 
 from gaplan.cli.config_file import GaplanCommand
 from gaplan.cli.field_options import field_help, field_options, sectioned
-from gaplan.cli.options import command_object, lora_options, stderr_printer, task_and_lengths
+from gaplan.cli.options import command_object, lora_options, overwrite_option, stderr_printer, task_and_lengths
 from gaplan.cli.output import echo_lines
 from gaplan.core.options import OUTPUT
 from gaplan.workflows.plan_options import PlanCommand
@@ -27,6 +27,7 @@ from gaplan.workload.spec import WorkloadSpec
                lr={"help": "Learning rate for the launch command (default: the optimizer's)."})
 @task_and_lengths
 @field_options(PlanCommand)
+@overwrite_option()
 @sectioned(OUTPUT, "--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of the table.")
 @sectioned(OUTPUT, "--quiet", is_flag=True, help="No progress lines on stderr.")
 @lora_options

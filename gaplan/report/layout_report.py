@@ -30,12 +30,8 @@ from gaplan.plan.layouts import (
 )
 from gaplan.report.charts import DPI, write_charts
 from gaplan.report.document import Block, Bullets, Heading, Image, Paragraph, Table, write_pages
-from gaplan.runs.folder import path_in
+from gaplan.runs.folder import LAYOUTS_CSV, LAYOUTS_JSON, LAYOUTS_PNG, REPORT_STEM, path_in
 
-LAYOUTS_CSV = "layouts.csv"
-LAYOUTS_JSON = "layouts.json"
-LAYOUTS_PNG = "layouts.png"
-LAYOUTS_STEM = "report"
 COLUMNS = ("layout", "precision", "fits", "split", "peak per rank", "B*", "peak at B*", "note")
 MEASURED_COLUMNS = ("layout", "precision", "fits", "split", "peak per rank", "B*", "peak at B*", "samples/s",
                     "estimated B*", "note")
@@ -392,5 +388,5 @@ def write_layout_report(out_dir: str, comparison: LayoutComparison) -> list[str]
         r.fits is not None for r in comparison.results) else {}
     written += list(images)
     written += write_pages(out_dir, layout_blocks(comparison, list(images)), f"gaplan plan: {comparison.model}", images,
-                           LAYOUTS_STEM)
+                           REPORT_STEM)
     return sorted(written)

@@ -12,11 +12,8 @@ from gaplan.plan.lever_pick import MODEL_TIE, LeverComparison, LeverResult
 from gaplan.plan.levers import Base
 from gaplan.plan.split import split_evenly, split_text
 from gaplan.report.document import Bullets, Heading, Paragraph, Table, write_pages
-from gaplan.runs.folder import path_in
+from gaplan.runs.folder import LEVERS_CSV, LEVERS_JSON, LEVERS_STEM, path_in
 
-LEVERS_CSV = "levers.csv"
-LEVERS_JSON = "levers.json"
-LEVERS_STEM = "levers"
 COLUMNS = ("levers", "fits", "B*", "split", "steps", "peak", "time (model)", "samples/s", "note")
 NUMBER_COLUMNS = frozenset({"B*", "steps", "peak", "time (model)", "samples/s"})
 COST_MODEL = ("time (model): one optimizer step's modelled time over the base row's: forward + backward + recompute "

@@ -53,7 +53,7 @@ class PlanCommand:
                                 help=("A GPU from gaplan estimate --list-targets (default h100-80gb when no --memory-limit is "
                                       "given)."))
     memory_limit: int | None = option(None, section=MEMORY, parse=parse_bytes, metavar="SIZE", help=(
-        "Memory per rank, e.g. 40GiB (instead of a target)."))
+        "Memory per rank, e.g. 40GiB (instead of a target; with one, the smaller)."))
     world_size: int | None = option(None, section=PLAN, help="Ranks (default 1, or --nodes x --gpus-per-node).")
     nodes: int | None = option(None, section=PLAN, help="Machines the ranks run on (default 1).")
     gpus_per_node: int | None = option(None, section=PLAN, help=(
@@ -76,6 +76,7 @@ class PlanCommand:
         "optimizers, none); default: all but the optimizers (yours is kept) and compile (a minute a row)."))
     out: str | None = option(None, section=OUTPUT, metavar="DIR", help=(
         "Folder for layouts.csv/json, layouts.png, report.md/html (default reports/plan-<model>-<time>)."))
+    overwrite: bool = False  # replace the plan (or run) that ``out`` holds (its files only), else that is refused
     layouts: tuple[str, ...] = field(default=(), init=False)  # machinery, parsed
     lever_names: tuple[str, ...] = field(default=(), init=False)  # levers, parsed (() with more than one rank)
     ranks: int = field(default=1, init=False)

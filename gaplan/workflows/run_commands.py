@@ -138,13 +138,17 @@ class PlanDone:
 def run_plan_command(command: PlanCommand, *, say: Say = quiet, on_result: Callable | None = None,
                      on_measured: Callable | None = None, on_lever: Callable | None = None) -> PlanDone:
     """Estimate every layout of ``command`` (with ``measure``, then probe and time those that fit here), then on one
-    device the lever rows, and write the report into ``command.out``. The folder is checked first. ``on_result(layout
-    result)`` follows each estimate, ``on_measured(layout result, its split as text)`` each measurement and
-    ``on_lever(lever result)`` each lever row, estimated or measured."""
+    device the lever rows, and write the report into ``command.out``, checked first and claimed while it runs, as a
+    probe's. ``on_result(layout result)`` follows each estimate, ``on_measured(layout result, its split as text)``
+    each measurement and ``on_lever(lever result)`` each lever row, estimated or measured."""
+    return _in_run_folder(command, "plan", None, lambda: _plan(command, say, on_result, on_measured, on_lever))
+
+
+def _plan(command: PlanCommand, say: Say, on_result: Callable | None, on_measured: Callable | None,
+          on_lever: Callable | None) -> PlanDone:
     from gaplan.report.layout_report import write_layout_report
     from gaplan.workflows.plan import compare_layouts
 
-    check_writable(command.out)
     spec = command.spec
     say(f"estimating {len(command.layouts)} layout(s) x 3 precisions of {spec.model} for {command.ranks} rank(s) on "
         "fake tensors (nothing is allocated) ...")

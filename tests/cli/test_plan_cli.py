@@ -134,6 +134,23 @@ def test_plan_prints_a_table_and_the_launch_line(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_plans_folder_is_a_run_folder_refused_again_and_replaced_whole_with_overwrite(tmp_path):
+    """A second plan into a plan's folder would mix two plans' files (levers.* beside another model's layouts.*)."""
+    out = tmp_path / "plan"
+    base = ["plan", "--model", "tiny-gpt2", "--seq-len", "16", "--effective-batch", "8", "--layouts", "ddp", "--quiet",
+            "--out", str(out)]
+    assert CliRunner().invoke(main, [*base, "--levers", "ckpt"]).exit_code == 0
+    assert (out / "levers.json").exists() and (out / "layouts.json").exists()
+    (out / "notes.txt").write_text("mine")
+    again = CliRunner().invoke(main, [*base, "--world-size", "2"])
+    assert again.exit_code == 2 and f"--out {out} already holds a run (" in one_error_line(again)
+    replaced = CliRunner().invoke(main, [*base, "--world-size", "2", "--overwrite"])
+    assert replaced.exit_code == 0, replaced.output
+    assert not (out / "levers.json").exists() and (out / "notes.txt").read_text() == "mine"
+    assert json.loads((out / "layouts.json").read_text())["world_size"] == 2
+
+
+@pytest.mark.slow
 def test_plan_for_a_v100_picks_fp16_and_says_why_bf16_is_a_poor_choice_there(tmp_path):
     """--dtype auto (the default) plans with fp16 on a card without bf16; bf16 given there is kept, with a caveat."""
     base = ["plan", "--model", "tiny-gpt2", "--seq-len", "16", "--target", "v100-16gb", "--effective-batch", "8",

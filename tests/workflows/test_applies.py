@@ -32,7 +32,7 @@ EVERYWHERE = {
     "plan": {"--attention", "--device", "--dtype", "--effective-batch", "--gpus-per-node", "--json", "--layouts",
              "--levers", "--lora", "--lora-alpha", "--lora-config", "--lora-dropout", "--lora-targets", "--loss", "--lr",
              "--margin",
-             "--measure", "--memory-limit", "--model", "--nodes", "--optimizer", "--out", "--quiet", "--seq-len",
+             "--measure", "--memory-limit", "--model", "--nodes", "--optimizer", "--out", "--overwrite", "--quiet", "--seq-len",
              "--source-len", "--task", "--trust-remote-code", "--world-size"},
 }
 # Each conditional option given where it does not apply: a command line (after the command's name and BASE's words;
