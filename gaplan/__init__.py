@@ -29,7 +29,7 @@ _EXPORTS = {
     "OptionError": "gaplan.core.options",
     # what is trained
     "WorkloadSpec": "gaplan.workload.spec",
-    "CustomWorkload": "gaplan.workload.build",
+    "CustomWorkload": "gaplan.workload.function_model",
     "Checkpointing": "gaplan.core.checkpointing",
     "parse_checkpointing": "gaplan.core.checkpointing",
     # the plan

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TypeVar
 
 E = TypeVar("E", bound=BaseException)
@@ -17,6 +18,21 @@ class DoesNotFit(GaplanError):
     def __init__(self, message: str, needed_bytes: int | None = None) -> None:
         super().__init__(message)
         self.needed_bytes = needed_bytes
+
+
+# Only the allocators' own out-of-memory errors can be cured by a smaller batch. A CUDA error raised by a
+# kernel launch or cuBLAS init ("CUDA error: out of memory", CUBLAS_STATUS_ALLOC_FAILED) leaves the CUDA
+# context broken ("sticky"): it is fatal and must not be retried, so no bare "out of memory" here.
+_OOM_MESSAGES = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory. Tried to allocate")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """The one place that decides whether an exception is an out-of-memory error (torch's, where torch is loaded:
+    without it no torch error was raised)."""
+    torch = sys.modules.get("torch")
+    if isinstance(exc, MemoryError) or (torch is not None and isinstance(exc, torch.OutOfMemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MESSAGES)
 
 
 def mark_rank_own(exc: E) -> E:

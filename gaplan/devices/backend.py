@@ -11,14 +11,9 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from gaplan.core.constants import DEFAULT_CPU_BUDGET
-from gaplan.core.errors import GaplanError
+from gaplan.core.errors import GaplanError, is_out_of_memory
 
 __all__ = ["DEFAULT_CPU_BUDGET", "Backend", "cuda_total_bytes", "is_out_of_memory", "make_backend", "resolve_device"]
-
-# Only the allocators' own out-of-memory errors can be cured by a smaller batch. A CUDA error raised by a
-# kernel launch or cuBLAS init ("CUDA error: out of memory", CUBLAS_STATUS_ALLOC_FAILED) leaves the CUDA
-# context broken ("sticky"): it is fatal and must not be retried, so no bare "out of memory" here.
-_OOM_MESSAGES = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory. Tried to allocate")
 
 
 class Backend(Protocol):
@@ -45,15 +40,6 @@ class Backend(Protocol):
         """Return freed memory (allocator caches) after a trial."""
 
     def synchronize(self) -> None: ...
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """The one place that decides whether an exception is an out-of-memory error."""
-    import torch
-
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MESSAGES)
 
 
 @contextlib.contextmanager

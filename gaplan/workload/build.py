@@ -14,9 +14,7 @@ A model comes from one of three sources:
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,43 +26,22 @@ from gaplan.core.errors import GaplanError
 from gaplan.core.tasks import CAUSAL_LM, CUSTOM
 from gaplan.data.tasks.infer import task_of_config
 from gaplan.data.tasks.registry import task_component
-from gaplan.plan.draws import Drawing
 from gaplan.workload.checkpointing import apply_checkpointing
 from gaplan.workload.compile import compile_model
+from gaplan.workload.function_model import CustomWorkload, made_by_function
 from gaplan.workload.loss import summed_token_loss
 from gaplan.workload.model_io import load_pretrained, quiet_transformers, weights_files
 from gaplan.workload.optimizers import check_optimizer_device, make_optimizer, optimizer_state_bytes
 from gaplan.workload.seq2seq import target_length
 from gaplan.workload.spec import DEFAULT_MODEL, PRESETS, WorkloadSpec, model_source_kind
 
-# re-exported: the spec is data; the optimizer's builder and state count live in gaplan.workload.optimizers
-__all__ = ["DEFAULT_MODEL", "PRESETS", "WorkloadSpec", "make_optimizer", "model_source_kind", "optimizer_state_bytes"]
+# re-exported: the spec is data; the optimizer's builder and state count live in gaplan.workload.optimizers, what a
+# module:function model returns in gaplan.workload.function_model
+__all__ = ["DEFAULT_MODEL", "PRESETS", "CustomWorkload", "WorkloadSpec", "make_optimizer", "model_source_kind",
+           "optimizer_state_bytes"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # the names of DTYPE_NAMES
 _MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-
-
-@dataclass
-class CustomWorkload:
-    """What a ``module:function`` model returns.
-
-    Args:
-        model: any ``nn.Module``.
-        make_batch: ``make_batch(b)`` returns a dict of tensors for ``b`` samples.
-        loss: ``loss(model, batch)`` returns a scalar; default ``model(**batch)``'s ``loss``.
-        loss_is_scaled_for_ga: True if ``loss`` already divides by ``num_items_in_batch``
-            (passed as ``batch["num_items_in_batch"]``); False for a per-batch mean.
-        draws: how ``make_batch`` draws its samples, for the gradient noise scale (:mod:`gaplan.plan.draws`):
-            ``"independent"`` (with replacement, or fresh samples each call), ``N`` (each call takes its samples
-            without replacement from ``N`` samples, independently of other calls), or None: not said, and the
-            noise scale then says that it assumed independent draws.
-    """
-
-    model: nn.Module
-    make_batch: Callable[[int], Mapping[str, torch.Tensor]]
-    loss: Callable[[nn.Module, Mapping[str, Any]], torch.Tensor] | None = None
-    loss_is_scaled_for_ga: bool = False
-    draws: str | int | None = None
 
 
 @dataclass
@@ -335,33 +312,8 @@ def _lm_batch_maker(task: str, seq_len: int, vocab_size: int, num_labels: int, d
     return make_batch
 
 
-def load_function(target: str) -> Callable[[], Any]:
-    """Import ``module:function`` (the current directory is importable, as with ``python -m``)."""
-    module_name, _, func_name = target.partition(":")
-    if not module_name or not func_name:
-        raise GaplanError(f"--model {target!r}: expected module:function, e.g. mypkg.models:make_resnet")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise GaplanError(f"--model {target!r}: cannot import {module_name} ({exc})") from None
-    func = getattr(module, func_name, None)
-    if not callable(func):
-        raise GaplanError(f"--model {target!r}: {module_name} has no function {func_name}")
-    return func
-
-
 def _build_custom(spec: WorkloadSpec, device: torch.device) -> Workload:
-    made = load_function(spec.model)()
-    if isinstance(made, tuple) and 2 <= len(made) <= 3:
-        made = CustomWorkload(*made)
-    if not isinstance(made, CustomWorkload) or not isinstance(made.model, nn.Module):
-        raise GaplanError(f"--model {spec.model!r} must return gaplan.CustomWorkload or (model, make_batch[, loss])")
-    try:
-        Drawing.declared(made.draws)
-    except ValueError as exc:
-        raise GaplanError(f"--model {spec.model!r}: {exc}") from None
+    made = made_by_function(spec.model)
     apply_checkpointing(made.model, spec.grad_checkpointing, spec.model)
     model = made.model
     if spec.quantize and device.type != "meta":  # on meta (the estimate's trace) gaplan.estimate.quantized counts it

@@ -1,0 +1,57 @@
+"""A ``module:function`` model whose own code fails is one line naming it (exit 2), not gaplan's traceback; an
+out-of-memory error in it stays one, for the probe to read as the edge."""
+
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from gaplan.cli.main import main
+from gaplan.core.errors import GaplanError
+from gaplan.workload.function_model import made_by_function
+
+MODULE = '''
+import torch
+
+def raises():
+    raise ValueError("my model factory is broken")
+
+def out_of_memory():
+    raise MemoryError()
+
+def batch_maker_is_a_number():
+    return torch.nn.Linear(4, 4), 5
+
+def loss_is_text():
+    return torch.nn.Linear(4, 4), lambda b: {"x": torch.zeros(b, 4)}, "mse"
+'''
+
+
+@pytest.fixture
+def user_modules(tmp_path, monkeypatch):
+    (tmp_path / "usermodels.py").write_text(MODULE)
+    (tmp_path / "broken_syntax.py").write_text("def make(:\n")
+    monkeypatch.chdir(tmp_path)
+    yield
+    for name in ("usermodels", "broken_syntax"):
+        sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("target, message", [
+    ("usermodels:raises", "--model 'usermodels:raises' raised ValueError: my model factory is broken (--debug shows"),
+    ("usermodels:batch_maker_is_a_number", "must return gaplan.CustomWorkload or (model, make_batch[, loss])"),
+    ("usermodels:loss_is_text", "must return gaplan.CustomWorkload or (model, make_batch[, loss])"),
+    ("broken_syntax:make", "--model 'broken_syntax:make': importing broken_syntax raised SyntaxError: invalid syntax"),
+])
+def test_a_function_models_own_failure_is_one_line_naming_it(user_modules, target, message):
+    with pytest.raises(GaplanError) as caught:
+        made_by_function(target)
+    assert str(caught.value).startswith(message) or message in str(caught.value)
+    result = CliRunner().invoke(main, ["estimate", "--model", target, "--device", "cpu", "--quiet"])
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.exit_code == 2 and lines == [f"gaplan: {caught.value}"], result.output
+
+
+def test_an_out_of_memory_error_in_the_function_stays_one(user_modules):
+    with pytest.raises(MemoryError):
+        made_by_function("usermodels:out_of_memory")
