@@ -74,6 +74,10 @@ class GaplanGroup(click.Group):
                     click.echo(line, err=True)
                 _tell_torchrun(line)
                 ctx.exit(2)
+            except click.UsageError as exc:  # click's own parse errors (a bad value, an unknown flag): one line too
+                where = exc.ctx.command_path if exc.ctx is not None else f"{ctx.command_path} {ctx.invoked_subcommand}"
+                click.echo(f"gaplan: {exc.format_message()} (see {where} --help)", err=True)
+                ctx.exit(2)
             except KeyboardInterrupt:
                 self._interrupted(ctx)
             if received():  # a signal swallowed on the way (a destructor's, a callback's) is still an interruption

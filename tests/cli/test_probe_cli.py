@@ -134,3 +134,15 @@ def test_debug_shows_the_traceback_before_the_one_line(tmp_path, switch):
     assert lines[-1] == "gaplan: --effective-batch must be a positive integer (got 0)"
     quiet = CliRunner(env={"GAPLAN_DEBUG": ""}).invoke(main, ["probe", "--quiet", "--effective-batch", "0"])
     assert quiet.stderr.strip().splitlines() == [lines[-1]]
+
+
+@pytest.mark.parametrize("args, line", [
+    (["estimate", "--seq-len", "abc"], "gaplan: Invalid value for '--seq-len': 'abc' is not a valid integer. (see "
+                                       "gaplan estimate --help)"),
+    (["probe", "--bogus-flag"], "gaplan: No such option '--bogus-flag'. (see gaplan probe --help)"),
+    (["train", "--steps"], "gaplan: Option '--steps' requires an argument. (see gaplan train --help)"),
+    (["report"], "gaplan: Missing argument 'DIR'. (see gaplan report --help)"),
+])
+def test_clicks_own_usage_errors_are_one_line_too(args, line):
+    result = CliRunner().invoke(main, args, prog_name="gaplan")
+    assert result.exit_code == 2 and result.stderr.splitlines() == [line], result.stderr
