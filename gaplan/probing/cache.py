@@ -16,6 +16,7 @@ import glob
 import hashlib
 import json
 import os
+import shlex
 from collections.abc import Callable
 
 from gaplan.core.cache import cache_root
@@ -102,9 +103,16 @@ def probe_for(
         if grad_checkpointing in (None, AUTO):
             spec = dataclasses.replace(spec, grad_checkpointing=probed.workload.grad_checkpointing)
         if not same_workload(probed.workload, spec):
-            layout = f", --parallel {probed.workload.parallel}" if probed.workload.parallel != spec.parallel else ""
-            raise GaplanError(f"--plan {plan_file} was made for {probed.workload.model} "
-                              f"(seq len {probed.workload.seq_len}, {probed.workload.dtype}{layout}), not this workload")
+            from gaplan.plan.layouts import workload_flags
+
+            def shown(value: object) -> object:
+                return "the default" if value is None else value
+
+            differ = "; ".join(f"--{k.replace('_', '-')} {shown(getattr(probed.workload, k))} there, "
+                               f"{shown(getattr(spec, k))} here"
+                               for k in _SAME_WORKLOAD_FIELDS if getattr(probed.workload, k) != getattr(spec, k))
+            raise GaplanError(f"--plan {plan_file} was made for another workload ({differ}): give its workload, "
+                              f"{shlex.join(workload_flags(probed.workload.to_dict()))}")
         if sharded and probed.world_size != world_size:
             raise GaplanError(f"--plan {plan_file} was probed for FSDP over {probed.world_size} ranks, not "
                               f"{world_size}: each rank's shard, so B*, depends on the world size")

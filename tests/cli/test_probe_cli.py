@@ -146,3 +146,24 @@ def test_debug_shows_the_traceback_before_the_one_line(tmp_path, switch):
 def test_clicks_own_usage_errors_are_one_line_too(args, line):
     result = CliRunner().invoke(main, args, prog_name="gaplan")
     assert result.exit_code == 2 and result.stderr.splitlines() == [line], result.stderr
+
+
+@pytest.mark.slow
+def test_the_train_command_a_probe_prints_trains_its_workload(tmp_path):
+    """The next command printed carries the probe's workload, so it runs as printed; a --plan given another workload
+    says what differs and the plan's own flags."""
+    import shlex
+
+    out = tmp_path / "probe"
+    probed = CliRunner().invoke(main, ["probe", "--seq-len", "16", "--memory-limit", "256MiB", "--effective-batch",
+                                       "8", "--threads", "1", "--quiet", "--out", str(out)])
+    assert probed.exit_code == 0, probed.output
+    hint = probed.stdout.split("plan written to ")[1].splitlines()[0]
+    words = shlex.split(hint[hint.index("(") + 1:hint.rindex(")")])
+    assert words[:2] == ["gaplan", "train"] and "--seq-len" in words
+    trained = CliRunner().invoke(main, [*words[1:], "--steps", "1", "--quiet", "--out", str(tmp_path / "t")])
+    assert trained.exit_code == 0, trained.output
+    other = CliRunner().invoke(main, ["train", "--plan", str(out / "plan.json"), "--steps", "1", "--quiet", "--out",
+                                      str(tmp_path / "u")])
+    assert other.exit_code == 2 and (f"was made for another workload (--seq-len 16 there, the default here): give its "
+                                     f"workload, --model tiny-gpt2 --seq-len 16") in other.stderr

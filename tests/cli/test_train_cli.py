@@ -100,7 +100,7 @@ def test_bad_input(tmp_path):
         (["--plan", str(tmp_path / "missing.json")], "does not exist"),
         (["--plan", write(tmp_path / "corrupt.json", "{not json")], "cannot read plan file"),
         (["--plan", write(tmp_path / "empty.json", "{}")], "not a gaplan plan file"),
-        (["--plan", str(other_plan)], "was made for tiny-bert-cls"),
+        (["--plan", str(other_plan)], "was made for another workload (--model tiny-bert-cls there, tiny-gpt2 here"),
         (["--micro-batch", "4", "--data", str(tmp_path / "nope.txt")], "cannot read it"),
         (["--resume", str(tmp_path)], "no checkpoint.pt in it"),
         # clip_grad_norm_ with -1 would flip every gradient (gradient ascent); 0 would zero them
