@@ -14,13 +14,14 @@ from gaplan.cli.options import command_object, lora_options, overwrite_option, s
 from gaplan.cli.output import echo_lines
 from gaplan.core.options import OUTPUT
 from gaplan.workflows.plan_options import PlanCommand
-from gaplan.workload.spec import WorkloadSpec
+from gaplan.workload.spec import PRESETS, WorkloadSpec
 
 
 @click.command(name="plan", cls=GaplanCommand)
 @field_options(WorkloadSpec, only=("model", "optimizer", "loss", "lr", "trust_remote_code"),
-               model={"help": field_help(WorkloadSpec, "model") + " Shapes to plan for: llama-2-7b, llama-2-13b, "
-                                                                  "llama-2-70b."},
+               model={"help": field_help(WorkloadSpec, "model") + " Shapes to plan for: "
+                                                                  + ", ".join(p for p in PRESETS if p.startswith("llama-"))
+                                                                  + "."},
                optimizer={"help": "The optimizer every row trains with (others are compared only when --levers names "
                                   "them)."},
                loss={"help": "The loss of every layout (the lever table compares chunked too).", "applies": None},

@@ -165,5 +165,5 @@ def test_the_train_command_a_probe_prints_trains_its_workload(tmp_path):
     assert trained.exit_code == 0, trained.output
     other = CliRunner().invoke(main, ["train", "--plan", str(out / "plan.json"), "--steps", "1", "--quiet", "--out",
                                       str(tmp_path / "u")])
-    assert other.exit_code == 2 and (f"was made for another workload (--seq-len 16 there, the default here): give its "
-                                     f"workload, --model tiny-gpt2 --seq-len 16") in other.stderr
+    assert other.exit_code == 2 and ("was made for another workload (--seq-len 16 there, the default here): give its "
+                                     "workload, --model tiny-gpt2 --seq-len 16") in other.stderr
