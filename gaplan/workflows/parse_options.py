@@ -35,15 +35,16 @@ def length_fields(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_lora_given(options: Mapping[str, Any], given: Collection[str]) -> None:
-    """LoRA's settings given without ``--lora`` would train a full fine-tune and ignore them (given at its default
-    too: ``given`` is the names the user gave, as the command line's parser knows them)."""
+    """LoRA's settings given without ``--lora`` would train a full fine-tune and ignore them, and beside
+    ``--lora-config`` its file would replace them (given at its default too: ``given`` is the names the user gave, as
+    the command line's parser knows them)."""
     from gaplan.workload.spec import LORA_SETTINGS
 
-    if options.get("lora") or options.get("lora_config"):
-        return
     named = sorted(set(given) & set(LORA_SETTINGS))
-    if named:
-        flags = ", ".join("--" + name.replace("_", "-") for name in named)
+    flags = ", ".join("--" + name.replace("_", "-") for name in named)
+    if named and options.get("lora_config"):  # the file's settings take their place: one of the two would be lost
+        raise GaplanError(f"{flags} and --lora-config both set the adapters' settings: give one")
+    if named and not options.get("lora"):
         raise GaplanError(f"{flags} {'sets' if len(named) == 1 else 'set'} LoRA adapters, and --lora is off: add "
                           "--lora, or leave it out")
 

@@ -150,6 +150,10 @@ def _plan(command: PlanCommand, say: Say, on_result: Callable | None, on_measure
     from gaplan.workflows.plan import compare_layouts
 
     spec = command.spec
+    if command.measure:  # it probes here: a device this machine lacks is refused before any estimate
+        from gaplan.devices.backend import resolve_device
+
+        resolve_device(command.device)
     say(f"estimating {len(command.layouts)} layout(s) x 3 precisions of {spec.model} for {command.ranks} rank(s) on "
         "fake tensors (nothing is allocated) ...")
     comparison = compare_layouts(

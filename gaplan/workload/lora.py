@@ -68,6 +68,9 @@ def read_adapter_config(path: str) -> dict[str, Any]:
     try:
         with open(file) as stream:
             config = json.load(stream)
+    except FileNotFoundError:
+        where = f"no adapter_config.json in {path}" if os.path.isdir(path) else "no such file"
+        raise GaplanError(f"--lora-config {path}: {where}") from None
     except OSError as exc:
         raise GaplanError(f"--lora-config {path}: {exc.strerror or exc}") from None
     except json.JSONDecodeError as exc:

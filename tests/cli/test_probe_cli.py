@@ -89,6 +89,9 @@ BAD_INPUT = [
     (["--lora-r", "8"], "--lora-r sets LoRA adapters, and --lora is off"),
     (["--lora-r", "16", "--lora-targets", "all-linear"], "--lora-r, --lora-targets set LoRA adapters"),
     (["--quantize", "4bit"], "add --lora"),
+    # beside --lora-config, a --lora-* flag would be replaced by the file's value without a word
+    (["--lora-config", "adapter_config.json", "--lora-r", "4"], "--lora-r and --lora-config both set the adapters'"),
+    (["--lora-config", "/no/such/adapter_config.json"], "--lora-config /no/such/adapter_config.json: no such file"),
 ]
 
 

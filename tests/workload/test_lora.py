@@ -91,8 +91,11 @@ def test_a_bad_adapter_config_is_one_line(tmp_path, content, message):
     path.write_text(content)
     with pytest.raises(GaplanError, match=message):
         read_adapter_config(str(path))
-    with pytest.raises(GaplanError, match="No such file"):
+    with pytest.raises(GaplanError, match="missing.json: no such file$"):
         read_adapter_config(str(tmp_path / "missing.json"))
+    (tmp_path / "adapter").mkdir()  # a folder: the file it lacks is named
+    with pytest.raises(GaplanError, match=r"adapter: no adapter_config.json in .*adapter$"):
+        read_adapter_config(str(tmp_path / "adapter"))
 
 
 def test_a_lora_run_cut_after_step_2_resumes_to_the_uninterrupted_weights_bitwise(tmp_path):
