@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -64,15 +65,22 @@ def release_after_oom(device) -> None:
         torch.cuda.empty_cache()
 
 
+def device_name(name: str | None) -> str:
+    """``--device`` as written (``auto``, ``cpu``, ``cuda``, ``cuda:N``), lower case; anything else one line. Asks no
+    card: a device modelled (gaplan estimate) is checked as one used."""
+    text = (name or "auto").strip().lower()
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
+        raise GaplanError(f"--device must be auto, cpu, cuda or cuda:N (got {name!r})")
+    return text
+
+
 def resolve_device(name: str = "auto") -> str:
     """``auto`` -> ``cuda:0`` when a GPU is usable, else ``cpu``; checks that ``cuda[:N]`` exists.
 
     The cards are asked in a child (:func:`gaplan.devices.card.cuda_cards`): this process may fork trials after."""
-    name = (name or "auto").strip().lower()
+    name = device_name(name)
     if name == "cpu":
         return "cpu"  # without importing torch: a probe's caller need not (its worker does, at the same time)
-    if name != "auto" and name != "cuda" and not name.startswith("cuda:"):
-        raise GaplanError(f"--device must be auto, cpu, cuda or cuda:N (got {name!r})")
     from gaplan.devices.card import cuda_cards
 
     cards = cuda_cards()

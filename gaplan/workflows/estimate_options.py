@@ -46,6 +46,9 @@ class EstimateCommand:
         from gaplan.estimate.sharded import check_world_size
 
         check_positive_ints(effective_batch=self.effective_batch, search_cap=self.search_cap, threads=self.threads)
+        from gaplan.devices.backend import device_name
+
+        object.__setattr__(self, "device", device_name(self.device))  # tpu, cpu:0: refused, not modelled as a GPU
         ranks, machines = resolve_world(self.world_size, self.nodes, self.gpus_per_node)
         object.__setattr__(self, "ranks", ranks)
         object.__setattr__(self, "machines", machines)
@@ -59,4 +62,4 @@ class EstimateCommand:
 
     @property
     def device_kind(self) -> str:
-        return "cpu" if (self.device or "auto").strip().lower() == "cpu" else "cuda"
+        return "cpu" if self.device == "cpu" else "cuda"

@@ -26,6 +26,7 @@ SPEC = WorkloadSpec(model="tiny-gpt2", seq_len=16)
     (lambda out: BenchCommand(SPEC, source=DataSource(path="x.txt"), out=out), "--data applies to --batch-by tokens"),
     (lambda out: EstimateCommand(SPEC, device="cpu", target="h100-80gb"), "does not go with --device cpu"),
     (lambda out: EstimateCommand(SPEC, sizes=(4,)), "--sizes needs at least two"),
+    (lambda out: EstimateCommand(SPEC, device="cpu:0"), "--device must be auto, cpu, cuda or cuda:N"),  # not a GPU
     (lambda out: PlanCommand(SPEC, repeats=2, out=out), "--repeats applies to --measure"),
     (lambda out: PlanCommand(SPEC, threads=2, out=out), "--threads applies to --device cpu"),
     (lambda out: PlanCommand(SPEC, machinery="ddp", grad_sync="every", out=out), "--grad-sync applies to the FSDP"),
