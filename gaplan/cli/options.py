@@ -52,7 +52,7 @@ def workload_options(func: Callable) -> Callable:
         sectioned(MEMORY, "--memory-limit", type=BYTES, default=None, metavar="SIZE",
                   help="Memory budget, e.g. 2GiB or 800MB (CPU default 1 GiB; CUDA default: the card)."),
         sectioned(MEMORY, "--threads", type=int, default=None,
-                  help="CPU threads for torch (default: torch's)."),
+                  help="CPU threads for torch (default: torch's; at most 4 per core)."),
     ]
     for option in reversed(hand_written):
         func = option(func)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import os
 import resource
 
 from gaplan.core.constants import DEFAULT_CPU_BUDGET
@@ -127,6 +128,20 @@ def pin_mmap_threshold() -> bool:
         return bool(ctypes.CDLL(name).mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
     except (OSError, AttributeError):
         return False
+
+
+THREADS_PER_CORE = 4  # --threads above this many a core is refused: each is an OS thread with its own stack and arena
+
+
+def check_threads(threads: int | None) -> None:
+    """``--threads`` (torch's intra-op threads): at most :data:`THREADS_PER_CORE` a core of this machine (100,000
+    threads exhaust memory before training starts; a few more than the cores only contend)."""
+    most = THREADS_PER_CORE * (os.cpu_count() or 1)
+    if threads is not None and threads > most:
+        from gaplan.core.options import OptionError
+
+        raise OptionError(f"threads {threads} is more than {THREADS_PER_CORE} per core on this machine "
+                          f"({os.cpu_count()} cores): give at most {most}", "threads")
 
 
 def start_intra_op_threads() -> None:

@@ -56,6 +56,9 @@ class BenchCommand:
 
     def __post_init__(self) -> None:
         check_positive_ints(effective_batch=self.effective_batch, threads=self.threads, world_size=self.world_size)
+        from gaplan.devices.cpu import check_threads
+
+        check_threads(self.threads)
         object.__setattr__(self, "source", data_given(self.source))
         check_choice(self.grad_checkpointing, self.plan_file)
         granule_of(self.granule, self.batch_by)  # kept as given: replace() checks it again

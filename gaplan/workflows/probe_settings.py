@@ -91,9 +91,11 @@ class ProbeOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise OptionError(f"{name} must be a positive integer (got {value})", name)
+        from gaplan.devices.cpu import check_threads
         from gaplan.estimate.budget import check_margin
 
         check_margin(self.margin)
+        check_threads(self.threads)
         if self.grad_checkpointing is None:  # not given (the workload spec's default)
             object.__setattr__(self, "grad_checkpointing", OFF)
         check_typed(self.grad_checkpointing, auto=True)

@@ -99,6 +99,9 @@ class TrainOptions:
             if value is not None and value < 1:
                 raise OptionError(f"{name} must be a positive integer (got {value})", name)
         check_choice(self.grad_checkpointing, self.plan_file)
+        from gaplan.devices.cpu import check_threads
+
+        check_threads(self.threads)
         scheduled = self._check_schedule()
         if self.lr_scaling is None:  # a schedule changes the batch under one --lr
             object.__setattr__(self, "lr_scaling", SCHEDULE_LR_SCALING if scheduled else "none")
