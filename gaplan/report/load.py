@@ -16,7 +16,7 @@ from gaplan.core.constants import LARGE_BATCH_KIND, LARGEST_FIT_KIND
 from gaplan.core.errors import GaplanError
 from gaplan.plan.search import fit_memory_line
 from gaplan.report.formatting import is_false, missing
-from gaplan.runs.folder import BENCH_JSON, LOSS_CHECK_JSON, PLAN_JSON, TOKENS_JSON, TRAIN_JSON, path_in
+from gaplan.runs.folder import BENCH_JSON, LAYOUTS_JSON, LOSS_CHECK_JSON, PLAN_JSON, TOKENS_JSON, TRAIN_JSON, path_in
 from gaplan.runs.schema import (
     BREAKDOWN,
     THROUGHPUT,
@@ -80,6 +80,11 @@ def load_run(run_dir: str) -> RunData:
     """Read and check a run folder; raise :class:`GaplanError` with one line on anything unusable."""
     plan_path = path_in(run_dir, PLAN_JSON)
     if not os.path.isfile(plan_path):
+        if not os.path.isdir(run_dir):
+            raise GaplanError(f"{run_dir}: {'not a folder' if os.path.exists(run_dir) else 'no such folder'}")
+        if os.path.isfile(path_in(run_dir, LAYOUTS_JSON)):
+            raise GaplanError(f"{run_dir} is a gaplan plan folder: gaplan plan writes its report whole (run it again "
+                              "to write it anew); gaplan report rebuilds a probe's, bench's or train run's")
         raise GaplanError(f"{run_dir} is not a gaplan run folder: no {PLAN_JSON}")
     plan = read_plan_json(plan_path)
     return RunData(

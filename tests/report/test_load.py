@@ -60,7 +60,11 @@ def assert_one_line_error(directory: Path, *fragments: str) -> None:
 
 def test_folder_without_plan_json(tmp_path: Path) -> None:
     assert_one_line_error(tmp_path, f"{tmp_path} is not a gaplan run folder: no plan.json")
-    assert_one_line_error(tmp_path / "absent", "no plan.json")
+    assert_one_line_error(tmp_path / "absent", f"{tmp_path / 'absent'}: no such folder")
+    (tmp_path / "a-file").write_text("x")
+    assert_one_line_error(tmp_path / "a-file", f"{tmp_path / 'a-file'}: not a folder")
+    (tmp_path / "layouts.json").write_text("{}")  # gaplan plan's folder: its report is plan's own
+    assert_one_line_error(tmp_path, f"{tmp_path} is a gaplan plan folder: gaplan plan writes its report whole")
 
 
 @pytest.mark.parametrize("content, fragment", [
