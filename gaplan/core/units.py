@@ -23,15 +23,15 @@ def parse_bytes(value: int | str, name: str = "memory_limit") -> int:
     Python; the command line shows its flag, ``--memory-limit``)."""
     if isinstance(value, int) and not isinstance(value, bool):
         if value <= 0:
-            raise OptionError(f"{name} must be larger than zero (got {value})", name)
+            raise OptionError(f"{name} must be at least 1 byte (got {value})", name)
         return value
     match = _SIZE.match(value) if isinstance(value, str) else None
     unit = match.group(2).lower() if match else ""
     if not match or unit not in _UNITS:
         raise OptionError(f"{name} must be a size such as 2GiB, 512MiB or 1.5GB, or bytes (got {value!r})", name)
     count = int(float(match.group(1)) * _UNITS[unit])
-    if count <= 0:
-        raise OptionError(f"{name} must be larger than zero (got {value!r})", name)
+    if count <= 0:  # 0.5 (bytes) rounds down to none
+        raise OptionError(f"{name} must be at least 1 byte (got {value!r})", name)
     return count
 
 

@@ -84,7 +84,7 @@ def _json_record(line: str, path: str, number: int, text_field: str, label_field
                           + (f" (it has: {', '.join(map(str, record))})" if isinstance(record, dict) else ""))
     text = record[text_field]
     if not isinstance(text, str):
-        raise GaplanError(f"--data {path}: line {number}: '{text_field}' is {type(text).__name__}, not a string")
+        raise GaplanError(f"--data {path}: line {number}: '{text_field}' is {_json_kind(text)}, not a string")
     if label_field is None:
         return Record(text, None, f"line {number}")
     if label_field not in record:
@@ -109,7 +109,7 @@ def _rows(path: str, columns: dict[str, list], text_field: str, label_field: str
     records = []
     for row, (text, label) in enumerate(zip(texts, labels, strict=True)):
         if not isinstance(text, str):
-            raise GaplanError(f"--data {path}: row {row}: '{text_field}' is {type(text).__name__}, not a string")
+            raise GaplanError(f"--data {path}: row {row}: '{text_field}' is {_json_kind(text)}, not a string")
         records.append(Record(text, label, f"row {row}"))
     return records
 
@@ -166,3 +166,11 @@ def _read_parquet(path: str, text_field: str, label_field: str | None, label_opt
         raise GaplanError(f"--data {path}: cannot read it as parquet ({exc.__class__.__name__}: {one_line(exc)})") \
             from None
     return _rows(path, table.to_pydict(), text_field, label_field)
+
+
+def _json_kind(value: object) -> str:
+    """A JSON value's kind as the file says it (null, a number, an array), not Python's type name."""
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "a number", float: "a number", list: "an array", dict: "an object"}.get(
+        type(value), type(value).__name__)

@@ -86,7 +86,8 @@ def train_lines(summary: dict[str, Any], run_dir: str, bounded: bool) -> list[st
         return [f"nothing to train: the run in {run_dir} has done its {done} steps (--steps above {done} extends it)"]
     padded, peak = summary.get("padded_tokens_per_s"), summary.get("peak_bytes")
     peak_text = "" if peak is None else f", peak (step) {format_bytes(peak)}" + ("" if bounded else " with no budget bound")
-    lines = [f"trained {summary['steps']} steps in {summary['seconds']:.1f} s: loss {summary['loss_first']:.4f} -> "
+    steps = f"{summary['steps']} step{'s' if summary['steps'] != 1 else ''}"
+    lines = [f"trained {steps} in {summary['seconds']:.1f} s: loss {summary['loss_first']:.4f} -> "
              f"{summary['loss_last']:.4f}, {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:.0f} real "
              f"tokens/s" + (f" ({padded:.0f} padded tokens/s)" if padded else "") + peak_text
              + f"; log and checkpoint in {run_dir}"]

@@ -63,7 +63,7 @@ BAD_INPUT = [
     (["--task", "regression"], "unknown task 'regression'"),
     (["--dtype", "fp8"], "unknown dtype 'fp8'"),
     (["--optimizer", "adamax"], "unknown --optimizer 'adamax'; choose one of adamw, adamw-fused, adamw-forloop, adamw-8bit"),
-    (["--memory-limit", "0"], "--memory-limit must be larger than zero"),
+    (["--memory-limit", "0"], "--memory-limit must be at least 1 byte"),
     (["--memory-limit", "abc"], "--memory-limit must be a size"),
     (["--memory-limit", "50MiB"], "needs at least 84.21 MiB for weights, gradients and optimizer states"),
     (["--device", "cuda"], "no CUDA device is available"),

@@ -45,7 +45,13 @@ def test_labels_are_read_from_the_label_field(data_files, kind):
 def test_another_text_field(data_files, kind):
     # 'id' holds integers, not text: an error naming the record, not a silent str()
     message = one_line_error(read_records, data_files[kind], text_field="id")
-    assert "'id' is int, not a string" in message and ("line 1" in message or "row 0" in message)
+    assert "'id' is a number, not a string" in message and ("line 1" in message or "row 0" in message)
+
+
+def test_a_null_text_is_named_as_the_file_has_it(tmp_path):
+    path = tmp_path / "null.jsonl"
+    path.write_text('{"text": null}\n')
+    assert "line 1: 'text' is null, not a string" in one_line_error(read_records, str(path))
 
 
 def test_a_dataset_dict_takes_train_else_its_only_split_else_says_which_exist(tmp_path):

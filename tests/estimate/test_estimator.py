@@ -34,7 +34,7 @@ def test_estimate_rejects_bad_input_in_one_line(tmp_path):
         (dict(spec=WorkloadSpec(model="tiny-gpt2", seq_len=4096)), "longer than the model's 1024 positions"),
         (dict(spec=WorkloadSpec(model="tiny-gpt2"), target="t4", device_kind="cpu"), "does not apply to a CPU estimate"),
         (dict(spec=WorkloadSpec(model="tiny-gpt2"), device_kind="tpu"), "device kind"),
-        (dict(spec=WorkloadSpec(model="tiny-gpt2"), memory_limit=0), "memory_limit must be larger than zero"),
+        (dict(spec=WorkloadSpec(model="tiny-gpt2"), memory_limit=0), "memory_limit must be at least 1 byte"),
         (dict(spec=WorkloadSpec(model="tiny-gpt2"), device_kind="cpu", memory_limit=2**28, threads=0),
          "threads must be a positive integer (got 0)"),
         (dict(spec=WorkloadSpec(model="tiny-gpt2"), sizes=[2, 2]), "two different"),

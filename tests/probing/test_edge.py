@@ -121,7 +121,7 @@ def test_a_cpu_budget_above_the_free_memory_is_refused(monkeypatch):
     (dict(threads=-1), r"^threads must be a positive integer \(got -1\)"),
     (dict(optimizer_steps=0), r"^optimizer_steps must be a positive integer \(got 0\)"),
     (dict(start=0), r"^start must be a positive integer \(got 0\)"),
-    (dict(memory_limit=-1), r"^memory_limit must be larger than zero \(got -1\)"),
+    (dict(memory_limit=-1), r"^memory_limit must be at least 1 byte \(got -1\)"),
     (dict(memory_limit="lots"), r"^memory_limit must be a size"),
     (dict(margin=float("nan")), r"^margin must be a fraction in \[0, 1\) \(got nan\)"),
 ])

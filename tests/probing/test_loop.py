@@ -146,7 +146,7 @@ def test_a_loop_whose_model_does_not_fit_says_so():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(micro_steps=1), "micro_steps and optimizer_steps must be 2 or more"),
     (dict(optimizer_steps=1), "micro_steps and optimizer_steps must be 2 or more"),
-    (dict(memory_limit=0), "memory_limit must be larger than zero"),
+    (dict(memory_limit=0), "memory_limit must be at least 1 byte"),
     (dict(effective_batch=0), "effective batch must be a positive integer"),
 ])
 def test_bad_input_is_one_line(kwargs, message):
