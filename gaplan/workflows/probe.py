@@ -14,6 +14,7 @@ from typing import Any
 
 from gaplan.core.constants import DEFAULT_CPU_BUDGET, SEARCH_CAP
 from gaplan.core.errors import GaplanError
+from gaplan.core.options import OptionError
 from gaplan.core.progress import Say, quiet
 from gaplan.core.trial import Trial
 from gaplan.runs.folder import PLAN_JSON, path_in
@@ -59,7 +60,8 @@ def run_probe(spec: WorkloadSpec, out: str, options: ProbeOptions | None = None,
                 return 1
             seeds.append(estimate_start(spec, device, memory_limit, o.margin, o.search_cap, o.threads, say))
         except GaplanError as exc:
-            if not by_default:  # asked for by name: its error is the answer
+            # Asked for by name, its error is the answer; so is an option this device refuses (the trials would too).
+            if not by_default or isinstance(exc, OptionError):
                 raise
             say(f"estimate: {exc}; searching from 1")  # the probe itself says what fits; the seed was a head start
             return 1

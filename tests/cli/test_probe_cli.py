@@ -73,6 +73,7 @@ BAD_INPUT = [
     (["--seq-len", "4096"], "longer than the model's 1024 positions"),
     (["--margin", "1.5"], "--margin must be a fraction"),
     (["--threads", "100000"], "--threads 100000 is more than 4 per core on this machine"),  # was a MemoryError
+    (["--offload-activations", "--device", "cpu"], "--offload-activations moves the tensors saved for backward off"),
     (["--out", "/proc/gaplan-cannot-write-here"], "is not writable"),
     # the numeric sweep: negative, zero, NaN, inf each refused, named by its flag
     (["--memory-limit", "-5"], "--memory-limit must be a size"),
