@@ -26,7 +26,7 @@ from gaplan.report.result_text import bench_lines, token_bench_result_lines
 from gaplan.workflows.bench_options import BENCH_BY_SAMPLES, BY_SAMPLES_TIMING, BenchCommand
 
 
-@click.command(name="bench", cls=GaplanCommand)
+@click.command(name="bench", cls=GaplanCommand, options_class=BenchCommand)
 @workload_options
 # the effective batch, the plan, the ranks, the large batch, the data (by tokens), the run folder
 @field_options(BenchCommand, data={"applies": BY_TOKENS}, **{name: {"applies": BENCH_BY_SAMPLES}

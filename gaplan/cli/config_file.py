@@ -52,21 +52,17 @@ def _load(ctx: click.Context, param: click.Parameter, path: str | None) -> None:
     from gaplan.workflows.config_file import read_config
 
     options = _options(ctx.command)
-    values = read_config(path, ctx.command.name, {key: partial(_parse, ctx, option) for key, option in options.items()},
-                         {key: getattr(option, "table", None) for key, option in options.items()})
+    values = read_config(path, ctx.command.name,
+                         {key: partial(option.type_cast_value, ctx) for key, option in options.items()},
+                         {key: getattr(option, "table", None) for key, option in options.items()},
+                         {key: _number_kind(option.type) for key, option in options.items()})
     ctx.default_map = {**(ctx.default_map or {}), **{options[key].name: value for key, value in values.items()}}
 
 
-def _parse(ctx: click.Context, option: click.Option, value: Any) -> Any:
-    """A file's value by its option's type, as the command line's text would be: a number that is not an integer (a
-    float, a bool, a list) is refused for an integer option, not cut to one as click's int() would."""
-    numbers = (click.types.IntParamType, click.types.FloatParamType)
-    if isinstance(option.type, numbers) and (isinstance(value, bool) or not isinstance(value, int | float | str)
-                                             or isinstance(option.type, click.types.IntParamType)
-                                             and isinstance(value, float)):
-        kind = "an integer" if isinstance(option.type, click.types.IntParamType) else "a number"
-        raise click.BadParameter(f"{value!r} is not {kind}")
-    return option.type_cast_value(ctx, value)
+def _number_kind(kind: click.ParamType) -> type | None:
+    """The number an option's type holds (``int``, ``float``), for the file's values; None for any other."""
+    return int if isinstance(kind, click.types.IntParamType) else float if isinstance(
+        kind, click.types.FloatParamType) else None
 
 
 def _mark(ctx: click.Context, param: click.Parameter, value: bool) -> None:
@@ -143,15 +139,17 @@ def help_sections(command: click.Command, ctx: click.Context) -> dict[str, list[
 
 
 class GaplanCommand(click.Command):
-    """A gaplan command: its options, ``--config FILE`` / ``--print-config``, and ``--help`` in sections."""
+    """A gaplan command: its options, ``--config FILE`` / ``--print-config``, and ``--help`` in sections;
+    ``options_class``: the object its options build, checked before ``--print-config`` prints them."""
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         for name, records in help_sections(self, ctx).items():
             with formatter.section(name):
                 formatter.write_dl(records)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, options_class: type | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.options_class = options_class  # the object its options build (ProbeCommand ...): --print-config checks it
         self.params.append(FieldOption(
             ["--config"], section=OUTPUT, type=click.Path(dir_okay=False), is_eager=True, expose_value=False, callback=_load,
             metavar="FILE", help="Options from a TOML file: a [COMMAND] table keyed by the flags without their "
@@ -169,6 +167,10 @@ class GaplanCommand(click.Command):
 
     def invoke(self, ctx: click.Context) -> Any:
         if ctx.meta.get(PRINT_CONFIG):
+            if self.options_class is not None:  # checked as a run would be: a file --config would refuse is not written
+                from gaplan.cli.options import command_object
+
+                command_object(self.options_class, ctx.params)
             click.echo(config_text(self, ctx), nl=False)
             return None
         return super().invoke(ctx)

@@ -17,7 +17,7 @@ from gaplan.workflows.estimate_options import EstimateCommand
 from gaplan.workflows.probe_settings import ProbeOptions
 
 
-@click.command(name="estimate", cls=GaplanCommand)
+@click.command(name="estimate", cls=GaplanCommand, options_class=EstimateCommand)
 @workload_options
 @field_options(EstimateCommand)
 @sectioned(MEMORY, "--list-targets", is_flag=True, help="List the known GPUs and their usable memory, then exit.")

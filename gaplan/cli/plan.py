@@ -17,7 +17,7 @@ from gaplan.workflows.plan_options import PlanCommand
 from gaplan.workload.spec import PRESETS, WorkloadSpec
 
 
-@click.command(name="plan", cls=GaplanCommand)
+@click.command(name="plan", cls=GaplanCommand, options_class=PlanCommand)
 @field_options(WorkloadSpec, only=("model", "optimizer", "loss", "lr", "trust_remote_code"),
                model={"help": field_help(WorkloadSpec, "model") + " Shapes to plan for: "
                                                                   + ", ".join(p for p in PRESETS if p.startswith("llama-"))

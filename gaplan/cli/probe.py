@@ -28,7 +28,7 @@ from gaplan.workflows.probe_options import ProbeCommand
 from gaplan.workflows.probe_settings import TIMED, TIMING_OPTIONS, ProbeOptions
 
 
-@click.command(name="probe", cls=GaplanCommand)
+@click.command(name="probe", cls=GaplanCommand, options_class=ProbeCommand)
 @workload_options
 # the plan's batch, the search, the tuner, the report and how it times, goodput's run
 @field_options(ProbeOptions, data={"applies": "`--batch-by tokens`, `--objective goodput` (its measuring run)"},

@@ -27,7 +27,7 @@ from gaplan.runs.folder import REPORT_HTML, REPORT_MD, path_in
 from gaplan.workflows.train_command import TrainCommand
 
 
-@click.command(name="train", cls=GaplanCommand)
+@click.command(name="train", cls=GaplanCommand, options_class=TrainCommand)
 @workload_options
 @field_options(TrainCommand)  # the plan's source, the data, the loop, the outputs (TrainOptions); --token-plan, --resume, --out
 @batch_by_options

@@ -120,9 +120,9 @@ def hold_run_folder(out: str, what: str = "--out") -> Iterator[str]:
     finally:
         # A command that wrote nothing (or was refused) leaves no folder behind: neither ``out`` nor the parents made
         # for it (``reports/``), deepest first; a folder something else wrote into stays.
-        for folder in made:
+        for path in made:
             try:
-                os.rmdir(folder)
+                os.rmdir(path)
             except OSError:
                 break
 

@@ -34,11 +34,13 @@ def read_toml(path: str) -> dict[str, Any]:
 
 
 def read_config(path: str, command: str, parsers: Mapping[str, Callable[[Any], Any]],
-                tables: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+                tables: Mapping[str, str | None] | None = None,
+                numbers: Mapping[str, type | None] | None = None) -> dict[str, Any]:
     """``command``'s values in the TOML file at ``path``, by key; ``parsers[key](value)`` parses one (raising on a
     value its option refuses: the error's ``message`` or text is the line's end). ``tables[key]`` is the table an
     option belongs in, nested as the objects are (``[train.loop]``; None: ``[train]`` itself); a key may also sit in
-    ``[train]`` itself, as a flat file has it."""
+    ``[train]`` itself, as a flat file has it. ``numbers[key]`` (``int``, ``float``): the number an option holds, so
+    a file's value is one as the command line's text would be (``2.5`` for an integer is refused, not cut to 2)."""
     data = read_toml(path)
     top = [key for key, value in data.items() if isinstance(value, dict)]
     if top and command not in top:
@@ -49,13 +51,13 @@ def read_config(path: str, command: str, parsers: Mapping[str, Callable[[Any], A
     values: dict[str, Any] = {}
     for name, value in found.items():
         if not isinstance(value, dict):
-            values[name] = _checked(path, command, name, value, parsers)
+            values[name] = _checked(path, command, name, value, parsers, numbers or {})
             continue
         if name not in known:
             raise GaplanError(f"--config {path}: [{command}.{name}] is not a table of {command} (its tables: "
                               f"{', '.join(known) or 'none'})")
         for key, item in value.items():
-            _checked(path, f"{command}.{name}", key, item, parsers)
+            _checked(path, f"{command}.{name}", key, item, parsers, numbers or {})
             if homes.get(key) != name:  # every key in the table of the object that holds it
                 where = f"[{command}.{homes[key]}]" if homes.get(key) else f"[{command}]"
                 raise GaplanError(f"--config {path}: [{command}.{name}] has no option {key!r} (it is in {where})")
@@ -63,12 +65,19 @@ def read_config(path: str, command: str, parsers: Mapping[str, Callable[[Any], A
     return values
 
 
-def _checked(path: str, table: str, key: str, value: Any, parsers: Mapping[str, Callable[[Any], Any]]) -> Any:
+def _checked(path: str, table: str, key: str, value: Any, parsers: Mapping[str, Callable[[Any], Any]],
+             numbers: Mapping[str, type | None]) -> Any:
     parse = parsers.get(key)
     if parse is None:
         near = difflib.get_close_matches(key.replace("_", "-"), list(parsers), n=1)
         hint = f" (did you mean {near[0]}?)" if near else ""
         raise GaplanError(f"--config {path}: [{table}] has no option {key!r}{hint}")
+    number = numbers.get(key)
+    # A float, bool or list where a number goes: refused as its text would be (click's int() would cut 2.5 to 2).
+    if number is not None and (isinstance(value, bool) or not isinstance(value, (str, int) if number is int
+                                                                          else (str, int, float))):
+        raise GaplanError(f"--config {path}: [{table}] {key} = {value!r}: {value!r} is not "
+                          f"{'an integer' if number is int else 'a number'}")
     try:
         parse(value)
     except Exception as exc:  # noqa: BLE001 - the option's parser refuses it: its own words end the line

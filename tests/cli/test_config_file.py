@@ -71,8 +71,9 @@ def test_the_printed_config_is_nested_as_the_objects_are(tmp_path):
 
 def test_a_flag_given_wins_over_the_file_and_the_file_counts_as_given(tmp_path):
     path = tmp_path / "run.toml"
-    path.write_text('seq-len = 32\nlora-r = 8\n')  # no table: the invoked command's own
+    path.write_text('seq-len = 32\n')  # no table: the invoked command's own
     assert "seq-len = 16\n" in printed("train", "--config", str(path), "--seq-len", "16")
+    path.write_text('seq-len = 32\nlora-r = 8\n')
     result = CliRunner().invoke(main, ["train", "--config", str(path), "--steps", "1", "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and result.stderr.strip() == \
         "gaplan: --lora-r sets LoRA adapters, and --lora is off: add --lora, or leave it out"
@@ -179,3 +180,16 @@ def test_a_probe_saves_its_config_once_done_the_print_of_the_same_flags(tmp_path
     assert saved.split("\n", 1)[1] == expected  # after its comment line
     failed = CliRunner().invoke(main, [*args, "--memory-limit", "50MiB", "--out", str(tmp_path / "small")])
     assert failed.exit_code == 2 and not (tmp_path / "small" / "config.toml").exists()
+
+
+@pytest.mark.parametrize("args, line", [
+    (["train", "--steps", "0"], "gaplan: --steps must be a positive integer (got 0)"),
+    (["train", "--lora-r", "8"], "gaplan: --lora-r sets LoRA adapters, and --lora is off"),
+    (["probe", "--margin", "1.5"], "gaplan: --margin must be a fraction in [0, 1) (got 1.5)"),
+    (["estimate", "--device", "tpu"], "gaplan: --device must be auto, cpu, cuda or cuda:N (got 'tpu')"),
+    (["plan", "--repeats", "2"], "gaplan: --repeats applies to --measure"),
+])
+def test_print_config_checks_the_options_as_a_run_would(args, line):
+    """It prints nothing that --config would then refuse."""
+    result = CliRunner().invoke(main, [*args, "--print-config"])
+    assert result.exit_code == 2 and result.stdout == "" and result.stderr.startswith(line), result.output
