@@ -94,6 +94,7 @@ def test_forward_context_on_a_cpu_is_autocast_alone():
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # re-traces docs/levers.md's figures, as tests/test_docs_levers.py does
 def test_the_documented_figures():
     """docs/levers.md#activation-offloading: tiny-llama, seq 512, bf16, an H100 80 GB target."""
     from gaplan.core.checkpointing import ON

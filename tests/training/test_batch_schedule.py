@@ -115,6 +115,7 @@ def test_every_step_is_token_exact_for_its_own_effective_batch(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # 20 seeds x 3 settings: 35 s of the default run's 10 minutes
 @pytest.mark.parametrize("scale,level,past,reached", [(3, 2, 2, 20), (17, 16, 0, 0), (23, 16, 1, 10)])
 def test_on_linear_regression_over_20_seeds_the_batch_stops_at_the_rule_level(scale, level, past, reached):
     """Known noise scales (tests/training/linear_regression.py, held at its weights), adaptive from 2 to 64, 300 steps,
