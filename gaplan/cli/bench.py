@@ -64,10 +64,9 @@ def bench_command(**options: Any) -> None:
     runs per plan, interleaved, each of --warmup untimed and --repeats timed optimizer steps. Prints
     samples/s, real tokens/s, padding, micro-steps per step, peak, and the ratio of real tokens/s.
     """
-    from gaplan.workflows.bench_options import BenchCommand
     from gaplan.workflows.run_commands import run_bench_command
 
-    command = command_object(BenchCommand, options)
+    command = command_object(options)
     if command.by_tokens:
         _bench_by_tokens(command, options)
         return

@@ -170,7 +170,7 @@ class GaplanCommand(click.Command):
             if self.options_class is not None:  # checked as a run would be: a file --config would refuse is not written
                 from gaplan.cli.options import command_object
 
-                command_object(self.options_class, ctx.params)
+                command_object(ctx.params)
             click.echo(config_text(self, ctx), nl=False)
             return None
         return super().invoke(ctx)

@@ -51,7 +51,6 @@ def estimate_command(**options: Any) -> None:
       gaplan estimate --device cpu --memory-limit 1GiB     # compare with: gaplan probe
     """
     from gaplan.estimate import list_targets
-    from gaplan.workflows.estimate_options import EstimateCommand
     from gaplan.workflows.run_commands import run_estimate_command
 
     if options["list_targets"]:
@@ -61,7 +60,7 @@ def estimate_command(**options: Any) -> None:
             return
         echo_lines(target_lines(targets))
         return
-    command = command_object(EstimateCommand, options)
+    command = command_object(options)
     result = run_estimate_command(command, say=stderr_printer(options["quiet"]))
     if options["as_json"]:
         click.echo(json.dumps(result.to_dict()))

@@ -78,15 +78,19 @@ def batch_by_options(func: Callable) -> Callable:
 def overwrite_option(applies: str | None = None) -> Callable:
     """``--overwrite`` (``applies``: where, when not everywhere)."""
     return sectioned(OUTPUT, "--overwrite", is_flag=True, applies=applies,
-                     help="Replace the run that --out holds: its gaplan files are removed first (the folder's other "
-                          "files are kept). Without it, an --out that holds a run is refused.")
+                     help="Replace the run that --out holds: its gaplan files go once the new run writes its own (a "
+                          "command refused before that leaves them; the folder's other files are kept). Without it, "
+                          "an --out that holds a run is refused.")
 
-def command_object(cls: type, options: dict[str, Any]):
-    """This command line as the command's object ``cls`` (checked there), with the options the user gave and the
-    command line itself (:func:`gaplan.workflows.parse_options.command_from_options`)."""
+
+def command_object(options: dict[str, Any]):
+    """This command line as its command's object (the command's ``options_class``: ``ProbeCommand`` ..., checked
+    there), with the options the user gave and the command line itself
+    (:func:`gaplan.workflows.parse_options.command_from_options`)."""
     from gaplan.workflows.parse_options import command_from_options
 
-    return command_from_options(cls, options, given_on_command_line(click.get_current_context()), command_line())
+    ctx = click.get_current_context()
+    return command_from_options(ctx.command.options_class, options, given_on_command_line(ctx), command_line())
 
 
 def command_line() -> str:

@@ -61,10 +61,9 @@ def plan_command(**options: Any) -> None:
       gaplan plan --device cpu --effective-batch 16 --levers chunked,ckpt,lion
     """
     from gaplan.report.result_text import layout_line, lever_line, measured_layout_line, plan_lines
-    from gaplan.workflows.plan_options import PlanCommand
     from gaplan.workflows.run_commands import run_plan_command
 
-    command = command_object(PlanCommand, options)
+    command = command_object(options)
     say = stderr_printer(options["quiet"])
     done = run_plan_command(command, say=say, on_result=lambda r: say(layout_line(r)),
                             on_measured=lambda r, split: say(measured_layout_line(r, split)),

@@ -67,7 +67,7 @@ def probe(**options: Any) -> None:
     """
     from gaplan.workflows.run_commands import run_probe_command
 
-    command = command_object(ProbeCommand, options)
+    command = command_object(options)
     if command.by_tokens:
         _probe_by_tokens(command, options)
         return

@@ -57,9 +57,9 @@ def train_command(**options: Any) -> None:
       gaplan train --effective-batch 64 --compare           # then: the run folder's report.html
     """
     from gaplan.workflows.train import run_train
-    from gaplan.workflows.train_command import TrainCommand, prepare_train
+    from gaplan.workflows.train_command import prepare_train
 
-    command = command_object(TrainCommand, options)
+    command = command_object(options)
     setup = prepare_train(command, say=stderr_printer(options["quiet"]))
     spec, run_dir, train_options = setup.spec, setup.run_dir, setup.options
     say = stderr_printer(options["quiet"])
