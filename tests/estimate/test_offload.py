@@ -110,3 +110,20 @@ def test_the_documented_figures():
     assert (round(off.line[1] / mib, 1), round(kept.line[1] / mib, 1)) == (48.0, 77.2)
     assert round(off.extra["host_bytes_per_sample"] / mib, 1) == 66.6
     assert round(ckpt.extra["host_bytes_per_sample"] / mib, 1) == 35.8
+
+
+def test_a_linear_layers_weight_reaches_the_saved_tensor_hooks_as_a_view_not_a_parameter():
+    """docs/levers.md: an offloader that skips ``nn.Parameter`` (torchtune's) still offloads linear layers' weights,
+    which autograd saves as ``weight.t()``."""
+    linear = torch.nn.Linear(8, 8)
+    packed = []
+
+    def pack(tensor):
+        packed.append(tensor)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        linear(torch.randn(2, 3, 8, requires_grad=True)).sum().backward()
+    weights = [t for t in packed if t.data_ptr() == linear.weight.data_ptr()]
+    assert len(weights) == 1 and not isinstance(weights[0], torch.nn.Parameter)
+    assert weights[0].shape == linear.weight.t().shape
