@@ -108,23 +108,6 @@ def run_config_text(ctx: click.Context) -> str:
             "config.toml [--out DIR]\n" + config_text(ctx.command, ctx, leave_out=RUN_FOLDER_KEYS))
 
 
-def from_config_file(ctx: click.Context, name: str) -> bool:
-    """Whether option ``name``'s value came from ``--config`` and differs from its default (it counts as given)."""
-    from click.core import ParameterSource
-
-    if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT_MAP:
-        return False
-    option = next((p for p in ctx.command.params if p.name == name), None)
-    if option is None:
-        return True
-    held, ctx.default_map = ctx.default_map, None  # the option's own default, not the file's value default_map holds
-    try:
-        default = option.get_default(ctx, call=True)
-    finally:
-        ctx.default_map = held
-    return ctx.params.get(name) != (option.type_cast_value(ctx, default) if isinstance(default, str) else default)
-
-
 def help_sections(command: click.Command, ctx: click.Context) -> dict[str, list[tuple[str, str]]]:
     """The command's options' help records by ``--help`` section, in :data:`SECTIONS`' order (docs/options.md is
     rendered from the same records)."""

@@ -123,8 +123,23 @@ def given_on_command_line(ctx: click.Context) -> set[str]:
     option's default; what ``--resume`` checks against the saved run."""
     from click.core import ParameterSource
 
-    from gaplan.cli.config_file import from_config_file
-
     return {name for name in ctx.params
             if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
             or from_config_file(ctx, name)}
+
+
+def from_config_file(ctx: click.Context, name: str) -> bool:
+    """Whether option ``name``'s value came from ``--config`` and differs from its default (it counts as given)."""
+    from click.core import ParameterSource
+
+    if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT_MAP:
+        return False
+    option = next((p for p in ctx.command.params if p.name == name), None)
+    if option is None:
+        return True
+    held, ctx.default_map = ctx.default_map, None  # the option's own default, not the file's value default_map holds
+    try:
+        default = option.get_default(ctx, call=True)
+    finally:
+        ctx.default_map = held
+    return ctx.params.get(name) != (option.type_cast_value(ctx, default) if isinstance(default, str) else default)
