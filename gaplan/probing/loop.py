@@ -21,6 +21,7 @@ import gc
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,7 @@ from gaplan.probing.progress import TrialBar
 from gaplan.worker.loop_trial import LoopFunctions, loop_trial
 
 log = logging.getLogger(__name__)
+TRIAL_HEADER = "--- gaplan trial:"  # the line the trials' log has before each trial's own output
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,9 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
             result = find_edge(measure, limit, max_batch=cap, sketch=lambda micro_batch: measure(micro_batch, 1))
     finally:
         gc.unfreeze()
+        if output is not None and not _printed_anything(output):
+            shutil.rmtree(os.path.dirname(output), ignore_errors=True)  # the trials printed nothing: no file to read
+            notes = [note for note in notes if output not in note]
     if result.edge == 0:
         raise DoesNotFit(f"your loop does not fit in {format_bytes(limit or 0)} even at micro-batch 1 "
                          f"({result.trials[-1].error})")
@@ -265,7 +270,7 @@ def _forker(functions: dict[str, Callable], device: str, limit: int | None, micr
             threads: int | None, output: str | None = None) -> Callable[[int, int], Trial]:
     def run(micro_batch: int, steps: int) -> Trial:
         message = run_in_child(lambda: loop_trial(functions, device, limit, micro_batch, micro_steps, steps, threads),
-                               output, f"--- gaplan trial: micro-batch {micro_batch}, {steps} optimizer step(s)\n")
+                               output, f"{TRIAL_HEADER} micro-batch {micro_batch}, {steps} optimizer step(s)\n")
         return trial_from(message, micro_batch, output)
 
     return run
@@ -292,3 +297,12 @@ def _spawner(functions: LoopFunctions, device: str, limit: int | None, micro_ste
         return trial_from(json.loads(lines[-1]), micro_batch)
 
     return run
+
+
+def _printed_anything(output: str) -> bool:
+    """Whether the trials' log holds a line of your code's (not only the line gaplan writes before each trial)."""
+    try:
+        with open(output, encoding="utf-8", errors="replace") as handle:
+            return any(line.strip() and not line.startswith(TRIAL_HEADER) for line in handle)
+    except FileNotFoundError:
+        return False

@@ -196,3 +196,21 @@ def test_cpu_budget_binds_a_fresh_process_and_meters_it():
             "print(before, resolve_budget('cpu', None), resolve_budget('cpu', '200MiB'))\n")
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert completed.stdout.split() == [str(1 << 30), str(300 << 20), str(200 << 20)], completed.stderr[-2000:]
+
+
+def test_a_quiet_loop_leaves_no_log_behind(monkeypatch):
+    """The trials' log file holds your code's output; a loop that printed nothing leaves no temporary folder."""
+    import tempfile
+
+    made = []
+
+    def mkdtemp(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    real = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    result = gaplan.probe_loop(_tiny_setup, lambda b: torch.randn(b, 256), lambda model, x: model(x).sum().backward(),
+                               memory_limit="160MiB", effective_batch=4, search_cap=4, progress=False)
+    assert not any("trials' own output" in note for note in result.notes), result.notes
+    assert made and not any(os.path.exists(path) for path in made)
