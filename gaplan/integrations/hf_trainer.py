@@ -77,6 +77,9 @@ def trainer_class(base: str | type = "Trainer") -> type:
 
         def __init__(self, *args: Any, task: str | None = None, noise_scale: bool = True, plan: Plan | None = None,
                      **kwargs: Any) -> None:
+            if plan is not None and not isinstance(plan, Plan):  # a plan file's path, a number
+                raise GaplanError(f"plan must be a gaplan Plan (gaplan.make_plan(...), or "
+                                  f"gaplan.runs.probe_result.load_probe(path).plan for a plan.json), got {plan!r}")
             if plan is not None:  # the plan's split in the arguments, before the Trainer builds its Accelerator
                 args, kwargs = _with_plan_arguments(plan, args, kwargs)
             super().__init__(*args, **kwargs)

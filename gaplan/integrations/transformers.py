@@ -232,6 +232,10 @@ def _chosen_plan(model_or_spec: Any, args: Any, effective_batch: int, *, plan: A
     from gaplan.integrations.trainer_probe import built_arguments, launch_world_size
 
     world_size = launch_world_size() if world_size is None else world_size
+    from transformers import TrainingArguments
+
+    if not (callable(args) or isinstance(args, TrainingArguments)):  # a dict, None: said so, not an AttributeError
+        raise GaplanError(f"args must be a TrainingArguments, or a function that builds one (got {args!r})")
     if probe not in ("workload", "trainer"):
         raise GaplanError(f"probe must be 'workload' or 'trainer' (got {probe!r})")
     if probe == "trainer" and plan is None:

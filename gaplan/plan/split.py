@@ -79,7 +79,10 @@ def split_text(sizes: Sequence[int]) -> str:
 
 
 def default_search_cap(effective_batch: int, world_size: int = 1) -> int:
-    """``ceil(E / W)``: a micro-batch above one rank's share of the step is never of use to the plan."""
+    """``ceil(E / W)``: a micro-batch above one rank's share of the step is never of use to the plan (a world size
+    below 1 is :func:`make_plan`'s to refuse: the cap is 1 then)."""
+    if not (isinstance(effective_batch, int) and isinstance(world_size, int) and world_size >= 1):
+        return 1
     return -(-effective_batch // world_size)
 
 
@@ -97,10 +100,14 @@ def make_plan(effective_batch: int, micro_batch_cap: int, world_size: int = 1) -
     G=6 and sizes 43,43,43,43,42,42). When ``W * G`` divides ``E`` every
     micro-batch has the same size.
     """
+    for name, value in (("effective batch", effective_batch), ("world size", world_size),
+                        ("the largest micro-batch", micro_batch_cap)):
+        if not isinstance(value, int) or isinstance(value, bool):  # "8", 4.5, True: a caller's mistake, said so
+            raise GaplanError(f"{name} must be a positive integer (got {value!r})")
     for name, value in (("effective batch", effective_batch), ("world size", world_size)):
-        if not isinstance(value, int) or value < 1:
+        if value < 1:
             raise GaplanError(f"{name} must be a positive integer (got {value})")
-    if not isinstance(micro_batch_cap, int) or micro_batch_cap < 1:
+    if micro_batch_cap < 1:
         raise GaplanError(f"the largest micro-batch that fits must be at least 1 (got {micro_batch_cap}): "
                           "nothing fits this device and budget")
     if effective_batch < world_size:

@@ -99,6 +99,8 @@ def probe(
     Raises:
         DoesNotFit: when even micro-batch 1 does not fit.
     """
+    if spec is not None and not isinstance(spec, WorkloadSpec):  # probe("tiny-gpt2")
+        raise GaplanError(f"probe takes a WorkloadSpec (got {spec!r}): probe(WorkloadSpec(model=...))")
     spec = (spec or WorkloadSpec()).validate()
     ranks = trial_ranks(spec, world_size)
     from gaplan.estimate.budget import check_margin

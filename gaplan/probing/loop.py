@@ -33,6 +33,7 @@ from typing import Any
 from gaplan.core.constants import DEFAULT_CPU_BUDGET, DEFAULT_EFFECTIVE_BATCH
 from gaplan.core.errors import DoesNotFit, GaplanError
 from gaplan.core.fork import failure_line, run_in_child
+from gaplan.core.options import check_positive_ints
 from gaplan.core.trial import Trial
 from gaplan.core.units import format_bytes, parse_bytes
 from gaplan.devices.card import cuda_initialized
@@ -124,9 +125,8 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
         raise GaplanError(f"micro_steps and optimizer_steps must be 2 or more: the edge is measured past the first "
                           f"step, with gradients held across micro-steps (got {micro_steps}, {optimizer_steps})")
     make_plan(effective_batch, default_search_cap(effective_batch, world_size), world_size)  # a bad batch fails here
+    check_positive_ints(search_cap=search_cap, threads=threads)  # 2.5 or 0 would run a trial "at micro-batch 2.5"
     cap = search_cap if search_cap is not None else default_search_cap(effective_batch, world_size)
-    if cap < 1:
-        raise GaplanError(f"search_cap must be a positive integer (got {cap})")
     trial_start(start, False)  # a bad start fails here, before the device is resolved
     device = resolve_device(device)
     limit = resolve_budget(device, memory_limit)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gaplan.core.errors import GaplanError
 from gaplan.devices.mkl import release_gemm_workspace
 from gaplan.training.noise_scale import NoiseScaleMeter
 from gaplan.workload.loss import batch_size, count_step_targets, normalized_loss
@@ -69,6 +70,8 @@ def accumulate_gradients(
     """
     if num_items_in_batch is None:
         num_items_in_batch = count_step_targets(micro_batches, task)
+    elif not isinstance(num_items_in_batch, int) or isinstance(num_items_in_batch, bool) or num_items_in_batch < 0:
+        raise GaplanError(f"num_items_in_batch is the step's target count, 0 or more (got {num_items_in_batch!r})")
     steps = len(micro_batches)
     total = 0.0
     for index, batch in enumerate(micro_batches):

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from gaplan.core.errors import GaplanError
 from gaplan.core.tasks import IGNORE_INDEX
 from gaplan.data.tasks.component import batch_size
 from gaplan.data.tasks.registry import task_component
@@ -62,6 +63,10 @@ def normalized_loss(
     is divided by the accumulation steps); ``None`` means ``raw_loss`` is a sum
     over targets (the built-in tasks) and is divided by ``num_items_in_batch``.
     """
+    if not isinstance(raw_loss, torch.Tensor) or raw_loss.numel() != 1:  # a float, a per-sample vector: say so
+        shape = f"a tensor of shape {tuple(raw_loss.shape)}" if isinstance(raw_loss, torch.Tensor) else \
+            f"a {type(raw_loss).__name__}"
+        raise GaplanError(f"the loss function must return a scalar tensor, one number to backpropagate (got {shape})")
     if loss_is_scaled_for_ga is True:
         return raw_loss
     if loss_is_scaled_for_ga is False:

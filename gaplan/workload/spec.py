@@ -179,6 +179,10 @@ class WorkloadSpec:
 
     def validate(self) -> WorkloadSpec:
         """Check what can be checked without building anything."""
+        if not isinstance(self.model, str):  # your own nn.Module: probe_loop, or a module:function that returns it
+            raise OptionError(f"model must be a preset name, a model folder, a Hugging Face id or 'module:function' "
+                              f"(got a {type(self.model).__name__}): for your own model object use gaplan.probe_loop, "
+                              "or a module:function returning gaplan.CustomWorkload", "model")
         if self.task is not None and self.task not in task_names():
             raise GaplanError(f"unknown task {self.task!r}; choose one of {', '.join(task_names())}")
         if self.dtype not in DTYPE_NAMES:

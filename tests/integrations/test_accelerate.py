@@ -180,7 +180,9 @@ def test_the_manual_form_divides_by_its_own_steps_on_an_accelerator_plan_acceler
             accelerator.backward(model(**batch).loss / plan.grad_accum_steps)
         optimizer.step()
         worst[accelerator_steps] = worst_update_difference(accelerator.unwrap_model(model), expected, start)
-    assert worst[1] < 1e-5, worst
+    # Means of means round in another order than one mean: 2.9e-5 of the update with 2 threads (2026-12-07, 1e-6 with
+    # one); dividing twice is off by two thirds.
+    assert worst[1] < 1e-4, worst
     assert abs(worst[plan.grad_accum_steps] - (1 - 1 / plan.grad_accum_steps)) < 1e-3, worst  # divided twice
 
 

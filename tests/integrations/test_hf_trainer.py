@@ -445,3 +445,16 @@ def test_gaplan_trainer_reads_the_exact_noise_scale_of_a_finite_corpus(tmp_path,
     measured = (sum(r.step_grad_var / r.items_per_sample for r in readings) /
                 sum(r.step_grad_sq for r in readings))
     assert abs(measured / exact - 1) < 0.05, (measured, exact)
+
+
+def test_a_plan_that_is_not_a_plan_is_one_line(tmp_path):
+    """GaplanTrainer(plan="plan.json"), a path as plan_training_arguments takes one: said so, not an AttributeError."""
+    from transformers import TrainingArguments
+
+    from gaplan.integrations.hf_trainer import GaplanTrainer
+    from gaplan.workload.build import WorkloadSpec, build_workload
+
+    model = build_workload(WorkloadSpec(model="tiny-gpt2", seq_len=16), "cpu", seed=0).model
+    with pytest.raises(GaplanError, match="plan must be a gaplan Plan .*got 'plan.json'"):
+        GaplanTrainer(model=model, args=TrainingArguments(str(tmp_path), use_cpu=True, report_to=[]),
+                      plan="plan.json")

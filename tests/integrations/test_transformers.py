@@ -284,3 +284,9 @@ def test_trainer_optim_names_map_to_gaplan_optimizers_or_are_refused_in_one_line
         with pytest.raises(GaplanError, match=f"optim '{name}' has no gaplan optimizer") as caught:
             trainer_optimizer(name)
         assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("args", [{"output_dir": "o"}, None])
+def test_arguments_that_are_not_training_arguments_are_one_line(args):
+    with pytest.raises(GaplanError, match="args must be a TrainingArguments, or a function that builds one"):
+        plan_training_arguments("tiny-gpt2", args, 8, plan=make_plan(8, 4))

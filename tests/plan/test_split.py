@@ -97,3 +97,16 @@ def test_even_plan_exhaustively_is_the_fewest_steps_of_one_size():
 def test_even_plan_refuses_what_make_plan_refuses():
     with pytest.raises(GaplanError, match="not divisible by the world size"):
         make_even_plan(10, 4, 3)
+
+
+@pytest.mark.parametrize("args, message", [
+    (("10", 4), "effective batch must be a positive integer (got '10')"),
+    ((True, 4), "effective batch must be a positive integer (got True)"),
+    ((10, 4.5), "the largest micro-batch must be a positive integer (got 4.5)"),
+    ((10, None), "the largest micro-batch must be a positive integer (got None)"),
+    ((8, 4, 0), "world size must be a positive integer (got 0)"),
+])
+def test_a_value_of_the_wrong_type_is_named_as_given(args, message):
+    """A Python caller's "10", 4.5 or True is said as such, not as "nothing fits" or a ZeroDivisionError."""
+    with pytest.raises(GaplanError, match=re.escape(message)):
+        make_plan(*args)

@@ -1,6 +1,7 @@
 """The probe on a real CPU budget: exactness in fresh processes, the step-1 trap, no leaks."""
 
 import pytest
+import torch
 
 from gaplan.core.constants import SEARCH_CAP
 from gaplan.core.errors import GaplanError
@@ -130,3 +131,16 @@ def test_a_bad_number_is_refused_before_any_trial_naming_the_argument(fields, me
     with pytest.raises(GaplanError, match=message):
         probe(WorkloadSpec(seq_len=16), device="cpu", **{"memory_limit": "256MiB", **fields}, on_trial=trials.append)
     assert trials == []
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("tiny-gpt2", "probe takes a WorkloadSpec (got 'tiny-gpt2')"),
+    (WorkloadSpec(model=torch.nn.Linear(2, 2)), "model must be a preset name, a model folder, a Hugging Face id or "
+                                                "'module:function' (got a Linear): for your own model object use "
+                                                "gaplan.probe_loop"),
+])
+def test_a_spec_that_is_not_one_is_said_so(spec, message):
+    import re
+
+    with pytest.raises(GaplanError, match=re.escape(message)):
+        probe(spec, device="cpu", memory_limit="256MiB")

@@ -214,3 +214,18 @@ def test_a_quiet_loop_leaves_no_log_behind(monkeypatch):
                                memory_limit="160MiB", effective_batch=4, search_cap=4, progress=False)
     assert not any("trials' own output" in note for note in result.notes), result.notes
     assert made and not any(os.path.exists(path) for path in made)
+
+
+@pytest.mark.parametrize("given, message", [
+    (dict(world_size=0), "world size must be a positive integer (got 0)"),  # was a ZeroDivisionError
+    (dict(effective_batch="8"), "effective batch must be a positive integer (got '8')"),
+    (dict(search_cap=2.5), "search_cap must be a positive integer (got 2.5)"),  # was a trial "at micro-batch 2.5"
+    (dict(threads=0), "threads must be a positive integer (got 0)"),
+])
+def test_arguments_of_the_wrong_kind_are_one_line_before_any_trial(given, message):
+    import re
+
+    arguments = {"memory_limit": "160MiB", "effective_batch": 8, "progress": False, **given}
+    with pytest.raises(GaplanError, match=re.escape(message)):
+        gaplan.probe_loop(_tiny_setup, lambda b: torch.randn(b, 256), lambda model, x: model(x).sum().backward(),
+                          **arguments)

@@ -1,5 +1,7 @@
 """Gradient equivalence: accumulation over (uneven) micro-batches equals one big batch, exactly."""
 
+import re
+
 import pytest
 import torch
 
@@ -153,3 +155,17 @@ def test_naive_mean_of_means_fails_the_same_check(models):
         assert_close_at_scale(naive, big)
     assert relative_difference(naive, big) > 1e-2  # not a rounding difference: the loss is wrong
 
+
+
+@pytest.mark.parametrize("loss, items, message", [
+    (lambda model, batch: model(batch["x"]), 2, "must return a scalar tensor, one number to backpropagate (got a tensor "
+                                                "of shape (2, 1))"),
+    (lambda model, batch: 1.0, 2, "must return a scalar tensor, one number to backpropagate (got a float)"),
+    (lambda model, batch: model(batch["x"]).sum(), -5, "num_items_in_batch is the step's target count, 0 or more"),
+])
+def test_a_callers_loss_or_count_that_cannot_be_used_is_one_line(loss, items, message):
+    from gaplan.core.errors import GaplanError
+
+    model = torch.nn.Linear(4, 1)
+    with pytest.raises(GaplanError, match=re.escape(message)):
+        accumulate_gradients(model, [{"x": torch.randn(2, 4)}], loss, CAUSAL_LM, num_items_in_batch=items)
