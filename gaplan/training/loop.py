@@ -119,6 +119,7 @@ def train(
         peak_bytes / step_peak_bytes: each step's peak, of the whole process and above the budget's baseline
             (the probe's definition), logged as ``peak_bytes`` and ``step_peak_bytes``.
     """
+    _check_arguments(workload, plan, corpus, config)
     dist = Distributed()
     if plan.world_size != dist.world_size:
         plan = make_plan(plan.effective_batch, plan.micro_batch_cap, dist.world_size)
@@ -365,3 +366,15 @@ def _loop(inputs: StepInputs, run: RunState, plan: Plan, config: TrainConfig, st
                 break
     return TrainResult(logs, step_plan, fallbacks, interrupted, time.perf_counter() - started, padded_total,
                        real_total, check)
+
+
+def _check_arguments(workload: Any, plan: Any, corpus: Any, config: Any) -> None:
+    """What a Python caller may pass wrong, said in one line (a WorkloadSpec is not yet a built workload)."""
+    if not isinstance(workload, Workload):
+        raise GaplanError(f"train takes a built workload (gaplan.workload.build.build_workload(spec, device)), got "
+                          f"{type(workload).__name__}")
+    if not isinstance(plan, Plan) or not isinstance(config, TrainConfig):
+        raise GaplanError(f"train takes a gaplan Plan and a TrainConfig (got {type(plan).__name__}, "
+                          f"{type(config).__name__})")
+    if corpus is not None and len(corpus) == 0:
+        raise GaplanError("train's corpus is empty: give samples (or None for a module:function workload)")

@@ -152,3 +152,16 @@ def test_ranks_switch_together_after_one_rank_runs_out_of_memory(tmp_path, where
     ddp = load_file(out)
     for name, value in workload.model.state_dict().items():
         assert_close_at_scale(ddp[name], value, msg=name)
+
+
+def test_what_a_python_caller_may_pass_wrong_is_one_line():
+    """A WorkloadSpec is not a built workload; a plan or config of another kind; an empty corpus (an IndexError)."""
+    from gaplan import GaplanError, WorkloadSpec
+
+    spec = WorkloadSpec(model="tiny-gpt2", seq_len=16)
+    workload = build_workload(spec, "cpu", seed=0)
+    for arguments, message in (((spec, make_plan(8, 4), None, TrainConfig(steps=1)), "train takes a built workload"),
+                               ((workload, "plan.json", None, TrainConfig(steps=1)), "train takes a gaplan Plan"),
+                               ((workload, make_plan(8, 4), [], TrainConfig(steps=1)), "train's corpus is empty")):
+        with pytest.raises(GaplanError, match=message):
+            train(*arguments)
