@@ -18,6 +18,7 @@ from gaplan.data.source import DataSource
 from gaplan.runs.folder import default_run_dir
 from gaplan.workflows.parse_options import (
     check_by_tokens,
+    check_command_fields,
     data_given,
     granule_of,
 )
@@ -55,6 +56,7 @@ class BenchCommand:
     overwrite: bool = False  # replace the run that ``out`` holds (its files only), else that is refused
 
     def __post_init__(self) -> None:
+        check_command_fields(self)
         check_positive_ints(effective_batch=self.effective_batch, threads=self.threads, world_size=self.world_size)
         from gaplan.devices.cpu import check_threads
 

@@ -13,7 +13,7 @@ from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, EFFECTIVE_BATCH_HELP
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import MEMORY, PLAN, check_positive_ints, option
 from gaplan.plan.layouts import resolve_world
-from gaplan.workflows.parse_options import check_sizes, parse_sizes
+from gaplan.workflows.parse_options import check_command_fields, check_sizes, parse_sizes
 from gaplan.workload.spec import WorkloadSpec
 
 
@@ -43,12 +43,10 @@ class EstimateCommand:
     machines: int = field(default=1, init=False)  # the nodes, resolved
 
     def __post_init__(self) -> None:
+        check_command_fields(self)
         from gaplan.estimate.sharded import check_world_size
 
         check_positive_ints(effective_batch=self.effective_batch, search_cap=self.search_cap, threads=self.threads)
-        from gaplan.devices.backend import device_name
-
-        object.__setattr__(self, "device", device_name(self.device))  # tpu, cpu:0: refused, not modelled as a GPU
         ranks, machines = resolve_world(self.world_size, self.nodes, self.gpus_per_node)
         object.__setattr__(self, "ranks", ranks)
         object.__setattr__(self, "machines", machines)

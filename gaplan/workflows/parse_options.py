@@ -171,3 +171,28 @@ def target_budget(target: str | None, memory_limit: int | None, device: str) -> 
     if resolve_device(device) == "cpu":
         raise GaplanError("--target emulates a GPU on a larger one: it needs a CUDA device (this run is on CPU)")
     return lookup_target(target).total_bytes
+
+
+def check_command_fields(command: Any, device: bool = True) -> None:
+    """A command object as a Python caller builds it, read as the command line would give it: ``spec`` a checked
+    :class:`WorkloadSpec`, ``memory_limit`` bytes (a size as text, ``"256MiB"``, read as the flag reads it), with
+    ``device`` a ``--device`` gaplan reads, every field with ``choices`` one of them."""
+    import dataclasses
+
+    from gaplan.core.options import OptionError
+    from gaplan.core.units import parse_bytes
+    from gaplan.workload.spec import WorkloadSpec
+
+    if not isinstance(command.spec, WorkloadSpec):
+        raise OptionError(f"spec must be a WorkloadSpec (got {command.spec!r})", "spec")
+    command.spec.validate()
+    if command.memory_limit is not None:
+        object.__setattr__(command, "memory_limit", parse_bytes(command.memory_limit))
+    if device:
+        from gaplan.devices.backend import device_name
+
+        object.__setattr__(command, "device", device_name(command.device))  # tpu, cpu:0: refused, not modelled
+    for field in dataclasses.fields(command):  # its own (a nested object checks its own)
+        value, choices = getattr(command, field.name), field.metadata.get("choices")
+        if choices and value is not None and value not in choices:
+            raise OptionError(f"{field.name} must be one of {', '.join(choices)} (got {value!r})", field.name)

@@ -18,6 +18,7 @@ from gaplan.core.units import parse_bytes
 from gaplan.plan.layouts import MACHINERY, resolve_world
 from gaplan.plan.levers import BY_NAME
 from gaplan.runs.folder import default_run_dir
+from gaplan.workflows.parse_options import check_command_fields
 from gaplan.workflows.plan_levers import lever_selection
 from gaplan.workload.spec import WorkloadSpec
 
@@ -83,6 +84,7 @@ class PlanCommand:
     machines: int = field(default=1, init=False)
 
     def __post_init__(self) -> None:
+        check_command_fields(self, device=False)  # cuda or cpu: its choices
         check_positive_ints(effective_batch=self.effective_batch, threads=self.threads, repeats=self.repeats)
         if self.dtype not in DTYPES:
             raise OptionError(f"dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})", "dtype")

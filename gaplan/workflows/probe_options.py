@@ -16,6 +16,7 @@ from gaplan.data.source import DataSource
 from gaplan.runs.folder import default_run_dir
 from gaplan.workflows.parse_options import (
     check_by_tokens,
+    check_command_fields,
     data_given,
     granule_of,
     target_budget,
@@ -44,6 +45,7 @@ class ProbeCommand:
     ranks: int = field(default=1, init=False)  # processes each trial runs (the world size under FSDP)
 
     def __post_init__(self) -> None:
+        check_command_fields(self)
         if self.out is None:  # named once, so what is printed after names what was written
             object.__setattr__(self, "out", default_run_dir("probe", self.spec.model))
         if self.target:

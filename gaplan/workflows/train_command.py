@@ -18,6 +18,7 @@ from gaplan.core.errors import GaplanError
 from gaplan.core.options import OUTPUT, PLAN, TRAINING, nested, option, to_flat
 from gaplan.core.progress import Say, quiet
 from gaplan.runs.folder import default_run_dir
+from gaplan.workflows.parse_options import check_command_fields
 from gaplan.workflows.train_options import TrainOptions
 from gaplan.workload.spec import WorkloadSpec
 
@@ -41,6 +42,7 @@ class TrainCommand:
     overwrite: bool = False  # replace the run that ``out`` holds (its files only), else that is refused
 
     def __post_init__(self) -> None:
+        check_command_fields(self)
         if self.overwrite and self.resume is not None:
             raise GaplanError("--overwrite replaces a run and --resume continues one: give one")
         if self.resume is not None and self.out is not None and os.path.realpath(self.out) != os.path.realpath(self.resume):

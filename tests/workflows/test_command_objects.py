@@ -32,6 +32,13 @@ SPEC = WorkloadSpec(model="tiny-gpt2", seq_len=16)
     (lambda out: PlanCommand(SPEC, machinery="ddp", grad_sync="every", out=out), "--grad-sync applies to the FSDP"),
     (lambda out: TrainCommand(SPEC, token_plan="tokens.json", out=out), "--token-plan needs --batch-by tokens"),
     (lambda out: TrainCommand(SPEC, resume="reports/run", out=out), "a resumed run goes on in its own folder"),
+    # What a Python caller may give that the command line never does: checked at construction as the flags are
+    (lambda out: ProbeCommand(SPEC, memory_limit=-1, out=out), "memory_limit must be at least 1 byte"),
+    (lambda out: ProbeCommand(SPEC, device="tpu", out=out), "--device must be auto, cpu, cuda or cuda:N"),
+    (lambda out: ProbeCommand(SPEC, emit="bogus", out=out), "emit must be one of hf"),
+    (lambda out: ProbeCommand("tiny-gpt2", out=out), "spec must be a WorkloadSpec"),
+    (lambda out: BenchCommand(WorkloadSpec(model="tiny-gpt2", optimizer="bogus"), out=out), "unknown optimizer 'bogus'"),
+    (lambda out: PlanCommand(SPEC, device="tpu", out=out), "device must be one of cuda, cpu"),
 ])
 def test_a_command_object_built_in_python_refuses_as_the_cli_does(build, message, tmp_path):
     with pytest.raises(gaplan.GaplanError, match=message.replace("|", r"\|").replace("(", r"\(")):
@@ -47,6 +54,10 @@ def test_a_command_object_names_its_run_folder_once():
 # NVIDIA's tensor cores compute in bf16 from Ampere (compute capability 8.0) on; Volta (V100, 7.0) and Turing (T4,
 # 7.5) have none: bf16 runs emulated there, and people train those cards in fp16.
 CARDS_WITHOUT_BF16 = {"v100-16gb", "v100-32gb", "t4"}
+
+
+def test_a_size_as_text_is_read_as_the_flag_reads_it(tmp_path):
+    assert ProbeCommand(SPEC, memory_limit="256MiB", out=str(tmp_path)).memory_limit == 256 * 2**20
 
 
 def test_plans_dtype_auto_is_bf16_but_fp16_on_a_card_without_bf16(tmp_path):
