@@ -41,6 +41,9 @@ class PlanBatchSampler(Sampler[list[int]]):
 
     def __init__(self, plan: Plan, num_samples: int, *, shuffle: bool = True, seed: int = 0,
                  rank: int | None = None) -> None:
+        if not isinstance(plan, Plan) or not isinstance(num_samples, int):  # PlanBatchSampler(10, 20), ("20")
+            raise GaplanError(f"PlanBatchSampler takes a gaplan Plan and a number of samples (got {plan!r}, "
+                              f"{num_samples!r})")
         if num_samples < plan.effective_batch:
             raise GaplanError(f"{num_samples} samples do not fill one optimizer step of {plan.effective_batch}")
         if rank is not None and not 0 <= rank < plan.world_size:

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gaplan.core.errors import GaplanError
 from gaplan.probing.loop import LoopProbeResult, probe_loop
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,8 @@ def plan_accelerator(accelerator: Any, setup: Callable[[], tuple[Any, Any]], mak
     feed it with :class:`gaplan.data.plan_sampler.PlanBatchSampler`. The Accelerator is left as it is (see the
     module docstring for the two loss forms); one warning when it accumulates another number of steps.
     """
+    if not hasattr(accelerator, "num_processes"):  # None, a name: said so, not an AttributeError
+        raise GaplanError(f"plan_accelerator takes your accelerate.Accelerator (got {accelerator!r})")
     world = accelerator.num_processes
     result = None
     if accelerator.is_main_process:
@@ -140,7 +143,6 @@ def count_step_items(accelerator: Any, micro_batches: Iterable[Mapping[str, Any]
     partial gradient. That Accelerator is refused here, at the first step, in one line that says how to build it."""
     import torch
 
-    from gaplan.core.errors import GaplanError
     from gaplan.workload.loss import count_step_targets
 
     state = accelerator.gradient_state
@@ -158,4 +160,6 @@ def step_loss(accelerator: Any, summed_loss: Any, step_items: int) -> Any:
     """A micro-batch's summed token loss as the share of the step's ``sum / num_items`` to pass to
     ``accelerator.backward``: times the accumulation steps (which ``backward`` divides by) and the processes (whose
     gradients DDP averages)."""
+    if not isinstance(step_items, int) or isinstance(step_items, bool) or step_items < 0:
+        raise GaplanError(f"step_items is the step's target count, 0 or more (count_step_items), got {step_items!r}")
     return summed_loss * (accelerator.gradient_accumulation_steps * accelerator.num_processes) / max(step_items, 1)

@@ -77,6 +77,8 @@ class GaplanBatchSize(Callback):
         self.memory_limit = parse_bytes(memory_limit) if memory_limit is not None else None  # refused here, not later
         self.batch_arg_name = batch_arg_name
         self.make_batch = make_batch
+        if not isinstance(scan, int) or scan < 1:  # 0 read as "the training set is empty"
+            raise GaplanError(f"scan is how many training samples to read for the longest, 1 or more (got {scan!r})")
         self.scan = scan
         self.search_cap = search_cap
         self.threads = threads

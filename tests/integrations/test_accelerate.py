@@ -277,3 +277,17 @@ def test_the_step_goes_to_a_spawned_trial_with_the_accelerators_autocast_not_the
         assert _bf16_micro_step(torch.nn.Linear(4, 4), torch.randn(2, 4)) == torch.bfloat16
     accelerate.state.AcceleratorState._reset_state(True)
     assert accelerator_autocast(accelerate.Accelerator(cpu=True)) is None  # no mixed precision: no autocast
+
+
+def test_what_a_loop_may_pass_wrong_is_one_line():
+    """plan_accelerator without an Accelerator, a negative step count, a sampler given numbers: each said so."""
+    from gaplan import GaplanError, PlanBatchSampler
+    from gaplan.integrations.accelerate import plan_accelerator, step_loss
+
+    with pytest.raises(GaplanError, match="plan_accelerator takes your accelerate.Accelerator"):
+        plan_accelerator(None, lambda: None, lambda b: None, lambda m, x: None, effective_batch=8)
+    accelerator = accelerate.Accelerator(cpu=True)
+    with pytest.raises(GaplanError, match="step_items is the step's target count, 0 or more"):
+        step_loss(accelerator, torch.tensor(1.0), -3)
+    with pytest.raises(GaplanError, match="PlanBatchSampler takes a gaplan Plan and a number of samples"):
+        PlanBatchSampler(10, 20)

@@ -278,3 +278,12 @@ def test_what_the_callback_cannot_do_is_one_line_before_any_trial(module, fit_lo
 def test_a_bad_effective_batch_is_refused_at_once(bad):
     with pytest.raises(GaplanError, match="effective_batch must be a positive integer"):
         GaplanBatchSize(bad)
+
+
+def test_a_scan_of_no_samples_is_refused_where_it_is_given():
+    """scan=0 read no sample, and the callback then said the training set was empty."""
+    from gaplan import GaplanError
+    from gaplan.integrations.lightning import GaplanBatchSize
+
+    with pytest.raises(GaplanError, match="scan is how many training samples to read for the longest, 1 or more"):
+        GaplanBatchSize(96, "256MiB", scan=0)
