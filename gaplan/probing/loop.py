@@ -282,7 +282,11 @@ def _spawner(functions: LoopFunctions, device: str, limit: int | None, micro_ste
     from gaplan.devices.cpu import budget_environment
     from gaplan.worker.loop_trial import spawn_request
 
-    functions.pickled()  # a one-line error here, before any trial, for a function a new process cannot have
+    # A one-line error here, before any trial, for a function a new process cannot have.
+    if cuda_initialized():
+        functions.pickled()
+    else:
+        functions.pickled("start='spawn' runs each trial in a new process")
     env = dict(budget_environment(os.environ), **{NVML_CHECK: "1"})
 
     def run(micro_batch: int, steps: int) -> Trial:

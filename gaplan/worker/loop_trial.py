@@ -50,16 +50,17 @@ class LoopFunctions:
                                        if self.optimizer_step is not None else default_optimizer_step)
         return functions
 
-    def pickled(self) -> bytes:
-        """The functions for a spawned trial; a one-line error for one that a new process cannot have."""
+    def pickled(self, why: str = "this process has initialized CUDA, so trials cannot fork from it and run in new "
+                                 "processes") -> bytes:
+        """The functions for a spawned trial; a one-line error for one that a new process cannot have (``why``: why
+        the trials are new processes)."""
         for name in FUNCTION_NAMES:
             function = getattr(self, name)
             try:
                 pickle.dumps(function)
             except Exception as exc:  # noqa: BLE001 - PicklingError, AttributeError, TypeError: all say the same
                 qualname = getattr(function, "__qualname__", repr(function))
-                raise GaplanError(f"this process has initialized CUDA, so trials cannot fork from it and run in new "
-                                  f"processes: {name} must be picklable there (a module-level function, a picklable "
+                raise GaplanError(f"{why}: {name} must be picklable there (a module-level function, a picklable "
                                   f"object or 'module:function'), not {qualname} ({one_line(str(exc))})") from None
         return pickle.dumps(self)
 
