@@ -129,6 +129,21 @@ class GaplanBatchSize(Callback):
             trainer.fit_loop.setup_data()
         rank_zero_info(f"GaplanBatchSize: the largest micro-batch that fits is {edge}; {self.plan.describe()}")
 
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """With ``uneven``, the plan is trained only through :func:`loader_options`: a loader of one ``batch_size``
+        would train ``micro-batch x steps`` samples a step, not the plan's effective batch (refused, not trained)."""
+        if not self.uneven or self.plan is None or len(set(self.plan.micro_batch_sizes)) == 1:  # even: any loader
+            return
+        from gaplan.data.plan_sampler import PlanBatchSampler
+
+        loaders = getattr(trainer.fit_loop._combined_loader, "flattened", None) or []
+        if loaders and not any(isinstance(getattr(loader, "batch_sampler", None), PlanBatchSampler)
+                               for loader in loaders):
+            raise GaplanError(f"GaplanBatchSize(..., uneven=True) trains {self.plan.describe()} only through "
+                              "loader_options in your train_dataloader; its DataLoader takes one batch_size, so a "
+                              f"step would train {self.plan.micro_batch * self.plan.grad_accum_steps} samples, not "
+                              f"{self.plan.effective_batch // self.plan.world_size}")
+
     def _on_trial(self, trial: Any) -> None:
         """Each trial in Lightning's own log (shown by default, as BatchSizeFinder's sizes are), then yours."""
         rank_zero_info(f"GaplanBatchSize:{trial_line(trial)}")

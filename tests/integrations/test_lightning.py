@@ -201,6 +201,12 @@ def test_uneven_true_trains_the_plan_at_b_star_exactly_and_the_default_says_what
     assert even.plan.micro_batch == 1 and even.result.plan.micro_batch == 4 and not even.result.uses_plan
     assert even_loss.reading is not None and even_loss.reading.drawing == "unknown"  # the loader's order: not drawn
 
+    # uneven=True with a loader of one batch_size (no loader_options) would train 4 x 3 = 12 a step, not 11: refused
+    plain = GaplanBatchSize(11, uneven=True, **options)
+    with pytest.raises(GaplanError, match=r"only through loader_options .* a step would train 12 samples, not 11"):
+        quiet_trainer(max_steps=1, callbacks=[plain, TokenExactLoss(TASK)]).fit(
+            GptModule(batch_size=1, samples=11, seq_len=32, fixed_length=False, optimizer="sgd", lr=0.0))
+
 
 @pytest.mark.heavy
 @pytest.mark.slow
