@@ -76,9 +76,14 @@ def made_by_function(target: str) -> CustomWorkload:
                           "traceback)") from exc
     if isinstance(made, tuple) and 2 <= len(made) <= 3:
         made = CustomWorkload(*made)
-    if (not isinstance(made, CustomWorkload) or not isinstance(made.model, nn.Module) or not callable(made.make_batch)
-            or not (made.loss is None or callable(made.loss))):
-        raise GaplanError(f"--model {target!r} must return gaplan.CustomWorkload or (model, make_batch[, loss])")
+    if not isinstance(made, CustomWorkload):
+        raise GaplanError(f"--model {target!r} must return gaplan.CustomWorkload or (model, make_batch[, loss]) "
+                          f"(got {type(made).__name__})")
+    wrong = ("its model is not a torch.nn.Module" if not isinstance(made.model, nn.Module) else
+             "its make_batch is not callable" if not callable(made.make_batch) else
+             "its loss is not callable" if not (made.loss is None or callable(made.loss)) else None)
+    if wrong:  # what it returned is the right kind, one of its parts is not
+        raise GaplanError(f"--model {target!r} returned a workload, but {wrong}")
     try:
         Drawing.declared(made.draws)
     except ValueError as exc:

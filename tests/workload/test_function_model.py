@@ -39,8 +39,8 @@ def user_modules(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("target, message", [
     ("usermodels:raises", "--model 'usermodels:raises' raised ValueError: my model factory is broken (--debug shows"),
-    ("usermodels:batch_maker_is_a_number", "must return gaplan.CustomWorkload or (model, make_batch[, loss])"),
-    ("usermodels:loss_is_text", "must return gaplan.CustomWorkload or (model, make_batch[, loss])"),
+    ("usermodels:batch_maker_is_a_number", "returned a workload, but its make_batch is not callable"),
+    ("usermodels:loss_is_text", "returned a workload, but its loss is not callable"),
     ("broken_syntax:make", "--model 'broken_syntax:make': importing broken_syntax raised SyntaxError: invalid syntax"),
 ])
 def test_a_function_models_own_failure_is_one_line_naming_it(user_modules, target, message):
