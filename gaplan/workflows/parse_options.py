@@ -179,15 +179,16 @@ def check_command_fields(command: Any, device: bool = True) -> None:
     ``device`` a ``--device`` gaplan reads, every field with ``choices`` one of them."""
     import dataclasses
 
-    from gaplan.core.options import OptionError
+    from gaplan.core.options import OptionError, check_positive_ints
     from gaplan.core.units import parse_bytes
     from gaplan.workload.spec import WorkloadSpec
 
     if not isinstance(command.spec, WorkloadSpec):
         raise OptionError(f"spec must be a WorkloadSpec (got {command.spec!r})", "spec")
     command.spec.validate()
-    if command.memory_limit is not None:
+    if isinstance(command.memory_limit, str):  # the Python API's edge: "256MiB" (the command line gives bytes)
         object.__setattr__(command, "memory_limit", parse_bytes(command.memory_limit))
+    check_positive_ints(memory_limit=command.memory_limit)
     if device:
         from gaplan.devices.backend import device_name
 

@@ -41,6 +41,7 @@ PARSER_CALLS = {
         "gaplan/integrations/lightning.py": "GaplanBatchSize(memory_limit=...): the Python API's edge",
         "gaplan/integrations/transformers.py": "the Trainer integration's memory_limit: the Python API's edge",
         "gaplan/devices/cpu.py": "bound_cpu_budget(): the Python API's edge",
+        "gaplan/workflows/parse_options.py": "a command object a Python caller builds with memory_limit as text",
     },
     "parse_batch_range": {"gaplan/cli/option_types.py": "the click type"},
     "parse_schedule": {"gaplan/cli/option_types.py": "the click type"},

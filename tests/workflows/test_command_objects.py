@@ -33,7 +33,7 @@ SPEC = WorkloadSpec(model="tiny-gpt2", seq_len=16)
     (lambda out: TrainCommand(SPEC, token_plan="tokens.json", out=out), "--token-plan needs --batch-by tokens"),
     (lambda out: TrainCommand(SPEC, resume="reports/run", out=out), "a resumed run goes on in its own folder"),
     # What a Python caller may give that the command line never does: checked at construction as the flags are
-    (lambda out: ProbeCommand(SPEC, memory_limit=-1, out=out), "memory_limit must be at least 1 byte"),
+    (lambda out: ProbeCommand(SPEC, memory_limit=-1, out=out), "memory_limit must be a positive integer"),
     (lambda out: ProbeCommand(SPEC, device="tpu", out=out), "--device must be auto, cpu, cuda or cuda:N"),
     (lambda out: ProbeCommand(SPEC, emit="bogus", out=out), "emit must be one of hf"),
     (lambda out: ProbeCommand("tiny-gpt2", out=out), "spec must be a WorkloadSpec"),
