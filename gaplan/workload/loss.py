@@ -8,7 +8,8 @@ prediction targets in *all* micro-batches of the optimizer step (and all ranks).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -29,12 +30,23 @@ def count_targets(batch: Mapping[str, Any], task: str) -> int:
     Causal LM shifts labels (position 0 has no target) unless the batch carries
     ``shift_labels``; other tasks count the full label tensor, ignoring -100.
     """
-    return task_component(task).count_targets(batch)
+    with _named_key(task):
+        return task_component(task).count_targets(batch)
 
 
 def count_step_targets(micro_batches: Iterable[Mapping[str, Any]], task: str) -> int:
     """``num_items_in_batch`` for one optimizer step on this rank (samples, for a custom workload)."""
-    return task_component(task).count_step_targets(micro_batches)
+    with _named_key(task):
+        return task_component(task).count_step_targets(micro_batches)
+
+
+@contextlib.contextmanager
+def _named_key(task: str) -> Iterator[None]:
+    """A batch without what the task counts its targets from (``labels``): one line, not a KeyError."""
+    try:
+        yield
+    except KeyError as exc:
+        raise GaplanError(f"a micro-batch has no {exc.args[0]!r}: the {task} loss counts its targets from it") from None
 
 
 def loss_targets(batch: Mapping[str, Any], task: str) -> torch.Tensor:

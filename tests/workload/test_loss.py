@@ -169,3 +169,11 @@ def test_a_callers_loss_or_count_that_cannot_be_used_is_one_line(loss, items, me
     model = torch.nn.Linear(4, 1)
     with pytest.raises(GaplanError, match=re.escape(message)):
         accumulate_gradients(model, [{"x": torch.randn(2, 4)}], loss, CAUSAL_LM, num_items_in_batch=items)
+
+
+def test_a_batch_without_labels_is_one_line():
+    from gaplan.core.errors import GaplanError
+
+    with pytest.raises(GaplanError, match="a micro-batch has no 'labels': the causal-lm loss counts its targets"):
+        accumulate_gradients(torch.nn.Linear(4, 1), [{"x": torch.randn(2, 4)}],
+                             lambda model, batch: model(batch["x"]).sum(), CAUSAL_LM)
