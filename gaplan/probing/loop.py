@@ -130,7 +130,8 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
     trial_start(start, False)  # a bad start fails here, before the device is resolved
     device = resolve_device(device)
     limit = resolve_budget(device, memory_limit)
-    spawned, why = trial_start(start, cuda_initialized())
+    cuda = cuda_initialized()
+    spawned, why = trial_start(start, cuda)
     notes = [why] if why else []
     if not spawned and threads != 1 and not forks_start_threads():
         # OpenMP's pool was started here: a forked child that enters a parallel region waits on threads it does
@@ -143,7 +144,7 @@ def probe_loop(setup: Callable[[], tuple[Any, Any]] | str, make_batch: Callable[
         # Your code's own output in the trials (prints, progress bars, warnings), once in a file, not once per trial.
         output = os.path.join(tempfile.mkdtemp(prefix="gaplan-probe-loop-"), "trials.log")
         notes.append(f"the trials' own output (your code's prints and warnings) is in {output}")
-    run = _spawner(functions, device, limit, micro_steps, threads) if spawned else \
+    run = _spawner(functions, device, limit, micro_steps, threads, cuda) if spawned else \
         _forker(functions.resolved(), device, limit, micro_steps, threads, output)
     started = time.perf_counter()
     log.info("probe_loop: probing your loop on %s under %s (effective batch %d, search cap %d)", device,
@@ -277,13 +278,14 @@ def _forker(functions: dict[str, Callable], device: str, limit: int | None, micr
 
 
 def _spawner(functions: LoopFunctions, device: str, limit: int | None, micro_steps: int,
-             threads: int | None) -> Callable[[int, int], Trial]:
+             threads: int | None, cuda: bool) -> Callable[[int, int], Trial]:
     from gaplan.devices.card import NVML_CHECK
     from gaplan.devices.cpu import budget_environment
     from gaplan.worker.loop_trial import spawn_request
 
-    # A one-line error here, before any trial, for a function a new process cannot have.
-    if cuda_initialized():
+    # A one-line error here, before any trial, for a function a new process cannot have (``cuda``: why they are new
+    # processes, this process having initialized CUDA, as the caller found it; else the caller asked for spawn).
+    if cuda:
         functions.pickled()
     else:
         functions.pickled("start='spawn' runs each trial in a new process")
