@@ -91,7 +91,8 @@ def _train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, device: str,
     from gaplan.training.loop import train
 
     saved = saved_position(run_dir, spec, options) if options.resume else None  # the checkpoint's step and plan
-    if saved is not None and saved[0] == options.steps:  # nothing to train: no file of the run is written again
+    exports = options.save_weights or options.save_model or options.compare  # a finished run still writes these
+    if saved is not None and saved[0] == options.steps and not exports:  # nothing to train, nothing written again
         return TrainRun({"steps": 0, "steps_done": saved[0], "run_dir": run_dir}, False,
                         int(os.environ.get("RANK", "0")) == 0)
     device = resolve_device(device)

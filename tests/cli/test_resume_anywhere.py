@@ -155,6 +155,11 @@ def test_extending_a_run_goes_on_along_the_cosine_over_its_new_steps(tmp_path):
     assert result.exit_code == 0, result.output
     assert result.stdout == f"nothing to train: the run in {run_dir} has done its 8 steps (--steps above 8 extends it)\n"
     assert {name: (run_dir / name).read_bytes() for name in os.listdir(run_dir)} == files  # nothing written again
+    # What the run exports is still written from a finished run (as a disk that was full at the end asks for).
+    weights = tmp_path / "w.safetensors"
+    result = CliRunner().invoke(main, ["train", "--resume", str(run_dir), "--save-weights", str(weights), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert weights.stat().st_size > 0 and (run_dir / "train_log.csv").read_bytes() == files["train_log.csv"]
 
 
 class _RunsACommand:

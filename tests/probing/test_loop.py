@@ -172,7 +172,7 @@ def test_a_spawned_trial_runs_the_functions_by_name(monkeypatch):
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([SCRIPTS, os.environ.get("PYTHONPATH", "")]))
     run = _spawner(LoopFunctions("plain_hf_loop:setup", "plain_hf_loop:make_batch", "plain_hf_loop:micro_step"),
-                   "cpu", 512 * 2**20, micro_steps=2, threads=None)
+                   "cpu", 512 * 2**20, micro_steps=2, threads=None, cuda=False)
     fits, too_big = run(1, 2), run(64, 2)
     assert fits.fits and fits.completed_steps == 2 and fits.peak_bytes > 0
     assert not too_big.fits and "can't allocate memory" in too_big.error
