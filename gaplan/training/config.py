@@ -20,7 +20,7 @@ class LoopOptions:
     seed: int = option(0, resume="fixed", section=TRAINING, help="Seed of the data order and of torch's random numbers.")
     max_grad_norm: float | None = option(None, resume="fixed", section=TRAINING, help=(
         "Clip the gradient norm (after fp16 unscaling)."))
-    warmup_steps: int = option(0, resume="fixed", section=TRAINING, help="Linear learning-rate warm-up steps.")
+    warmup_steps: int = option(0, resume="fixed", section=TRAINING, help="Linear learning-rate warm-up steps (at most --steps).")
     noise_scale: bool = option(True, resume="free", section=TRAINING, help=(
         "Measure the gradient noise scale each step (train_log.csv: noise_scale, grad_sq, grad_var) from the "
         "micro-batches' gradients, and say what it implies for the effective batch."))
@@ -38,6 +38,9 @@ class LoopOptions:
         for name in ("warmup_steps", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise OptionError(f"{name} must be 0 or more (got {getattr(self, name)})", name)
+        if self.warmup_steps > self.steps:  # the learning rate would never reach its peak: a typo, most likely
+            raise OptionError(f"warmup_steps ({self.warmup_steps}) is above steps ({self.steps}): the learning rate "
+                              f"would never reach its peak; give at most {self.steps}", "warmup_steps", "steps")
 
 
 @dataclass(frozen=True)

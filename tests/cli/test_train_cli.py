@@ -107,6 +107,8 @@ def test_bad_input(tmp_path):
         (["--micro-batch", "4", "--max-grad-norm", "-1"], "--max-grad-norm must be a positive number (got -1.0)"),
         (["--micro-batch", "4", "--max-grad-norm", "0"], "--max-grad-norm must be a positive number (got 0.0)"),
         (["--micro-batch", "4", "--max-grad-norm", "nan"], "--max-grad-norm must be a positive number (got nan)"),
+        (["--micro-batch", "4", "--steps", "5", "--warmup-steps", "10"],
+         "--warmup-steps (10) is above --steps (5): the learning rate would never reach its peak"),
         # a batch schedule: its bounds, its syntax, and where it does not apply
         (["--micro-batch", "4", "--batch-schedule", "adaptive", "--effective-batch", "16", "--effective-batch-min",
           "32"], "--effective-batch-min 32 is above --effective-batch 16"),

@@ -74,6 +74,7 @@ def test_resume_marks_are_the_fields_metadata():
     (dict(granule=0), "granule must be a positive number of tokens (got 0)"),
     (dict(steps=0), "steps must be a positive integer (got 0)"),
     (dict(warmup_steps=-1), "warmup_steps must be 0 or more (got -1)"),
+    (dict(steps=5, warmup_steps=6), "warmup_steps (6) is above steps (5): the learning rate would never reach"),
     (dict(max_grad_norm=-1.0), "max_grad_norm must be a positive number (got -1.0)"),
     (dict(max_grad_norm=float("inf")), "max_grad_norm must be a positive number (got inf)"),
 ])
