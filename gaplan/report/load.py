@@ -48,8 +48,9 @@ class RunData:
 
     @property
     def is_training(self) -> bool:
-        """A folder of ``gaplan train``: its report leads with the training."""
-        return has_rows(self.train_log)
+        """A folder of ``gaplan train`` (a log, even one stopped before its first step): its report leads with the
+        training."""
+        return self.train_log is not None
 
     @property
     def model(self) -> str:

@@ -119,6 +119,8 @@ def steps_table(log: pd.DataFrame) -> Table:
 def training_section(run: RunData, images: Sequence[str]) -> list[Block]:
     log = run.train_log
     assert log is not None
+    if log.empty:  # stopped before its first step ended: the log has its header only
+        return [Heading(2, "Training"), Paragraph("No step logged: the run stopped before its first step ended.")]
     first, last = log.iloc[0], log.iloc[-1]
     items = [f"**Steps:** {len(log)} logged (steps {integer(first['step'])} to {integer(last['step'])})",
              f"**Loss:** {loss(first['loss'])} at the first step, {loss(last['loss'])} at the last"]

@@ -45,6 +45,15 @@ def test_a_training_folder_has_its_own_title_and_leads_with_training(tmp_path):
     assert "<title>gaplan training report: tiny-gpt2</title>" in (tmp_path / "train" / "report.html").read_text()
 
 
+def test_a_training_folder_stopped_before_its_first_step_says_so(tmp_path):
+    run = make_run(tmp_path / "train", full=False)
+    pd.DataFrame(columns=list(new_log_rows()[0])).to_csv(run / "train_log.csv", index=False)  # the header only
+    text = report(run)
+    assert text.startswith("# gaplan training report: tiny-gpt2")
+    assert "No step logged: the run stopped before its first step ended." in training_part(text)
+    assert not (run / "training.png").exists()
+
+
 def test_a_probe_folder_keeps_its_title_and_order(tmp_path):
     text = report(make_run(tmp_path / "probe", full=False))
     assert text.startswith("# gaplan report: tiny-gpt2") and "## Training" not in text
