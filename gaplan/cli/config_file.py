@@ -152,8 +152,9 @@ class GaplanCommand(click.Command):
         if ctx.meta.get(PRINT_CONFIG):
             if self.options_class is not None:  # checked as a run would be: a file --config would refuse is not written
                 from gaplan.cli.options import command_object
+                from gaplan.workflows.config_file import check_printable
 
-                command_object(ctx.params)
+                check_printable(command_object(ctx.params))
             click.echo(config_text(self, ctx), nl=False)
             return None
         return super().invoke(ctx)

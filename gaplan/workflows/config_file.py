@@ -16,6 +16,15 @@ from typing import Any
 from gaplan.core.errors import GaplanError
 
 
+def check_printable(command: Any) -> None:
+    """``--print-config`` prints what a command line resolves to; a resumed run's options are the run's own (its
+    ``config.toml`` and ``train.json``), not the command line's: refused, naming the file."""
+    resume = getattr(command, "resume", None)
+    if resume is not None:
+        raise GaplanError(f"--print-config with --resume: a resumed run keeps the options it was started with, in "
+                          f"{resume}/config.toml (gaplan train --config {resume}/config.toml --out DIR repeats them)")
+
+
 def read_toml(path: str) -> dict[str, Any]:
     if sys.version_info >= (3, 11):
         import tomllib

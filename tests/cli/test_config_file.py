@@ -188,6 +188,9 @@ def test_a_probe_saves_its_config_once_done_the_print_of_the_same_flags(tmp_path
     (["probe", "--margin", "1.5"], "gaplan: --margin must be a fraction in [0, 1) (got 1.5)"),
     (["estimate", "--device", "tpu"], "gaplan: --device must be auto, cpu, cuda or cuda:N (got 'tpu')"),
     (["plan", "--repeats", "2"], "gaplan: --repeats applies to --measure"),
+    # a resumed run's options are its own, not the command line's: printing those would mislead
+    (["train", "--resume", "run"], "gaplan: --print-config with --resume: a resumed run keeps the options it was "
+                                   "started with, in run/config.toml (gaplan train --config run/config.toml --out DIR"),
 ])
 def test_print_config_checks_the_options_as_a_run_would(args, line):
     """It prints nothing that --config would then refuse."""
