@@ -18,7 +18,7 @@ import click
 
 from gaplan.cli.config_file import GaplanCommand
 from gaplan.cli.field_options import sectioned
-from gaplan.core.errors import GaplanError, is_rank_own
+from gaplan.core.errors import GaplanError, is_rank_own, is_user_code
 from gaplan.core.interrupt import catching_signals, received
 from gaplan.core.options import OUTPUT, OptionError
 from gaplan.core.options import flag as flag_of_name
@@ -69,6 +69,8 @@ class GaplanGroup(click.Group):
                 if ctx.params.get("debug"):  # what raised it, through the exceptions chained to it (a disk fault)
                     click.echo("".join(traceback.format_exception(exc)).rstrip(), err=True)
                 line = f"gaplan: {self._message(exc, ctx)}"
+                if is_user_code(exc) and not ctx.params.get("debug"):  # the user's code raised: its traceback helps
+                    line += " (--debug shows the traceback)"
                 # Under torchrun rank 0 says what every rank raises alike, and a rank its own failure; all exit 2.
                 if int(os.environ.get("RANK", "0")) == 0 or is_rank_own(exc):
                     click.echo(line, err=True)

@@ -46,6 +46,25 @@ def is_rank_own(exc: BaseException) -> bool:
     return bool(getattr(exc, "gaplan_rank_own", False))
 
 
+def mark_user_code(exc: E) -> E:
+    """Mark ``exc`` as raised because the user's own code raised (chained as its cause): the CLI's one line points to
+    ``--debug``, which prints that code's traceback."""
+    exc.gaplan_user_code = True  # type: ignore[attr-defined]
+    return exc
+
+
+def is_user_code(exc: BaseException) -> bool:
+    return bool(getattr(exc, "gaplan_user_code", False))
+
+
+class RemoteTraceback(Exception):
+    """Another process's traceback, as text: chained to the error raised again here, so ``--debug`` shows where the
+    error began (as :mod:`concurrent.futures` does with a worker's)."""
+
+    def __str__(self) -> str:
+        return f"\n\"\"\"\n{self.args[0].rstrip()}\n\"\"\""
+
+
 def one_line(text: object) -> str:
     """A message on one line: errors from json, pandas or torch can span several, the CLI prints exactly one."""
     return " ".join(str(text).split())

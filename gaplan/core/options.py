@@ -14,10 +14,11 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import re
+import traceback
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, TypeVar
 
-from gaplan.core.errors import GaplanError
+from gaplan.core.errors import GaplanError, RemoteTraceback, is_user_code, mark_user_code
 
 T = TypeVar("T")
 
@@ -58,16 +59,23 @@ def check_positive_ints(**values: object) -> None:
 
 
 def error_reply(exc: GaplanError) -> dict:
-    """A user error as the data a child process sends back: its line, and an :class:`OptionError`'s field names."""
+    """A user error as the data a child process sends back: its line, an :class:`OptionError`'s field names, and the
+    traceback of what it was raised from, where the user's own code raised (``--debug`` shows it in the parent)."""
     fields = list(exc.fields) if isinstance(exc, OptionError) else []
-    return {"error": "user", "message": str(exc), **({"fields": fields} if fields else {})}
+    cause = "".join(traceback.format_exception(exc.__cause__)) if is_user_code(exc) and exc.__cause__ else None
+    return {"error": "user", "message": str(exc), **({"fields": fields} if fields else {}),
+            **({"user_code": cause} if cause else {})}
 
 
 def user_error(reply: dict) -> GaplanError:
     """The error an :func:`error_reply` stands for, raised again in the parent: an option named by its field stays
-    one, so the command line still shows its flag."""
+    one, so the command line still shows its flag; the user's code's traceback stays chained to it."""
     fields = reply.get("fields") or ()
-    return OptionError(reply["message"], *fields) if fields else GaplanError(reply["message"])
+    error = OptionError(reply["message"], *fields) if fields else GaplanError(reply["message"])
+    if reply.get("user_code"):
+        error.__cause__ = RemoteTraceback(reply["user_code"])
+        mark_user_code(error)
+    return error
 
 
 def flag(name: str) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gaplan.core.errors import GaplanError, is_out_of_memory, one_line
+from gaplan.core.errors import GaplanError, is_out_of_memory, mark_user_code, one_line
 from gaplan.plan.draws import Drawing
 
 
@@ -45,19 +45,19 @@ def load_function(target: str) -> Callable[[], Any]:
     """Import ``module:function`` (the current directory is importable, as with ``python -m``)."""
     module_name, _, func_name = target.partition(":")
     if not module_name or not func_name:
-        raise GaplanError(f"--model {target!r}: expected module:function, e.g. mypkg.models:make_resnet")
+        raise GaplanError(f"model {target!r}: expected module:function, e.g. mypkg.models:make_resnet")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise GaplanError(f"--model {target!r}: cannot import {module_name} ({exc})") from None
+        raise GaplanError(f"model {target!r}: cannot import {module_name} ({exc})") from None
     except Exception as exc:  # noqa: BLE001 - the user's module itself fails (a SyntaxError, its own raise)
-        raise GaplanError(f"--model {target!r}: importing {module_name} raised {type(exc).__name__}: "
-                          f"{one_line(exc)} (--debug shows the traceback)") from exc
+        raise mark_user_code(GaplanError(f"model {target!r}: importing {module_name} raised "
+                                         f"{type(exc).__name__}: {one_line(exc)}")) from exc
     func = getattr(module, func_name, None)
     if not callable(func):
-        raise GaplanError(f"--model {target!r}: {module_name} has no function {func_name}")
+        raise GaplanError(f"model {target!r}: {module_name} has no function {func_name}")
     return func
 
 
@@ -72,20 +72,19 @@ def made_by_function(target: str) -> CustomWorkload:
     except Exception as exc:  # noqa: BLE001 - the user's function fails: theirs to mend (an OOM is the probe's)
         if is_out_of_memory(exc):
             raise
-        raise GaplanError(f"--model {target!r} raised {type(exc).__name__}: {one_line(exc)} (--debug shows the "
-                          "traceback)") from exc
+        raise mark_user_code(GaplanError(f"model {target!r} raised {type(exc).__name__}: {one_line(exc)}")) from exc
     if isinstance(made, tuple) and 2 <= len(made) <= 3:
         made = CustomWorkload(*made)
     if not isinstance(made, CustomWorkload):
-        raise GaplanError(f"--model {target!r} must return gaplan.CustomWorkload or (model, make_batch[, loss]) "
+        raise GaplanError(f"model {target!r} must return gaplan.CustomWorkload or (model, make_batch[, loss]) "
                           f"(got {type(made).__name__})")
     wrong = ("its model is not a torch.nn.Module" if not isinstance(made.model, nn.Module) else
              "its make_batch is not callable" if not callable(made.make_batch) else
              "its loss is not callable" if not (made.loss is None or callable(made.loss)) else None)
     if wrong:  # what it returned is the right kind, one of its parts is not
-        raise GaplanError(f"--model {target!r} returned a workload, but {wrong}")
+        raise GaplanError(f"model {target!r} returned a workload, but {wrong}")
     try:
         Drawing.declared(made.draws)
     except ValueError as exc:
-        raise GaplanError(f"--model {target!r}: {exc}") from None
+        raise GaplanError(f"model {target!r}: {exc}") from None
     return made
