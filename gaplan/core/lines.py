@@ -25,9 +25,9 @@ THROUGHPUT_HEADER = (f"  {'split':>18}  {'samples/s (95% CI)':<24}  {'x large ba
 def throughput_line(row: Any) -> str:
     """A bench row (:class:`gaplan.benchmark.splits.SplitMeasurement`) under :data:`THROUGHPUT_HEADER`: split,
     samples/s and ratio with their 95% intervals, peak, note."""
-    speed = f"{row.samples_per_s:8.1f}{_interval(row.samples_per_s_low, row.samples_per_s_high, '{:.1f}')}" \
+    speed = f"{row.samples_per_s:8.1f}{interval_text(row.samples_per_s_low, row.samples_per_s_high, '{:.1f}')}" \
         if row.samples_per_s else f"{'-':>8}{'':<16}"
-    ratio = (f"x{row.ratio_to_large_batch:5.2f}{_interval(row.ratio_low, row.ratio_high, '{:.2f}')}"
+    ratio = (f"x{row.ratio_to_large_batch:5.2f}{interval_text(row.ratio_low, row.ratio_high, '{:.2f}')}"
              if row.ratio_to_large_batch else f"{'':<22}")
     note = f"  {row.note}" if row.note else ""
     # The probe's peak at this micro-batch (under the budget), else the run's own where no probe ran.
@@ -35,8 +35,20 @@ def throughput_line(row: Any) -> str:
     return f"  {row.split:>18}  {speed:<24}  {ratio:<22}  {format_bytes(peak):>11}{note}"
 
 
-def _interval(low: float | None, high: float | None, number: str) -> str:
-    return "" if low is None or high is None else f" ({number.format(low)}-{number.format(high)})"
+# An interval wider than this factor says nothing (two rounds: one degree of freedom, t = 12.7): not printed as
+# numbers such as (0.0-11349543758.0).
+WIDE_INTERVAL = 10.0
+TOO_WIDE = " (CI too wide)"  # fits the column; docs/bench-and-reports.md says why: time more rounds
+
+
+def interval_text(low: float | None, high: float | None, number: str) -> str:
+    """`` (low-high)`` in ``number``'s format; nothing where either end is missing (None, NaN), :data:`TOO_WIDE`
+    where it spans more than :data:`WIDE_INTERVAL` times."""
+    if low is None or high is None or low != low or high != high:
+        return ""
+    if low <= 0 or high > WIDE_INTERVAL * low:
+        return TOO_WIDE
+    return f" ({number.format(low)}-{number.format(high)})"
 
 
 def histogram_lines(histogram: Any, width: int = 40) -> list[str]:

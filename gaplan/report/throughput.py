@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from gaplan.core.constants import LARGE_BATCH_KIND
+from gaplan.core.lines import interval_text
 from gaplan.report.document import Block, Heading, Image, Paragraph, Table
 from gaplan.report.formatting import byte_size, failure_reason, integer, is_false, missing, rate, yes_no
 from gaplan.report.load import RunData, measured, ratio, reference_label, reference_row
@@ -40,10 +41,8 @@ def _note(text: str) -> str:
 def _with_interval(value: object, low: object, high: object, number: str, suffix: str = "") -> str:
     if missing(value):
         return "-"
-    text = number.format(float(value)) + suffix
-    if missing(low) or missing(high):
-        return text
-    return f"{text} ({number.format(float(low))}-{number.format(float(high))})"
+    return number.format(float(value)) + suffix + interval_text(None if missing(low) else float(low),
+                                                                 None if missing(high) else float(high), number)
 
 
 def _peaks(row: pd.Series) -> list[str]:
