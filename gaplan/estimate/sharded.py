@@ -42,9 +42,7 @@ from gaplan.devices.reserve import nccl_buffer_bytes
 from gaplan.estimate.assumptions import Assumption, nccl_buffers, sharded_assumptions, trace_assumptions
 from gaplan.estimate.depth import extrapolate, truncated_copy, uniform_stack, unsegmented
 from gaplan.estimate.device import DeviceModel, GraphCount
-from gaplan.estimate.fake import fake_batch_maker, fake_tensor_errors, fake_tensor_mode, readable_values
-from gaplan.estimate.offload import offloaded_to_host
-from gaplan.estimate.recompute import recompute_under_forward_modes
+from gaplan.estimate.fake import fake_batch_maker, fake_tensor_errors, fake_tensor_mode
 from gaplan.estimate.result import TracedRow
 from gaplan.estimate.shard_tracking import (
     by_category,
@@ -55,7 +53,7 @@ from gaplan.estimate.shard_tracking import (
     local_shard_shapes,
 )
 from gaplan.estimate.torch_private import private, private_module
-from gaplan.estimate.trace import TraceHelper, fast_peak_tracking, lora_assumption, quiet_module_tracking
+from gaplan.estimate.trace import TraceHelper, enter_trace_modes, lora_assumption
 from gaplan.workload.spec import ADAMW_IMPLEMENTATIONS
 
 if TYPE_CHECKING:
@@ -216,18 +214,7 @@ class ShardedTracer:
                 shard_model(model, dtype=self.spec.dtype, cpu_offload=self.spec.cpu_offload, mesh=mesh)
         self.mode = fake_tensor_mode()
         self.helper = ShardedTraceHelper()
-        self._stack.enter_context(fast_peak_tracking())
-        self._stack.enter_context(quiet_module_tracking())
-        self._stack.enter_context(readable_values())
-        self._stack.enter_context(recompute_under_forward_modes())  # the device's modes, in recomputation too
-        self.allocators = self._stack.enter_context(self.device.allocator())
-        self._stack.enter_context(self.mode)
-        self._stack.enter_context(self.helper)
-        self._stack.enter_context(self.device.autocast(self.spec.dtype))
-        self._stack.enter_context(self.device.attention(self.helper.cuda_attention_calls))
-        self._stack.enter_context(self.device.dropout())
-        if self.spec.offload_activations:  # save_on_cpu, as the device sees it
-            self._stack.enter_context(offloaded_to_host())
+        self.allocators = enter_trace_modes(self._stack, self.device, self.mode, self.helper, self.spec)
         for depth, model in models.items():
             self._copies.append(_Copy(depth, self._materialize(meta, model)))
 

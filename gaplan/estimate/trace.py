@@ -98,18 +98,8 @@ class Tracer:
             if self.world_size > 1:  # DDP's buckets: a flat copy of the gradients, held through every step
                 self.bucket_bytes = sum(p.numel() * p.element_size() for p in self.workload.model.parameters()
                                         if p.requires_grad)
-            self._stack.enter_context(fast_peak_tracking())
-            self._stack.enter_context(quiet_module_tracking())
-            self._stack.enter_context(readable_values())
-            self._stack.enter_context(recompute_under_forward_modes())  # the device's modes, in recomputation too
-            self.allocators = self._stack.enter_context(self.device.allocator())
-            self._stack.enter_context(self.mode)
-            self._stack.enter_context(self.helper)
-            self._stack.enter_context(self.device.autocast(self.spec.dtype))
-            self._stack.enter_context(self.device.attention(self.helper.cuda_attention_calls))
-            self._stack.enter_context(self.device.dropout())
-            if self.spec.offload_activations:  # save_on_cpu, as the device sees it
-                self._stack.enter_context(offloaded_to_host(self.host_copies))
+            self.allocators = enter_trace_modes(self._stack, self.device, self.mode, self.helper, self.spec,
+                                                self.host_copies)
             self._stack.enter_context(self.device.optimizer_step(self.spec.optimizer))
             with fake_tensor_errors(self.spec):
                 from gaplan.worker.trial import materialize_optimizer_state
@@ -354,6 +344,26 @@ def quiet_module_tracking() -> Iterator[None]:
             yield
         finally:
             warnings.formatwarning = formatter
+
+
+def enter_trace_modes(stack: contextlib.ExitStack, device: DeviceModel, mode: Any, helper: Any, spec: Any,
+                      host_copies: HostCopies | None = None) -> Any:
+    """Enter, in their order, the modes a trace runs under (one process or sharded): the device's allocator, the
+    fake tensors, the helper's tracking, autocast, attention, dropout and, with offloading, ``save_on_cpu`` as the
+    device sees it; the allocators."""
+    stack.enter_context(fast_peak_tracking())
+    stack.enter_context(quiet_module_tracking())
+    stack.enter_context(readable_values())
+    stack.enter_context(recompute_under_forward_modes())  # the device's modes, in recomputation too
+    allocators = stack.enter_context(device.allocator())
+    stack.enter_context(mode)
+    stack.enter_context(helper)
+    stack.enter_context(device.autocast(spec.dtype))
+    stack.enter_context(device.attention(helper.cuda_attention_calls))
+    stack.enter_context(device.dropout())
+    if spec.offload_activations:
+        stack.enter_context(offloaded_to_host(host_copies))
+    return allocators
 
 
 @contextlib.contextmanager
