@@ -269,6 +269,11 @@ def trial_from(message: dict, micro_batch: int, output: str | None = None) -> Tr
 
 def _forker(functions: dict[str, Callable], device: str, limit: int | None, micro_steps: int,
             threads: int | None, output: str | None = None) -> Callable[[int, int], Trial]:
+    if "torch" in sys.modules:  # imported once here, the trials forked from this process inherit it
+        from gaplan.devices.cpu import import_lazy_torch_code
+
+        import_lazy_torch_code()
+
     def run(micro_batch: int, steps: int) -> Trial:
         message = run_in_child(lambda: loop_trial(functions, device, limit, micro_batch, micro_steps, steps, threads),
                                output, f"{TRIAL_HEADER} micro-batch {micro_batch}, {steps} optimizer step(s)\n")

@@ -66,6 +66,7 @@ def test_the_edge_of_a_nanogpt_like_loop_whose_adamw_makes_its_states_at_its_fir
     result = edge_holds_in_fresh_processes("nanogpt", "nanogpt_like_loop.py", limit="256MiB")
     edge, trials = result["max_micro_batch"], result["trials"]
     assert any(t["micro_batch"] == edge and t["fits"] and t["completed_steps"] == 2 for t in trials)
+    assert edge == 13  # docs/your-loop.md says it (8 while torch._dynamo's import was counted under the budget)
 
 
 def _tiny_setup():
@@ -196,6 +197,32 @@ def test_cpu_budget_binds_a_fresh_process_and_meters_it():
             "print(before, resolve_budget('cpu', None), resolve_budget('cpu', '200MiB'))\n")
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert completed.stdout.split() == [str(1 << 30), str(300 << 20), str(200 << 20)], completed.stderr[-2000:]
+
+
+def test_a_plain_pytorch_loops_first_optimizer_costs_no_budget_and_its_trials_import_nothing_under_it():
+    """torch.optim's first optimizer imports torch._dynamo (68 MiB on torch 2.13): code, imported before the
+    baseline; a loop without transformers (which imports it with itself) was refused at 64 MiB, "the model and its
+    optimizer themselves do not fit", for a 0.5M-parameter MLP."""
+    code = ("import sys, gaplan, torch\n"
+            "assert 'transformers' not in sys.modules\n"
+            "meter = gaplan.cpu_budget('64MiB')\n"
+            "before = set(sys.modules)\n"
+            "optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.ones(2))])\n"
+            "print(meter.peak_bytes(), sorted(m for m in set(sys.modules) - before if m.startswith('torch'))[:5])\n"
+            "def setup():\n"
+            "    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256))\n"
+            "    return model, torch.optim.AdamW(model.parameters())\n"
+            "result = gaplan.probe_loop(setup, lambda b: torch.randn(b, 256),\n"
+            "                           lambda model, x: model(x).pow(2).mean().backward(), memory_limit='64MiB',\n"
+            "                           effective_batch=8, progress=False)\n"
+            "print(result.max_micro_batch, min(t.peak_bytes for t in result.trials))\n")
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    budget_line, probe_line = completed.stdout.splitlines()
+    peak, imported = budget_line.split(" ", 1)
+    assert int(peak) < 4 * 2**20 and imported == "[]", budget_line
+    edge, smallest_peak = map(int, probe_line.split())
+    assert edge == 8 and smallest_peak < 16 * 2**20, probe_line  # weights, gradients, AdamW states: 8 MiB
 
 
 def test_a_quiet_loop_leaves_no_log_behind(monkeypatch):
