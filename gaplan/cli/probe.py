@@ -23,7 +23,7 @@ from gaplan.core.lines import histogram_lines, throughput_line, trial_line
 from gaplan.core.options import MEMORY, OUTPUT
 from gaplan.plan.layouts import workload_flags
 from gaplan.report.result_text import probe_lines, token_probe_lines
-from gaplan.runs.folder import REPORT_HTML, REPORT_MD, TOKENS_JSON, path_in
+from gaplan.runs.folder import REPORT_HTML, REPORT_MD, path_in
 from gaplan.workflows.probe_options import ProbeCommand
 from gaplan.workflows.probe_settings import TIMED, TIMING_OPTIONS, ProbeOptions
 
@@ -122,5 +122,4 @@ def _probe_by_tokens(command: Any, options: dict[str, Any]) -> None:
         click.echo(json.dumps(run.to_dict()))
         return
     echo_lines(token_probe_lines(run, profile_shown_live=live))
-    click.echo(f"plan.json, tokens.json and lengths.png written to {out}  (gaplan train --batch-by tokens "
-               f"--token-plan {path_in(out, TOKENS_JSON)})")
+    click.echo(f"plan.json, tokens.json and lengths.png written to {out}  ({run.train_command})")

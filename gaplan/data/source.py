@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import ClassVar
 
-from gaplan.core.options import DATA, OptionError, option
+from gaplan.core.options import DATA, OptionError, flag, option, option_name
 from gaplan.data.tasks.component import LABEL_FIELD, TARGET_FIELD
 from gaplan.data.tasks.registry import task_component, tasks_taking
 
@@ -73,6 +73,12 @@ class DataSource:
             if getattr(self, name) is not None and task is not None and name not in task_component(task).options:
                 raise OptionError(f"{name} applies to task {' or '.join(tasks_taking(name))}, and this model's task "
                                   f"is {task}", name, "task")
+
+    def flags(self) -> list[str]:
+        """The command-line options that give this source again (``--data PATH --tokenizer bytes``), those not
+        given left out."""
+        return [word for f in fields(self) if getattr(self, f.name) is not None
+                for word in (flag(option_name(f)), str(getattr(self, f.name)))]
 
     def without_defaults(self) -> DataSource:
         """The same reading with a field at its default's own value as not given: an older ``train.json`` holds

@@ -69,6 +69,22 @@ def same_workload(a: WorkloadSpec, b: WorkloadSpec) -> bool:
     return all(getattr(a, k) == getattr(b, k) for k in _SAME_WORKLOAD_FIELDS)
 
 
+def check_same_workload(probed: WorkloadSpec, spec: WorkloadSpec, what: str) -> None:
+    """Refuse ``what`` (``--plan FILE``, ``--token-plan FILE``), made for ``probed``, for another workload: one line
+    naming each field that differs (there, here) and the flags of its own workload."""
+    if same_workload(probed, spec):
+        return
+    from gaplan.plan.layouts import workload_flags
+
+    def shown(value: object) -> object:
+        return "the default" if value is None else value
+
+    differ = "; ".join(f"--{k.replace('_', '-')} {shown(getattr(probed, k))} there, {shown(getattr(spec, k))} here"
+                       for k in _SAME_WORKLOAD_FIELDS if getattr(probed, k) != getattr(spec, k))
+    raise GaplanError(f"{what} was made for another workload ({differ}): give its workload, "
+                      f"{shlex.join(workload_flags(probed.to_dict()))}")
+
+
 def probe_for(
     spec: WorkloadSpec,
     device: str,
@@ -102,17 +118,7 @@ def probe_for(
         probed = load_probe(plan_file)
         if grad_checkpointing in (None, AUTO):
             spec = dataclasses.replace(spec, grad_checkpointing=probed.workload.grad_checkpointing)
-        if not same_workload(probed.workload, spec):
-            from gaplan.plan.layouts import workload_flags
-
-            def shown(value: object) -> object:
-                return "the default" if value is None else value
-
-            differ = "; ".join(f"--{k.replace('_', '-')} {shown(getattr(probed.workload, k))} there, "
-                               f"{shown(getattr(spec, k))} here"
-                               for k in _SAME_WORKLOAD_FIELDS if getattr(probed.workload, k) != getattr(spec, k))
-            raise GaplanError(f"--plan {plan_file} was made for another workload ({differ}): give its workload, "
-                              f"{shlex.join(workload_flags(probed.workload.to_dict()))}")
+        check_same_workload(probed.workload, spec, f"--plan {plan_file}")
         if sharded and probed.world_size != world_size:
             raise GaplanError(f"--plan {plan_file} was probed for FSDP over {probed.world_size} ranks, not "
                               f"{world_size}: each rank's shard, so B*, depends on the world size")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import shlex
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +53,16 @@ class TokenProbeRun:
     record: dict[str, Any]  # tokens.json
     out: str
     files: list[str] = field(default_factory=list)
+    source: DataSource | None = None  # the data it profiled, as given
+
+    @property
+    def train_command(self) -> str:
+        """The ``gaplan train`` that trains this workload on this data with this T*, as a shell command."""
+        from gaplan.plan.layouts import workload_flags
+
+        return shlex.join(["gaplan", "train", *workload_flags(self.record["workload"]),
+                           *(self.source.flags() if self.source else []), "--batch-by", "tokens", "--token-plan",
+                           path_in(self.out, TOKENS_JSON)])
 
     def to_dict(self) -> dict[str, Any]:
         """What ``gaplan probe --batch-by tokens --json`` prints."""
@@ -109,7 +120,8 @@ def run_token_probe(spec: WorkloadSpec, out: str, data: DataSource, *, device: s
     from gaplan.report.charts import lengths_figure, write_charts
 
     write_charts(out, [(LENGTHS_PNG, lengths_figure(record, spec.model))])
-    return TokenProbeRun(profile, budget, long_probe, short_probe, record, out, [PLAN_JSON, TOKENS_JSON, LENGTHS_PNG])
+    return TokenProbeRun(profile, budget, long_probe, short_probe, record, out, [PLAN_JSON, TOKENS_JSON, LENGTHS_PNG],
+                         data)
 
 
 def token_record(spec: WorkloadSpec, long_probe: ProbeResult, short_probe: ProbeResult | None, data: DataSource,
@@ -141,7 +153,7 @@ def token_record(spec: WorkloadSpec, long_probe: ProbeResult, short_probe: Probe
 def token_budget_from_plan(path: str, spec: WorkloadSpec, device: str | None = None,
                            memory_limit: int | None = None) -> TokenBudget:
     """T* from a ``tokens.json``, refused when it was probed for another workload, device or budget."""
-    from gaplan.probing.cache import same_workload
+    from gaplan.probing.cache import check_same_workload
     from gaplan.runs.schema import read_tokens_json
 
     record = read_tokens_json(path)
@@ -150,9 +162,7 @@ def token_budget_from_plan(path: str, spec: WorkloadSpec, device: str | None = N
         budget = TokenBudget(**record["token_budget"])
     except (TypeError, ValueError) as exc:
         raise GaplanError(f"{path} is not a gaplan token plan: {one_line(exc)}") from None
-    if not same_workload(probed, spec):
-        raise GaplanError(f"--token-plan {path} was probed for {probed.model} (seq len {probed.seq_len}, "
-                          f"{probed.dtype}), not this workload")
+    check_same_workload(probed, spec, f"--token-plan {path}")
     if device is not None and record.get("device") and record["device"] != device:
         raise GaplanError(f"--token-plan {path} was probed on {record['device']}, not {device}")
     recorded = record.get("memory_limit_bytes")

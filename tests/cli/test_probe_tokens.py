@@ -1,6 +1,7 @@
 """``gaplan probe --batch-by tokens``: the data's length profile, T*, tokens.json and lengths.png; ``train --token-plan``."""
 
 import json
+import shlex
 
 import pytest
 from click.testing import CliRunner
@@ -61,6 +62,15 @@ def test_probe_by_tokens_writes_t_star_and_the_profile(tmp_path, monkeypatch, sm
     assert table.exit_code == 0, table.output
     assert f"T* = {t_star} tokens per micro-batch (granule 16)" in table.stdout
     assert "lengths    200 samples of 8 to 16 tokens" in table.stdout
+    # The train command it prints trains as printed: this workload, this data, this T* (it said only
+    # "gaplan train --batch-by tokens --token-plan ...", which the workload check then refused).
+    printed_command = table.stdout.rstrip().splitlines()[-1].split("  (", 1)[1].rstrip(")")
+    assert printed_command == (f"gaplan train --model tiny-gpt2 --seq-len 16 --data {data} --tokenizer bytes "
+                               f"--batch-by tokens --token-plan {out / 'tokens.json'}")
+    trained = invoke([*shlex.split(printed_command)[1:], "--steps", "1", "--threads", "1", "--quiet",
+                      "--out", str(tmp_path / "trained")])
+    assert trained.exit_code == 0, trained.output
+    assert json.loads((tmp_path / "trained" / "train.json").read_text())["options"]["token_budget"] == t_star
     assert invoke(["report", str(out)]).exit_code == 0
     report = (out / "report.md").read_text()
     assert "## Token budget" in report and "![Sample lengths](lengths.png)" in report
@@ -106,7 +116,8 @@ def test_bad_input(tmp_path, args, message):
 
 
 @pytest.mark.parametrize("extra, changes, message", [
-    (["--seq-len", "32"], {}, "was probed for tiny-gpt2 (seq len 16, fp32), not this workload"),
+    (["--seq-len", "32"], {}, "was made for another workload (--seq-len 16 there, 32 here): give its workload, "
+                              "--model tiny-gpt2 --seq-len 16"),
     (["--seq-len", "16", "--memory-limit", "1GiB"], {}, "was probed under a budget of 167772160 bytes"),
     (["--seq-len", "16", "--token-budget", "64"], {}, "--token-budget and --token-plan both give the token budget"),
     (["--seq-len", "16"], {"token_budget": "lots"}, "is not a gaplan token plan"),

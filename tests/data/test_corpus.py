@@ -119,3 +119,16 @@ def test_the_older_constructor_still_reads_a_file_with_bytes_when_the_model_has_
     assert TextCorpus(data_files["text"], 64, 120, with_tokenizer).tokenizer.startswith(with_tokenizer)
     with pytest.raises(GaplanError, match="has 120 tokens but the model's vocab_size is 100"):
         TextCorpus(data_files["text"], 64, 100, with_tokenizer)  # no raw IndexError later
+
+
+def test_a_data_source_gives_the_flags_that_give_it_again():
+    from click.testing import CliRunner
+
+    from gaplan.cli.main import main
+    from gaplan.data.source import DataSource
+
+    source = DataSource(path="c.jsonl", text_field="body", tokenizer="bytes")
+    assert source.flags() == ["--data", "c.jsonl", "--text-field", "body", "--tokenizer", "bytes"]
+    assert DataSource().flags() == []
+    printed = CliRunner().invoke(main, ["train", *source.flags(), "--print-config"])  # each flag is train's own
+    assert printed.exit_code == 0 and 'data = "c.jsonl"' in printed.stdout and 'text-field = "body"' in printed.stdout
