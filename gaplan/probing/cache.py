@@ -116,6 +116,10 @@ def probe_for(
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if plan_file:
         probed = load_probe(plan_file)
+        if probed.token_budget:  # a train by tokens' record: its plan's micro-batch is no size it trained
+            raise GaplanError(f"--plan {plan_file} records a run batched by tokens (micro-batches packed within "
+                              f"{probed.token_budget} padded tokens): it holds no micro-batch to train; batch by tokens "
+                              f"again (--batch-by tokens --token-budget {probed.token_budget})")
         if grad_checkpointing in (None, AUTO):
             spec = dataclasses.replace(spec, grad_checkpointing=probed.workload.grad_checkpointing)
         check_same_workload(probed.workload, spec, f"--plan {plan_file}")

@@ -54,6 +54,9 @@ def report_blocks(run: RunData, images: Sequence[str]) -> list[Block]:
 
 
 def _no_probe(run: RunData) -> str:
+    if run.plan.get("token_budget"):
+        return (f"this run packed its micro-batches within {int(run.plan['token_budget'])} padded tokens "
+                "(`--batch-by tokens`; a probe of that budget writes its trials in its own folder)")
     return f"the micro-batch {int(run.plan['max_micro_batch'])} was given with `--micro-batch`"
 
 
@@ -121,13 +124,17 @@ def _learning_rate(workload: dict[str, Any]) -> str:
 def plan_section(run: RunData) -> list[Block]:
     plan, trials = run.plan, run.trials
     best = int(plan["max_micro_batch"])
-    if run.probed:
+    if plan.get("token_budget"):  # each step packed anew: the plan's micro-batch is no size it trained
+        items = [f"**Micro-batches:** packed each step within {integer(plan['token_budget'])} padded tokens a rank "
+                 "(`--batch-by tokens`): no fixed micro-batch; each step's effective batch is in `train_log.csv`"]
+    elif run.probed:
         capped = " (the search stopped at its upper limit: larger micro-batches may fit too)" if plan.get("capped") else ""
         items = [f"**B\\* (largest micro-batch that fits the budget):** {best}{capped}"]
     else:
         items = [f"**Largest micro-batch:** {best}, given with `--micro-batch` (not probed)"]
     rank = " (sizes on rank 0)" if int(plan["plan"].get("world_size") or 1) > 1 else ""
-    items.append(f"**Plan:** {Plan.from_dict(plan['plan']).describe()}{rank}")
+    if not plan.get("token_budget"):
+        items.append(f"**Plan:** {Plan.from_dict(plan['plan']).describe()}{rank}")
     if (plan.get("workload") or {}).get("parallel") == "fsdp" and run.probed:
         ranks = int(plan.get("trial_ranks") or plan["plan"].get("world_size") or 1)
         items.append(f"**Layout:** FSDP2, sharded over {ranks} ranks; every trial ran all {ranks}, each under the "

@@ -100,9 +100,12 @@ def noise_item(run: RunData, log: pd.DataFrame) -> str | None:
 
     values = _column(log, "noise_scale").dropna()
     plan = run.plan.get("plan") or {}
-    if values.empty or not plan.get("effective_batch"):
+    # The batch the last measured step trained (a schedule's, a token-counted step's samples), else the plan's
+    trained = _column(log, "effective_batch")[values.index].dropna() if not values.empty else values
+    effective = trained.iloc[-1] if not trained.empty else plan.get("effective_batch")
+    if values.empty or not effective:
         return None
-    summary = noise_scale_summary(int(plan["effective_batch"]), float(values.iloc[-1]), int(plan.get("world_size") or 1))
+    summary = noise_scale_summary(int(effective), float(values.iloc[-1]), int(plan.get("world_size") or 1))
     return f"**Gradient noise scale:** {summary} (measured on {len(values)} steps; docs/noise-scale.md)"
 
 

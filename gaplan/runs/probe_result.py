@@ -76,6 +76,9 @@ class ProbeResult:
     # This run's worker start, in seconds: "start to ready" (as the caller waited) and the worker's own parts.
     # The probe's profile (examples/profile_probe.py); not saved in plan.json.
     worker_seconds: dict[str, float] | None = None
+    # A train by tokens: its micro-batches were packed within this many padded tokens a rank, each step anew, so the
+    # plan's micro-batch is no size it trained (its plan.json is no micro-batch plan for --plan).
+    token_budget: int | None = None
 
     @property
     def plan_cap(self) -> int:
@@ -113,6 +116,7 @@ class ProbeResult:
             "command": self.command,
             "allocator_setting": self.allocator,
             **({"reused_probe": self.reused_probe} if self.reused_probe else {}),
+            **({"token_budget": self.token_budget} if self.token_budget else {}),
         }
 
     @classmethod
@@ -145,6 +149,7 @@ class ProbeResult:
                 created=data.get("created", ""),
                 reused_probe=data.get("reused_probe"),
                 allocator=_allocator_from(data.get("allocator_setting"), path),
+                token_budget=_optional_int(data.get("token_budget")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise GaplanError(f"{path} is not a gaplan plan file: missing or bad field {exc}") from None
@@ -192,9 +197,11 @@ def _torch_version() -> str | None:
 
 
 def plan_without_probe(spec: WorkloadSpec, device: str, memory_limit: int | None, plan: Plan, param_count: int,
-                       task: str, seq_len: int | None, command: str | None = None) -> ProbeResult:
-    """The plan.json of a run planned with ``--micro-batch``: what is known, and that no probe ran."""
+                       task: str, seq_len: int | None, command: str | None = None,
+                       token_budget: int | None = None) -> ProbeResult:
+    """The plan.json of a run planned with ``--micro-batch``, or batched by tokens within ``token_budget``: what is
+    known, and that no probe ran."""
     return ProbeResult(workload=spec, device=device, memory_limit_bytes=memory_limit, margin=0.0,
                        probe_limit_bytes=memory_limit, budget_is_default=False, max_micro_batch=plan.micro_batch_cap,
                        capped=False, trials=[], plan=plan, param_count=param_count, static_bytes=None, task=task,
-                       seq_len=seq_len, wall_seconds=0.0, command=command, probed=False)
+                       seq_len=seq_len, wall_seconds=0.0, command=command, probed=False, token_budget=token_budget)

@@ -139,7 +139,8 @@ def _train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, device: str,
             save_settings(run_dir, spec, options, device, memory_limit)
         save_run_config(run_dir, None if options.resume else config_toml)  # a resumed run keeps its first
         record = probed if probed is not None else plan_without_probe(
-            spec, device, memory_limit, plan, workload.param_count, workload.task, workload.seq_len)
+            spec, device, memory_limit, plan, workload.param_count, workload.task, workload.seq_len,
+            token_budget=options.token_budget)
         save_probe(dataclasses.replace(record, plan=plan, command=options.command), path_in(run_dir, PLAN_JSON))
     config = TrainConfig(**dataclasses.asdict(options.loop), run_dir=run_dir, token_budget=options.token_budget,
                          effective_tokens=options.effective_tokens,
@@ -288,6 +289,8 @@ def _save_outputs(run_dir: str, options: TrainOptions, workload: Any, corpus: An
             atomic_write(options.save_weights, lambda temp: save_file(state, temp), size=tensor_bytes(state),
                          what=os.path.basename(options.save_weights))
     summary = _summary(run_dir, result)
+    if options.token_budget:  # packed anew each step: the plan held the ranks' share of E, no micro-batch size
+        summary.update(plan=None, token_budget=options.token_budget)
     if result.loss_check is not None:
         from gaplan.training.loss_check import load_loss_check
 
@@ -372,7 +375,9 @@ def _noise_scale(result: Any) -> dict[str, Any] | None:
         return None
     last = measured[-1]
     drawing = getattr(result, "noise_drawing", None)
-    summary = noise_scale_summary(result.plan.effective_batch, last.noise_scale, result.plan.world_size)
+    # The batch the last step trained (a schedule's, or a token-counted step's samples), not the plan's top
+    summary = noise_scale_summary(last.effective_batch or result.plan.effective_batch, last.noise_scale,
+                                  result.plan.world_size)
     if drawing == "unknown":  # not a number that looks exact: the workload did not say how it draws
         summary += (" [assuming independent draws: the workload does not say how it draws its samples; drawn "
                     "without replacement from N it reads high by about 1/(1 - B_noise/N) (CustomWorkload.draws)]")

@@ -109,7 +109,22 @@ def test_a_step_of_a_number_of_tokens_trains_the_weights_of_one_full_batch_of_it
     assert int(row["grad_accum_steps"]) >= 3  # micro-steps: 150+ tokens in micro-batches of at most 64 padded tokens
     step = TokenSteps([Sample(tuple(line.encode())) for line in lines], 150, seed=0).indices(0)
     assert sum(len(lines[i]) for i in step) >= 150 > sum(len(lines[i]) for i in step[:-1])
-    assert json.loads(result.stdout)["padding_fraction"] is not None
+    summary = json.loads(result.stdout)
+    assert summary["padding_fraction"] is not None
+    # What it records is what it trained: micro-batches within 64 tokens, a step of len(step) samples; no phantom
+    # plan of micro-batch 256 "given with --micro-batch" (its plan.json fed to --plan trained 256 x 1, 14x B*).
+    assert summary["plan"] is None and summary["token_budget"] == 64
+    assert summary["effective_batches"] == [{"from_step": 1, "effective_batch": len(step)}]
+    assert summary["noise_scale"]["summary"].startswith(f"effective batch {len(step)} is ")
+    assert json.loads((tmp_path / "tokens" / "plan.json").read_text())["token_budget"] == 64
+    report = CliRunner().invoke(main, ["report", str(tmp_path / "tokens")])
+    assert report.exit_code == 0, report.output
+    text = (tmp_path / "tokens" / "report.md").read_text()
+    assert "**Micro-batches:** packed each step within 64 padded tokens a rank" in text
+    assert "given with `--micro-batch`" not in text
+    again = CliRunner().invoke(main, ["train", "--plan", str(tmp_path / "tokens" / "plan.json"), "--tokenizer", "bytes",
+                                      "--seq-len", "32", "--data", str(data), "--quiet", "--out", str(tmp_path / "x")])
+    assert again.exit_code == 2 and "records a run batched by tokens" in again.stderr, again.output
     # The same samples as one batch: a file of just them, one step of all of them (their order does not matter).
     (tmp_path / "step.txt").write_text("".join(lines[i] + "\n" for i in step))
     run(*common, "--data", str(tmp_path / "step.txt"), "--effective-batch", str(len(step)), "--micro-batch",
