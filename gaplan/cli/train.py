@@ -90,7 +90,7 @@ def train_command(**options: Any) -> None:
     summary = run.summary
     if options["as_json"]:
         click.echo(json.dumps(summary))
-    elif summary["steps"] or summary.get("steps_done"):
+    elif summary["steps"] or summary.get("steps_done") or run.interrupted:
         echo_lines(train_lines(summary, run_dir, bounded=train_options.enforce_memory_limit))
         if summary.get("report"):
             click.echo(f"report written to {path_in(run_dir, REPORT_MD)} and {REPORT_HTML}")

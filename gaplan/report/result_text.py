@@ -84,6 +84,8 @@ def train_lines(summary: dict[str, Any], run_dir: str, bounded: bool) -> list[st
     if not summary["steps"] and summary.get("steps_done"):  # a resumed run that had done its steps
         done = summary["steps_done"]
         return [f"nothing to train: the run in {run_dir} has done its {done} steps (--steps above {done} extends it)"]
+    if not summary["steps"] and summary.get("interrupted"):
+        return [f"interrupted before its first step ended: nothing trained in {run_dir}"]
     padded, peak = summary.get("padded_tokens_per_s"), summary.get("peak_bytes")
     peak_text = "" if peak is None else f", peak (step) {format_bytes(peak)}" + ("" if bounded else " with no budget bound")
     steps = f"{summary['steps']} step{'s' if summary['steps'] != 1 else ''}"
@@ -102,6 +104,9 @@ def train_lines(summary: dict[str, Any], run_dir: str, bounded: bool) -> list[st
         lines.append(f"noise scale: {summary['noise_scale']['summary']}")
     if summary.get("verdict"):
         lines.append(f"throughput: {summary['verdict']}")
+    if summary.get("interrupted"):  # the run is not done: say so, and how it goes on
+        at = f" at step {summary['last_step']} of {summary['steps_total']}" if summary.get("last_step") else ""
+        lines.append(f"interrupted{at}: checkpointed; gaplan train --resume {run_dir} goes on")
     return lines
 
 

@@ -291,6 +291,8 @@ def _save_outputs(run_dir: str, options: TrainOptions, workload: Any, corpus: An
     summary = _summary(run_dir, result)
     if options.token_budget:  # packed anew each step: the plan held the ranks' share of E, no micro-batch size
         summary.update(plan=None, token_budget=options.token_budget)
+    if result.interrupted:  # where it stopped, so the line printed says it and how to go on
+        summary.update(last_step=result.logs[-1].step if result.logs else None, steps_total=options.steps)
     if result.loss_check is not None:
         from gaplan.training.loss_check import load_loss_check
 

@@ -173,6 +173,9 @@ def test_resume_after_a_signal_equals_an_uninterrupted_run(tmp_path, sig):
     assert code == (-signal.SIGKILL if sig == signal.SIGKILL else 130), cut.stderr.read()
     done = logged_steps(cut_dir)
     assert 2 <= done < 5
+    if sig != signal.SIGKILL:  # it says it stopped, where, and how it goes on (its summary read as a finished run's)
+        said = cut.stdout.read()
+        assert f"interrupted at step {done} of 5: checkpointed; gaplan train --resume {cut_dir} goes on" in said, said
     resumed = subprocess.run([sys.executable, "-m", "gaplan", *SMALL_TRAIN, "--resume", str(cut_dir),
                               "--save-weights", str(tmp_path / "resumed.st")], cwd=REPO_ROOT, capture_output=True,
                              text=True, timeout=300)

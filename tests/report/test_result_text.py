@@ -39,3 +39,13 @@ def test_a_lever_row_names_its_edge_and_steps_and_its_rate_once_measured():
     assert lever_line(row) == "  chunked loss: B* 12, 3 step(s), 41.2 samples/s"
     row.fits, row.note = False, ""
     assert lever_line(row) == "  chunked loss: does not fit"
+
+
+def test_an_interrupted_run_says_where_it_stopped_and_how_it_goes_on():
+    cut = {**SUMMARY, "interrupted": True, "last_step": 46, "steps_total": 200}
+    assert train_lines(cut, "runs/x", bounded=False)[-1] == (
+        "interrupted at step 46 of 200: checkpointed; gaplan train --resume runs/x goes on")
+    assert "interrupted" not in " ".join(train_lines(SUMMARY, "runs/x", bounded=False))
+    before_any = {**SUMMARY, "steps": 0, "interrupted": True, "loss_first": None, "loss_last": None}
+    assert train_lines(before_any, "runs/x", bounded=False) == [
+        "interrupted before its first step ended: nothing trained in runs/x"]
