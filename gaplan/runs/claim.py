@@ -151,8 +151,8 @@ def _lock(real: str, out: str, what: str) -> int:
         os.close(descriptor)
         if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             raise GaplanError(f"{what} {out}: cannot lock the folder ({exc.strerror or exc})") from None
-        raise GaplanError(f"{what} {out} is being written by {holder_of(real)}: wait for it to end, or give "
-                          f"another {what}") from None
+        other = "" if what == "--resume" else f", or give another {what}"  # a run goes on in its own folder only
+        raise GaplanError(f"{what} {out} is being written by {holder_of(real)}: wait for it to end{other}") from None
     return descriptor
 
 

@@ -69,7 +69,8 @@ def run_train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, *, device
     resume = options.resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # a restart goes on
     inputs = [options.plan_file] if options.plan_file else []
     if int(os.environ.get("RANK", "0")) == 0:
-        claim = claim_run_folder(run_dir, "train", overwrite=overwrite, resume=resume, inputs=inputs)
+        claim = claim_run_folder(run_dir, "train", overwrite=overwrite, resume=resume, inputs=inputs,
+                                 what="--resume" if options.resume else "--out")
     else:  # rank 0 holds the folder; the others only check it, as it does
         if not resume:
             check_run_folder(run_dir, "train", overwrite=overwrite)

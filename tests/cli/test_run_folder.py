@@ -129,9 +129,12 @@ def test_a_second_writer_is_refused_while_a_run_trains(tmp_path):
         while not (live / "checkpoint.pt").exists():
             assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
             time.sleep(0.05)
-        for args in (["--resume", str(live), "--steps", "401"], [*TRAIN[1:], "--steps", "400", "--out", str(live)]):
-            result = gaplan("train", *args) if args[0] == "--resume" else gaplan(*TRAIN, "--out", str(live))
-            refused(result, f"is being written by process {first.pid}", "wait for it to end")
+        # each named by the flag given (a resume's: --resume, and no "give another --out" it cannot take)
+        line = refused(gaplan("train", "--resume", str(live), "--steps", "401"),
+                       f"--resume {live} is being written by process {first.pid}", "wait for it to end")
+        assert "another" not in line, line
+        refused(gaplan(*TRAIN, "--out", str(live)), f"--out {live} is being written by process {first.pid}",
+                "wait for it to end, or give another --out")
     finally:
         first.send_signal(signal.SIGTERM)  # it checkpoints and stops
         assert first.wait(timeout=120) == 130
