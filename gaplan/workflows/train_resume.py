@@ -45,16 +45,22 @@ def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Map
     try:
         with open(path, encoding="utf-8") as handle:
             saved = json.load(handle)
-        spec = WorkloadSpec.from_dict(saved["workload"])
+        spec = WorkloadSpec.from_dict(saved["workload"]).validate()  # a bad value named here, by its key
         section = "options"
         options = from_saved(TrainOptions, {k: v for k, v in saved["options"].items() if k in marks})
         options = dataclasses.replace(options, source=options.source.without_defaults())
     except OptionError as exc:  # a value in the file, named by its key there: the user gave no such flag
         raise GaplanError(f"--resume {run_dir}: {TRAIN_JSON} holds a value that cannot be used: "
                           + exc.for_cli(lambda name: f'"{section}"."{name}"')) from None
+    except GaplanError as exc:
+        raise GaplanError(f"--resume {run_dir}: {TRAIN_JSON} holds a value that cannot be used: {exc}") from None
     except FileNotFoundError:
         raise GaplanError(f"--resume {run_dir}: no {TRAIN_JSON} in it (not a gaplan train run folder)") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (KeyError, TypeError, AttributeError) as exc:  # valid JSON of another shape
+        missing = f"no {exc.args[0]!r} in it" if isinstance(exc, KeyError) else "not the JSON object train writes"
+        raise GaplanError(f"--resume {run_dir}: {TRAIN_JSON} is not a gaplan train record ({missing}: an object of "
+                          '"workload", "options" and "environment")') from None
+    except (OSError, ValueError) as exc:
         raise GaplanError(f"--resume {run_dir}: {TRAIN_JSON} cannot be read ({exc.__class__.__name__}: {exc})") from None
     for name, value in given_spec.items():
         if name in SPLIT_ONLY_FIELDS:  # memory, not the math: the run goes on with the new one (and re-plans)

@@ -188,11 +188,29 @@ def test_a_write_cut_off_by_a_kill_is_removed_once_the_checkpoint_loads(run):
     assert json.loads((run / "train.json").read_text())["workload"]["loss"] == "chunked"
 
 
-def test_a_bad_value_in_train_json_is_named_by_its_key_not_a_flag(tmp_path):
+@pytest.mark.parametrize("record, said", [
+    ({"workload": {"model": "tiny-gpt2"}, "options": {"steps": -3}}, '"options"."steps"'),
+    # a bad workload value is named by its key too (it was blamed on the checkpoint: "its seq_len is 16, train.json's
+    # 'abc' (a checkpoint of another run, copied in?)")
+    ({"workload": {"model": "tiny-gpt2", "seq_len": "abc"}, "options": {}}, '"workload"."seq_len" must be at least 2'),
+    ({"workload": {"model": "tiny-gpt2", "dtype": "fp8"}, "options": {}}, "unknown dtype 'fp8'"),
+])
+def test_a_bad_value_in_train_json_is_named_by_its_key_not_a_flag(tmp_path, record, said):
     (tmp_path / "checkpoint.pt").write_bytes(b"")
-    (tmp_path / "train.json").write_text(json.dumps({"workload": {"model": "tiny-gpt2"}, "options": {"steps": -3}}))
-    line = refused(gaplan("train", "--resume", str(tmp_path)), 'train.json holds a value that cannot be used: "options"."steps"')
-    assert "--steps" not in line
+    (tmp_path / "train.json").write_text(json.dumps(record))
+    line = refused(gaplan("train", "--resume", str(tmp_path)), f"train.json holds a value that cannot be used: {said}")
+    assert "--steps" not in line and "--seq-len" not in line
+
+
+@pytest.mark.parametrize("record, said", [
+    ({"workload": {"model": "tiny-gpt2"}}, "no 'options' in it"),
+    ([], "not the JSON object train writes"),
+])
+def test_a_train_json_of_another_shape_says_what_a_record_holds_not_a_python_error(tmp_path, record, said):
+    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    (tmp_path / "train.json").write_text(json.dumps(record))
+    line = refused(gaplan("train", "--resume", str(tmp_path)), f"train.json is not a gaplan train record ({said}")
+    assert "Error" not in line, line
 
 
 def test_a_link_that_loops_is_said_so(tmp_path):
