@@ -58,11 +58,14 @@ def spec_from_flat(options: Mapping[str, Any], given: Collection[str] = (), *, d
     from gaplan.core.options import from_options
     from gaplan.workload.spec import WorkloadSpec
 
-    check_lora_given(options, given)
+    resumed = bool(options.get("resume"))  # the values given are checked against the run's, merged, then validated
+    if not resumed:
+        check_lora_given(options, given)
     checkpointing = options.get("grad_checkpointing")
     fields = {"grad_checkpointing": checkpointing if isinstance(checkpointing, Checkpointing) else OFF,
               **lora_fields(options), **length_fields(options), **overrides}
-    spec = from_options(WorkloadSpec, options, **fields).validate()
+    spec = from_options(WorkloadSpec, options, **fields)
+    spec = spec if resumed else spec.validate()
     return spec.check_device(options.get("device") or "auto") if device else spec
 
 
@@ -185,7 +188,8 @@ def check_command_fields(command: Any, device: bool = True) -> None:
 
     if not isinstance(command.spec, WorkloadSpec):
         raise OptionError(f"spec must be a WorkloadSpec (got {command.spec!r})", "spec")
-    command.spec.validate()
+    if not getattr(command, "resume", None):  # a resume's values are merged into the run's, then validated
+        command.spec.validate()
     if isinstance(command.memory_limit, str):  # the Python API's edge: "256MiB" (the command line gives bytes)
         object.__setattr__(command, "memory_limit", parse_bytes(command.memory_limit))
     check_positive_ints(memory_limit=command.memory_limit)

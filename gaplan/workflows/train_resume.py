@@ -65,9 +65,10 @@ def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Map
     for name, value in given_spec.items():
         if name in SPLIT_ONLY_FIELDS:  # memory, not the math: the run goes on with the new one (and re-plans)
             spec = dataclasses.replace(spec, **{name: value})
-        elif getattr(spec, name) != value:
-            raise GaplanError(f"--resume {run_dir}: --{name.replace('_', '-')} {value} contradicts the run's "
+        elif getattr(spec, name) != value and not (name == "lr" and value == spec.learning_rate):  # its default, said
+            raise GaplanError(f"--resume {run_dir}: {_as_given(name, value)} contradicts the run's "
                               f"{_as_run_had(getattr(spec, name))} (resume continues the run as it was started)")
+    spec = spec.validate()  # with what was given merged (a new checkpointing, layout, attention ...)
     for path_names, leaf in leaf_fields(TrainOptions):
         name = option_name(leaf)
         if name not in given_options or name not in marks:
@@ -86,9 +87,15 @@ def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Map
     return spec, dataclasses.replace(options, resume=True), environment
 
 
+def _as_given(name: str, value: Any) -> str:
+    """A value given again, as the command line says it: a switch as on or off (not Python's True)."""
+    return f"--{name.replace('_', '-')} {'on' if value is True else 'off' if value is False else value}"
+
+
 def _as_run_had(value: Any) -> Any:
     """A saved value as the contradiction names it: None is the default the run was started with (no value given)."""
-    return "default (it was started without one)" if value is None else value
+    return "default (it was started without one)" if value is None else "on" if value is True else \
+        "off" if value is False else value
 
 
 def new_split(run_dir: str, spec: WorkloadSpec, options: TrainOptions, device: str,

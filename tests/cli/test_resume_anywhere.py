@@ -264,3 +264,24 @@ def test_a_new_budget_without_a_micro_batch_re_plans_for_it(tmp_path):
         rows = list(csv.DictReader(handle))
     new = int(line.split("->")[1].split("micro-batch ")[1].split(" ")[0])
     assert [int(r["micro_batch"]) for r in rows] == [4, 4, new]
+
+
+@pytest.mark.parametrize("started, again, said", [
+    # the run's own values, given again, are the run's: accepted (the LoRA settings too, though --lora is not given)
+    (["--lora", "--lora-r", "4"], ["--lora-r", "4"], None),
+    ([], ["--lr", "0.001"], None),  # AdamW's default rate, which the run was started with, said
+    # another value is a contradiction that names both, as the command line says them
+    (["--lora", "--lora-r", "4"], ["--lora-r", "8"], "--lora-r 8 contradicts the run's 4"),
+    ([], ["--lora"], "--lora on contradicts the run's off"),
+    ([], ["--lr", "0.002"], "--lr 0.002 contradicts the run's default (it was started without one)"),
+])
+def test_a_value_given_again_on_resume_is_checked_against_the_runs_own(tmp_path, started, again, said):
+    run_dir = str(tmp_path / "run")
+    args = ["train", "--seq-len", "16", "--effective-batch", "2", "--micro-batch", "2", "--steps", "1", "--threads",
+            "1", "--quiet", "--no-noise-scale"]
+    assert CliRunner().invoke(main, [*args, *started, "--out", run_dir]).exit_code == 0
+    result = CliRunner().invoke(main, ["train", "--resume", run_dir, *again])
+    if said is None:
+        assert result.exit_code == 0 and result.stdout.startswith("nothing to train"), result.output
+    else:
+        assert result.exit_code == 2 and result.stderr.startswith(f"gaplan: --resume {run_dir}: {said}"), result.output
