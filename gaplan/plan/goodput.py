@@ -31,7 +31,7 @@ def balanced_batch(noise_scale: float, world_size: int = 1) -> int:
 def noise_scale_summary(effective_batch: int, noise_scale: float, world_size: int = 1) -> str:
     """One line for people: the effective batch against the measured noise scale, and what the model implies."""
     if not noise_scale > 0 or not math.isfinite(noise_scale):
-        return "noise scale: not positive yet (too few steps, or a loss near its minimum): nothing to say"
+        return "not positive yet (too few steps, or a loss near its minimum): nothing to say"  # the caller names it
     ratio = effective_batch / noise_scale
     other = balanced_batch(noise_scale, world_size)
     if ratio >= 2 and other < effective_batch:

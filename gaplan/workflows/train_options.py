@@ -26,7 +26,7 @@ from gaplan.core.options import (
 )
 from gaplan.data.source import DataSource
 from gaplan.plan.goodput import LR_SCALINGS, SCHEDULE_LR_SCALING
-from gaplan.plan.schedule import FIXED, ScheduleChoice, parse_schedule
+from gaplan.plan.schedule import FIXED, ScheduleChoice, adaptive_needs_two, parse_schedule
 from gaplan.plan.tokens import DEFAULT_GRANULE
 from gaplan.training.config import LoopOptions
 from gaplan.workflows.parse_options import granule_of
@@ -163,6 +163,8 @@ class TrainOptions:
         if kind == "adaptive" and not self.loop.noise_scale:
             raise OptionError("batch_schedule adaptive grows the batch by the measured noise scale: it needs "
                               "noise_scale on (or use warmup:STEPS)", "batch_schedule", "noise_scale")
+        if kind == "adaptive" and self.effective_batch == 1:  # known before any probe (E >= the ranks, so one)
+            raise OptionError(adaptive_needs_two(1), "batch_schedule", "effective_batch")
         return True
 
     # Convenience views of the nested options, read all over the run.

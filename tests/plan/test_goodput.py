@@ -49,6 +49,7 @@ def test_the_balanced_batch_is_the_nearest_power_of_two_that_the_ranks_divide():
 def test_the_summary_line_says_what_the_model_implies(effective, noise, words):
     line = noise_scale_summary(effective, noise)
     assert "\n" not in line
+    assert not line.startswith("noise scale"), line  # its callers name it ("noise scale: noise scale: ..." was said)
     for word in words:
         assert word in line, line
 

@@ -75,6 +75,8 @@ def test_resume_marks_are_the_fields_metadata():
     (dict(steps=0), "steps must be a positive integer (got 0)"),
     (dict(warmup_steps=-1), "warmup_steps must be 0 or more (got -1)"),
     (dict(steps=5, warmup_steps=6), "warmup_steps (6) is above steps (5): the learning rate would never reach"),
+    # known before any probe (it was refused after one): an effective batch of 1 measures no noise scale
+    (dict(batch_schedule="adaptive", effective_batch=1), "an effective batch of 1 on one process is one"),
     (dict(max_grad_norm=-1.0), "max_grad_norm must be a positive number (got -1.0)"),
     (dict(max_grad_norm=float("inf")), "max_grad_norm must be a positive number (got inf)"),
 ])
