@@ -83,7 +83,8 @@ def train_lines(summary: dict[str, Any], run_dir: str, bounded: bool) -> list[st
     """A training run: steps, loss, rates, peak (``bounded``: under a budget), and what it measured besides."""
     if not summary["steps"] and summary.get("steps_done"):  # a resumed run that had done its steps
         done = summary["steps_done"]
-        return [f"nothing to train: the run in {run_dir} has done its {done} steps (--steps above {done} extends it)"]
+        return [f"nothing to train: the run in {run_dir} has done its {done} steps (--steps above {done} extends it)",
+                *export_lines(summary)]
     if not summary["steps"] and summary.get("interrupted"):
         return [f"interrupted before its first step ended: nothing trained in {run_dir}"]
     padded, peak = summary.get("padded_tokens_per_s"), summary.get("peak_bytes")
@@ -102,12 +103,18 @@ def train_lines(summary: dict[str, Any], run_dir: str, bounded: bool) -> list[st
                                                      for run in summary["effective_batches"]))
     if summary.get("noise_scale"):
         lines.append(f"noise scale: {summary['noise_scale']['summary']}")
-    if summary.get("verdict"):
-        lines.append(f"throughput: {summary['verdict']}")
+    lines += export_lines(summary)
     if summary.get("interrupted"):  # the run is not done: say so, and how it goes on
         at = f" at step {summary['last_step']} of {summary['steps_total']}" if summary.get("last_step") else ""
         lines.append(f"interrupted{at}: checkpointed; gaplan train --resume {run_dir} goes on")
     return lines
+
+
+def export_lines(summary: dict[str, Any]) -> list[str]:
+    """What a run wrote besides its folder: the weights, the model, the bench's verdict."""
+    return ([f"weights written to {summary['weights']}"] if summary.get("weights") else []) + \
+        ([f"model written to {summary['model_dir']}"] if summary.get("model_dir") else []) + \
+        ([f"throughput: {summary['verdict']}"] if summary.get("verdict") else [])
 
 
 def target_lines(targets: list[Any]) -> list[str]:

@@ -159,6 +159,8 @@ def _train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, device: str,
     if restart is not None:
         result.oom_fallbacks[:0] = restart.messages  # the failures before torchrun's restart, then this run's
     summary = _save_outputs(run_dir, options, workload, corpus, result, dist, formed_here, main_say)
+    if saved is not None and not result.logs:  # a finished run asked for its exports: nothing trained, said so
+        summary["steps_done"] = saved[0]
     if options.compare and is_main and not result.interrupted:
         from gaplan.runs.probe_result import load_probe
 
@@ -289,11 +291,7 @@ def _save_outputs(run_dir: str, options: TrainOptions, workload: Any, corpus: An
             # cloned per name: tied weights no longer share storage. Atomic, and its size checked first.
             atomic_write(options.save_weights, lambda temp: save_file(state, temp), size=tensor_bytes(state),
                          what=os.path.basename(options.save_weights))
-    summary = _summary(run_dir, result)
-    if options.token_budget:  # packed anew each step: the plan held the ranks' share of E, no micro-batch size
-        summary.update(plan=None, token_budget=options.token_budget)
-    if result.interrupted:  # where it stopped, so the line printed says it and how to go on
-        summary.update(last_step=result.logs[-1].step if result.logs else None, steps_total=options.steps)
+    summary = _summary(run_dir, result, options)
     if result.loss_check is not None:
         from gaplan.training.loss_check import load_loss_check
 
@@ -341,10 +339,13 @@ def _outputs_kept_in(run_dir: str, result: Any, flags: str) -> Iterator[None]:
                           "again", exc.code) from None
 
 
-def _summary(run_dir: str, result: Any) -> dict[str, Any]:
+def _summary(run_dir: str, result: Any, options: TrainOptions) -> dict[str, Any]:
     logs = result.logs
     return {
-        "run_dir": run_dir, "steps": len(logs), "plan": result.plan.to_dict(),
+        # by tokens, micro-batches are packed anew each step: the plan held the ranks' share of E, no micro-batch size
+        "run_dir": run_dir, "steps": len(logs), "plan": None if options.token_budget else result.plan.to_dict(),
+        "token_budget": options.token_budget, "weights": options.save_weights,
+        "last_step": logs[-1].step if logs else None, "steps_total": options.steps,  # where it stopped, if it did
         "loss_first": logs[0].loss if logs else None, "loss_last": logs[-1].loss if logs else None,
         "samples_per_s": (sum(log.samples_per_s for log in logs) / len(logs)) if logs else None,
         "tokens_per_s": (sum(log.tokens_per_s for log in logs) / len(logs)) if logs else None,  # real tokens

@@ -160,6 +160,9 @@ def test_extending_a_run_goes_on_along_the_cosine_over_its_new_steps(tmp_path):
     result = CliRunner().invoke(main, ["train", "--resume", str(run_dir), "--save-weights", str(weights), "--quiet"])
     assert result.exit_code == 0, result.output
     assert weights.stat().st_size > 0 and (run_dir / "train_log.csv").read_bytes() == files["train_log.csv"]
+    assert result.stdout.splitlines() == [  # said, as the plain resume says it (it printed nothing)
+        f"nothing to train: the run in {run_dir} has done its 8 steps (--steps above 8 extends it)",
+        f"weights written to {weights}"]
 
 
 class _RunsACommand:
