@@ -30,9 +30,15 @@ def throughput_line(row: Any) -> str:
     ratio = (f"x{row.ratio_to_large_batch:5.2f}{interval_text(row.ratio_low, row.ratio_high, '{:.2f}')}"
              if row.ratio_to_large_batch else f"{'':<22}")
     note = f"  {row.note}" if row.note else ""
-    # The probe's peak at this micro-batch (under the budget), else the run's own where no probe ran.
-    peak = row.probe_peak_bytes if getattr(row, "probe_peak_bytes", None) is not None else row.peak_bytes
+    peak = step_peak(getattr(row, "probe_peak_bytes", None), row.peak_bytes, row.bounded)
     return f"  {row.split:>18}  {speed:<24}  {ratio:<22}  {format_bytes(peak):>11}{note}"
+
+
+def step_peak(probe_peak: int | None, timing_peak: int | None, timed_under_budget: bool) -> int | None:
+    """A bench row's peak (step): the probe's at its micro-batch (its trial's, else its memory line's); else the
+    timing run's, where it ran under the budget (then it is one); else none (a resident peak timed without the
+    budget is another measure: the report shows it in its own column)."""
+    return probe_peak if probe_peak is not None else (timing_peak if timed_under_budget else None)
 
 
 # An interval wider than this factor says nothing (two rounds: one degree of freedom, t = 12.7): not printed as

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from gaplan.core.constants import LARGE_BATCH_KIND
-from gaplan.core.lines import interval_text
+from gaplan.core.lines import interval_text, step_peak
 from gaplan.report.document import Block, Heading, Image, Paragraph, Table
 from gaplan.report.formatting import byte_size, failure_reason, integer, is_false, missing, rate, yes_no
 from gaplan.report.load import RunData, measured, ratio, reference_label, reference_row
@@ -49,8 +49,8 @@ def _peaks(row: pd.Series) -> list[str]:
     """The probe's peak (step) and the timing run's resident peak; an older file's peak was taken under the budget
     (then it is the peak (step)) or, for a reference run, without it."""
     timed_under_budget = not missing(row["bounded"]) and not is_false(row["bounded"])
-    step = row["probe_peak_bytes"] if not missing(row["probe_peak_bytes"]) else (
-        row["peak_bytes"] if timed_under_budget else None)
+    step = step_peak(None if missing(row["probe_peak_bytes"]) else row["probe_peak_bytes"], row["peak_bytes"],
+                     timed_under_budget)
     return [byte_size(step), "-" if timed_under_budget else byte_size(row["peak_bytes"])]
 
 

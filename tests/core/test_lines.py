@@ -31,6 +31,21 @@ def test_a_bench_line_keeps_its_columns_under_the_header(rounds):
     rates, ratios = estimate(rounds), estimate([r / 3.0 for r in rounds])
     row = SimpleNamespace(split="4x8", samples_per_s=rates.value, samples_per_s_low=rates.low,
                           samples_per_s_high=rates.high, ratio_to_large_batch=ratios.value, ratio_low=ratios.low,
-                          ratio_high=ratios.high, note="", probe_peak_bytes=None, peak_bytes=2**20)
+                          ratio_high=ratios.high, note="", probe_peak_bytes=None, peak_bytes=2**20,
+                          bounded=True)
     line = throughput_line(row)
     assert line.index("x ") == THROUGHPUT_HEADER.index("x large batch") and line.endswith("1.00 MiB")
+
+
+@pytest.mark.parametrize("probe_peak, timing_peak, bounded, shown", [
+    (150 * 2**20, 197 * 2**20, False, "150.00 MiB"),  # the probe's peak at the micro-batch
+    (None, 140 * 2**20, True, "140.00 MiB"),  # timed under the budget: the same measure
+    # a resident peak timed without the budget is not the peak (step): 197.63 MiB was shown for a plan whose B* under a
+    # 160 MiB budget peaked at 157 (the report showed "-", and the resident peak in its own column)
+    (None, 197 * 2**20, False, "-"),
+])
+def test_a_bench_line_shows_the_peak_step_only(probe_peak, timing_peak, bounded, shown):
+    row = SimpleNamespace(split="16 x2", samples_per_s=10.0, samples_per_s_low=None, samples_per_s_high=None,
+                          ratio_to_large_batch=1.0, ratio_low=None, ratio_high=None, note="",
+                          probe_peak_bytes=probe_peak, peak_bytes=timing_peak, bounded=bounded)
+    assert throughput_line(row).split()[-1 if shown == "-" else -2:] == shown.split()
