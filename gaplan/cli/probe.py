@@ -87,7 +87,7 @@ def probe(**options: Any) -> None:
         snippet = hf_snippet(result.plan)
     if options["as_json"]:
         click.echo(json.dumps(dict(result.to_dict(), plan_file=run.plan_path, report=run.report_files,
-                                   hf_snippet=snippet, estimate_seed=run.estimate_seed)))
+                                   hf_snippet=snippet, estimate_seed=run.estimate_seed, contention=run.contention)))
         return
     echo_lines(probe_lines(result, trials_shown_live=not options["quiet"] and same_terminal()))
     if run.tuner_reason:
@@ -96,6 +96,8 @@ def probe(**options: Any) -> None:
     click.echo(f"plan written to {run.plan_path}  ({train})")
     if run.verdict:
         click.echo(f"throughput: {run.verdict}")
+    if run.contention:  # as gaplan bench says it: a contended machine widens every interval
+        click.echo(f"machine: {run.contention}")
     if run.report_files:
         click.echo(f"report written to {path_in(command.out, REPORT_MD)} and {REPORT_HTML}")
     if snippet:

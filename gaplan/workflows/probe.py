@@ -34,6 +34,7 @@ class ProbeRun:
     tuner_reason: str | None
     estimate_seed: int | None = None
     verdict: str | None = None  # the bench's, with --report: the plan against the large batch, with its interval
+    contention: str | None = None  # the bench's, with --report: what its timings say about the machine
 
 
 def run_probe(spec: WorkloadSpec, out: str, options: ProbeOptions | None = None, *, device: str = "auto",
@@ -88,9 +89,9 @@ def run_probe(spec: WorkloadSpec, out: str, options: ProbeOptions | None = None,
     plan_path = path_in(out, PLAN_JSON)
     save_probe(result, plan_path)
     written = write_measurements(out, result, tuned.benches, on_row, say) if o.report else None
-    verdict = tuned.benches[0].verdict if o.report and tuned.benches else None
-    return ProbeRun(result, plan_path, written, reason,
-                    seeds[0] if seeds else None, verdict or None)
+    bench = tuned.benches[0] if o.report and tuned.benches else None
+    return ProbeRun(result, plan_path, written, reason, seeds[0] if seeds else None,
+                    bench.verdict or None if bench else None, bench.contention or None if bench else None)
 
 
 def estimate_is_trusted(spec: WorkloadSpec, device: str, world_size: int) -> bool:

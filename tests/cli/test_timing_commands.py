@@ -28,6 +28,9 @@ def test_probe_report_forecasts_the_timing_and_ends_with_the_verdict(tmp_path):
     verdict = next(line for line in result.stdout.splitlines() if line.startswith("throughput: "))
     assert "95% CI" in verdict and "a true large batch" in verdict
     assert f"**Verdict:** {verdict.removeprefix('throughput: ')}." in (tmp_path / "report.md").read_text()
+    # what the timings say about the machine, as gaplan bench says it (it was in report.md only)
+    machine = next(line for line in result.stdout.splitlines() if line.startswith("machine: "))
+    assert json.loads((tmp_path / "bench.json").read_text())["contention"] in machine
 
 
 @pytest.mark.heavy
