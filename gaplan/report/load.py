@@ -45,6 +45,7 @@ class RunData:
     loss_check: dict[str, Any] | None = None  # loss_check.json (train): step 1 against the same samples as one batch
     bench: dict[str, Any] | None = None  # bench.json: the rounds, the plan's ratio with its interval, contention
     enforced_budget: bool | None = None  # train.json: trained under --enforce-memory-limit (None: not a training run)
+    commands: list[str] | None = None  # train.json: the command lines that made the run (its start, its resumes)
 
     @property
     def is_training(self) -> bool:
@@ -99,7 +100,7 @@ def load_run(run_dir: str) -> RunData:
         loss_check=read_loss_check_json(check_path) if os.path.isfile(check_path := path_in(run_dir, LOSS_CHECK_JSON))
         else None,
         bench=read_bench_json(bench_path) if os.path.isfile(bench_path := path_in(run_dir, BENCH_JSON)) else None,
-        enforced_budget=_enforced_budget(path_in(run_dir, TRAIN_JSON)),
+        **_train_record(path_in(run_dir, TRAIN_JSON)),
     )
 
 
@@ -115,17 +116,21 @@ def _one_run_log(run_dir: str, log: pd.DataFrame | None) -> pd.DataFrame | None:
     return log
 
 
-def _enforced_budget(path: str) -> bool | None:
-    """Whether a training run bound itself to its budget (its ``train.json``'s options); None when unknown."""
+def _train_record(path: str) -> dict[str, Any]:
+    """From a training run's ``train.json``: whether it bound itself to its budget, and the command lines that made
+    it (its start and the resumes that changed it; an older file holds the last one only); nothing when unknown."""
     import json
 
     try:
         with open(path, encoding="utf-8") as handle:
-            options = json.load(handle).get("options") or {}
+            record = json.load(handle)
+        options = record.get("options") or {}
+        commands = record.get("commands") or [options.get("command")]
     except (OSError, ValueError, AttributeError):
-        return None
-    value = options.get("enforce_memory_limit") if isinstance(options, dict) else None
-    return value if isinstance(value, bool) else None
+        return {}
+    enforced = options.get("enforce_memory_limit") if isinstance(options, dict) else None
+    return {"enforced_budget": enforced if isinstance(enforced, bool) else None,
+            "commands": [c for c in commands if isinstance(c, str)] or None if isinstance(commands, list) else None}
 
 
 def has_rows(frame: pd.DataFrame | None) -> bool:

@@ -91,8 +91,15 @@ def header_items(run: RunData) -> list[str]:
         *_allocator_items(plan),
         f"**Created:** {plan.get('created') or 'unknown'}",
         *([_reused_probe_text(plan["reused_probe"])] if isinstance(plan.get("reused_probe"), dict) else []),
-        *([f"**Reproduce with:** `{plan['command']}`"] if plan.get("command") else []),
+        *_reproduce(run),
     ]
+
+
+def _reproduce(run: RunData) -> list[str]:
+    """How the run came to be: a training run's start and the resumes that changed it (its train.json), else the
+    command in plan.json (a resume writes its own there)."""
+    commands = run.commands or ([run.plan["command"]] if run.plan.get("command") else [])
+    return [f"**Reproduce with:** {', then '.join(f'`{command}`' for command in commands)}"] if commands else []
 
 
 def _allocator_items(plan: dict[str, Any]) -> list[str]:

@@ -121,8 +121,15 @@ def extended(run_dir: str, options: TrainOptions) -> bool:
 
 def save_settings(run_dir: str, spec: WorkloadSpec, options: TrainOptions, device: str,
                    memory_limit: int | None) -> None:
+    """``train.json``: the workload, the options and the environment, and ``commands``, the command lines that made
+    the run as it is (its start, then each resume that changed it: a plain resume goes on bitwise as the start)."""
+    commands = [options.command]
+    if options.resume:
+        with open(path_in(run_dir, TRAIN_JSON), encoding="utf-8") as handle:
+            before = json.load(handle)
+        commands = [*(before.get("commands") or [before["options"].get("command")]), options.command]
     data = {"workload": spec.to_dict(), "options": to_saved(dataclasses.replace(options, resume=False)),
-            "environment": {"device": device, "memory_limit": memory_limit}}
+            "environment": {"device": device, "memory_limit": memory_limit}, "commands": commands}
     atomic_write_text(path_in(run_dir, TRAIN_JSON), json.dumps(data, indent=2) + "\n")
 
 

@@ -150,6 +150,12 @@ def test_extending_a_run_goes_on_along_the_cosine_over_its_new_steps(tmp_path):
     assert (run_dir / "train_log.csv").read_bytes() == before
     # train.json holds the new length, so a plain --resume of the extended run (done) compares with 8, not 4.
     assert json.loads((run_dir / "train.json").read_text())["options"]["steps"] == 8
+    # and the command lines that made the run as it is: its start, then the resume that extended it (the report said
+    # the last resume's command alone, which reproduced nothing)
+    commands = json.loads((run_dir / "train.json").read_text())["commands"]
+    assert len(commands) == 2 and "--steps 4" in commands[0] and f"--steps 8 --resume {run_dir}" in commands[1]
+    assert CliRunner().invoke(main, ["report", str(run_dir)]).exit_code == 0
+    assert f"**Reproduce with:** `{commands[0]}`, then `{commands[1]}`" in (run_dir / "report.md").read_text()
     files = {name: (run_dir / name).read_bytes() for name in os.listdir(run_dir)}
     result = CliRunner().invoke(main, ["train", "--resume", str(run_dir)])
     assert result.exit_code == 0, result.output
