@@ -157,8 +157,8 @@ class BatchSchedule:
             return replace(state, first_sample=first), None
         if self.kind == "warmup":
             after = max(batch, self.ramp_batch(step + 1))
-            change = (ScheduleChange(step + 1, batch, after, f"warmup ramp to {self.maximum} by step "
-                                                           f"{self.ramp_steps}") if after != batch else None)
+            change = (ScheduleChange(step + 1, batch, after, f"warmup ramp over its first {self.ramp_steps} steps "
+                                                           f"to {self.maximum}") if after != batch else None)
             return ScheduleState(after, first), change
         window = (state.window + (noise,))[-WINDOW:] if noise is not None else state.window
         if batch < self.maximum and noise is not None:

@@ -94,10 +94,10 @@ def batch_schedule_for(spec: WorkloadSpec, options: TrainOptions, plan: Plan, sa
     if not options.resume:
         say(f"batch schedule {options.batch_schedule}: effective batch {' -> '.join(map(str, schedule.levels))}"
             f"{' (by the noise scale)' if kind == 'adaptive' else ''}, micro-batch at most {plan.micro_batch_cap}")
-    if kind == "warmup" and steps > options.steps:  # legal (a resume may extend the run), but never silent
-        say(f"batch schedule {options.batch_schedule} is longer than the run's {options.steps} steps: it ends at "
-            f"effective batch {schedule.ramp_batch(options.steps - 1)}, not {plan.effective_batch} (--steps {steps} or "
-            "more reaches it)")
+    if kind == "warmup" and steps >= options.steps:  # legal (a resume may extend the run), but never silent
+        say(f"batch schedule {options.batch_schedule} ramps over the run's {options.steps} steps or more: it ends at "
+            f"effective batch {schedule.ramp_batch(options.steps - 1)}, not {plan.effective_batch} (--steps "
+            f"{steps + 1} or more reaches it)")
     return schedule
 
 

@@ -222,13 +222,14 @@ def test_a_link_that_loops_is_said_so(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_warmup_longer_than_the_run_is_said_in_one_line(tmp_path):
+@pytest.mark.parametrize("ramp", [1000, 2])  # a ramp over all of the run's steps never reaches the top either
+def test_a_warmup_longer_than_the_run_is_said_in_one_line(tmp_path, ramp):
     loud = [arg for arg in TRAIN if arg != "--quiet"]
-    result = gaplan(*loud, "--effective-batch", "16", "--batch-schedule", "warmup:1000", "--steps", "2",
+    result = gaplan(*loud, "--effective-batch", "16", "--batch-schedule", f"warmup:{ramp}", "--steps", "2",
                     "--out", str(tmp_path / "w"))
     assert result.exit_code == 0, result.output
-    assert ("batch schedule warmup:1000 is longer than the run's 2 steps: it ends at effective batch 4, not 16 "
-            "(--steps 1000 or more reaches it)") in result.stderr
+    assert (f"batch schedule warmup:{ramp} ramps over the run's 2 steps or more: it ends at effective batch "
+            f"{4 if ramp == 1000 else 8}, not 16 (--steps {ramp + 1} or more reaches it)") in result.stderr
 
 
 def signalled(args, sig, after_line, delay, out):

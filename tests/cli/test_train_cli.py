@@ -223,7 +223,7 @@ def test_a_warmup_schedule_says_each_change_and_the_summary_lists_the_batches(tm
                                                                                               str(tmp_path / "again")])
     assert result.exit_code == 0, result.output
     changes = [line for line in result.stderr.splitlines() if "step 2: effective batch 4 -> 8" in line]
-    assert len(changes) == 1 and changes[0].endswith("step 2: effective batch 4 -> 8 (warmup ramp to 8 by step 2): "
+    assert len(changes) == 1 and changes[0].endswith("step 2: effective batch 4 -> 8 (warmup ramp over its first 2 steps to 8): "
                                                      "micro-batch 2 x 4 accumulation steps x world size 1; "
                                                      "learning rate x1 of --lr"), changes  # sqrt: the default
     assert "effective batch: 4 from step 1, 8 from step 3" in result.stdout

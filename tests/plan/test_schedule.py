@@ -20,6 +20,11 @@ def test_levels_double_from_the_minimum_and_end_at_the_maximum(minimum, maximum,
     assert BatchSchedule("fixed", minimum, maximum).levels == [maximum]
 
 
+def test_warmup_4_from_4_to_16_ramps_over_its_first_4_steps_as_docs_adaptive_says():
+    schedule = BatchSchedule("warmup", 4, 16, 4)
+    assert [schedule.ramp_batch(step) for step in range(6)] == [4, 4, 8, 8, 16, 16]  # log steps 1-4, then 5 on
+
+
 @pytest.mark.parametrize("minimum", range(1, 9))
 @pytest.mark.parametrize("maximum", range(1, 40))
 @pytest.mark.parametrize("ramp", [1, 2, 5, 13])
