@@ -83,7 +83,8 @@ def train_lines(summary: dict[str, Any], run_dir: str, bounded: bool) -> list[st
     """A training run: steps, loss, rates, peak (``bounded``: under a budget), and what it measured besides."""
     if not summary["steps"] and summary.get("steps_done"):  # a resumed run that had done its steps
         done = summary["steps_done"]
-        return [f"nothing to train: the run in {run_dir} has done its {done} steps (--steps above {done} extends it)",
+        return [f"nothing to train: the run in {run_dir} has done its {done} step{'s' if done != 1 else ''} (--steps "
+                f"above {done} extends it)",
                 *export_lines(summary)]
     if not summary["steps"] and summary.get("interrupted"):
         return [f"interrupted before its first step ended: nothing trained in {run_dir}"]

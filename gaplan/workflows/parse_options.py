@@ -77,6 +77,9 @@ def command_from_options(cls: type[T], options: Mapping[str, Any], given: Collec
     is."""
     from gaplan.core.options import from_options
 
+    prefill = getattr(cls, "with_run_options", None)
+    if prefill is not None:  # a command that continues a run: the run's own options for those not given
+        options = prefill(options, given)
     spec = spec_from_flat(options, given, **getattr(cls, "SPEC_OPTIONS", {}))
     fields = {"given": frozenset(given)} if "given" in cls.__dataclass_fields__ else {}
     return from_options(cls, {**options, "command": command}, spec=spec, **fields)

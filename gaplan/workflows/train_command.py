@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 from gaplan.core.checkpointing import AUTO
 from gaplan.core.constants import BY_TOKENS
@@ -20,6 +22,7 @@ from gaplan.core.progress import Say, quiet
 from gaplan.runs.folder import default_run_dir
 from gaplan.workflows.parse_options import check_command_fields
 from gaplan.workflows.train_options import TrainOptions
+from gaplan.workflows.train_resume import with_run_options
 from gaplan.workload.spec import WorkloadSpec
 
 
@@ -40,6 +43,7 @@ class TrainCommand:
         "Run folder (default reports/train-<model>-<time>); one that holds a run is refused (--resume continues it)."))
     given: frozenset[str] = frozenset()  # with resume: the options given again (by name)
     overwrite: bool = False  # replace the run that ``out`` holds (its files only), else that is refused
+    with_run_options: ClassVar[Callable] = staticmethod(with_run_options)  # read by command_from_options
 
     def __post_init__(self) -> None:
         check_command_fields(self)

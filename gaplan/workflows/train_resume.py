@@ -9,12 +9,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from gaplan.core.atomic_write import atomic_write_text
 from gaplan.core.errors import GaplanError
-from gaplan.core.options import OptionError, from_saved, get_path, leaf_fields, option_name, replace_path, to_saved
+from gaplan.core.options import (
+    OptionError,
+    from_saved,
+    get_path,
+    leaf_fields,
+    option_name,
+    replace_path,
+    to_flat,
+    to_saved,
+)
 from gaplan.core.outputs import check_path_exists
 from gaplan.core.progress import Say
 from gaplan.data.source import reads_as
@@ -85,6 +94,22 @@ def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Map
     if moved and "micro_batch" not in given_options:
         options = dataclasses.replace(options, micro_batch=None)
     return spec, dataclasses.replace(options, resume=True), environment
+
+
+def with_run_options(options: Mapping[str, Any], given: Collection[str]) -> Mapping[str, Any]:
+    """The parsed options of a ``--resume`` with the run's own (its train.json) for those not given, so a check
+    across options reads the run's (a token budget given again needs the run's batching by tokens, not the flag's
+    default); as parsed where there is no resume or train.json cannot be read (:func:`resume_settings` says why)."""
+    if not options.get("resume"):
+        return options
+    try:
+        with open(path_in(options["resume"], TRAIN_JSON), encoding="utf-8") as handle:
+            saved = json.load(handle)["options"]
+        marks = resume_marks()
+        run = to_flat(from_saved(TrainOptions, {k: v for k, v in saved.items() if k in marks}))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, GaplanError):
+        return options
+    return {**options, **{name: value for name, value in run.items() if name not in given and name in options}}
 
 
 def _as_given(name: str, value: Any) -> str:

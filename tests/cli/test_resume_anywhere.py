@@ -275,19 +275,26 @@ def test_a_new_budget_without_a_micro_batch_re_plans_for_it(tmp_path):
     assert [int(r["micro_batch"]) for r in rows] == [4, 4, new]
 
 
+LORA_RUN, PLAIN_RUN, TOKENS_RUN = (["--micro-batch", "2", "--lora", "--lora-r", "4"], ["--micro-batch", "2"],
+                                  ["--batch-by", "tokens", "--token-budget", "32"])
+
+
 @pytest.mark.parametrize("started, again, said", [
-    # the run's own values, given again, are the run's: accepted (the LoRA settings too, though --lora is not given)
-    (["--lora", "--lora-r", "4"], ["--lora-r", "4"], None),
-    ([], ["--lr", "0.001"], None),  # AdamW's default rate, which the run was started with, said
+    # the run's own values, given again, are the run's: accepted, though what they depend on is not given again
+    # (--lora-r without --lora said "--lora is off"; --token-budget without --batch-by "needs --batch-by tokens")
+    (LORA_RUN, ["--lora-r", "4"], None),
+    (TOKENS_RUN, ["--token-budget", "32"], None),
+    (PLAIN_RUN, ["--lr", "0.001"], None),  # AdamW's default rate, which the run was started with, said
     # another value is a contradiction that names both, as the command line says them
-    (["--lora", "--lora-r", "4"], ["--lora-r", "8"], "--lora-r 8 contradicts the run's 4"),
-    ([], ["--lora"], "--lora on contradicts the run's off"),
-    ([], ["--lr", "0.002"], "--lr 0.002 contradicts the run's default (it was started without one)"),
+    (LORA_RUN, ["--lora-r", "8"], "--lora-r 8 contradicts the run's 4"),
+    (TOKENS_RUN, ["--token-budget", "64"], "--token-budget 64 contradicts the run's 32"),
+    (PLAIN_RUN, ["--lora"], "--lora on contradicts the run's off"),
+    (PLAIN_RUN, ["--lr", "0.002"], "--lr 0.002 contradicts the run's default (it was started without one)"),
 ])
 def test_a_value_given_again_on_resume_is_checked_against_the_runs_own(tmp_path, started, again, said):
     run_dir = str(tmp_path / "run")
-    args = ["train", "--seq-len", "16", "--effective-batch", "2", "--micro-batch", "2", "--steps", "1", "--threads",
-            "1", "--quiet", "--no-noise-scale"]
+    args = ["train", "--seq-len", "16", "--effective-batch", "2", "--steps", "1", "--threads", "1", "--quiet",
+            "--no-noise-scale"]
     assert CliRunner().invoke(main, [*args, *started, "--out", run_dir]).exit_code == 0
     result = CliRunner().invoke(main, ["train", "--resume", run_dir, *again])
     if said is None:
