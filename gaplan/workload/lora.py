@@ -66,8 +66,11 @@ def read_adapter_config(path: str) -> dict[str, Any]:
     """``--lora-config FILE``: an ``adapter_config.json`` (a file or the adapter folder) as the spec's LoRA fields."""
     file = os.path.join(path, "adapter_config.json") if os.path.isdir(path) else path
     try:
-        with open(file) as stream:
+        with open(file, encoding="utf-8") as stream:
             config = json.load(stream)
+    except UnicodeDecodeError as exc:
+        raise GaplanError(f"--lora-config {path} is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset "
+                          f"{exc.start}") from None
     except FileNotFoundError:
         where = f"no adapter_config.json in {path}" if os.path.isdir(path) else "no such file"
         raise GaplanError(f"--lora-config {path}: {where}") from None
@@ -79,9 +82,15 @@ def read_adapter_config(path: str) -> dict[str, Any]:
         raise GaplanError(f"--lora-config {path} is not a LoRA adapter config (peft_type "
                           f"{config.get('peft_type') if isinstance(config, dict) else '?'})")
     fields: dict[str, Any] = {"lora": True}
-    for key, name in (("r", "lora_r"), ("lora_alpha", "lora_alpha"), ("lora_dropout", "lora_dropout")):
+    for key, name, kind in (("r", "lora_r", int), ("lora_alpha", "lora_alpha", float),
+                            ("lora_dropout", "lora_dropout", float)):
         if key in config:
-            fields[name] = config[key]
+            value = config[key]
+            if isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float)):
+                # a JSON string "0.1" is no number to peft either: said here, with the file's key
+                raise GaplanError(f'--lora-config {path}: "{key}" must be {"an integer" if kind is int else "a number"} '
+                                  f"(got {json.dumps(value)})")
+            fields[name] = value
     if isinstance(config.get("target_modules"), (str, list)):
         fields["lora_targets"] = parse_lora_targets(config["target_modules"])
     return fields

@@ -304,8 +304,9 @@ class WorkloadSpec:
             raise OptionError(f"lora_r must be a positive integer (got {self.lora_r})", "lora_r")
         if not positive_finite(self.lora_alpha):
             raise OptionError(f"lora_alpha must be a positive number (got {self.lora_alpha})", "lora_alpha")
-        if not 0 <= self.lora_dropout < 1:
-            raise OptionError(f"lora_dropout must be in [0, 1) (got {self.lora_dropout})", "lora_dropout")
+        if not isinstance(self.lora_dropout, (int, float)) or isinstance(self.lora_dropout, bool) or \
+                not 0 <= self.lora_dropout < 1:
+            raise OptionError(f"lora_dropout must be in [0, 1) (got {self.lora_dropout!r})", "lora_dropout")
 
     @property
     def lora_target_modules(self) -> str | list[str] | None:

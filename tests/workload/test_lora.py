@@ -55,6 +55,7 @@ def test_a_target_the_model_lacks_is_one_line():
     (dict(lora_alpha=0), "lora_alpha must be a positive number"),
     (dict(lora_alpha=float("inf")), r"lora_alpha must be a positive number \(got inf\)"),
     (dict(lora_dropout=1.0), r"lora_dropout must be in \[0, 1\)"),
+    (dict(lora_dropout="0.1"), r"lora_dropout must be in \[0, 1\) \(got '0.1'\)"),  # was a TypeError
     (dict(lora_targets=" , "), "lora_targets names no module"),
     (dict(lora=False, quantize="4bit"), "add lora \\(or give a module:function model, whose frozen linear layers"),
     (dict(lora=False, lora_r=8), "lora_r sets LoRA adapters, and lora is off"),
@@ -85,10 +86,17 @@ def test_an_adapter_config_file_or_folder_gives_the_lora_fields(tmp_path):
 
 @pytest.mark.parametrize("content, message", [
     ("{not json", "is not JSON"), (json.dumps({"peft_type": "IA3"}), "is not a LoRA adapter config"),
+    # each was a traceback: a file that is not UTF-8, and values of the wrong JSON type
+    (b"\xff\xfe\x00bad", "is not UTF-8 text: byte 0xff at offset 0"),
+    ('{"r": 4, "lora_alpha": "Q\u00e9"}'.encode("latin-1").replace(b"\\u00e9", b"\xe9"), "is not UTF-8 text"),
+    (json.dumps({"r": 4, "lora_dropout": "0.1"}), '"lora_dropout" must be a number \\(got "0.1"\\)'),
+    (json.dumps({"r": "8"}), '"r" must be an integer \\(got "8"\\)'),
+    (json.dumps({"r": 8.0}), '"r" must be an integer \\(got 8.0\\)'),
+    (json.dumps({"lora_alpha": True}), '"lora_alpha" must be a number \\(got true\\)'),
 ])
 def test_a_bad_adapter_config_is_one_line(tmp_path, content, message):
     path = tmp_path / "adapter_config.json"
-    path.write_text(content)
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
     with pytest.raises(GaplanError, match=message):
         read_adapter_config(str(path))
     with pytest.raises(GaplanError, match="missing.json: no such file$"):
