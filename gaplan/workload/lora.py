@@ -91,6 +91,10 @@ def read_adapter_config(path: str) -> dict[str, Any]:
                 raise GaplanError(f'--lora-config {path}: "{key}" must be {"an integer" if kind is int else "a number"} '
                                   f"(got {json.dumps(value)})")
             fields[name] = value
-    if isinstance(config.get("target_modules"), (str, list)):
-        fields["lora_targets"] = parse_lora_targets(config["target_modules"])
+    targets = config.get("target_modules")
+    if isinstance(targets, (str, list)):
+        fields["lora_targets"] = parse_lora_targets(targets)
+    elif targets is not None:  # not peft's default to fall back on without a word
+        raise GaplanError(f'--lora-config {path}: "target_modules" must be a module name or a list of them (got '
+                          f"{json.dumps(targets)})")
     return fields

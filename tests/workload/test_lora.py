@@ -93,6 +93,7 @@ def test_an_adapter_config_file_or_folder_gives_the_lora_fields(tmp_path):
     (json.dumps({"r": "8"}), '"r" must be an integer \\(got "8"\\)'),
     (json.dumps({"r": 8.0}), '"r" must be an integer \\(got 8.0\\)'),
     (json.dumps({"lora_alpha": True}), '"lora_alpha" must be a number \\(got true\\)'),
+    (json.dumps({"r": 4, "target_modules": 5}), '"target_modules" must be a module name or a list of them'),
 ])
 def test_a_bad_adapter_config_is_one_line(tmp_path, content, message):
     path = tmp_path / "adapter_config.json"
