@@ -8,6 +8,7 @@ refusals, word for word.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from gaplan.core.constants import DEFAULT_EFFECTIVE_BATCH, EFFECTIVE_BATCH_HELP
 from gaplan.core.errors import GaplanError
@@ -21,6 +22,8 @@ from gaplan.workload.spec import WorkloadSpec
 class EstimateCommand:
     """One ``gaplan estimate``: ``spec`` traced on fake tensors for ``target`` (or ``memory_limit`` bytes), at
     ``effective_batch`` over ``world_size`` ranks (or ``nodes`` x ``gpus_per_node``)."""
+
+    SPEC_OPTIONS: ClassVar[dict] = {"auto_checkpointing": False}  # a trace times nothing: auto is refused
 
     spec: WorkloadSpec
     target: str | None = option(None, section=MEMORY, metavar="GPU", applies="a GPU (not `--device cpu`)", help=(

@@ -53,15 +53,19 @@ def spec_from_flat(options: Mapping[str, Any], given: Collection[str] = (), *, d
                    **overrides: Any):
     """The workload of the parsed options, by :class:`WorkloadSpec`'s fields, checked (and for ``device``, checked
     against ``options["device"]``). ``grad_checkpointing`` is a :class:`Checkpointing`, AUTO or None: the spec holds
-    the blocks chosen (off when not given; AUTO is the tuner's to decide, with it off)."""
-    from gaplan.core.checkpointing import OFF, Checkpointing
-    from gaplan.core.options import from_options
+    the blocks chosen (off when not given; AUTO is the tuner's to decide, with it off, and refused where
+    ``overrides`` say ``auto_checkpointing=False``: a command that times nothing)."""
+    from gaplan.core.checkpointing import AUTO, OFF, Checkpointing
+    from gaplan.core.options import OptionError, from_options
     from gaplan.workload.spec import WorkloadSpec
 
     resumed = bool(options.get("resume"))  # the values given are checked against the run's, merged, then validated
     if not resumed:
         check_lora_given(options, given)
     checkpointing = options.get("grad_checkpointing")
+    if checkpointing == AUTO and not overrides.pop("auto_checkpointing", True):  # it was taken as off, unsaid
+        raise OptionError("grad_checkpointing auto applies to probe, bench and train (they time both and keep the "
+                          "faster): give off, on, every:K, layers:N or ops", "grad_checkpointing")
     fields = {"grad_checkpointing": checkpointing if isinstance(checkpointing, Checkpointing) else OFF,
               **lora_fields(options), **length_fields(options), **overrides}
     spec = from_options(WorkloadSpec, options, **fields)

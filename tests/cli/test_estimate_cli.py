@@ -21,6 +21,8 @@ BAD_INPUT = [
     (["--model", "tiny-gpt2", "--seq-len", "5000"], "longer than the model's 1024 positions"),
     (["--sizes", "4"], "--sizes needs at least two"),
     (["--device", "cpu", "--target", "h100-80gb"], "does not go with --device cpu"),
+    # a trace times nothing: auto was estimated as off without a word
+    (["--grad-checkpointing", "auto"], "--grad-checkpointing auto applies to probe, bench and train"),
 ]
 
 
