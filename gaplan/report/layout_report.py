@@ -215,7 +215,11 @@ def _saving(comparison: LayoutComparison, chosen: LayoutResult, other: LayoutRes
     what = f"{other.layout.label} with {other.precision_label}: {comparison.split(other)}"
     if saved > 0:
         return f"to save {saved} accumulation step(s) (best without {without}: {what})"
-    return f"measured faster than the best without {without} ({what})"
+    if chosen.samples_per_s is not None:  # timed (plan --measure): the faster won
+        return f"measured faster than the best without {without} ({what})"
+    # estimated only: the same steps, the tie broken by the finer precision (pick's rule); nothing was timed
+    return (f"the same accumulation steps as the best without {without} ({what}), kept for its finer precision "
+            f"({chosen.precision_label})")
 
 
 def tradeoff_lines(comparison: LayoutComparison) -> list[str]:

@@ -104,6 +104,23 @@ def test_the_trade_offs_of_the_pick_are_named():
     assert not any("pure bf16" in line for line in lines)  # the pick keeps fp32 master weights
 
 
+@pytest.mark.parametrize("timed", [False, True])
+def test_a_pick_that_saves_no_step_says_why_it_won_measured_or_not(timed):
+    """Checkpointing picked at the same steps as the best without it: by the finer precision when only estimated
+    (it said "measured faster" where nothing was timed), by the clock when timed (plan --measure)."""
+    speed = {"samples_per_s": 10.0} if timed else {}
+    chosen = dataclasses.replace(fits("fsdp+ckpt", 22, 3, 25, 70.0, 78.0), **speed)
+    other = dataclasses.replace(fits("fsdp", 22, 3, 23, 71.0, 78.0, precision="pure-low"),
+                                **({"samples_per_s": 9.0} if timed else {}))
+    comparison = dataclasses.replace(seven_b(), results=[chosen, other])
+    ckpt = next(line for line in tradeoff_lines(comparison) if "--grad-checkpointing on" in line)
+    if timed:
+        assert "measured faster than the best without checkpointing" in ckpt, ckpt
+    else:
+        assert "measured" not in ckpt and "the same accumulation steps as the best without checkpointing" in ckpt
+        assert f"kept for its finer precision ({chosen.precision_label})" in ckpt, ckpt
+
+
 def test_saved_reports_never_cut_a_note_but_the_terminal_does(tmp_path):
     comparison = seven_b()
     assert "must survive" not in table_text(layouts_frame(comparison)) and "..." in table_text(layouts_frame(comparison))
