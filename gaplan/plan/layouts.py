@@ -107,12 +107,12 @@ class LayoutResult:
         return data
 
 
-def layouts_for(world_size: int, dtype: str = "bf16",
-                machinery: Sequence[str] = MACHINERY) -> list[tuple[Layout, Precision, str]]:
+def layouts_for(world_size: int, dtype: str = "bf16", machinery: Sequence[str] = MACHINERY,
+                device_kind: str = "cuda") -> list[tuple[Layout, Precision, str]]:
     """Every (layout, precision, note) to consider, in :data:`MACHINERY` then :data:`PRECISIONS` order.
 
-    A non-empty note says why the layout is not estimated: FSDP needs two ranks or more, and the
-    precision choices gaplan does not train are listed with the reason, so the table says what was
+    A non-empty note says why the layout is not estimated: FSDP needs two ranks or more, CPU offload a GPU to offload
+    from, and the precision choices gaplan does not train are listed with the reason, so the table says what was
     left out and why.
     """
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
@@ -131,6 +131,8 @@ def layouts_for(world_size: int, dtype: str = "bf16",
                 note = precision.unsupported.format(dtype=dtype)
             elif name != "ddp" and world_size < 2:
                 note = "needs --world-size 2 or more (FSDP shards over ranks)"
+            elif name == "fsdp+offload" and device_kind == "cpu":  # gaplan train refuses --cpu-offload there
+                note = "not on --device cpu: the shards and optimizer states are on the CPU already"
             elif dtype == "fp32" and precision.name != "fp32-master":
                 note = "the same as fp32 weights with --dtype fp32"
             elif weights == "fp16" and dtype == "fp16":

@@ -77,7 +77,7 @@ def compare_layouts(
     check_margin(margin)
     requested_limit = memory_limit
     the_budget, memory_limit = margin_budget(device_kind, memory_limit, target, margin)
-    candidates = layouts_for(world_size, dtype, machinery)
+    candidates = layouts_for(world_size, dtype, machinery, device_kind)
     spec = dataclasses.replace(spec, parallel="ddp", cpu_offload=False, grad_sync="last").validate()
     _, seq_len, _, _ = model_shape(spec) if not _is_function(spec) else (None, spec.seq_len, None, None)
     cap = search_cap or default_search_cap(effective_batch, world_size)

@@ -75,6 +75,14 @@ def test_one_rank_estimates_ddp_only():
     assert all("--world-size 2" in notes[(m, "fp32-master")] for m in MACHINERY[1:])
 
 
+def test_cpu_offload_is_not_a_layout_on_the_cpu():
+    """Its commands were printed for --device cpu, where gaplan train and estimate refuse --cpu-offload."""
+    cpu, gpu = ({(lay.machinery, p.name): note for lay, p, note in layouts_for(2, "bf16", device_kind=kind)}
+                for kind in ("cpu", "cuda"))
+    assert cpu[("fsdp+offload", "fp32-master")].startswith("not on --device cpu")
+    assert cpu[("fsdp", "fp32-master")] == "" and gpu[("fsdp+offload", "fp32-master")] == ""
+
+
 def test_fp16_weights_with_fp16_compute_and_fp32_compute_are_explained():
     notes = {(lay.machinery, p.name): note for lay, p, note in layouts_for(2, "fp16")}
     assert "loss scaler" in notes[("fsdp", "pure-low")] and notes[("fsdp", "fp32-master")] == ""
