@@ -41,6 +41,12 @@ class Precision:
     weights_dtype: str | None  # None: the compute dtype (``--dtype``)
     unsupported: str | None = None
 
+    def label_for(self, dtype: str) -> str:
+        """The label with ``--dtype``'s compute: fp32 master weights under fp32 compute are plain fp32 (no autocast)."""
+        if dtype == "fp32" and self.weights_dtype == "fp32":
+            return "fp32 weights, optimizer states and compute"
+        return self.label.format(dtype=dtype)
+
 
 # In preference order: the more precise weights first.
 PRECISIONS = (
@@ -127,14 +133,14 @@ def layouts_for(world_size: int, dtype: str = "bf16", machinery: Sequence[str] =
         for precision in PRECISIONS:
             weights = precision.weights_dtype or dtype
             note = ""
-            if precision.unsupported:
+            if dtype == "fp32" and precision.name != "fp32-master":  # before unsupported: at fp32 it is fp32-master
+                note = "the same as fp32 weights with --dtype fp32"
+            elif precision.unsupported:
                 note = precision.unsupported.format(dtype=dtype)
             elif name != "ddp" and world_size < 2:
                 note = "needs --world-size 2 or more (FSDP shards over ranks)"
             elif name == "fsdp+offload" and device_kind == "cpu":  # gaplan train refuses --cpu-offload there
                 note = "not on --device cpu: the shards and optimizer states are on the CPU already"
-            elif dtype == "fp32" and precision.name != "fp32-master":
-                note = "the same as fp32 weights with --dtype fp32"
             elif weights == "fp16" and dtype == "fp16":
                 note = ("not supported: fp16 weights cannot train with fp16 compute (the loss scaler needs fp32 or "
                         "bf16 weights)")

@@ -115,7 +115,7 @@ def compare_layouts(
             result = LayoutResult(layout, "", fits=None, world_size=world_size, note=note)
         else:
             result = _best_grad_sync(layout, run, grad_sync, effective_batch // world_size)
-        result.precision_label = precision.label.format(dtype=dtype)
+        result.precision_label = precision.label_for(dtype)
         results.append(result)
         if on_result is not None:
             on_result(result)

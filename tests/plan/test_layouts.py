@@ -88,6 +88,12 @@ def test_fp16_weights_with_fp16_compute_and_fp32_compute_are_explained():
     assert "loss scaler" in notes[("fsdp", "pure-low")] and notes[("fsdp", "fp32-master")] == ""
     notes = {(lay.machinery, p.name): note for lay, p, note in layouts_for(2, "fp32")}
     assert "same as fp32" in notes[("ddp", "pure-low")] and notes[("ddp", "fp32-master")] == ""
+    # at fp32 every precision but fp32 master weights is that one (it read "not supported: ... keep their states in the
+    # weights' dtype" for fp32 weights and fp32 states), and fp32 compute is no autocast
+    assert "same as fp32" in notes[("ddp", "low-weights-fp32-optimizer")]
+    labels = {p.name: p.label_for("fp32") for p in PRECISIONS}
+    assert labels["fp32-master"] == "fp32 weights, optimizer states and compute"
+    assert PRECISIONS[0].label_for("bf16") == "fp32 weights and optimizer states, bf16 compute (autocast)"
 
 
 @pytest.mark.parametrize(("args", "message"), [
