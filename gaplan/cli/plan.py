@@ -9,19 +9,16 @@ from typing import Any
 import click
 
 from gaplan.cli.config_file import GaplanCommand
-from gaplan.cli.field_options import field_help, field_options, sectioned
+from gaplan.cli.field_options import field_options, sectioned
 from gaplan.cli.options import command_object, lora_options, overwrite_option, stderr_printer, task_and_lengths
 from gaplan.cli.output import echo_lines
 from gaplan.core.options import OUTPUT
 from gaplan.workflows.plan_options import PlanCommand
-from gaplan.workload.spec import PRESETS, WorkloadSpec
+from gaplan.workload.spec import WorkloadSpec
 
 
 @click.command(name="plan", cls=GaplanCommand, options_class=PlanCommand)
 @field_options(WorkloadSpec, only=("model", "optimizer", "loss", "lr", "trust_remote_code"),
-               model={"help": field_help(WorkloadSpec, "model") + " Shapes to plan for: "
-                                                                  + ", ".join(p for p in PRESETS if p.startswith("llama-"))
-                                                                  + "."},
                optimizer={"help": "The optimizer every row trains with (others are compared only when --levers names "
                                   "them)."},
                loss={"help": "The loss of every layout (the lever table compares chunked too).", "applies": None},

@@ -60,7 +60,8 @@ class WorkloadSpec:
     # so a cached probe of another value still holds (same_workload).
     model: str = option(DEFAULT_MODEL, section=DATA, metavar="NAME|DIR|MODULE:FUNC", help=(
         "A preset, a Hugging Face model directory or cached id, or module:function. Presets: tiny-gpt2 (default), "
-        "small-gpt2, tiny-llama, tiny-bert-mlm, tiny-bert-cls, tiny-t5."))
+        "small-gpt2, tiny-llama, tiny-bert-mlm, tiny-bert-cls, tiny-t5; and shapes to estimate and plan for: "
+        "llama-2-7b, llama-3-8b, llama-2-13b, llama-2-70b."))
     task: str | None = option(None, section=DATA, metavar="TASK", help=(
         "causal-lm, masked-lm, classification or seq2seq-lm (default: the model's own; an encoder-decoder such as "
         "T5 or BART is seq2seq-lm)."))
