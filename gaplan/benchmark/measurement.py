@@ -112,6 +112,26 @@ class BenchResult:
         candidates = [r for r in self.rows if r.kind in (PLAN, SPLIT) and r.fits_budget and r.samples_per_s]
         return max(candidates, key=lambda r: r.samples_per_s) if candidates else None
 
+    def fastest_text(self) -> str | None:
+        """The fastest split that fits, and whether it is measurably faster than the next: their rates taken round
+        by round, paired as the plan's ratio is (an interval over 1 names no winner); None without one."""
+        from gaplan.benchmark.stats import paired_ratio
+
+        best = self.best_fitting()
+        if best is None:
+            return None
+        text = f"fastest split that fits: {best.split} at {best.samples_per_s:.1f} samples/s"
+        others = [r for r in self.rows if r.kind in (PLAN, SPLIT) and r.fits_budget and r.samples_per_s and r is not best]
+        runner = max(others, key=lambda r: r.samples_per_s) if others else None
+        rates = self.round_rates
+        if runner is None or best.split not in rates or runner.split not in rates:
+            return text
+        ratio = paired_ratio(rates[best.split], rates[runner.split])
+        if ratio is None or ratio.low is None or ratio.contains(1.0):
+            return text + f" (not measurably faster than {runner.split}: x{ratio.value if ratio else 1:.2f}" + (
+                f", 95% CI {ratio.low:.2f}-{ratio.high:.2f})" if ratio and ratio.low is not None else ", one round)")
+        return text + f" (x{ratio.value:.2f} {runner.split}, 95% CI {ratio.low:.2f}-{ratio.high:.2f})"
+
     def plan_vs_large_batch(self) -> dict | None:
         """``{"ratio": r, "ci": [low, high], "reference": kind}``: the plan's samples/s over the reference's."""
         plan = next((r for r in self.rows if r.kind == PLAN and r.ratio_to_large_batch), None)

@@ -61,10 +61,8 @@ def bench_lines(measured: Any) -> list[str]:
         lines.append(f"verdict: {measured.verdict}")
     lines += [f"rounds: {measured.rounds} in {measured.wall_seconds / 60:.1f} min (stopped: {measured.stopped_because})",
               f"machine: {measured.contention}"]
-    best = measured.best_fitting()
-    if best is not None:
-        lines.append(f"fastest split that fits: {best.split} at {best.samples_per_s:.1f} samples/s")
-    return lines
+    fastest = measured.fastest_text()
+    return lines + ([fastest] if fastest else [])
 
 
 def token_bench_result_lines(result: Any, profile_shown_live: bool) -> list[str]:

@@ -107,3 +107,24 @@ def test_contention_from_cpu_time_and_from_the_spread_of_rounds():
     assert "16 x 4's rounds differ by" in noisy.describe() and "CPU seconds" not in noisy.describe()
     one_round = contention(cpu_seconds=None, wall_seconds=1.0, rounds_by_split={"a": [1.0]})
     assert one_round.worst_spread is None and not one_round.contended
+
+
+@pytest.mark.parametrize("runner_rounds, said", [
+    # rounds that cross: 132 against 125 samples/s is no measurable winner (it was named the fastest without a word)
+    ([150.0, 100.0, 128.0], "fastest split that fits: 22,21,21 at 132.5 samples/s (not measurably faster than 16 x 4"),
+    # rounds that keep their order: a winner, with its ratio and interval
+    ([110.0, 112.0, 109.0], "fastest split that fits: 22,21,21 at 132.5 samples/s (x1.20 16 x 4, 95% CI 1.1"),
+])
+def test_the_fastest_split_is_named_a_winner_only_where_its_rounds_say_so(runner_rounds, said):
+    from gaplan.benchmark.measurement import BenchResult, SplitMeasurement
+    from gaplan.core.constants import PLAN_KIND, SPLIT_KIND
+
+    best_rounds = [130.0, 135.0, 132.5]
+
+    def row(split, kind, rates):
+        return SplitMeasurement(split, kind, 16, 4, 64, 3, 0.5, 0.4, 0.6, statistics.geometric_mean(rates), None,
+                                2**20, True, True)
+
+    measured = BenchResult(64, [row("22,21,21", SPLIT_KIND, best_rounds), row("16 x 4", PLAN_KIND, runner_rounds)],
+                           round_rates={"22,21,21": best_rounds, "16 x 4": runner_rounds})
+    assert measured.fastest_text().startswith(said), measured.fastest_text()
