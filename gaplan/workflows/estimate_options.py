@@ -27,7 +27,8 @@ class EstimateCommand:
 
     spec: WorkloadSpec
     target: str | None = option(None, section=MEMORY, metavar="GPU", applies="a GPU (not `--device cpu`)", help=(
-        "A GPU from --list-targets (default h100-80gb when no --memory-limit is given)."))
+        "A GPU from --list-targets (default h100-80gb when no --memory-limit is given; with one, the smaller of the "
+        "two)."))
     memory_limit: int | None = None
     effective_batch: int = option(DEFAULT_EFFECTIVE_BATCH, section=PLAN, help=EFFECTIVE_BATCH_HELP)
     sizes: tuple[int, ...] | None = option(None, section=PLAN, parse=parse_sizes, metavar="B1,B2", help=(
