@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -21,6 +22,7 @@ from gaplan.core.units import format_bytes
 from gaplan.plan.layouts import (
     MACHINERY_LABELS,
     NEAR_LIMIT,
+    Layout,
     LayoutComparison,
     LayoutResult,
     edge_peak,
@@ -207,19 +209,22 @@ def _bf16_caveat(comparison: LayoutComparison) -> list[str]:
     return [caveat] if caveat else []
 
 
-def _saving(comparison: LayoutComparison, chosen: LayoutResult, other: LayoutResult | None, without: str) -> str:
-    """What the pick gains over ``other``, the best layout without the trade-off (None: none fits without it)."""
+def _saving(comparison: LayoutComparison, chosen: LayoutResult, keep: Callable[[Layout], bool], instead: str) -> str:
+    """What the pick gains over the best fitting layout ``keep`` takes, the one ``instead`` of the trade-off
+    ("without checkpointing", "with fp32 master weights"); said when none fits, or none was compared (--layouts)."""
+    other = next((r for r in comparison.ranked if r.fits and r is not chosen and keep(r.layout)), None)
     if other is None:
-        return f"without {without} no layout fits"
+        compared = any(keep(r.layout) and r.fits is not None for r in comparison.results)
+        return f"{instead} no layout fits" if compared else f"no layout {instead} was compared (--layouts)"
     saved = (other.grad_accum_steps or 0) - (chosen.grad_accum_steps or 0)
     what = f"{other.layout.label} with {other.precision_label}: {comparison.split(other)}"
     if saved > 0:
-        return f"to save {saved} accumulation step(s) (best without {without}: {what})"
+        return f"to save {saved} accumulation step(s) (best {instead}: {what})"
     if chosen.samples_per_s is not None:  # timed (plan --measure): the faster won
-        return f"measured faster than the best without {without} ({what})"
+        return f"measured faster than the best {instead} ({what})"
     # estimated only: the same steps, the tie broken by the finer precision (pick's rule); nothing was timed
-    return (f"the same accumulation steps as the best without {without} ({what}), kept for its finer precision "
-            f"({chosen.precision_label})")
+    return f"the same accumulation steps as the best {instead} ({what}), kept for its finer precision " \
+           f"({chosen.precision_label})"
 
 
 def tradeoff_lines(comparison: LayoutComparison) -> list[str]:
@@ -228,16 +233,11 @@ def tradeoff_lines(comparison: LayoutComparison) -> list[str]:
     if chosen is None:
         return []
     layout, steps = chosen.layout, chosen.grad_accum_steps or 1
-    others = [r for r in comparison.ranked if r.fits and r is not chosen]
-
-    def best(keep) -> LayoutResult | None:
-        return next((r for r in others if keep(r.layout)), None)
-
     lines = []
     if layout.parallel == "fsdp":
         lines.append("FSDP: each block's parameters are all-gathered in the forward and again in the backward of "
                      "every micro-step (DDP all-reduces the gradients once per step); "
-                     + _saving(comparison, chosen, best(lambda lay: lay.parallel == "ddp"), "FSDP"))
+                     + _saving(comparison, chosen, lambda lay: lay.parallel == "ddp", "without FSDP"))
     if layout.parallel == "fsdp" and layout.grad_sync == "every":
         other = chosen.extra.get("other_grad_sync") or {}
         if other.get("fits") and other.get("grad_accum_steps"):
@@ -251,18 +251,17 @@ def tradeoff_lines(comparison: LayoutComparison) -> list[str]:
     if layout.grad_checkpointing:
         lines.append("--grad-checkpointing on: each block's forward is recomputed in the backward (about a third "
                      "more compute per micro-step); "
-                     + _saving(comparison, chosen, best(lambda lay: not lay.grad_checkpointing), "checkpointing"))
+                     + _saving(comparison, chosen, lambda lay: not lay.grad_checkpointing, "without checkpointing"))
     if layout.cpu_offload:
         host = chosen.extra.get("host_bytes")
         held = f" ({format_bytes(host)} per rank)" if host else ""
         lines.append(f"--cpu-offload: parameters, gradients and optimizer states live in host memory{held}, copied "
                      "to the GPU and back every micro-step, and the optimizer step runs on the CPU; "
-                     + _saving(comparison, chosen, best(lambda lay: not lay.cpu_offload), "CPU offload"))
+                     + _saving(comparison, chosen, lambda lay: not lay.cpu_offload, "without CPU offload"))
     if layout.weights_dtype == layout.dtype != "fp32":
         lines.append(f"pure {layout.dtype} weights and optimizer states: AdamW updates smaller than "
                      f"{layout.dtype}'s precision are lost; "
-                     + _saving(comparison, chosen, best(lambda lay: lay.precision == "fp32-master"),
-                               "fp32 master weights"))
+                     + _saving(comparison, chosen, lambda lay: lay.precision == "fp32-master", "with fp32 master weights"))
     return [f"trade-off: {line}" for line in lines]
 
 

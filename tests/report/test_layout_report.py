@@ -121,6 +121,19 @@ def test_a_pick_that_saves_no_step_says_why_it_won_measured_or_not(timed):
         assert f"kept for its finer precision ({chosen.precision_label})" in ckpt, ckpt
 
 
+def test_each_trade_off_names_the_alternative_it_was_weighed_against_or_that_none_was_compared():
+    """A pure bf16 pick is weighed against the best *with* fp32 master weights (it said "best without fp32 master
+    weights: <the fp32 one>"); a trade-off no compared layout goes without says so (it said "no layout fits")."""
+    bf16 = fits("fsdp+ckpt", 25, 2, 27, 75.0, 77.5, precision="pure-low")
+    fp32 = fits("fsdp+ckpt", 17, 3, 25, 76.0, 78.0)
+    lines = tradeoff_lines(dataclasses.replace(seven_b(), results=[bf16, fp32]))
+    pure = next(line for line in lines if line.startswith("trade-off: pure bf16"))
+    assert "to save 1 accumulation step(s) (best with fp32 master weights: " in pure, pure
+    ckpt = next(line for line in lines if "--grad-checkpointing on" in line)
+    assert ckpt.endswith("no layout without checkpointing was compared (--layouts)"), ckpt
+    assert any(line.endswith("no layout without FSDP was compared (--layouts)") for line in lines), lines
+
+
 def test_saved_reports_never_cut_a_note_but_the_terminal_does(tmp_path):
     comparison = seven_b()
     assert "must survive" not in table_text(layouts_frame(comparison)) and "..." in table_text(layouts_frame(comparison))
