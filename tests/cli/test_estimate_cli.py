@@ -23,6 +23,7 @@ BAD_INPUT = [
     (["--device", "cpu", "--target", "h100-80gb"], "does not go with --device cpu"),
     # a trace times nothing: auto was estimated as off without a word
     (["--grad-checkpointing", "auto"], "--grad-checkpointing auto applies to probe, bench and train"),
+    (["--device", "cpu", "--threads", "100000"], "--threads 100000 is more than 4 per core"),  # as probe's, train's
 ]
 
 

@@ -57,6 +57,7 @@ BAD_PLAN_INPUT = [
     (["--optimizer", "adam"], "unknown --optimizer 'adam'; choose one of adamw, adamw-fused, adamw-forloop, adamw-8bit"),
     (["--loss", "chunked:0"], "unknown --loss 'chunked:0'"),
     (["--measure", "--device", "cuda"], "--device cuda: no CUDA device is available"),  # before any estimate
+    (["--device", "cpu", "--threads", "100000"], "--threads 100000 is more than 4 per core"),  # as probe's, train's
 ]
 
 
