@@ -220,12 +220,12 @@ class WorkloadSpec:
             raise OptionError(f"compile must be true or false (got {self.compile!r})", "compile")
         if self.seq_len is not None and (not isinstance(self.seq_len, int) or isinstance(self.seq_len, bool)
                                          or self.seq_len < 2):
-            raise OptionError(f"seq_len must be at least 2 (got {self.seq_len})", "seq_len")
+            raise OptionError(f"seq_len must be an integer of at least 2 (got {self.seq_len!r})", "seq_len")
         if self.attention is not None and self.attention not in ATTENTIONS:
             raise OptionError(f"unknown attention {self.attention!r}; choose one of {', '.join(ATTENTIONS)}", "attention")
         if self.target_len is not None and (not isinstance(self.target_len, int) or isinstance(self.target_len, bool)
                                             or self.target_len < 1):
-            raise OptionError(f"target_len must be a positive integer (got {self.target_len})", "target_len")
+            raise OptionError(f"target_len must be a positive integer (got {self.target_len!r})", "target_len")
         task = self.task or (PRESETS[self.model][2] if self.model in PRESETS else None)
         if task is not None:  # a folder's task is known once its config is read (gaplan.workload.seq2seq)
             self.check_target_len(task)

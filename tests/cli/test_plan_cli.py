@@ -46,7 +46,7 @@ BAD_PLAN_INPUT = [
     (["--world-size", "3", "--effective-batch", "64"], "not divisible by the world size 3"),
     (["--device", "cpu", "--target", "h100-80gb"], "does not go with --device cpu"),
     (["--target", "gtx-480"], "unknown target 'gtx-480'"),
-    (["--seq-len", "1"], "--seq-len must be at least 2"),
+    (["--seq-len", "1"], "--seq-len must be an integer of at least 2 (got 1)"),
     (["--measure", "--target", "h100-80gb"], "--measure probes this machine's device"),
     (["--measure", "--nodes", "2"], "--measure runs every rank on this machine"),
     (["--measure", "--repeats", "0"], "--repeats must be a positive integer"),

@@ -192,7 +192,8 @@ def test_a_write_cut_off_by_a_kill_is_removed_once_the_checkpoint_loads(run):
     ({"workload": {"model": "tiny-gpt2"}, "options": {"steps": -3}}, '"options"."steps"'),
     # a bad workload value is named by its key too (it was blamed on the checkpoint: "its seq_len is 16, train.json's
     # 'abc' (a checkpoint of another run, copied in?)")
-    ({"workload": {"model": "tiny-gpt2", "seq_len": "abc"}, "options": {}}, '"workload"."seq_len" must be at least 2'),
+    ({"workload": {"model": "tiny-gpt2", "seq_len": "abc"}, "options": {}},
+     '"workload"."seq_len" must be an integer of at least 2 (got \'abc\')'),
     ({"workload": {"model": "tiny-gpt2", "dtype": "fp8"}, "options": {}}, "unknown dtype 'fp8'"),
 ])
 def test_a_bad_value_in_train_json_is_named_by_its_key_not_a_flag(tmp_path, record, said):

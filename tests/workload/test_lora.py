@@ -111,3 +111,13 @@ def test_a_lora_run_cut_after_step_2_resumes_to_the_uninterrupted_weights_bitwis
     reference, cut, resumed = cut_and_resumed(lora_spec(seq_len=16, lora_dropout=0.0), tmp_path)
     assert cut["step"] == 2
     assert_same_weights(resumed, reference)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(seq_len="16"), "seq_len must be an integer of at least 2 \\(got '16'\\)"),  # said "at least 2 (got 16)"
+    (dict(seq_len=16.5), "seq_len must be an integer of at least 2 \\(got 16.5\\)"),
+    (dict(target_len="8"), "target_len must be a positive integer \\(got '8'\\)"),
+])
+def test_a_value_of_another_type_is_said_as_its_type(fields, message):
+    with pytest.raises(GaplanError, match=message):
+        WorkloadSpec(model="tiny-t5", **fields).validate()
