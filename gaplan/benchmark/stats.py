@@ -117,7 +117,12 @@ class Contention:
         if self.worst_spread is not None and self.worst_spread > CONTENDED_SPREAD:
             signs.append(f"{self.worst_split}'s rounds differ by {self.worst_spread:.0%} (coefficient of variation)")
         if not signs:
-            return "no sign of contention (CPU time kept up with wall time; rounds agreed)"
+            seen = [what for what, known in (("CPU time kept up with wall time", self.cpu_per_wall is not None),
+                                             ("rounds agreed", self.worst_spread is not None)) if known]
+            if not seen:  # a GPU's one round: nothing was compared
+                return "contention not measured (one round, no CPU time to compare)"
+            # one round has no spread to compare: said, not "rounds agreed"
+            return f"no sign of contention ({'; '.join(seen)}{'' if self.worst_spread is not None else '; one round'})"
         return "the machine looks contended: " + "; ".join(signs) + ". The intervals include that noise."
 
 

@@ -107,6 +107,11 @@ def test_contention_from_cpu_time_and_from_the_spread_of_rounds():
     assert "16 x 4's rounds differ by" in noisy.describe() and "CPU seconds" not in noisy.describe()
     one_round = contention(cpu_seconds=None, wall_seconds=1.0, rounds_by_split={"a": [1.0]})
     assert one_round.worst_spread is None and not one_round.contended
+    # what was not compared is not said to agree (one round said "rounds agreed")
+    assert calm.describe() == "no sign of contention (CPU time kept up with wall time; rounds agreed)"
+    assert one_round.describe() == "contention not measured (one round, no CPU time to compare)"
+    cpu_one = contention(cpu_seconds=9.5, wall_seconds=10.0, rounds_by_split={"a": [1.0]})
+    assert cpu_one.describe() == "no sign of contention (CPU time kept up with wall time; one round)"
 
 
 @pytest.mark.parametrize("runner_rounds, said", [
