@@ -101,7 +101,7 @@ def run_rounds(jobs: list[Job], settings: BenchSettings, trial: Callable[[Job], 
     plan = next((i for i, job in enumerate(jobs) if job.kind == PLAN), None)
     target = plan if plan is not None else 0
     started = clock()
-    rounds, why = 0, f"{settings.max_rounds} rounds (--max-rounds)"
+    rounds, why = 0, f"{settings.max_rounds} round{'s' if settings.max_rounds != 1 else ''} (--max-rounds)"
     while rounds < settings.max_rounds:
         elapsed = clock() - started
         if rounds >= settings.min_rounds:
