@@ -139,6 +139,8 @@ def test_the_8b_example_of_the_lora_page():
         estimate(WorkloadSpec(**fields, lora=True), target="rtx-4090", effective_batch=64)
     lora = estimate(WorkloadSpec(**fields, lora=True, grad_checkpointing=ON), target="rtx-4090", effective_batch=64)
     assert (lora.max_micro_batch, lora.plan["micro_batch"], lora.plan["grad_accum_steps"]) == (2, 2, 32)
+    # the page's output, to the digit it shows (fake tensors: the same bytes on every machine)
+    assert [round(value / 2**30, 2) for value in (*lora.line, lora.peak_bytes)] == [15.19, 3.58, 22.36]
     qlora = estimate(WorkloadSpec(**fields, lora=True, quantize="4bit", grad_checkpointing=ON), target="rtx-4090",
                      effective_batch=64)
     assert qlora.max_micro_batch == 5
