@@ -190,6 +190,9 @@ def test_llama_2_7b_on_8_h100_fits_and_says_how_to_launch():
     assert result.launch_command.startswith("torchrun --nproc-per-node 8 -m gaplan train --model llama-2-7b ")
     assert result.extra["traced_depths"] == [3, 4] and result.extra["blocks"] == 32
     assert 6.7e9 < result.param_count < 6.8e9
+    # docs/sharded.md prints this estimate: its line and its peaks, to the digit shown (fake tensors: any machine)
+    assert [round(value / 2**30, 2) for value in (*result.line, result.peak_bytes)] == [35.79, 24.58, 60.62]
+    assert round(result.static_bytes / 2**30, 2) == 12.55
 
 
 @pytest.mark.heavy
