@@ -472,13 +472,13 @@ def test_the_sharded_pages_plan_prose_is_its_plan_output():
     usable = float(re.search(r"on 8 x h100-80gb: ([\d.]+) GiB usable per rank", text).group(1))
     peak, edge, edge_peak = float(pick.group(1)), pick.group(2), pick.group(3)
     flat = " ".join(text.split())
-    assert (f"peaks at {peak:.2f} GiB, {peak / usable:.0%} of the card; B* {edge} would peak at {edge_peak} GiB"
+    assert (f"peaks at {peak:.2f} GiB, {peak / usable:.0%} of the usable memory; B* {edge} would peak at {edge_peak} GiB"
             in flat)
     caveat = re.search(r"\ncaveat: the pick's peak, ([\d.]+) GiB per rank, is ([\d.]+)% of the ([\d.]+) GiB usable: "
                        r"within (\d+)% of the limit", text)
     assert caveat.group(1) == edge_peak and float(caveat.group(3)) == usable
     assert f"{100 * float(edge_peak) / usable:.1f}" == caveat.group(2) and int(caveat.group(4)) == NEAR_LIMIT * 100
-    assert f"at {float(edge_peak) / usable:.0%} of the card, and says so" in flat
+    assert f"at {float(edge_peak) / usable:.1%} of the usable memory, and says so" in flat
 
 
 def test_the_design_pages_module_length_is_the_layering_tests():
