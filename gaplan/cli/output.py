@@ -30,6 +30,9 @@ class ProgressBar:
         if self.bar is None:
             from tqdm import tqdm
 
+            # No monitor thread: started under a run's CPU budget, its stack took 8 MiB of it (a 2-rank DDP run at
+            # micro-batch 16 under 160 MiB ran out of memory with the bar and trained with --quiet, 2026-12-07).
+            tqdm.monitor_interval = 0
             self.bar = tqdm(total=self.total, initial=log.step - 1, desc="train", unit="step", file=sys.stderr,
                             dynamic_ncols=True)
         self.bar.set_postfix(loss=f"{log.loss:.4f}", samples_s=f"{log.samples_per_s:.1f}",

@@ -81,6 +81,8 @@ def _build_under_budget(setup: WorkerSetup, enforce: bool = True, rank: int | No
     started = time.perf_counter()
     if setup.threads:
         torch.set_num_threads(setup.threads)
+    if setup.ddp and rank is None:  # formed before the budget, as a run forms its group before its model: gloo's
+        _one_process_group(device)  # threads' stacks took 24 MiB of a CPU budget (B* 11 where a 2-rank run trains 17)
     backend = make_backend(device)
     backend.activate(setup.allocator_limit(backend.name), enforce=enforce)
     started = _lap(phases, "budget", started)
@@ -162,14 +164,20 @@ def _wrapped_in_ddp(workload, device: str):
     """
     import dataclasses
 
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
+
+    _one_process_group(device)
+    return dataclasses.replace(workload, model=DistributedDataParallel(workload.model))
+
+
+def _one_process_group(device: str) -> None:
+    """A process group of this trial child alone, where it has none (a rank trial joined its own)."""
+    import torch.distributed as dist
 
     from gaplan.parallel.process_group import process_group_backend
 
     if not dist.is_initialized():
         dist.init_process_group(process_group_backend(device), store=dist.HashStore(), rank=0, world_size=1)
-    return dataclasses.replace(workload, model=DistributedDataParallel(workload.model))
 
 
 def _describe(setup: WorkerSetup, static: int | None, rank: int | None = None) -> dict:
