@@ -48,15 +48,13 @@ def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Map
     check_path_exists(run_dir, "--resume")  # a link that loops is not "no checkpoint in it"
     if not os.path.isfile(path_in(run_dir, CHECKPOINT)):  # before anything else: nothing to resume from
         raise GaplanError(f"--resume {run_dir}: no {CHECKPOINT} in it")
-    path = path_in(run_dir, TRAIN_JSON)
     marks = resume_marks()
     section = "workload"
     try:
-        with open(path, encoding="utf-8") as handle:
-            saved = json.load(handle)
+        saved = _read_train_json(run_dir)
         spec = WorkloadSpec.from_dict(saved["workload"]).validate()  # a bad value named here, by its key
         section = "options"
-        options = from_saved(TrainOptions, {k: v for k, v in saved["options"].items() if k in marks})
+        options = _saved_options(saved["options"])
         options = dataclasses.replace(options, source=options.source.without_defaults())
     except OptionError as exc:  # a value in the file, named by its key there: the user gave no such flag
         raise GaplanError(f"--resume {run_dir}: {TRAIN_JSON} holds a value that cannot be used: "
@@ -103,13 +101,22 @@ def with_run_options(options: Mapping[str, Any], given: Collection[str]) -> Mapp
     if not options.get("resume"):
         return options
     try:
-        with open(path_in(options["resume"], TRAIN_JSON), encoding="utf-8") as handle:
-            saved = json.load(handle)["options"]
-        marks = resume_marks()
-        run = to_flat(from_saved(TrainOptions, {k: v for k, v in saved.items() if k in marks}))
+        run = to_flat(_saved_options(_read_train_json(options["resume"])["options"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError, GaplanError):
         return options
     return {**options, **{name: value for name, value in run.items() if name not in given and name in options}}
+
+
+def _read_train_json(run_dir: str) -> dict[str, Any]:
+    """The run's ``train.json`` as saved (its workload, options, environment and commands)."""
+    with open(path_in(run_dir, TRAIN_JSON), encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def _saved_options(saved: Mapping[str, Any]) -> TrainOptions:
+    """``train.json``'s options (of those a resume keeps or may change) as the typed object."""
+    marks = resume_marks()
+    return from_saved(TrainOptions, {k: v for k, v in saved.items() if k in marks})
 
 
 def _as_given(name: str, value: Any) -> str:
@@ -127,8 +134,7 @@ def new_split(run_dir: str, spec: WorkloadSpec, options: TrainOptions, device: s
               memory_limit: int | None) -> list[str]:
     """What differs, of what sets the split, between the run as started in ``run_dir`` and this resume of it: names
     of the device, the budget, the micro-batch and :data:`SPLIT_ONLY_FIELDS` (empty: the same setting)."""
-    with open(path_in(run_dir, TRAIN_JSON), encoding="utf-8") as handle:
-        saved = json.load(handle)
+    saved = _read_train_json(run_dir)
     environment, saved_options, saved_spec = saved.get("environment", {}), saved["options"], saved["workload"]
     changed = [name for name, now in (("device", device), ("memory_limit", memory_limit)) if environment.get(name) != now]
     if options.micro_batch is not None and saved_options.get("micro_batch") != options.micro_batch:
@@ -140,8 +146,7 @@ def new_split(run_dir: str, spec: WorkloadSpec, options: TrainOptions, device: s
 
 def extended(run_dir: str, options: TrainOptions) -> bool:
     """Whether this resume sets other ``steps`` than ``train.json`` holds (a run extended, or ended sooner)."""
-    with open(path_in(run_dir, TRAIN_JSON), encoding="utf-8") as handle:
-        return json.load(handle)["options"].get("steps") != options.steps
+    return _read_train_json(run_dir)["options"].get("steps") != options.steps
 
 
 def save_settings(run_dir: str, spec: WorkloadSpec, options: TrainOptions, device: str,
@@ -150,8 +155,7 @@ def save_settings(run_dir: str, spec: WorkloadSpec, options: TrainOptions, devic
     the run as it is (its start, then each resume that changed it: a plain resume goes on bitwise as the start)."""
     commands = [options.command]
     if options.resume:
-        with open(path_in(run_dir, TRAIN_JSON), encoding="utf-8") as handle:
-            before = json.load(handle)
+        before = _read_train_json(run_dir)
         commands = [*(before.get("commands") or [before["options"].get("command")]), options.command]
     data = {"workload": spec.to_dict(), "options": to_saved(dataclasses.replace(options, resume=False)),
             "environment": {"device": device, "memory_limit": memory_limit}, "commands": commands}
