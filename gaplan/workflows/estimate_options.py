@@ -51,9 +51,6 @@ class EstimateCommand:
         from gaplan.estimate.sharded import check_world_size
 
         check_positive_ints(effective_batch=self.effective_batch, search_cap=self.search_cap, threads=self.threads)
-        from gaplan.devices.cpu import check_threads
-
-        check_threads(self.threads)  # as probe, bench and train: more than 4 a core is a typo
         ranks, machines = resolve_world(self.world_size, self.nodes, self.gpus_per_node)
         object.__setattr__(self, "ranks", ranks)
         object.__setattr__(self, "machines", machines)

@@ -200,6 +200,9 @@ def check_command_fields(command: Any, device: bool = True) -> None:
     if isinstance(command.memory_limit, str):  # the Python API's edge: "256MiB" (the command line gives bytes)
         object.__setattr__(command, "memory_limit", parse_bytes(command.memory_limit))
     check_positive_ints(memory_limit=command.memory_limit)
+    from gaplan.devices.cpu import check_threads
+
+    check_threads(getattr(command, "threads", None))  # a command's own (probe's, train's: their options check theirs)
     if device:
         from gaplan.devices.backend import device_name
 

@@ -86,9 +86,6 @@ class PlanCommand:
     def __post_init__(self) -> None:
         check_command_fields(self, device=False)  # cuda or cpu: its choices
         check_positive_ints(effective_batch=self.effective_batch, threads=self.threads, repeats=self.repeats)
-        from gaplan.devices.cpu import check_threads
-
-        check_threads(self.threads)  # as probe, bench and train: more than 4 a core is a typo
         if self.dtype not in DTYPES:
             raise OptionError(f"dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})", "dtype")
         ranks, machines = resolve_world(self.world_size, self.nodes, self.gpus_per_node)
