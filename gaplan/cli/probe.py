@@ -4,7 +4,6 @@ the workload's) and what is printed; the checks are :class:`gaplan.workflows.pro
 from __future__ import annotations
 
 import json
-import shlex
 from typing import Any
 
 import click
@@ -21,7 +20,6 @@ from gaplan.cli.options import (
 from gaplan.cli.output import BenchProgress, echo_lines, same_terminal
 from gaplan.core.lines import histogram_lines, throughput_line, trial_line
 from gaplan.core.options import MEMORY, OUTPUT
-from gaplan.plan.layouts import workload_flags
 from gaplan.report.result_text import probe_lines, token_probe_lines
 from gaplan.runs.folder import REPORT_HTML, REPORT_MD, path_in
 from gaplan.workflows.probe_options import ProbeCommand
@@ -92,8 +90,7 @@ def probe(**options: Any) -> None:
     echo_lines(probe_lines(result, trials_shown_live=not options["quiet"] and same_terminal()))
     if run.tuner_reason:
         click.echo(f"tuner ({options['objective']}): {run.tuner_reason}")
-    train = shlex.join(["gaplan", "train", *workload_flags(result.workload.to_dict()), "--plan", run.plan_path])
-    click.echo(f"plan written to {run.plan_path}  ({train})")
+    click.echo(f"plan written to {run.plan_path}  ({run.train_command})")
     if run.verdict:
         click.echo(f"throughput: {run.verdict}")
     if run.contention:  # as gaplan bench says it: a contended machine widens every interval

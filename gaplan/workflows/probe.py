@@ -36,6 +36,17 @@ class ProbeRun:
     verdict: str | None = None  # the bench's, with --report: the plan against the large batch, with its interval
     contention: str | None = None  # the bench's, with --report: what its timings say about the machine
 
+    @property
+    def train_command(self) -> str:
+        """The ``gaplan train`` that trains this workload with this plan, as a shell command (as
+        :attr:`gaplan.workflows.probe_tokens.TokenProbeRun.train_command` gives a token probe's)."""
+        import shlex
+
+        from gaplan.plan.layouts import workload_flags
+
+        return shlex.join(["gaplan", "train", *workload_flags(self.result.workload.to_dict()), "--plan",
+                           self.plan_path])
+
 
 def run_probe(spec: WorkloadSpec, out: str, options: ProbeOptions | None = None, *, device: str = "auto",
               memory_limit: int | None = None, on_trial: Callable[[Trial], None] | None = None,
