@@ -1,9 +1,10 @@
 """Running out of memory mid-step: what the ranks agree on, and the smaller size the step is redone with.
 
 Under DDP (or one process) the ranks vote at the points where none waits in a collective and every rank redoes
-the step at half the micro-batch (:class:`OomAgreement`, :func:`halved_sizes`). Under FSDP no vote can reach ranks
-that wait inside an all-gather: the failing rank stops, leaving the halved size for torchrun's restart when one
-is to come (:func:`sharded_out_of_memory`, :mod:`gaplan.training.restart`).
+the step at half the micro-batch (:class:`OomAgreement`, :func:`halved_sizes`). Under FSDP, and in the backward
+DDP synchronizes, no vote can reach ranks that wait inside a collective: the failing rank stops, leaving the
+halved size for torchrun's restart when one is to come (:func:`stranded_out_of_memory`,
+:mod:`gaplan.training.restart`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class OomAgreement:
     vote the others will cast; they raise :class:`PeerOutOfMemory` there. So an OOM in any micro-step's
     forward or backward, or in the last one's forward, switches every rank to the smaller split
     together. (An OOM inside the last backward happens while the peers wait in DDP's all-reduce: that
-    one cannot be coordinated.)
+    one goes through torchrun's restart, :func:`stranded_out_of_memory`.)
     """
 
     VOTES = 2  # before the last micro-batch, and before its backward
@@ -78,22 +79,25 @@ def halved_sizes(plan: Plan, token_budget: int | None, micro_batches: list) -> H
                    f"micro-batch {smaller_plan.micro_batch} x {smaller_plan.grad_accum_steps} accumulation steps")
 
 
-def sharded_out_of_memory(exc: BaseException, step: int, plan: Plan, token_budget: int | None,
-                           micro_batches: list, dist: Distributed, run_dir: str | None) -> GaplanError:
-    """Under FSDP every forward and backward all-gathers: the other ranks wait inside a collective that this
-    rank will never join, so no vote can reach them and the step cannot be redone smaller in this process.
-    Stop this rank (torchrun then stops the others). With a torchrun restart to come, leave the smaller size
-    for the restarted ranks (:mod:`gaplan.training.restart`); else say how to get one."""
+def stranded_out_of_memory(exc: BaseException, step: int, plan: Plan, token_budget: int | None,
+                           micro_batches: list, dist: Distributed, run_dir: str | None, sharded: bool) -> GaplanError:
+    """An OOM where the other ranks wait inside a collective this rank will never join: under FSDP (every
+    forward and backward all-gathers) anywhere, under DDP in the backward it synchronizes (its gradient
+    all-reduce). No vote can reach them and the step cannot be redone smaller in this process. Stop this rank
+    (torchrun then stops the others). With a torchrun restart to come, leave the smaller size for the restarted
+    ranks (:mod:`gaplan.training.restart`); else say how to get one."""
     where = getattr(exc, "gaplan_phase", "the optimizer step")
     halved = halved_sizes(plan, token_budget, micro_batches)
-    failure = f"rank {dist.rank} ran out of memory at step {step + 1}, in {where}, at {halved.was} under FSDP"
+    layout = "FSDP" if sharded else "DDP"
+    failure = f"rank {dist.rank} ran out of memory at step {step + 1}, in {where}, at {halved.was} under {layout}"
+    waiting = ("where the other ranks wait inside a collective" if sharded else
+               "where the other ranks wait inside its gradient all-reduce")
     if run_dir and restarts_left():
         write_marker(run_dir, dist.rank, micro_batch=None if token_budget else halved.plan.micro_batch,
                      token_budget=halved.token_budget,
                      message=f"step {step + 1}: {failure}; redone with {halved.now} after torchrun's restart")
-        return GaplanError(f"{failure}, where the other ranks wait inside a collective: torchrun restarts every rank "
-                           f"(--max-restarts) and they go on from the last checkpoint with {halved.now}")
-    return GaplanError(f"{failure}, where the other ranks wait inside a collective: no smaller retry is possible "
-                       f"mid-step. Launch with {RESTARTABLE_LAUNCH} to redo it from the last checkpoint at half "
-                       "the size, or train with a smaller --micro-batch (gaplan probe --parallel fsdp finds the "
-                       "largest that fits)")
+        return GaplanError(f"{failure}, {waiting}: torchrun restarts every rank (--max-restarts) and they go on "
+                           f"from the last checkpoint with {halved.now}")
+    return GaplanError(f"{failure}, {waiting}: no smaller retry is possible mid-step. Launch with "
+                       f"{RESTARTABLE_LAUNCH} to redo it from the last checkpoint at half the size, or train with a "
+                       f"smaller --micro-batch (gaplan probe --parallel {layout.lower()} finds the largest that fits)")

@@ -1,9 +1,9 @@
 """A training step that runs out of memory is redone at half the micro-batch (or token budget), all ranks together.
 
 The loop calls :func:`step_until_it_fits` once per optimizer step. Under DDP the ranks agree through
-:class:`~gaplan.training.oom.OomAgreement`; under FSDP the failing rank stops and torchrun's restart redoes the
-step (:func:`~gaplan.training.oom.sharded_out_of_memory`). At micro-batch 1 (or a budget no larger than the
-longest sample) nothing smaller exists, and the error is the user's.
+:class:`~gaplan.training.oom.OomAgreement`; under FSDP, or in the backward DDP synchronizes, the failing rank
+stops and torchrun's restart redoes the step (:func:`~gaplan.training.oom.stranded_out_of_memory`). At
+micro-batch 1 (or a budget no larger than the longest sample) nothing smaller exists, and the error is the user's.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from gaplan.training.micro_batches import (
     token_micro_batches,
 )
 from gaplan.training.noise_scale import NoiseScaleMeter
-from gaplan.training.oom import OomAgreement, PeerOutOfMemory, halved_sizes, sharded_out_of_memory
+from gaplan.training.oom import OomAgreement, PeerOutOfMemory, halved_sizes, stranded_out_of_memory
 from gaplan.training.optimizer_step import optimizer_step
 from gaplan.workload.build import Workload
 
@@ -93,9 +93,9 @@ def step_until_it_fits(inputs: StepInputs, step: int, plan: Plan, token_budget: 
                                   "smallest split of a step: it does not fit this budget; give more memory "
                                   "(--memory-limit), or a memory lever (--grad-checkpointing on, --loss chunked, "
                                   "--optimizer sgd: docs/levers.md)") from None
-            if inputs.shards:
-                raise sharded_out_of_memory(exc, step, plan, token_budget, micro_batches, dist,
-                                            inputs.run_dir) from None
+            if inputs.shards or (dist.active and getattr(exc, "gaplan_in_collective", False)):
+                raise stranded_out_of_memory(exc, step, plan, token_budget, micro_batches, dist, inputs.run_dir,
+                                             inputs.shards) from None
             agreement.report_own_failure()
         workload.optimizer.zero_grad(set_to_none=True)  # after the except block: the traceback is gone
         release_after_oom(workload.device)

@@ -1,8 +1,9 @@
-"""Out of memory under FSDP: redo the work smaller through torchrun's restart, since no in-step vote can.
+"""Out of memory where no in-step vote reaches the peers: redo the work smaller through torchrun's restart.
 
 Under DDP a rank that runs out of memory reaches its peers at the next vote and the step is redone with half
-the micro-batch. Under FSDP every forward and backward all-gathers, so the peers wait inside a collective the
-failing rank will never join: nothing can reach them mid-step. What can is a restart. With ``torchrun
+the micro-batch, except in the last micro-step's backward, which DDP synchronizes. Under FSDP every forward and
+backward all-gathers. In both the peers wait inside a collective the failing rank will never join: nothing can
+reach them mid-step. What can is a restart. With ``torchrun
 --max-restarts N``, the failing rank writes what it ran out of memory at (``oom-restart.rank<R>.json`` in the
 run folder: the halved micro-batch or token budget) and exits; torchrun stops and restarts every rank; the new
 ranks agree (the smallest over every rank, so each node may hold its own markers) and go on from the last

@@ -106,6 +106,9 @@ def accumulate_gradients(
             except Exception as exc:
                 # Where it failed, for the caller's message (an OOM in a later micro-step's forward or backward).
                 exc.gaplan_phase = f"the {phase} of micro-step {index + 1} of {steps}"  # type: ignore[attr-defined]
+                # The backward DDP synchronizes: the peers wait in its all-reduce, where no vote can reach them.
+                synced = no_sync is not None and sync is not no_sync
+                exc.gaplan_in_collective = phase == "backward" and synced  # type: ignore[attr-defined]
                 raise
         del loss  # free the graph's last reference before the next micro-batch
     release_gemm_workspace()  # nor into the optimizer step

@@ -203,11 +203,11 @@ def check_before_work(spec: WorkloadSpec, run_dir: str, options: TrainOptions) -
 
 
 def _after_an_oom_restart(spec: WorkloadSpec, run_dir: str, options: TrainOptions, dist: Any, say: Say):
-    """torchrun restarted the ranks after an OOM under FSDP: the options to go on with (from the last checkpoint,
-    or the start), and the sizes every rank agreed on (None when this is no such restart)."""
+    """torchrun restarted the ranks after an OOM no vote could reach: the options to go on with (from the last
+    checkpoint, or the start), and the sizes every rank agreed on (None when this is no such restart)."""
     from gaplan.training.restart import agree_on_restart
 
-    restart = agree_on_restart(run_dir, dist) if spec.parallel == "fsdp" and dist.active else None
+    restart = agree_on_restart(run_dir, dist) if dist.active else None
     if restart is None:
         return options, None
     resumable = os.path.exists(path_in(run_dir, CHECKPOINT))
@@ -215,7 +215,7 @@ def _after_an_oom_restart(spec: WorkloadSpec, run_dir: str, options: TrainOption
         os.remove(path_in(run_dir, TRAIN_LOG_CSV))  # the steps before the failure are trained again
     options = dataclasses.replace(options, resume=options.resume or resumable,
                                   token_budget=restart.token_budget or options.token_budget)
-    what = "; ".join(restart.messages) or "a rank on another node ran out of memory under FSDP"
+    what = "; ".join(restart.messages) or f"a rank on another node ran out of memory under {spec.parallel.upper()}"
     say(f"restarted by torchrun ({what}): going on from {'the last checkpoint' if resumable else 'the start'}")
     return options, restart
 

@@ -1,8 +1,9 @@
 """Run under torchrun with 2 ranks: rank 1 runs out of memory once; both ranks must switch together.
 
-argv[2] says where: ``first`` (the forward of the first micro-step) or ``last`` (the forward of the last one,
-after the ranks' first vote). Writes rank 0's final weights to argv[1] and a JSON summary per rank to
-argv[1] + ".rank<N>.json".
+argv[2] says where: ``first`` (the forward of the first micro-step), ``last`` (the forward of the last one,
+after the ranks' first vote) or ``backward`` (the backward of the last one, which DDP synchronizes: the peers wait
+in its all-reduce, so no vote can reach them and the rank stops with a one-line error). Writes rank 0's final
+weights to argv[1] and a JSON summary per rank to argv[1] + ".rank<N>.json".
 """
 
 import json
@@ -19,6 +20,10 @@ from gaplan.workload.build import WorkloadSpec, build_workload
 SPEC = WorkloadSpec(model="tiny-gpt2", seq_len=16, optimizer="sgd", lr=0.1)
 
 
+def _out_of_memory():
+    raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes (injected)")
+
+
 def main(out: str, where: str = "first") -> None:
     dist = init_distributed("cpu")
     workload = build_workload(SPEC, "cpu", seed=0)
@@ -31,10 +36,15 @@ def main(out: str, where: str = "first") -> None:
         fail = dist.rank == 1 and not state["raised"] and state["calls"] == failing_call
         # In the last micro-step, fail after the model's forward (DDP's own pre-forward collectives done), as an
         # OOM in the logits or the loss would; in the first, before it.
-        loss = raw_loss(model, batch) if not fail or where == "last" else None
+        loss = raw_loss(model, batch) if not fail or where != "first" else None
+        if fail and where == "backward":  # mid-backward: the first block's gradient comes after the later blocks'
+            state["raised"] = True
+            weight = workload.model.transformer.h[0].ln_1.weight
+            handle = weight.register_hook(lambda grad: (handle.remove(), _out_of_memory())[1])
+            return loss
         if fail:
             state["raised"] = True
-            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes (injected)")
+            _out_of_memory()
         return loss
 
     workload.raw_loss = flaky

@@ -1,6 +1,8 @@
 """The training loop: resume equals an uninterrupted run, checkpoints are atomic, OOM fallback is exact."""
 
+import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -152,6 +154,57 @@ def test_ranks_switch_together_after_one_rank_runs_out_of_memory(tmp_path, where
     ddp = load_file(out)
     for name, value in workload.model.state_dict().items():
         assert_close_at_scale(ddp[name], value, msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_an_oom_in_the_backward_ddp_synchronizes_stops_with_one_line_not_a_collective_mismatch(tmp_path):
+    """Rank 1 runs out of memory in the last micro-step's backward, where rank 0 waits in DDP's all-reduce: no vote
+    reaches it. Before, rank 1 redid the step and its vote met rank 0's gradient bucket (gloo: "Received data size
+    doesn't match expected size", SIGABRT); now it stops and says how to launch for a restart."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT, free_port
+
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
+    done = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()),
+                           os.path.join(REPO_ROOT, "tests", "scripts", "ddp_oom.py"), str(tmp_path / "w"), "backward"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO_ROOT))
+    assert done.returncode != 0
+    assert ("rank 1 ran out of memory at step 1, in the backward of micro-step 2 of 2, at micro-batch 4 under DDP, "
+            "where the other ranks wait inside its gradient all-reduce" in done.stderr), done.stderr[-4000:]
+    assert "--max-restarts 1" in done.stderr and "collective mismatch" not in done.stderr
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_an_oom_in_the_backward_ddp_synchronizes_is_redone_at_half_through_a_torchrun_restart(tmp_path):
+    """With --max-restarts 1 rank 1 leaves micro-batch 4 for the restarted ranks, which train both steps at 4: the
+    weights equal a run at 4 from the start."""
+    from safetensors.torch import load_file
+
+    from tests.cli.test_train_fsdp import torchrun
+    from tests.conftest import free_port
+
+    common = ["train", "--model", "tests.scripts.backward_oom_model:make_model", "--device", "cpu",
+              "--effective-batch", "16", "--steps", "2", "--optimizer", "sgd", "--threads", "1", "--json"]
+    restarted = torchrun(*common, "--micro-batch", "8", "--out", str(tmp_path / "restarted"),
+                         "--save-weights", str(tmp_path / "restarted.st"), port=free_port(), restarts=1)
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    assert "restarted by torchrun" in restarted.stderr, restarted.stderr[-3000:]
+    summary = json.loads(restarted.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 2 and summary["plan"]["micro_batch"] == 4, summary["plan"]
+    assert summary["oom_fallbacks"] == ["step 1: rank 1 ran out of memory at step 1, in the backward of micro-step 1 "
+                                        "of 1, at micro-batch 8 under DDP; redone with micro-batch 4 x 2 "
+                                        "accumulation steps after torchrun's restart"]
+    direct = torchrun(*common, "--micro-batch", "4", "--out", str(tmp_path / "direct"),
+                      "--save-weights", str(tmp_path / "direct.st"), port=free_port())
+    assert direct.returncode == 0, direct.stderr[-3000:]
+    a, b = load_file(tmp_path / "restarted.st"), load_file(tmp_path / "direct.st")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "the restarted run trained other weights"
 
 
 def test_what_a_python_caller_may_pass_wrong_is_one_line():
