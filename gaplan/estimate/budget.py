@@ -27,6 +27,14 @@ class Budget:
     usable_bytes: int  # what tensors may take: the limit less the reserve
     assumption: Assumption
 
+    @property
+    def in_words(self) -> str:
+        """The bytes tensors may take, and where they come from when a reserve came off the limit."""
+        if self.usable_bytes == self.limit_bytes:
+            return format_bytes(self.usable_bytes)
+        return (f"{format_bytes(self.usable_bytes)} (what {format_bytes(self.limit_bytes)} leaves after the CUDA "
+                "context and the cuBLAS workspaces)")
+
 
 def check_device_kind(device_kind: str) -> None:
     if device_kind not in DEVICE_KINDS:

@@ -16,6 +16,7 @@ from gaplan.core.units import format_bytes
 from gaplan.plan.search import least_squares_line
 
 if TYPE_CHECKING:
+    from gaplan.estimate.budget import Budget
     from gaplan.estimate.trace import Tracer
     from gaplan.workload.build import WorkloadSpec
 
@@ -48,13 +49,14 @@ def predict(points: dict[int, int], budget: int, cap: int) -> int:
     return max(1, min(cap, math.floor((budget - intercept) / slope)))
 
 
-def find_edge(tracer: Tracer, usable: int, sizes: tuple[int, ...], cap: int,
+def find_edge(tracer: Tracer, the_budget: Budget, sizes: tuple[int, ...], cap: int,
               spec: WorkloadSpec) -> tuple[int, bool, tuple[float, float]]:
     """(B*, capped, line). Raises DoesNotFit when micro-batch 1 does not fit."""
+    usable = the_budget.usable_bytes
     optimizer_step = tracer.optimizer_step()
     if optimizer_step.peak_bytes > usable:
         raise DoesNotFit(
-            f"{spec.model} does not fit in {format_bytes(usable)}: weights, gradients and optimizer states with the "
+            f"{spec.model} does not fit in {the_budget.in_words}: weights, gradients and optimizer states with the "
             f"optimizer step's temporaries take {format_bytes(optimizer_step.peak_bytes)} before any activation",
             optimizer_step.peak_bytes)
     # The line is drawn through tracked bytes; the device's overhead (CPU only) is a constant over it.
@@ -75,8 +77,8 @@ def find_edge(tracer: Tracer, usable: int, sizes: tuple[int, ...], cap: int,
         lo, hi = bracket()
         if hi == 1:
             row = tracer.last_step(1)
-            raise DoesNotFit(f"{spec.model} does not fit in {format_bytes(usable)} even at micro-batch 1: one step's peak "
-                             f"is {format_bytes(row.peak_bytes)}", row.peak_bytes)
+            raise DoesNotFit(f"{spec.model} does not fit in {the_budget.in_words} even at micro-batch 1: one step's "
+                             f"peak is {format_bytes(row.peak_bytes)}", row.peak_bytes)
         if lo >= cap:
             return cap, True, least_squares_line(sorted(line_points.items()))
         if hi is not None and hi == lo + 1:

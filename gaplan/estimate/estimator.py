@@ -79,7 +79,7 @@ def estimate(
     started = time.perf_counter()
     with make_tracer(spec, device_kind, threads, world_size) as tracer:
         try:
-            edge, capped, line = find_edge(tracer, the_budget.usable_bytes, sizes, search_cap, spec)
+            edge, capped, line = find_edge(tracer, the_budget, sizes, search_cap, spec)
         except DoesNotFit as exc:
             raise DoesNotFit(f"{exc}{does_not_fit_hint(spec, tracer, world_size)}", exc.needed_bytes) from None
         plan = make_plan(effective_batch, edge, world_size)

@@ -43,6 +43,20 @@ def test_a_limit_alone_loses_the_contexts_allowance_and_hoppers_workspaces_and_c
         budget("cpu", None, "t4")
 
 
+def test_a_model_that_does_not_fit_names_the_limit_given_not_only_what_the_reserve_leaves_of_it():
+    """--memory-limit 600MiB said "does not fit in 24.00 MiB", a number the user never gave."""
+    from click.testing import CliRunner
+
+    from gaplan.cli.main import main
+
+    gpu = budget("cuda", 600 * MiB, None)
+    assert gpu.in_words == (f"{gpu.usable_bytes / MiB:.2f} MiB (what 600.00 MiB leaves after the CUDA context and "
+                            "the cuBLAS workspaces)")
+    assert budget("cpu", 64 * MiB, None).in_words == "64.00 MiB"
+    result = CliRunner().invoke(main, ["estimate", "--seq-len", "16", "--memory-limit", "600MiB"])
+    assert result.exit_code == 2 and f"tiny-gpt2 does not fit in {gpu.in_words}: weights" in result.output, result.output
+
+
 def test_the_cublas_workspaces_come_off_the_budget_once_and_the_trace_holds_none():
     """``--target X --memory-limit M``: the workspaces are taken off M, once. cuBLAS allocates them through the
     caching allocator at its first GEMM on a card; the trace's products run on fake CPU tensors and the CUDA device
