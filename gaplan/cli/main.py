@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import time
 import traceback
 from typing import Any
@@ -147,9 +146,15 @@ def report_command(run_dir: str, as_json: bool) -> None:
 
 
 def run() -> None:
-    """Entry point that never shows a traceback for user errors."""
-    main(prog_name="gaplan")
+    """The ``gaplan`` command (and ``python -m gaplan``): :func:`main`, then a teardown no late signal changes."""
+    from gaplan.core.interrupt import exit_on_late_signals
+
+    try:
+        main(prog_name="gaplan")
+    except SystemExit as done:  # click's standalone mode ends every command so
+        exit_on_late_signals(done.code)
+        raise
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

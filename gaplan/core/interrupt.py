@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,3 +56,19 @@ def raise_if_interrupted() -> None:
     """Before a run's files are written: a signal received (and perhaps swallowed since) stops the command here."""
     if _received:
         raise KeyboardInterrupt(received())
+
+
+def exit_on_late_signals(status: int | str | None) -> None:
+    """After a command has ended (its output written, its exit status decided): a SIGINT or SIGTERM during the
+    interpreter's teardown (torch's can take a second) ends the process at once with that status, not as the
+    signal's default would (exit 143, no line, for a command whose result was already out)."""
+
+    def exit_now(number: int, frame: Any) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(status if isinstance(status, int) else 0 if status is None else 1)
+
+    with contextlib.suppress(ValueError):  # not the main thread
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, exit_now)

@@ -319,3 +319,15 @@ def test_report_refuses_a_log_that_two_runs_wrote(run):
     log = (run / "train_log.csv").read_text().splitlines()
     (run / "train_log.csv").write_text("\n".join([*log, log[1]]) + "\n")  # step 1 again after step 1
     refused(gaplan("report", str(run)), "train_log.csv is not one run's log: step 1 follows step 1")
+
+
+@pytest.mark.parametrize("args, status", [(["--version"], 0), (["report", "/no/such/run"], 2)])
+def test_a_signal_during_the_teardown_keeps_the_commands_exit_status(args, status):
+    """A SIGTERM after the result was out (here from an atexit hook, so it lands in the interpreter's teardown) ended
+    the process as the signal's default does: exit 143, no line, for a command that had finished."""
+    hook = ("import atexit, os, signal, sys; atexit.register(lambda: os.kill(os.getpid(), signal.SIGTERM)); "
+            f"sys.argv = ['gaplan', *{args!r}]; from gaplan.cli.main import run; run()")
+    done = subprocess.run([sys.executable, "-c", hook], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=REPO_ROOT))
+    assert done.returncode == status, (done.returncode, done.stderr[-2000:])
+    assert "Traceback" not in done.stderr
