@@ -42,8 +42,11 @@ def atomic_write(path: str, write: Callable[[str], object], fsync: bool = False,
     except OSError as exc:
         raise GaplanError(f"cannot write {path}: {exc.strerror or exc}") from None
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(temp)
+        # Only a temp file that exists: on a read-only file system removing one never made raises EROFS, which would
+        # replace the one-line error above with a traceback.
+        if os.path.lexists(temp):
+            with contextlib.suppress(OSError):
+                os.remove(temp)
 
 
 def _umask() -> int:

@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 
@@ -188,6 +189,17 @@ def test_a_read_only_folder_is_one_line(small_disk):
     subprocess.run(["mount", "-o", "remount,ro", disk.path], check=True)
     line = one_line(gaplan(*TRAIN, "--out", os.path.join(disk.path, "run")))
     assert "is not writable: the file system is read-only" in line, line
+
+
+def test_a_report_into_a_read_only_folder_is_one_line(small_disk):
+    """gaplan report wrote nothing there and said so in a traceback: removing the temp file it never made raised EROFS
+    in atomic_write's cleanup, over the one-line error."""
+    disk = small_disk("ro-report", 20)
+    shutil.copytree(os.path.join(REPO_ROOT, "reports", "probe-tiny-gpt2-default"), disk.path, dirs_exist_ok=True)
+    subprocess.run(["mount", "-o", "remount,ro", disk.path], check=True)
+    done = gaplan("report", disk.path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "the file system is read-only" in one_line(done), done.stderr
 
 
 @pytest.mark.slow
