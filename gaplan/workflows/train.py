@@ -24,14 +24,23 @@ from gaplan.core.errors import GaplanError
 from gaplan.core.progress import Say, quiet
 from gaplan.devices.backend import out_of_memory_as
 from gaplan.plan.split import Plan, make_plan
-from gaplan.runs.folder import CHECKPOINT, PLAN_JSON, TRAIN_LOG_CSV, path_in
+from gaplan.runs.folder import CHECKPOINT, PLAN_JSON, path_in
 from gaplan.runs.probe_result import plan_without_probe, save_probe
 from gaplan.runs.schema import save_run_config
 from gaplan.workflows.bench import run_bench
 from gaplan.workflows.train_data import corpus_to_train, read_training_data
 from gaplan.workflows.train_options import TrainOptions
 from gaplan.workflows.train_plan import batch_schedule_for, plan_for_ranks, probe_token_budget_for_ranks
-from gaplan.workflows.train_resume import extended, new_split, resume_settings, save_settings, saved_position, say_split
+from gaplan.workflows.train_resume import (
+    after_an_oom_restart,
+    extended,
+    from_the_start_without_a_checkpoint,
+    new_split,
+    resume_settings,
+    save_settings,
+    saved_position,
+    say_split,
+)
 from gaplan.workload.spec import WorkloadSpec
 
 __all__ = ["TrainOptions", "TrainRun", "resume_settings", "run_train"]
@@ -91,6 +100,7 @@ def _train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, device: str,
     from gaplan.training.config import TrainConfig
     from gaplan.training.loop import train
 
+    options = from_the_start_without_a_checkpoint(run_dir, options, say if os.environ.get("RANK", "0") == "0" else quiet)
     saved = saved_position(run_dir, spec, options) if options.resume else None  # the checkpoint's step and plan
     exports = options.save_weights or options.save_model or options.compare  # a finished run still writes these
     if saved is not None and saved[0] == options.steps and not exports:  # nothing to train, nothing written again
@@ -109,7 +119,7 @@ def _train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, device: str,
                           "torchrun --nproc-per-node N -m gaplan train ... (N at least 2)")
     is_main = dist.rank == 0
     main_say = say if is_main else quiet
-    options, restart = _after_an_oom_restart(spec, run_dir, options, dist, main_say)
+    options, restart = after_an_oom_restart(spec, run_dir, options, dist, main_say)
     if dist.active and device == "cpu" and memory_limit is not None:
         main_say(f"each of the {dist.world_size} ranks has its own {memory_limit / 2**30:.2f} GiB budget "
                  f"({dist.local_world_size} on this machine)")
@@ -200,24 +210,6 @@ def check_before_work(spec: WorkloadSpec, run_dir: str, options: TrainOptions) -
                           "merge it after with peft's merge_and_unload")
     if options.save_model:
         check_save_path(options.save_model)
-
-
-def _after_an_oom_restart(spec: WorkloadSpec, run_dir: str, options: TrainOptions, dist: Any, say: Say):
-    """torchrun restarted the ranks after an OOM no vote could reach: the options to go on with (from the last
-    checkpoint, or the start), and the sizes every rank agreed on (None when this is no such restart)."""
-    from gaplan.training.restart import agree_on_restart
-
-    restart = agree_on_restart(run_dir, dist) if dist.active else None
-    if restart is None:
-        return options, None
-    resumable = os.path.exists(path_in(run_dir, CHECKPOINT))
-    if dist.rank == 0 and not resumable and os.path.exists(path_in(run_dir, TRAIN_LOG_CSV)):
-        os.remove(path_in(run_dir, TRAIN_LOG_CSV))  # the steps before the failure are trained again
-    options = dataclasses.replace(options, resume=options.resume or resumable,
-                                  token_budget=restart.token_budget or options.token_budget)
-    what = "; ".join(restart.messages) or f"a rank on another node ran out of memory under {spec.parallel.upper()}"
-    say(f"restarted by torchrun ({what}): going on from {'the last checkpoint' if resumable else 'the start'}")
-    return options, restart
 
 
 def _memory_meter(spec: WorkloadSpec, options: TrainOptions, device: str, memory_limit: int | None, say: Say):

@@ -28,7 +28,7 @@ from gaplan.core.outputs import check_path_exists
 from gaplan.core.progress import Say
 from gaplan.data.source import reads_as
 from gaplan.plan.split import Plan
-from gaplan.runs.folder import CHECKPOINT, TRAIN_JSON, path_in
+from gaplan.runs.folder import CHECKPOINT, TRAIN_JSON, TRAIN_LOG_CSV, path_in
 from gaplan.workflows.train_options import TrainOptions, resume_marks
 from gaplan.workload.spec import SPLIT_ONLY_FIELDS, WorkloadSpec
 
@@ -46,8 +46,8 @@ def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Map
     Returns the spec, the options and the saved environment (device, memory limit).
     """
     check_path_exists(run_dir, "--resume")  # a link that loops is not "no checkpoint in it"
-    if not os.path.isfile(path_in(run_dir, CHECKPOINT)):  # before anything else: nothing to resume from
-        raise GaplanError(f"--resume {run_dir}: no {CHECKPOINT} in it")
+    if not os.path.isfile(path_in(run_dir, CHECKPOINT)) and not os.path.isfile(path_in(run_dir, TRAIN_JSON)):
+        raise GaplanError(f"--resume {run_dir}: no {CHECKPOINT} in it")  # before anything else: no run at all
     marks = resume_marks()
     section = "workload"
     try:
@@ -149,14 +149,52 @@ def extended(run_dir: str, options: TrainOptions) -> bool:
     return _read_train_json(run_dir)["options"].get("steps") != options.steps
 
 
+def from_the_start_without_a_checkpoint(run_dir: str, options: TrainOptions, say: Say) -> TrainOptions:
+    """A run stopped before its first checkpoint (``kill -9`` with ``--checkpoint-every 0``, the default, saves none
+    before the end): ``--resume`` trains it again from the start, with its own options and the same samples per
+    step, as torchrun's restart after an OOM does. Other options pass through."""
+    if not options.resume or os.path.isfile(path_in(run_dir, CHECKPOINT)):
+        return options
+    forget_logged_steps(run_dir)
+    say(f"no {CHECKPOINT} in {run_dir}: the run stopped before its first checkpoint (--checkpoint-every N keeps one "
+        "every N steps); training it again from the start")
+    return dataclasses.replace(options, resume=False)
+
+
+def after_an_oom_restart(spec: WorkloadSpec, run_dir: str, options: TrainOptions, dist: Any,
+                         say: Say) -> tuple[TrainOptions, Any]:
+    """torchrun restarted the ranks after an OOM no vote could reach: the options to go on with (from the last
+    checkpoint, or the start), and the sizes every rank agreed on (None when this is no such restart)."""
+    from gaplan.training.restart import agree_on_restart
+
+    restart = agree_on_restart(run_dir, dist) if dist.active else None
+    if restart is None:
+        return options, None
+    resumable = os.path.exists(path_in(run_dir, CHECKPOINT))
+    if not resumable:
+        forget_logged_steps(run_dir)  # the steps before the failure are trained again
+    options = dataclasses.replace(options, resume=options.resume or resumable,
+                                  token_budget=restart.token_budget or options.token_budget)
+    what = "; ".join(restart.messages) or f"a rank on another node ran out of memory under {spec.parallel.upper()}"
+    say(f"restarted by torchrun ({what}): going on from {'the last checkpoint' if resumable else 'the start'}")
+    return options, restart
+
+
+def forget_logged_steps(run_dir: str) -> None:
+    """The log's rows of a run trained again from the start (rank 0's file: the others leave it)."""
+    if int(os.environ.get("RANK", "0")) == 0 and os.path.exists(path_in(run_dir, TRAIN_LOG_CSV)):
+        os.remove(path_in(run_dir, TRAIN_LOG_CSV))
+
+
 def save_settings(run_dir: str, spec: WorkloadSpec, options: TrainOptions, device: str,
                    memory_limit: int | None) -> None:
     """``train.json``: the workload, the options and the environment, and ``commands``, the command lines that made
     the run as it is (its start, then each resume that changed it: a plain resume goes on bitwise as the start)."""
     commands = [options.command]
-    if options.resume:
+    if os.path.isfile(path_in(run_dir, TRAIN_JSON)):  # a resume, or the run trained again from its start: its history
         before = _read_train_json(run_dir)
-        commands = [*(before.get("commands") or [before["options"].get("command")]), options.command]
+        history = before.get("commands") or [before["options"].get("command")]
+        commands = history + ([options.command] if options.command != history[-1] else [])  # (a torchrun restart's)
     data = {"workload": spec.to_dict(), "options": to_saved(dataclasses.replace(options, resume=False)),
             "environment": {"device": device, "memory_limit": memory_limit}, "commands": commands}
     atomic_write_text(path_in(run_dir, TRAIN_JSON), json.dumps(data, indent=2) + "\n")

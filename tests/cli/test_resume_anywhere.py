@@ -41,9 +41,9 @@ def logged_steps(run_dir) -> int:
     return max(0, len(log.read_text().splitlines()) - 1) if log.exists() else 0
 
 
-def killed_mid_run(ranks: int, args: list[str], run_dir, after: int = 2) -> int:
+def killed_mid_run(ranks: int, args: list[str], run_dir, after: int = 2, checkpointed: bool = True) -> int:
     """Start the run, kill -9 its whole process group once ``after`` steps are logged; the steps its checkpoint
-    holds (``after`` or one fewer)."""
+    holds (``after`` or one fewer; 0 for a run that writes none before its end, ``checkpointed`` False)."""
     cut = subprocess.Popen(launch(ranks, [*args, "--out", str(run_dir)]), cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 300
@@ -58,6 +58,8 @@ def killed_mid_run(ranks: int, args: list[str], run_dir, after: int = 2) -> int:
     cut.wait(timeout=60)
     cut.stderr.close()
     wait_until_released(run_dir)
+    if not checkpointed:  # --checkpoint-every 0: none is written before the end
+        return 0
     done, _ = checkpoint_position(str(run_dir))  # the log can hold one step more: the kill can fall before its checkpoint
     assert after - 1 <= done < 6
     return done
@@ -126,6 +128,30 @@ def test_a_new_micro_batch_on_resume_goes_on_to_the_uninterrupted_weights(tmp_pa
         rows = list(csv.DictReader(handle))
     assert [int(r["micro_batch"]) for r in rows] == [4] * done + [2] * (6 - done)
     assert max_difference(tmp_path / "whole.st", tmp_path / "resumed.st") <= 1e-5
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_trained_again_from_the_start_by_resume(tmp_path):
+    """--checkpoint-every 0 (the default) writes none before the end: cut by kill -9 after 2 steps, --resume said "no
+    checkpoint.pt in it" and the same command again "continue it with gaplan train --resume", a loop with no way
+    out. Now --resume trains it again from the start: its log holds each step once, its weights are the
+    uninterrupted run's to the bit, and train.json keeps both commands."""
+    default = [*STEPS, "--checkpoint-every", "0", "--micro-batch", "4"]
+    CliRunner().invoke(main, [*default, "--out", str(tmp_path / "whole"), "--save-weights", str(tmp_path / "whole.st")],
+                       catch_exceptions=False)
+    killed_mid_run(1, default, tmp_path / "cut", checkpointed=False)
+    assert not (tmp_path / "cut" / "checkpoint.pt").exists() and logged_steps(tmp_path / "cut") >= 2
+    again = CliRunner().invoke(main, [*default, "--out", str(tmp_path / "cut")])
+    assert again.exit_code == 2 and "continue it with gaplan train --resume" in again.output, again.output
+    result = CliRunner().invoke(main, ["train", "--resume", str(tmp_path / "cut"), "--save-weights",
+                                       str(tmp_path / "resumed.st")])
+    assert result.exit_code == 0, result.output
+    assert (f"no checkpoint.pt in {tmp_path / 'cut'}: the run stopped before its first checkpoint (--checkpoint-every N "
+            "keeps one every N steps); training it again from the start") in result.stderr, result.stderr
+    assert logged_steps(tmp_path / "cut") == 6
+    assert max_difference(tmp_path / "whole.st", tmp_path / "resumed.st") == 0
+    commands = json.loads((tmp_path / "cut" / "train.json").read_text())["commands"]
+    assert len(commands) == 2 and commands[1].endswith(f"--resume {tmp_path / 'cut'}"), commands
+    assert CliRunner().invoke(main, ["train", "--resume", str(tmp_path / "nothing")]).exit_code == 2
 
 
 def test_extending_a_run_goes_on_along_the_cosine_over_its_new_steps(tmp_path):
