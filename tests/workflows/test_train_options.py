@@ -122,7 +122,11 @@ def test_a_fixed_option_given_again_must_agree(tmp_path):
         resume_settings(folder, {"lr": 0.5}, {})  # the run's None is its optimizer's default, said so
 
 
-def test_a_folder_without_a_checkpoint_has_nothing_to_resume(tmp_path):
-    (tmp_path / TRAIN_JSON).write_text("{}")
+def test_a_folder_without_a_checkpoint_or_a_run_record_has_nothing_to_resume(tmp_path):
+    """With train.json and no checkpoint, a run that stopped before its first one: it is read, to be trained again
+    from the start (tests/cli/test_resume_anywhere.py); with neither, nothing is there."""
     with pytest.raises(Exception, match=f"no {CHECKPOINT} in it"):
+        resume_settings(str(tmp_path), {}, {})
+    (tmp_path / TRAIN_JSON).write_text("{}")
+    with pytest.raises(Exception, match=f"{TRAIN_JSON} is not a gaplan train record"):
         resume_settings(str(tmp_path), {}, {})
