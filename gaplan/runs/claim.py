@@ -192,6 +192,8 @@ def claim_run_folder(out: str, command: str, *, overwrite: bool = False, resume:
     continued); with ``overwrite`` the old run's files are replaced (:func:`_set_aside`), unless one of them is among
     the command's ``inputs`` (a ``--plan`` read from the folder it would empty). Yields the resolved path."""
     with hold_run_folder(out, what) as real:
+        if _held[real][1] == 1 and _held[real][0] >= 0:  # the only writer: a set-aside run is a killed writer's
+            _settle_set_aside(real)
         if not resume and _held[real][1] == 1:  # a nested claim (a train's --compare) writes its own folder
             old = check_run_folder(out, command, overwrite=overwrite, what=what)
             read = {os.path.realpath(path) for path in inputs}
@@ -231,3 +233,18 @@ def _set_aside(real: str, names: list[str]) -> Iterator[None]:
             for name in names:
                 os.replace(os.path.join(aside, name), os.path.join(real, name))
             os.rmdir(aside)
+
+
+def _settle_set_aside(real: str) -> None:
+    """What an ``--overwrite`` cut by ``kill -9`` left: the old run set aside in ``.replaced.tmp.<pid>``, which
+    :func:`_set_aside` had no chance to put back or remove. As it would have: back in place when the new run wrote
+    nothing (the old run is found again by ``--resume``, ``report`` and the refusal), else removed (the new run had
+    replaced it, as asked). Call it holding the folder, so no live writer's set-aside is touched."""
+    for aside in sorted(name for name in os.listdir(real) if name.startswith(REPLACED_PREFIX)):
+        path = os.path.join(real, aside)
+        kept = os.listdir(path) if os.path.isdir(path) else []
+        others = [name for name in run_files_in(real) if not name.startswith(REPLACED_PREFIX)]
+        if kept and not others:
+            for name in kept:
+                os.replace(os.path.join(path, name), os.path.join(real, name))
+        remove_run_files(real, [aside])

@@ -81,6 +81,41 @@ def test_a_command_refused_before_it_writes_leaves_the_run_it_would_overwrite(tm
         assert (tmp_path / "plan.json").read_text() == "old plan.json"
 
 
+@pytest.mark.parametrize("wrote", [False, True])
+def test_an_overwrite_killed_mid_way_leaves_the_old_run_found_again_or_replaced(tmp_path, wrote):
+    """kill -9 during an --overwrite left the old run in .replaced.tmp.<pid>, where --resume, report and the refusal
+    saw no run ("no checkpoint.pt in it") and the one way offered, --overwrite, deleted it. The next claim settles it
+    as the killed writer would have: put back when the new run wrote nothing, else removed."""
+    for name in ("train.json", "checkpoint.pt", "notes.txt"):
+        (tmp_path / name).write_text(f"old {name}")
+    write = f"open({str(tmp_path / 'plan.json')!r}, 'w').write('new'); " if wrote else ""
+    code = (f"import sys, time; from gaplan.runs.claim import claim_run_folder; "
+            f"claim = claim_run_folder({str(tmp_path)!r}, 'train', overwrite=True); claim.__enter__(); {write}"
+            "print('claimed', flush=True); time.sleep(120)")
+    writer = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=REPO_ROOT))
+    try:
+        assert writer.stdout.readline().strip() == "claimed"
+    finally:
+        writer.kill()
+        writer.wait()
+        writer.stdout.close()
+    assert any(name.startswith(".replaced.tmp.") for name in os.listdir(tmp_path))
+    deadline = time.monotonic() + 10
+    while True:  # the kernel releases the lock once the process is gone
+        try:
+            with claim_run_folder(str(tmp_path), "train", resume=True):
+                break
+        except GaplanError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    if wrote:
+        assert sorted(os.listdir(tmp_path)) == ["notes.txt", "plan.json"]
+    else:
+        assert sorted(os.listdir(tmp_path)) == ["checkpoint.pt", "notes.txt", "train.json"]
+        assert (tmp_path / "train.json").read_text() == "old train.json"
+
+
 def test_overwrite_refuses_to_remove_a_file_the_command_reads(tmp_path):
     (tmp_path / "plan.json").write_text("{}")
     with pytest.raises(GaplanError, match="--overwrite would remove plan.json"):
