@@ -17,9 +17,11 @@ import click
 from gaplan.core.checkpointing import parse_checkpointing_choice
 from gaplan.core.lora_targets import parse_lora_targets
 from gaplan.core.loss_choice import parse_loss
+from gaplan.core.outputs import absolute_if_here
 from gaplan.core.units import parse_bytes
 from gaplan.plan.schedule import parse_schedule
 from gaplan.workflows.parse_options import parse_batch_range, parse_sizes
+from gaplan.workload.spec import model_path
 
 
 class Parsed(click.ParamType):
@@ -40,9 +42,12 @@ SIZES = Parsed("sizes", parse_sizes)  # micro-batch sizes from B1,B2,...
 SCHEDULE = Parsed("schedule", parse_schedule)  # a ScheduleChoice from fixed, adaptive, warmup:STEPS
 LOSS = Parsed("loss", parse_loss)  # a LossChoice from plain, chunked, chunked:TOKENS
 LORA_TARGETS = Parsed("modules", parse_lora_targets)  # a LoraTargets from all-linear, M1,M2
+LOCAL_PATH = Parsed("path", absolute_if_here)  # --data, --tokenizer: absolute when it names something here
+MODEL = Parsed("model", model_path)  # --model: a model folder here made absolute, a preset's name its own
 
 
-TYPES = (CHECKPOINTING, BYTES, BATCH_RANGE, SIZES, SCHEDULE, LOSS, LORA_TARGETS)  # a new typed option's click type goes here too
+# A new typed option's click type goes here too.
+TYPES = (CHECKPOINTING, BYTES, BATCH_RANGE, SIZES, SCHEDULE, LOSS, LORA_TARGETS, LOCAL_PATH, MODEL)
 
 
 def click_type(parse: Callable[[Any], Any]) -> Parsed:

@@ -49,3 +49,12 @@ def check_path_exists(path: str, what: str) -> None:
             os.path.abspath(path))):
         why = "a folder on its path is a symbolic link that loops or leads nowhere"
     raise GaplanError(f"{what} {path}: cannot read it ({why})")
+
+
+def absolute_if_here(path: str | None) -> str | None:
+    """``path`` made absolute when it names a file or folder here (relative to the working directory), else as
+    given (a preset's name, ``bytes``, a hub id): what a run records reads the same from any directory, so its
+    ``--resume`` and its ``config.toml`` work from elsewhere, and one file named two ways is one file."""
+    if path is None or os.path.isabs(path) or not os.path.exists(path):
+        return path
+    return os.path.abspath(path)

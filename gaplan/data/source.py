@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields, replace
 from typing import ClassVar
 
 from gaplan.core.options import DATA, OptionError, flag, option, option_name
+from gaplan.core.outputs import absolute_if_here
 from gaplan.data.tasks.component import LABEL_FIELD, TARGET_FIELD
 from gaplan.data.tasks.registry import task_component, tasks_taking
 
@@ -30,7 +31,7 @@ class DataSource:
 
     # The fields default to None, "not given", so one given where it does not apply is refused (check_applies);
     # text_name, label_name and target_name are the names read. Each field's help is its command-line option's.
-    path: str | None = option(None, resume="fixed", name="data", section=DATA, metavar="PATH", help=(
+    path: str | None = option(None, resume="fixed", name="data", section=DATA, parse=absolute_if_here, metavar="PATH", help=(
         "Text file (a sample a line), JSONL, a datasets folder (save_to_disk) or a .parquet file."))
     text_field: str | None = option(None, resume="fixed", section=DATA, applies=WITH_DATA, help=(
         "The text field of JSONL, datasets or parquet data.  [default: text]"))
@@ -42,7 +43,8 @@ class DataSource:
         "The target text's field (seq2seq-lm only; --text-field is the source's).  [default: target]"))
     long_samples: str | None = option(None, resume="fixed", section=DATA, choices=LONG_SAMPLE_CHOICES, applies=WITH_DATA, help=(
         "Samples longer than --seq-len: split into seq-len chunks, or truncate them.  [default: split]"))
-    tokenizer: str | None = option(None, resume="fixed", section=DATA, metavar="bytes|DIR", applies=WITH_DATA, help=(
+    tokenizer: str | None = option(None, resume="fixed", section=DATA, parse=absolute_if_here, metavar="bytes|DIR",
+                                   applies=WITH_DATA, help=(
         "Tokenizer for --data: the model folder's own by default; 'bytes' for byte tokens; or a folder."))
 
     @property
@@ -86,6 +88,8 @@ class DataSource:
         return replace(self, **{name: None for name, default in READ_DEFAULTS.items() if getattr(self, name) == default})
 
     def __post_init__(self) -> None:
+        for name in ("path", "tokenizer"):  # a run's records, read from any directory (a tokenizer: bytes or a DIR)
+            object.__setattr__(self, name, absolute_if_here(getattr(self, name)))
         # A field given at its default's own value is still given ("--target-field target" on a causal LM is one
         # line, not ignored): only the resume of an older run takes such values as not given (without_defaults).
         if self.long_samples is not None and self.long_samples not in LONG_SAMPLE_CHOICES:

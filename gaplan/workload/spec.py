@@ -15,6 +15,7 @@ from gaplan.core.errors import GaplanError
 from gaplan.core.lora_targets import LoraTargets, parse_lora_targets
 from gaplan.core.loss_choice import LOSS_CHOICES, PLAIN, LossChoice, parse_loss
 from gaplan.core.options import DATA, MEMORY, TRAINING, OptionError, option, positive_finite
+from gaplan.core.outputs import absolute_if_here
 from gaplan.data.tasks.component import LOSS_CHUNKED, TARGET_LEN
 from gaplan.data.tasks.registry import known_task, task_component, task_names, tasks_taking
 from gaplan.workload.presets import PRESETS
@@ -50,6 +51,12 @@ PARALLEL_LAYOUTS = ("ddp", "fsdp")
 GRAD_SYNCS = ("last", "every")
 
 
+def model_path(model: str) -> str:
+    """``--model`` as a run records it: a model folder here made absolute, so a run's ``--resume`` and
+    ``config.toml`` name it from any directory; a preset's name stays its own (a folder of that name or not)."""
+    return model if not isinstance(model, str) or model in PRESETS else absolute_if_here(model)
+
+
 @dataclass(frozen=True)
 class WorkloadSpec:
     """A serializable description of a workload; built into a :class:`Workload` by :func:`build_workload`."""
@@ -58,7 +65,7 @@ class WorkloadSpec:
 
     # A field with help is its command-line option (gaplan.cli.field_options). probe_key=False: no effect on memory,
     # so a cached probe of another value still holds (same_workload).
-    model: str = option(DEFAULT_MODEL, section=DATA, metavar="NAME|DIR|MODULE:FUNC", help=(
+    model: str = option(DEFAULT_MODEL, section=DATA, parse=model_path, metavar="NAME|DIR|MODULE:FUNC", help=(
         "A preset, a Hugging Face model directory or cached id, or module:function. Presets: tiny-gpt2 (default), "
         "small-gpt2, tiny-llama, tiny-bert-mlm, tiny-bert-cls, tiny-t5; and shapes to estimate and plan for: "
         "llama-2-7b, llama-3-8b, llama-2-13b, llama-2-70b."))
@@ -129,6 +136,7 @@ class WorkloadSpec:
         "compiler)."))
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "model", model_path(self.model))  # the Python API's edge, a saved workload's text
         check_typed(self.grad_checkpointing)  # a typed field: text is parsed at the edge
         if not isinstance(self.loss, LossChoice):  # the Python API's edge, and a saved workload's text (from_dict)
             object.__setattr__(self, "loss", parse_loss(self.loss))

@@ -327,3 +327,25 @@ def test_a_value_given_again_on_resume_is_checked_against_the_runs_own(tmp_path,
         assert result.exit_code == 0 and result.stdout.startswith("nothing to train"), result.output
     else:
         assert result.exit_code == 2 and result.stderr.startswith(f"gaplan: --resume {run_dir}: {said}"), result.output
+
+
+def test_a_run_with_relative_paths_resumes_and_repeats_from_another_directory(tmp_path, monkeypatch):
+    """--data data.txt was recorded as given: from another directory --resume said "cannot read it", --data by its
+    absolute path "contradicts the run's data.txt", and --config DIR/config.toml failed the same way."""
+    start, elsewhere = tmp_path / "start", tmp_path / "elsewhere"
+    start.mkdir()
+    elsewhere.mkdir()
+    (start / "data.txt").write_text("".join(f"line {i} of a small corpus of text\n" for i in range(40)))
+    monkeypatch.chdir(start)
+    first = ["train", "--seq-len", "16", "--effective-batch", "4", "--micro-batch", "2", "--steps", "1", "--threads",
+             "1", "--optimizer", "sgd", "--quiet", "--data", "data.txt", "--tokenizer", "bytes", "--out", "run"]
+    assert CliRunner().invoke(main, first).exit_code == 0
+    assert 'data = "' + str(start / "data.txt") + '"' in (start / "run" / "config.toml").read_text()
+    monkeypatch.chdir(elsewhere)
+    resumed = CliRunner().invoke(main, ["train", "--resume", str(start / "run"), "--steps", "2"])
+    assert resumed.exit_code == 0, resumed.output
+    again = CliRunner().invoke(main, ["train", "--resume", str(start / "run"), "--steps", "3", "--data",
+                                      str(start / "data.txt")])
+    assert again.exit_code == 0, again.output
+    repeated = CliRunner().invoke(main, ["train", "--config", str(start / "run" / "config.toml"), "--out", "copy"])
+    assert repeated.exit_code == 0, repeated.output
