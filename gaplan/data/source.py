@@ -16,7 +16,10 @@ READ_DEFAULTS = {"text_field": "text", "label_field": "label", "target_field": "
 
 
 def reads_as(name: str, value: object) -> object:
-    """What a data field reads as: its default's value for None (a field outside :data:`READ_DEFAULTS` as given)."""
+    """What a data field reads as: its default's value for None (a field outside :data:`READ_DEFAULTS` as given); a
+    path as a run records it today (a checkpoint of an older gaplan kept ``data.txt`` as given)."""
+    if name in ("path", "tokenizer") and isinstance(value, str):
+        return absolute_if_here(value)
     return READ_DEFAULTS.get(name, value) if value is None else value
 
 WITH_DATA = "with `--data`"  # where the options that say how data is read apply

@@ -87,7 +87,7 @@ def load_checkpoint(run_dir: str, map_location: str | torch.device = "cpu") -> d
     try:
         # weights_only: the safe unpickler, which builds no object but tensors and plain containers and calls
         # nothing the file names (a pickle can name any callable: os.system among them).
-        return torch.load(path, weights_only=True, map_location=map_location)
+        state = torch.load(path, weights_only=True, map_location=map_location)
     except pickle.UnpicklingError as exc:
         if "GLOBAL" not in str(exc):  # not a name the safe unpickler refused: a damaged or foreign file
             raise GaplanError(f"--resume {run_dir}: the checkpoint cannot be read (not a torch checkpoint the safe "
@@ -97,6 +97,7 @@ def load_checkpoint(run_dir: str, map_location: str | torch.device = "cpu") -> d
     except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint is the user's to know about
         raise GaplanError(f"--resume {run_dir}: the checkpoint cannot be read "
                           f"({exc.__class__.__name__}: {one_line(exc)})") from None
+    return _checked_shape(run_dir, state)
 
 
 def _named_global(exc: Exception) -> str:
@@ -112,9 +113,37 @@ def _named_global(exc: Exception) -> str:
 def _checkpoint_header(run_dir: str) -> dict[str, Any]:
     """The checkpoint's dict with its tensors memory-mapped, not read (its step and plan are what is wanted)."""
     try:
-        return torch.load(os.path.join(run_dir, CHECKPOINT), weights_only=True, map_location="cpu", mmap=True)
+        state = torch.load(os.path.join(run_dir, CHECKPOINT), weights_only=True, map_location="cpu", mmap=True)
     except Exception:  # noqa: BLE001 - read in full by load_checkpoint, which says in one line why it cannot be
         return load_checkpoint(run_dir)
+    return _checked_shape(run_dir, state)
+
+
+# What every checkpoint gaplan writes holds, by type ("sharded_state" in place of "model" and "optimizer").
+_SHAPE = {"step": int, "plan": dict, "rng": (list, dict), "scheduler": dict}
+_OPTIONAL = {"workload": dict, "data": dict, "loop_state": dict, "scaler": dict}  # None, or absent in an older one
+
+
+def _checked_shape(run_dir: str, state: Any) -> dict[str, Any]:
+    """``state`` when it has the shape of a gaplan checkpoint, else one line (a state dict of your own named
+    checkpoint.pt, an edited file), before the run folder is written or anything is loaded."""
+    def refuse(what: str) -> GaplanError:
+        return GaplanError(f"--resume {run_dir}: {CHECKPOINT} is not a gaplan checkpoint ({what}), so the run cannot "
+                           f"go on from it; without it, gaplan train --resume {run_dir} trains the run again from its "
+                           "start")
+
+    if not isinstance(state, dict):
+        raise refuse(f"a {type(state).__name__}, not the dict gaplan writes")
+    weights = {"sharded_state": str} if state.get("sharded_state") else {"model": dict, "optimizer": dict}
+    for name, kind in {**_SHAPE, **weights}.items():
+        if name not in state:
+            raise refuse(f"no {name!r} in it")
+        if not isinstance(state[name], kind) or (name == "step" and (isinstance(state[name], bool) or state[name] < 0)):
+            raise refuse(f"its {name!r} is {type(state[name]).__name__} {str(state[name])[:40]!r}")
+    for name, kind in _OPTIONAL.items():
+        if state.get(name) is not None and not isinstance(state[name], kind):
+            raise refuse(f"its {name!r} is {type(state[name]).__name__} {str(state[name])[:40]!r}")
+    return state
 
 
 def checkpoint_position(run_dir: str) -> tuple[int, Plan]:
