@@ -70,7 +70,8 @@ def test_loss_falls_on_the_synthetic_corpus(tmp_path):
 
 def test_cut_off_checkpoint_is_never_loaded(tmp_path, monkeypatch):
     path = str(tmp_path / CHECKPOINT)
-    save_checkpoint(path, {"step": 1})
+    shape = {"plan": {}, "rng": {}, "scheduler": {}, "model": {}, "optimizer": {}}  # what a checkpoint holds
+    save_checkpoint(path, {**shape, "step": 1})
     real_save = torch.save
 
     def dies_mid_write(obj, path):
@@ -80,7 +81,7 @@ def test_cut_off_checkpoint_is_never_loaded(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "save", dies_mid_write)
     with pytest.raises(GaplanError, match="No space left on device"):
-        save_checkpoint(path, {"step": 2})
+        save_checkpoint(path, {**shape, "step": 2})
     assert os.listdir(tmp_path) == [CHECKPOINT], "the partial temp file was left behind"
     monkeypatch.setattr(torch, "save", real_save)
     assert load_checkpoint(str(tmp_path))["step"] == 1
