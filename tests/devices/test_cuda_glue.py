@@ -82,6 +82,7 @@ def test_a_checkpoint_is_loaded_onto_this_ranks_device(tmp_path):
     from gaplan.runs.folder import CHECKPOINT
     from gaplan.training.checkpoint import load_checkpoint, save_checkpoint
 
-    save_checkpoint(str(tmp_path / CHECKPOINT), {"weight": torch.ones(3), "step": 2})
+    shape = {"plan": {}, "rng": {}, "scheduler": {}, "optimizer": {}}  # what a checkpoint holds
+    save_checkpoint(str(tmp_path / CHECKPOINT), {**shape, "model": {"weight": torch.ones(3)}, "step": 2})
     loaded = load_checkpoint(str(tmp_path), map_location="meta")  # wherever it was saved from
-    assert loaded["weight"].device.type == "meta" and loaded["step"] == 2
+    assert loaded["model"]["weight"].device.type == "meta" and loaded["step"] == 2
