@@ -33,6 +33,25 @@ def check_output_file(path: str, what: str) -> None:
     check_writable(os.path.dirname(os.path.abspath(path)), what)
 
 
+def check_weights_file(path: str, what: str = "--save-weights") -> None:
+    """``path`` is to be written as one safetensors file (:func:`check_output_file`), and a file already there holds
+    safetensors weights: any other (a run's checkpoint, log or record) is not written over."""
+    check_output_file(path, what)
+    if os.path.isfile(path) and not _holds_safetensors(path):
+        raise GaplanError(f"{what} {path} holds something other than safetensors weights; not overwritten: give "
+                          "another path, or remove it first")
+
+
+def _holds_safetensors(path: str) -> bool:
+    """The safetensors layout: 8 bytes of header length (little-endian), then the JSON header, within the file."""
+    try:
+        with open(path, "rb") as handle:
+            head, size = handle.read(9), os.fstat(handle.fileno()).st_size
+    except OSError:
+        return False
+    return len(head) == 9 and head[8:9] == b"{" and 8 + int.from_bytes(head[:8], "little") <= size
+
+
 def check_path_exists(path: str, what: str) -> None:
     """``path`` (given as ``what``) exists: else one line that says why not, a link that loops or leads nowhere
     told apart from a path with nothing there."""

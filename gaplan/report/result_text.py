@@ -112,7 +112,8 @@ def train_lines(summary: dict[str, Any], run_dir: str, bounded: bool) -> list[st
 def export_lines(summary: dict[str, Any]) -> list[str]:
     """What a run wrote besides its folder: the weights, the model, the bench's verdict."""
     return ([f"weights written to {summary['weights']}"] if summary.get("weights") else []) + \
-        ([f"model written to {summary['model_dir']}"] if summary.get("model_dir") else []) + \
+        ([f"model written to {summary['model_dir']}"
+          + (" (no tokenizer in it)" if summary.get("tokenizer_saved") is False else "")] if summary.get("model_dir") else []) + \
         ([f"throughput: {summary['verdict']}"] if summary.get("verdict") else [])
 
 

@@ -66,6 +66,17 @@ def check_run_folder(out: str, command: str, *, overwrite: bool = False, what: s
                       "to replace it")
 
 
+def check_not_a_run_file(path: str, run_dir: str, what: str) -> None:
+    """An output that would be the run folder (``--save-model RUN``) or one of its own files (``--save-weights
+    RUN/checkpoint.pt``), which the run writes too: refused in one line before any work."""
+    real = os.path.realpath(path)
+    if real == os.path.realpath(run_dir):
+        raise GaplanError(f"{what} {path} is the run folder itself: give a folder of its own")
+    if os.path.dirname(real) == os.path.realpath(run_dir) and os.path.basename(real) in RUN_FILE_NAMES:
+        raise GaplanError(f"{what} {path} is the run folder's own {os.path.basename(real)}, which the run writes: "
+                          "give another file name")
+
+
 def remove_run_files(directory: str, names: list[str]) -> None:
     """Remove the run files ``names`` from ``directory`` (``--overwrite``): gaplan's files, never the user's."""
     for name in names:

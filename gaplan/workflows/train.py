@@ -193,7 +193,8 @@ def _train(spec: WorkloadSpec, run_dir: str, options: TrainOptions, device: str,
 def check_before_work(spec: WorkloadSpec, run_dir: str, options: TrainOptions) -> None:
     """What would fail only at the end, checked before any probe or step: the run folder and the output paths can be
     written (a file path is not a folder), and ``merge`` applies."""
-    from gaplan.core.outputs import check_output_file, check_writable
+    from gaplan.core.outputs import check_weights_file, check_writable
+    from gaplan.runs.claim import check_not_a_run_file
     from gaplan.workflows.parse_options import check_tokens_apply
     from gaplan.workload.model_io import check_save_path
 
@@ -201,7 +202,8 @@ def check_before_work(spec: WorkloadSpec, run_dir: str, options: TrainOptions) -
     if options.batch_by == "tokens":
         check_tokens_apply(spec)
     if options.save_weights:
-        check_output_file(options.save_weights, "--save-weights")
+        check_weights_file(options.save_weights)
+        check_not_a_run_file(options.save_weights, run_dir, "--save-weights")
     if options.merge and not spec.lora:
         raise GaplanError("--merge merges LoRA adapters into the base: add --lora (a full fine-tune saves the full "
                           "model already)")
@@ -209,6 +211,7 @@ def check_before_work(spec: WorkloadSpec, run_dir: str, options: TrainOptions) -
         raise GaplanError("--merge with --parallel fsdp is not supported: save the adapter (leave --merge out) and "
                           "merge it after with peft's merge_and_unload")
     if options.save_model:
+        check_not_a_run_file(options.save_model, run_dir, "--save-model")
         check_save_path(options.save_model)
 
 
@@ -312,8 +315,13 @@ def _save_outputs(run_dir: str, options: TrainOptions, workload: Any, corpus: An
             say(f"adapter saved to {summary['model_dir']} (loads with PeftModel.from_pretrained(base, "
                 f"{summary['model_dir']!r}); --merge writes the merged model instead)")
         else:
-            say(f"model saved to {summary['model_dir']} (loads with AutoModelFor*.from_pretrained and "
-                "AutoTokenizer.from_pretrained)")
+            from gaplan.data.tokenizer import has_tokenizer
+
+            summary["tokenizer_saved"] = has_tokenizer(summary["model_dir"])
+            say(f"model saved to {summary['model_dir']} (loads with AutoModelFor*.from_pretrained"
+                + (" and AutoTokenizer.from_pretrained)" if summary["tokenizer_saved"] else "; no tokenizer is in it: "
+                   f"the run's data was {'bytes, a token per byte' if options.source.tokenizer == 'bytes' else 'token ids'}"
+                   ", and AutoTokenizer would load one that does not read as the run did)"))
     return summary
 
 

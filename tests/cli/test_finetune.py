@@ -44,3 +44,21 @@ def test_finetune_a_pretrained_folder_on_a_dataset_and_load_it_back(tmp_path):
     assert any(not torch.equal(original[k], state[k]) for k in original), "two AdamW steps changed nothing"
     assert tokenizer("the quick brown fox")["input_ids"] == \
         transformers.AutoTokenizer.from_pretrained(str(tmp_path / "my-llama"))("the quick brown fox")["input_ids"]
+
+
+def test_a_model_saved_from_byte_tokens_says_it_holds_no_tokenizer(tmp_path):
+    """--tokenizer bytes has no transformers tokenizer to save: the folder held none, and the line said it loads with
+    AutoTokenizer.from_pretrained, which gave a GPT-2 tokenizer of length 1 that reads "abc" as []."""
+    from click.testing import CliRunner
+
+    from gaplan.cli.main import main
+
+    (tmp_path / "data.txt").write_text("".join(f"line {i} of a few bytes\n" for i in range(40)))
+    result = CliRunner().invoke(main, ["train", "--seq-len", "16", "--effective-batch", "4", "--steps", "1",
+                                       "--threads", "1", "--data", str(tmp_path / "data.txt"), "--tokenizer", "bytes",
+                                       "--out", str(tmp_path / "run"), "--save-model", str(tmp_path / "ft"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["tokenizer_saved"] is False
+    assert ("no tokenizer is in it: the run's data was bytes, a token per byte, and AutoTokenizer would load one that "
+            "does not read as the run did") in result.stderr
+    assert (tmp_path / "ft" / "config.json").exists() and not (tmp_path / "ft" / "tokenizer.json").exists()
