@@ -133,10 +133,14 @@ def probe_for(
     machine = machine_identity(device)
     cache = plan_cache_path(spec, device, memory_limit, threads, ddp, world_size, machine)
     if os.path.isfile(cache):
-        probed = load_probe(cache)
-        if not probed.capped or probed.max_micro_batch >= needed_micro_batch:
-            say(reuse_line(cache, probed, machine, memory_limit, threads))
-            return spec, reused(probed, cache)
+        try:
+            probed = load_probe(cache)
+        except GaplanError as exc:  # a cache is gaplan's own, and optional: a damaged entry is probed again
+            say(f"the cached probe cannot be read ({exc}): probing again, and replacing it")
+        else:
+            if not probed.capped or probed.max_micro_batch >= needed_micro_batch:
+                say(reuse_line(cache, probed, machine, memory_limit, threads))
+                return spec, reused(probed, cache)
     say("probing the largest micro-batch that fits first ...")
     if sharded:  # every trial runs the world's ranks; needed_micro_batch is one rank's share already
         probed = probe(spec, device=device, memory_limit=memory_limit, effective_batch=needed_micro_batch * world_size,
@@ -145,7 +149,10 @@ def probe_for(
         probed = probe(spec, device=device, memory_limit=memory_limit, effective_batch=needed_micro_batch,
                        threads=threads, ddp=ddp, on_trial=on_trial)
     if write_cache:
-        save_probe(probed, cache)
+        try:
+            save_probe(probed, cache)
+        except GaplanError as exc:  # the run has its probe: only a later run's reuse is lost
+            say(f"the probe is not cached ({exc}); set GAPLAN_CACHE_DIR to a writable folder to keep it")
     return spec, probed
 
 

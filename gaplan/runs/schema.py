@@ -7,6 +7,7 @@ is a file every other one reads. Anything unusable is one :class:`GaplanError` l
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -105,18 +106,19 @@ def check_plan(data: object, path: str) -> dict[str, Any]:
     if missing:
         raise GaplanError(f"{path} is not a gaplan plan file: missing {', '.join(missing)}")
     for key in ("memory_limit_bytes", "probe_limit_bytes", "max_micro_batch", "param_count", "static_bytes",
-                "world_size", "trial_ranks"):
-        _check_number(path, key, data.get(key))
+                "world_size", "trial_ranks", "token_budget"):
+        _check_number(path, key, data.get(key), whole=True)
     for key in ("effective_batch", "micro_batch", "grad_accum_steps", "world_size"):
-        _check_number(path, f"plan.{key}", data["plan"].get(key))
+        _check_number(path, f"plan.{key}", data["plan"].get(key), whole=True)
     trials = data.get("trials") or []
     if not isinstance(trials, list) or not all(isinstance(t, dict) for t in trials):
         raise GaplanError(f"{path}: trials must be a list of JSON objects")
     for index, trial in enumerate(trials):
         if "micro_batch" not in trial or "fits" not in trial:
             raise GaplanError(f"{path}: trial {index + 1} lacks micro_batch or fits")
-        for key in ("micro_batch", "peak_bytes", "micro_steps_peak_bytes", "seconds", "completed_steps"):
-            _check_number(path, f"trials[{index}].{key}", trial.get(key))
+        for key in ("micro_batch", "peak_bytes", "micro_steps_peak_bytes", "completed_steps"):
+            _check_number(path, f"trials[{index}].{key}", trial.get(key), whole=True)
+        _check_number(path, f"trials[{index}].seconds", trial.get("seconds"))
     return data
 
 
@@ -130,10 +132,13 @@ def was_probed(plan: dict[str, Any]) -> bool:
     return bool(plan.get("probed", True))
 
 
-def _check_number(path: str, name: str, value: object) -> None:
-    # None is allowed: absent optional fields; bools are numbers to Python but never meant here.
+def _check_number(path: str, name: str, value: object, whole: bool = False) -> None:
+    # None is allowed: absent optional fields; bools are numbers to Python but never meant here. A count or a size
+    # (``whole``) is a whole number, 0 or more: a hand-edited Infinity, 2.5 or -1 is one line, not a traceback.
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise GaplanError(f"{path}: {name} must be a number (got {value!r})")
+    if whole and value is not None and not (math.isfinite(value) and float(value).is_integer() and value >= 0):
+        raise GaplanError(f"{path}: {name} must be a whole number, 0 or more (got {value!r})")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -139,6 +139,28 @@ def test_write_cache_false_leaves_no_entry(stand_in_probe):
     assert len(stand_in_probe) == 2 and os.path.isfile(plan_cache_path(SPEC, "cpu", SMALL_BUDGET))
 
 
+def test_a_damaged_entry_is_probed_again_and_replaced_and_an_unwritable_cache_is_only_said(stand_in_probe, tmp_path,
+                                                                                             monkeypatch):
+    """A truncated entry blocked every train of the workload ("cannot read plan file <cache>"), and a cache that
+    could not be written failed the train after its probe (a traceback where GAPLAN_CACHE_DIR is a file)."""
+    cache = plan_cache_path(SPEC, "cpu", SMALL_BUDGET)
+    save_probe(probe_result(37), cache)
+    with open(cache, "r+") as handle:
+        handle.truncate(300)
+    said = []
+    _, fresh = probe_for(SPEC, "cpu", SMALL_BUDGET, 64, say=said.append)
+    assert fresh.max_micro_batch == 11 and len(stand_in_probe) == 1
+    assert any(line.startswith("the cached probe cannot be read (") and "probing again, and replacing it" in line
+               for line in said), said
+    _, again = probe_for(SPEC, "cpu", SMALL_BUDGET, 64)
+    assert again.max_micro_batch == 11 and len(stand_in_probe) == 1  # the entry was replaced
+    (tmp_path / "a-file").write_text("not a folder")
+    monkeypatch.setenv("GAPLAN_CACHE_DIR", str(tmp_path / "a-file"))
+    said.clear()
+    _, probed = probe_for(SPEC, "cpu", SMALL_BUDGET, 64, say=said.append)
+    assert probed.max_micro_batch == 11 and any(line.startswith("the probe is not cached (") for line in said), said
+
+
 FSDP = dataclasses.replace(SPEC, parallel="fsdp")
 
 

@@ -68,8 +68,15 @@ def broken_plans() -> list[tuple[str, dict]]:
     del no_micro["plan"]["micro_batch"]
     text_budget = {**plan_json(TRIALS), "memory_limit_bytes": "1GB"}
     bad_trial = plan_json([{"micro_batch": 4}])
+    # Hand-edited numbers: Infinity was an OverflowError traceback, 2.5 was cut to 2, -1 taken as a budget.
+    infinite = {**plan_json(TRIALS), "max_micro_batch": float("inf")}
+    fraction = {**plan_json(TRIALS), "max_micro_batch": 2.5}
+    negative = {**plan_json(TRIALS), "memory_limit_bytes": -1}
     return [("device", no_device), ("plan.micro_batch", no_micro), ("memory_limit_bytes must be a number", text_budget),
-            ("trial 1 lacks micro_batch or fits", bad_trial)]
+            ("trial 1 lacks micro_batch or fits", bad_trial),
+            ("max_micro_batch must be a whole number, 0 or more (got inf)", infinite),
+            ("max_micro_batch must be a whole number, 0 or more (got 2.5)", fraction),
+            ("memory_limit_bytes must be a whole number, 0 or more (got -1)", negative)]
 
 
 @pytest.mark.parametrize("fragment, data", broken_plans(), ids=[f for f, _ in broken_plans()])
