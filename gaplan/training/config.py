@@ -35,6 +35,8 @@ class LoopOptions:
             # clip_grad_norm_ with a negative norm flips every gradient: gradient ascent, with no word
             raise OptionError(f"max_grad_norm must be a positive number (got {norm}); leave it out for no clipping",
                               "max_grad_norm")
+        if not -(2**63) <= self.seed < 2**64:  # what torch.manual_seed takes (past it: a ValueError traceback)
+            raise OptionError(f"seed must be an integer from -2**63 to 2**64-1 (got {self.seed})", "seed")
         for name in ("warmup_steps", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise OptionError(f"{name} must be 0 or more (got {getattr(self, name)})", name)

@@ -70,6 +70,7 @@ def assert_same_line(argv: list[str]) -> None:
 TRAIN_CASES = list(MISUSES["train"].values()) + [
     ("--effective-batch", "0"),
     ("--max-grad-norm", "-1"),
+    ("--seed", "99999999999999999999999"),  # past torch.manual_seed's range: a ValueError traceback
     ("--batch-schedule", "sometimes"),
     ("--batch-schedule", "adaptive", "--effective-batch", "16", "--effective-batch-min", "32"),
     ("--batch-schedule", "adaptive", "--no-noise-scale"),
