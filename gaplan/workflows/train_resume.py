@@ -16,6 +16,7 @@ from gaplan.core.atomic_write import atomic_write_text
 from gaplan.core.errors import GaplanError
 from gaplan.core.options import (
     OptionError,
+    flag,
     from_saved,
     get_path,
     leaf_fields,
@@ -82,9 +83,9 @@ def resume_settings(run_dir: str, given_spec: dict[str, Any], given_options: Map
             continue
         # A data field agrees with what it reads as: --target-field target again on a run started without it.
         if marks[name] == "fixed" and reads_as(name, get_path(options, path_names)) != reads_as(name, given_options[name]):
-            raise GaplanError(f"--resume {run_dir}: --{name.replace('_', '-')} {given_options[name]} contradicts the "
-                              f"run's {_as_run_had(get_path(options, path_names))} (resume continues the run as it was "
-                              "started)")
+            given = f"{leaf.metadata.get('flag', flag(name))} {given_options[name]}"
+            raise GaplanError(f"--resume {run_dir}: {given} contradicts the run's "
+                              f"{_as_run_had(get_path(options, path_names))} (resume continues the run as it was started)")
         if marks[name] == "free":
             options = replace_path(options, path_names, given_options[name])
     environment = saved.get("environment", {})

@@ -316,6 +316,7 @@ LORA_RUN, PLAIN_RUN, TOKENS_RUN = (["--micro-batch", "2", "--lora", "--lora-r", 
     (TOKENS_RUN, ["--token-budget", "64"], "--token-budget 64 contradicts the run's 32"),
     (PLAIN_RUN, ["--lora"], "--lora on contradicts the run's off"),
     (PLAIN_RUN, ["--lr", "0.002"], "--lr 0.002 contradicts the run's default (it was started without one)"),
+    (PLAIN_RUN, ["--plan", "p.json"], "--plan p.json contradicts the run's default"),  # the flag, not --plan-file
 ])
 def test_a_value_given_again_on_resume_is_checked_against_the_runs_own(tmp_path, started, again, said):
     run_dir = str(tmp_path / "run")
