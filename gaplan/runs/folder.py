@@ -34,10 +34,15 @@ REPORTS_ROOT = "reports"  # default parent of run folders, relative to the worki
 
 
 def default_run_dir(command: str, model: str, now: datetime.datetime | None = None) -> str:
-    """``reports/<command>-<model name>-<YYYYmmdd-HHMMSS>``; the model name made safe for a path."""
+    """``reports/<command>-<model name>-<YYYYmmdd-HHMMSS>``; the model name made safe for a path; ``-2``, ``-3`` ...
+    after it where that folder exists already (a script's second run in the same second). Under torchrun every
+    rank names the same folder: none is made here, so ranks that start in the same second agree."""
     stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", os.path.basename(model.rstrip("/")) or model).strip("-")
-    return os.path.join(REPORTS_ROOT, f"{command}-{name}-{stamp}")
+    base = os.path.join(REPORTS_ROOT, f"{command}-{name}-{stamp}")
+    if os.environ.get("TORCHELASTIC_RUN_ID"):  # another rank may have made it already: the same run's folder
+        return base
+    return next(path for path in (base, *(f"{base}-{n}" for n in range(2, 10_000))) if not os.path.exists(path))
 
 
 def path_in(run_dir: str, name: str) -> str:

@@ -216,3 +216,22 @@ def test_a_refused_command_leaves_no_folder_it_made_but_keeps_what_another_wrote
     with hold_run_folder(str(out)):
         (tmp_path / "a" / "note.txt").write_text("another writer's")
     assert sorted(os.listdir(tmp_path / "a")) == ["note.txt"]
+
+
+def test_a_default_folder_taken_in_the_same_second_gets_the_next_number(tmp_path, monkeypatch):
+    """Two runs without --out in one second named one folder: the second was refused ("already holds a run")."""
+    import datetime
+
+    from gaplan.runs.folder import default_run_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    now = datetime.datetime(2026, 12, 7, 14, 11, 53)
+    first = default_run_dir("train", "tiny-gpt2", now)
+    assert first == os.path.join("reports", "train-tiny-gpt2-20261207-141153")
+    os.makedirs(first)
+    assert default_run_dir("train", "tiny-gpt2", now) == first + "-2"
+    os.makedirs(first + "-2")
+    assert default_run_dir("train", "tiny-gpt2", now) == first + "-3"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")  # ranks of one run: the one folder, made by any of them
+    assert default_run_dir("train", "tiny-gpt2", now) == first
