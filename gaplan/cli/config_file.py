@@ -55,14 +55,21 @@ def _load(ctx: click.Context, param: click.Parameter, path: str | None) -> None:
     values = read_config(path, ctx.command.name,
                          {key: partial(option.type_cast_value, ctx) for key, option in options.items()},
                          {key: getattr(option, "table", None) for key, option in options.items()},
-                         {key: _number_kind(option.type) for key, option in options.items()})
+                         {key: _value_kind(option) for key, option in options.items()})
     ctx.default_map = {**(ctx.default_map or {}), **{options[key].name: value for key, value in values.items()}}
 
 
-def _number_kind(kind: click.ParamType) -> type | None:
-    """The number an option's type holds (``int``, ``float``), for the file's values; None for any other."""
-    return int if isinstance(kind, click.types.IntParamType) else float if isinstance(
-        kind, click.types.FloatParamType) else None
+def _value_kind(option: click.Option) -> type | None:
+    """The kind of value an option holds (``int``, ``float``, a switch's ``bool``, text's ``str``), for the file's
+    values; for a typed option the one its type holds, else None (its parser reads the file's forms itself)."""
+    kind = option.type
+    if option.is_flag:
+        return bool
+    if isinstance(kind, click.types.IntParamType):
+        return int
+    if isinstance(kind, click.types.FloatParamType):
+        return float
+    return str if isinstance(kind, (click.types.StringParamType, click.Choice)) else getattr(kind, "holds", None)
 
 
 def _mark(ctx: click.Context, param: click.Parameter, value: bool) -> None:

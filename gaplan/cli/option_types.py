@@ -27,9 +27,10 @@ from gaplan.workload.spec import model_path
 class Parsed(click.ParamType):
     """A click type that is one parser: ``parse(value)`` gives the typed value or raises its one-line error."""
 
-    def __init__(self, name: str, parse: Callable[[Any], Any]) -> None:
+    def __init__(self, name: str, parse: Callable[[Any], Any], holds: type | None = None) -> None:
         self.name = name
         self._parse = parse
+        self.holds = holds  # the one kind of value a config file may give it (None: the parser reads several)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         return self._parse(value)
@@ -42,8 +43,8 @@ SIZES = Parsed("sizes", parse_sizes)  # micro-batch sizes from B1,B2,...
 SCHEDULE = Parsed("schedule", parse_schedule)  # a ScheduleChoice from fixed, adaptive, warmup:STEPS
 LOSS = Parsed("loss", parse_loss)  # a LossChoice from plain, chunked, chunked:TOKENS
 LORA_TARGETS = Parsed("modules", parse_lora_targets)  # a LoraTargets from all-linear, M1,M2
-LOCAL_PATH = Parsed("path", absolute_if_here)  # --data, --tokenizer: absolute when it names something here
-MODEL = Parsed("model", model_path)  # --model: a model folder here made absolute, a preset's name its own
+LOCAL_PATH = Parsed("path", absolute_if_here, holds=str)  # --data, --tokenizer: absolute when it names something here
+MODEL = Parsed("model", model_path, holds=str)  # --model: a model folder here made absolute, a preset's name its own
 
 
 # A new typed option's click type goes here too.

@@ -48,8 +48,9 @@ def read_config(path: str, command: str, parsers: Mapping[str, Callable[[Any], A
     """``command``'s values in the TOML file at ``path``, by key; ``parsers[key](value)`` parses one (raising on a
     value its option refuses: the error's ``message`` or text is the line's end). ``tables[key]`` is the table an
     option belongs in, nested as the objects are (``[train.loop]``; None: ``[train]`` itself); a key may also sit in
-    ``[train]`` itself, as a flat file has it. ``numbers[key]`` (``int``, ``float``): the number an option holds, so
-    a file's value is one as the command line's text would be (``2.5`` for an integer is refused, not cut to 2)."""
+    ``[train]`` itself, as a flat file has it. ``numbers[key]`` (``int``, ``float``, ``bool``, ``str``): the kind
+    of value an option holds, so a file's value is one as the command line's text would be (``2.5`` for an integer
+    is refused, not cut to 2; a switch is a TOML boolean; text is a string)."""
     data = read_toml(path)
     top = [key for key, value in data.items() if isinstance(value, dict)]
     if top and command not in top:
@@ -81,12 +82,17 @@ def _checked(path: str, table: str, key: str, value: Any, parsers: Mapping[str, 
         near = difflib.get_close_matches(key.replace("_", "-"), list(parsers), n=1)
         hint = f" (did you mean {near[0]}?)" if near else ""
         raise GaplanError(f"--config {path}: [{table}] has no option {key!r}{hint}")
-    number = numbers.get(key)
-    # A float, bool or list where a number goes: refused as its text would be (click's int() would cut 2.5 to 2).
-    if number is not None and (isinstance(value, bool) or not isinstance(value, (str, int) if number is int
+    kind = numbers.get(key)
+    # A float, bool or list where a number goes: refused as its text would be (click's int() would cut 2.5 to 2); a
+    # switch is true or false, and a text option's value a string (a list was turned into its Python text).
+    if kind in (int, float) and (isinstance(value, bool) or not isinstance(value, (str, int) if kind is int
                                                                           else (str, int, float))):
         raise GaplanError(f"--config {path}: [{table}] {key} = {value!r}: {value!r} is not "
-                          f"{'an integer' if number is int else 'a number'}")
+                          f"{'an integer' if kind is int else 'a number'}")
+    if kind is bool and not isinstance(value, bool):
+        raise GaplanError(f"--config {path}: [{table}] {key} = {value!r}: a switch is true or false")
+    if kind is str and not isinstance(value, str):
+        raise GaplanError(f'--config {path}: [{table}] {key} = {value!r}: {value!r} is not a string ("text" in quotes)')
     try:
         parse(value)
     except Exception as exc:  # noqa: BLE001 - the option's parser refuses it: its own words end the line

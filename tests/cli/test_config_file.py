@@ -91,6 +91,13 @@ def test_a_flag_given_wins_over_the_file_and_the_file_counts_as_given(tmp_path):
     ("[train.loop]\nsteps = 2.5\n", "[train.loop] steps = 2.5: 2.5 is not an integer"),  # not cut to 2
     ("[train.loop]\nsteps = [1, 2]\n", "[train.loop] steps = [1, 2]: [1, 2] is not an integer"),
     ("[train.loop]\nlr = true\n", "[train.loop] lr = True: True is not a number"),
+    # A switch given a number said Python's "'int' object has no attribute 'strip'"; a list for a text option was
+    # taken as its Python text ("['tiny-gpt2']"), printed back so by --print-config.
+    ("[train]\nquiet = 1\n", "[train] quiet = 1: a switch is true or false"),
+    ("[train.workload]\nlora = [true]\n", "[train.workload] lora = [True]: a switch is true or false"),
+    ("[train.workload]\nmodel = ['tiny-gpt2']\n",
+     "[train.workload] model = ['tiny-gpt2']: ['tiny-gpt2'] is not a string (\"text\" in quotes)"),
+    ("[train.workload]\noptimizer = 5\n", "[train.workload] optimizer = 5: 5 is not a string"),
     ("[train\n", "not TOML"),
     (b"\xff\xfe\x00binary", "not TOML (not UTF-8 text: byte 0xff at offset 0)"),  # tomllib decodes before it parses
     (b"[train]\nsteps = 2\n\xff\n", "not TOML (not UTF-8 text: byte 0xff at offset 18)"),
