@@ -105,12 +105,13 @@ def load_run(run_dir: str) -> RunData:
 
 
 def _one_run_log(run_dir: str, log: pd.DataFrame | None) -> pd.DataFrame | None:
-    """The training log, refused where its steps do not count up one by one (two writers mixed into it)."""
+    """The training log, refused where its steps do not count up (two writers mixed into it). A step skipped is a
+    log cut short (a disk that filled, a hand edit) that a resume went on after: its rows are still one run's."""
     if not has_rows(log) or "step" not in log:
         return log
     steps = [int(step) for step in log["step"]]
     for index, (before, after) in enumerate(zip(steps, steps[1:], strict=False)):
-        if after != before + 1:
+        if after <= before:
             raise GaplanError(f"{run_dir}: {TRAIN_LOG.name} is not one run's log: step {after} follows step {before} "
                               f"(line {index + 3}); two runs wrote into the folder")
     return log

@@ -55,7 +55,7 @@ def append_log(run_dir: str, log: StepLog) -> None:
     """Append the step's row (a disk fault is a one-line :class:`gaplan.core.disk.WriteFailed`; a row cut off by
     it is removed again by :func:`truncate_log`)."""
     path = os.path.join(run_dir, TRAIN_LOG_CSV)
-    new = not os.path.exists(path)
+    new = not os.path.exists(path) or os.path.getsize(path) == 0  # an emptied log gets its header again
     # A log an older gaplan began (a resumed run) keeps its own columns: a row wider than its header would not read.
     fields = LOG_FIELDS if new else _header(path) or LOG_FIELDS
     text = io.StringIO()
@@ -90,6 +90,9 @@ def truncate_log(run_dir: str | None, step: int) -> None:
     path = os.path.join(run_dir or ".", TRAIN_LOG_CSV)
     if not os.path.exists(path):
         return
+    if os.path.getsize(path) and _header(path) is None:  # no header to read its rows by: a new log, from here on
+        _rewrite(path, [])
+        return
     with open(path, "rb") as handle:
         lines = handle.read().split(b"\n")
     keep, in_order, previous = 1, True, 0  # the header line is kept
@@ -109,11 +112,16 @@ def truncate_log(run_dir: str | None, step: int) -> None:
         return
     with open(path, newline="") as handle:
         rows = [row for row in csv.DictReader(handle) if row.get("step", "").isdigit() and int(row["step"]) <= step]
+    _rewrite(path, rows)
 
+
+def _rewrite(path: str, rows: list[dict]) -> None:
+    """The log with a header and ``rows``, atomically: a crash mid-rewrite must not lose the steps before the
+    checkpoint."""
     def write(temp: str) -> None:
         with open(temp, "w", newline="") as handle:
             writer = csv.DictWriter(handle, LOG_FIELDS)
             writer.writeheader()
             writer.writerows(rows)
 
-    atomic_write(path, write)  # a crash mid-rewrite must not lose the steps before the checkpoint
+    atomic_write(path, write)

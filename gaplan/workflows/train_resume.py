@@ -157,6 +157,10 @@ def from_the_start_without_a_checkpoint(run_dir: str, options: TrainOptions, say
     if not options.resume or os.path.isfile(path_in(run_dir, CHECKPOINT)):
         return options
     forget_logged_steps(run_dir)
+    if int(os.environ.get("RANK", "0")) == 0:  # a first checkpoint's write cut off by the kill: nothing to keep
+        from gaplan.runs.claim import remove_temporary_writes
+
+        remove_temporary_writes(run_dir)
     say(f"no {CHECKPOINT} in {run_dir}: the run stopped before its first checkpoint (--checkpoint-every N keeps one "
         "every N steps); training it again from the start")
     return dataclasses.replace(options, resume=False)

@@ -140,6 +140,7 @@ def test_a_run_killed_before_its_first_checkpoint_is_trained_again_from_the_star
                        catch_exceptions=False)
     killed_mid_run(1, default, tmp_path / "cut", checkpointed=False)
     assert not (tmp_path / "cut" / "checkpoint.pt").exists() and logged_steps(tmp_path / "cut") >= 2
+    (tmp_path / "cut" / ".checkpoint.pt.tmp.99999").write_bytes(b"")  # a first checkpoint's write the kill cut off
     again = CliRunner().invoke(main, [*default, "--out", str(tmp_path / "cut")])
     assert again.exit_code == 2 and "continue it with gaplan train --resume" in again.output, again.output
     result = CliRunner().invoke(main, ["train", "--resume", str(tmp_path / "cut"), "--save-weights",
@@ -147,7 +148,7 @@ def test_a_run_killed_before_its_first_checkpoint_is_trained_again_from_the_star
     assert result.exit_code == 0, result.output
     assert (f"no checkpoint.pt in {tmp_path / 'cut'}: the run stopped before its first checkpoint (--checkpoint-every N "
             "keeps one every N steps); training it again from the start") in result.stderr, result.stderr
-    assert logged_steps(tmp_path / "cut") == 6
+    assert logged_steps(tmp_path / "cut") == 6 and not (tmp_path / "cut" / ".checkpoint.pt.tmp.99999").exists()
     assert max_difference(tmp_path / "whole.st", tmp_path / "resumed.st") == 0
     commands = json.loads((tmp_path / "cut" / "train.json").read_text())["commands"]
     assert len(commands) == 2 and commands[1].endswith(f"--resume {tmp_path / 'cut'}"), commands

@@ -31,6 +31,29 @@ def test_a_new_log_has_every_column_and_an_older_one_keeps_its_own(tmp_path):
     assert list(table.columns) == columns and table["step"].tolist() == [1, 2]
 
 
+def test_a_damaged_log_a_resume_goes_on_with_keeps_a_header_and_a_cut_short_one_still_reports(tmp_path):
+    """An emptied log was appended to without a header (then refused by every report); a log cut short before the
+    checkpoint's step got a gap the report blamed on "two runs"."""
+    from gaplan.report.load import _one_run_log
+    from gaplan.training.train_log import truncate_log
+
+    (tmp_path / "train_log.csv").write_text("")
+    truncate_log(str(tmp_path), 6)
+    append_log(str(tmp_path), _row(7))
+    assert pd.read_csv(tmp_path / "train_log.csv")["step"].tolist() == [7]
+    (tmp_path / "train_log.csv").write_text("7,8.3,0.001\n")  # rows without their header
+    truncate_log(str(tmp_path), 6)
+    append_log(str(tmp_path), _row(7))
+    assert list(pd.read_csv(tmp_path / "train_log.csv").columns) == LOG_FIELDS
+    for rows, refused in (([1, 2, 7, 8], False), ([1, 2, 2, 3], True), ([1, 3, 2], True)):
+        try:
+            _one_run_log(str(tmp_path), pd.DataFrame({"step": rows}))
+        except Exception as exc:  # noqa: BLE001 - the refusal is the point
+            assert refused and "two runs wrote into the folder" in str(exc)
+        else:
+            assert not refused
+
+
 def test_a_new_run_in_a_used_folder_starts_its_own_log(tmp_path):
     """Once appended after the old run's rows: two step 1s in one log."""
     from gaplan.plan.split import make_plan
