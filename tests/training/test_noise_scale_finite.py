@@ -147,10 +147,10 @@ def _regression_reading(name: str) -> tuple[float, list[str], dict]:
     result = train(workload, make_plan(32, 8), None, TrainConfig(steps=300, seed=0), on_event=events.append)
     logs = [log for log in result.logs if log.step_grad_sq is not None]
     assert {log.items_per_sample for log in logs} == {1.0}
-    from gaplan.workflows.train import _noise_scale
+    from gaplan.workflows.train_outputs import run_noise_scale
 
     ratio = statistics.mean(log.step_grad_var for log in logs) / statistics.mean(log.step_grad_sq for log in logs)
-    return ratio, events, _noise_scale(result)
+    return ratio, events, run_noise_scale(result)
 
 
 def test_a_workload_that_declares_its_draws_without_replacement_is_read_exactly_and_one_that_does_not_says_so():
