@@ -29,6 +29,7 @@ from gaplan.core.options import OUTPUT, SECTIONS
 OTHER = "Other options"  # where an option that names no section would land
 
 PRINT_CONFIG = "gaplan.print_config"  # ctx.meta: --print-config was given
+JSON_ASKED = "gaplan.json"  # ctx.meta: the command runs with --json
 
 
 def _key(param: click.Parameter) -> str:
@@ -164,4 +165,5 @@ class GaplanCommand(click.Command):
                 check_printable(command_object(ctx.params))
             click.echo(config_text(self, ctx), nl=False)
             return None
+        ctx.meta[JSON_ASKED] = bool(ctx.params.get("as_json"))  # a refusal is then a JSON object on stdout too
         return super().invoke(ctx)

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from gaplan.cli.config_file import GaplanCommand
+from gaplan.cli.config_file import JSON_ASKED, GaplanCommand
 from gaplan.cli.field_options import sectioned
 from gaplan.core.errors import GaplanError, is_rank_own, is_user_code
 from gaplan.core.interrupt import catching_signals, received
@@ -73,6 +73,8 @@ class GaplanGroup(click.Group):
                 # Under torchrun rank 0 says what every rank raises alike, and a rank its own failure; all exit 2.
                 if int(os.environ.get("RANK", "0")) == 0 or is_rank_own(exc):
                     click.echo(line, err=True)
+                    if ctx.meta.get(JSON_ASKED):  # stdout holds JSON whatever the outcome: a consumer reads why
+                        click.echo(json.dumps({"error": line.removeprefix("gaplan: "), "exit_status": 2}))
                 _tell_torchrun(line)
                 ctx.exit(2)
             except click.UsageError as exc:  # click's own parse errors (a bad value, an unknown flag): one line too

@@ -46,6 +46,7 @@ class RunData:
     bench: dict[str, Any] | None = None  # bench.json: the rounds, the plan's ratio with its interval, contention
     enforced_budget: bool | None = None  # train.json: trained under --enforce-memory-limit (None: not a training run)
     commands: list[str] | None = None  # train.json: the command lines that made the run (its start, its resumes)
+    steps_total: int | None = None  # train.json: the steps the run was to train (more than logged: it stopped)
 
     @property
     def is_training(self) -> bool:
@@ -130,7 +131,9 @@ def _train_record(path: str) -> dict[str, Any]:
     except (OSError, ValueError, AttributeError):
         return {}
     enforced = options.get("enforce_memory_limit") if isinstance(options, dict) else None
+    steps = options.get("steps") if isinstance(options, dict) else None
     return {"enforced_budget": enforced if isinstance(enforced, bool) else None,
+            "steps_total": steps if isinstance(steps, int) and not isinstance(steps, bool) else None,
             "commands": [c for c in commands if isinstance(c, str)] or None if isinstance(commands, list) else None}
 
 

@@ -125,7 +125,10 @@ def training_section(run: RunData, images: Sequence[str]) -> list[Block]:
     if log.empty:  # stopped before its first step ended: the log has its header only
         return [Heading(2, "Training"), Paragraph("No step logged: the run stopped before its first step ended.")]
     first, last = log.iloc[0], log.iloc[-1]
-    items = [f"**Steps:** {len(log)} logged (steps {integer(first['step'])} to {integer(last['step'])})",
+    unfinished = run.steps_total is not None and int(last["step"]) < run.steps_total
+    items = [f"**Steps:** {len(log)} logged (steps {integer(first['step'])} to {integer(last['step'])})"
+             + (f" of {run.steps_total}: the run stopped there (`gaplan train --resume {run.directory}` goes on)"
+                if unfinished else ""),
              f"**Loss:** {loss(first['loss'])} at the first step, {loss(last['loss'])} at the last"]
     if run.loss_check is not None:
         items.append(loss_check_item(run.loss_check))

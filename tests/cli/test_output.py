@@ -1,7 +1,10 @@
-"""gaplan.cli.output: the training bar starts no thread of its own (it is made under a run's CPU budget)."""
+"""gaplan.cli.output: the training bar starts no thread of its own (it is made under a run's CPU budget); with
+--json a refusal is JSON on stdout too."""
 
 import threading
 from types import SimpleNamespace
+
+import pytest
 
 from gaplan.cli.output import ProgressBar
 
@@ -16,3 +19,22 @@ def test_the_training_bar_starts_no_monitor_thread():
         assert not [t for t in threading.enumerate() if type(t).__name__ == "TMonitor"]
     finally:
         bar.close()
+
+
+@pytest.mark.parametrize("args", [["estimate", "--memory-limit", "1MiB", "--json"],
+                                  ["report", "/no/such/run", "--json"],
+                                  ["train", "--seed", "-99999999999999999999", "--json"]])
+def test_with_json_a_refusal_is_a_json_object_on_stdout_too(args):
+    """stdout was empty on a refusal: a consumer that parses it read nothing and no reason."""
+    import json
+
+    from click.testing import CliRunner
+
+    from gaplan.cli.main import main
+
+    result = CliRunner().invoke(main, args)
+    line = result.stderr.strip().splitlines()[-1]  # after any progress line
+    assert result.exit_code == 2 and line.startswith("gaplan: "), result.output
+    assert json.loads(result.stdout) == {"error": line.removeprefix("gaplan: "), "exit_status": 2}
+    without = CliRunner().invoke(main, [a for a in args if a != "--json"])
+    assert without.exit_code == 2 and without.stdout == "" and without.stderr.strip().splitlines()[-1] == line

@@ -141,6 +141,9 @@ def test_a_run_killed_before_its_first_checkpoint_is_trained_again_from_the_star
     killed_mid_run(1, default, tmp_path / "cut", checkpointed=False)
     assert not (tmp_path / "cut" / "checkpoint.pt").exists() and logged_steps(tmp_path / "cut") >= 2
     (tmp_path / "cut" / ".checkpoint.pt.tmp.99999").write_bytes(b"")  # a first checkpoint's write the kill cut off
+    assert CliRunner().invoke(main, ["report", str(tmp_path / "cut")]).exit_code == 0  # its report says it stopped
+    assert (f"logged (steps 1 to {logged_steps(tmp_path / 'cut')}) of 6: the run stopped there (`gaplan train --resume "
+            f"{tmp_path / 'cut'}` goes on)") in (tmp_path / "cut" / "report.md").read_text()
     again = CliRunner().invoke(main, [*default, "--out", str(tmp_path / "cut")])
     assert again.exit_code == 2 and "continue it with gaplan train --resume" in again.output, again.output
     result = CliRunner().invoke(main, ["train", "--resume", str(tmp_path / "cut"), "--save-weights",

@@ -42,8 +42,9 @@ def test_source_target_pairs_train_with_the_loss_over_their_targets(tmp_path):
 ], ids=["no target field", "empty target", "target too long"])
 def test_bad_seq2seq_input_is_one_line_and_writes_nothing(tmp_path, row, extra, message):
     result = _train(tmp_path, _pairs(tmp_path / "bad.jsonl", [row]), *extra)
-    assert result.exit_code == 2 and message in result.output, result.output
-    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+    assert result.exit_code == 2 and message in result.stderr, result.output
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+    assert json.loads(result.stdout) == {"error": result.stderr.strip().removeprefix("gaplan: "), "exit_status": 2}
 
 
 @pytest.mark.parametrize("command", ["probe", "train"])
