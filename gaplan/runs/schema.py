@@ -105,6 +105,11 @@ def check_plan(data: object, path: str) -> dict[str, Any]:
             missing += [f"{section}.{key}" for key in keys if key not in data[section]]
     if missing:
         raise GaplanError(f"{path} is not a gaplan plan file: missing {', '.join(missing)}")
+    for key, value in (("max_micro_batch", data["max_micro_batch"]), ("workload.model", data["workload"]["model"]),
+                       *((f"plan.{key}", data["plan"][key]) for key in ("effective_batch", "micro_batch",
+                                                                         "grad_accum_steps"))):
+        if value is None:  # what every reader needs: null read as Python's own words ("int() argument must be ...")
+            raise GaplanError(f"{path}: {key} is null; a plan file holds it")
     for key in ("memory_limit_bytes", "probe_limit_bytes", "max_micro_batch", "param_count", "static_bytes",
                 "world_size", "trial_ranks", "token_budget"):
         _check_number(path, key, data.get(key), whole=True)

@@ -72,11 +72,15 @@ def broken_plans() -> list[tuple[str, dict]]:
     infinite = {**plan_json(TRIALS), "max_micro_batch": float("inf")}
     fraction = {**plan_json(TRIALS), "max_micro_batch": 2.5}
     negative = {**plan_json(TRIALS), "memory_limit_bytes": -1}
+    no_edge = {**plan_json(TRIALS), "max_micro_batch": None}
+    no_model = {**plan_json(TRIALS), "workload": {**plan_json(TRIALS)["workload"], "model": None}}
     return [("device", no_device), ("plan.micro_batch", no_micro), ("memory_limit_bytes must be a number", text_budget),
             ("trial 1 lacks micro_batch or fits", bad_trial),
             ("max_micro_batch must be a whole number, 0 or more (got inf)", infinite),
             ("max_micro_batch must be a whole number, 0 or more (got 2.5)", fraction),
-            ("memory_limit_bytes must be a whole number, 0 or more (got -1)", negative)]
+            ("memory_limit_bytes must be a whole number, 0 or more (got -1)", negative),
+            ("max_micro_batch is null; a plan file holds it", no_edge),
+            ("workload.model is null; a plan file holds it", no_model)]
 
 
 @pytest.mark.parametrize("fragment, data", broken_plans(), ids=[f for f, _ in broken_plans()])
