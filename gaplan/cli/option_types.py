@@ -19,6 +19,7 @@ from gaplan.core.lora_targets import parse_lora_targets
 from gaplan.core.loss_choice import parse_loss
 from gaplan.core.outputs import absolute_if_here
 from gaplan.core.units import parse_bytes
+from gaplan.data.source import tokenizer_path
 from gaplan.plan.schedule import parse_schedule
 from gaplan.workflows.parse_options import parse_batch_range, parse_sizes
 from gaplan.workload.spec import model_path
@@ -43,12 +44,13 @@ SIZES = Parsed("sizes", parse_sizes)  # micro-batch sizes from B1,B2,...
 SCHEDULE = Parsed("schedule", parse_schedule)  # a ScheduleChoice from fixed, adaptive, warmup:STEPS
 LOSS = Parsed("loss", parse_loss)  # a LossChoice from plain, chunked, chunked:TOKENS
 LORA_TARGETS = Parsed("modules", parse_lora_targets)  # a LoraTargets from all-linear, M1,M2
-LOCAL_PATH = Parsed("path", absolute_if_here, holds=str)  # --data, --tokenizer: absolute when it names something here
+LOCAL_PATH = Parsed("path", absolute_if_here, holds=str)  # --data: absolute when it names something here
+TOKENIZER = Parsed("tokenizer", tokenizer_path, holds=str)  # --tokenizer: a folder made absolute, bytes its own
 MODEL = Parsed("model", model_path, holds=str)  # --model: a model folder here made absolute, a preset's name its own
 
 
 # A new typed option's click type goes here too.
-TYPES = (CHECKPOINTING, BYTES, BATCH_RANGE, SIZES, SCHEDULE, LOSS, LORA_TARGETS, LOCAL_PATH, MODEL)
+TYPES = (CHECKPOINTING, BYTES, BATCH_RANGE, SIZES, SCHEDULE, LOSS, LORA_TARGETS, LOCAL_PATH, TOKENIZER, MODEL)
 
 
 def click_type(parse: Callable[[Any], Any]) -> Parsed:

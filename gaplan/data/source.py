@@ -9,17 +9,24 @@ from gaplan.core.options import DATA, OptionError, flag, option, option_name
 from gaplan.core.outputs import absolute_if_here
 from gaplan.data.tasks.component import LABEL_FIELD, TARGET_FIELD
 from gaplan.data.tasks.registry import task_component, tasks_taking
+from gaplan.data.tokenizer import BYTES
 
 LONG_SAMPLE_CHOICES = ("split", "truncate")
 # What a field left out (None) reads as.
 READ_DEFAULTS = {"text_field": "text", "label_field": "label", "target_field": "target", "long_samples": "split"}
 
 
+def tokenizer_path(value: str | None) -> str | None:
+    """``--tokenizer`` as a run records it: a folder here made absolute; ``bytes`` is byte tokens, a folder of that
+    name or not."""
+    return value if value == BYTES else absolute_if_here(value)
+
+
 def reads_as(name: str, value: object) -> object:
     """What a data field reads as: its default's value for None (a field outside :data:`READ_DEFAULTS` as given); a
     path as a run records it today (a checkpoint of an older gaplan kept ``data.txt`` as given)."""
     if name in ("path", "tokenizer") and isinstance(value, str):
-        return absolute_if_here(value)
+        return tokenizer_path(value) if name == "tokenizer" else absolute_if_here(value)
     return READ_DEFAULTS.get(name, value) if value is None else value
 
 WITH_DATA = "with `--data`"  # where the options that say how data is read apply
@@ -46,7 +53,7 @@ class DataSource:
         "The target text's field (seq2seq-lm only; --text-field is the source's).  [default: target]"))
     long_samples: str | None = option(None, resume="fixed", section=DATA, choices=LONG_SAMPLE_CHOICES, applies=WITH_DATA, help=(
         "Samples longer than --seq-len: split into seq-len chunks, or truncate them.  [default: split]"))
-    tokenizer: str | None = option(None, resume="fixed", section=DATA, parse=absolute_if_here, metavar="bytes|DIR",
+    tokenizer: str | None = option(None, resume="fixed", section=DATA, parse=tokenizer_path, metavar="bytes|DIR",
                                    applies=WITH_DATA, help=(
         "Tokenizer for --data: the model folder's own by default; 'bytes' for byte tokens; or a folder."))
 
@@ -91,8 +98,9 @@ class DataSource:
         return replace(self, **{name: None for name, default in READ_DEFAULTS.items() if getattr(self, name) == default})
 
     def __post_init__(self) -> None:
-        for name in ("path", "tokenizer"):  # a run's records, read from any directory (a tokenizer: bytes or a DIR)
-            object.__setattr__(self, name, absolute_if_here(getattr(self, name)))
+        # What a run records, read from any directory: the Python API's edge and a saved run's text.
+        object.__setattr__(self, "path", absolute_if_here(self.path))
+        object.__setattr__(self, "tokenizer", tokenizer_path(self.tokenizer))
         # A field given at its default's own value is still given ("--target-field target" on a causal LM is one
         # line, not ignored): only the resume of an older run takes such values as not given (without_defaults).
         if self.long_samples is not None and self.long_samples not in LONG_SAMPLE_CHOICES:

@@ -22,6 +22,7 @@ from gaplan.cli.option_types import (
     MODEL,
     SCHEDULE,
     SIZES,
+    TOKENIZER,
     Parsed,
 )
 from gaplan.core.checkpointing import AUTO, Checkpointing
@@ -31,7 +32,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "gaplan"
 # The option (click's parameter name) -> its type, on every command that has it.
 TYPED = {"grad_checkpointing": CHECKPOINTING, "memory_limit": BYTES, "batch_range": BATCH_RANGE, "sizes": SIZES,
          "batch_schedule": SCHEDULE, "loss": LOSS, "lora_targets": LORA_TARGETS, "data": LOCAL_PATH,
-         "tokenizer": LOCAL_PATH, "model": MODEL}
+         "tokenizer": TOKENIZER, "model": MODEL}
 
 # Every call of a parser in the package, by file, and why it is not a second parse of an option. (train.json's saved
 # forms are read back by the field's own parse mark, in gaplan.core.options.from_saved: the field names its parser.)
@@ -69,9 +70,14 @@ PARSER_CALLS = {
         "gaplan/workload/lora.py": "read_adapter_config: an adapter_config.json's target_modules (--lora-config)",
     },
     "absolute_if_here": {
-        "gaplan/cli/option_types.py": "the click type (--data, --tokenizer)",
-        "gaplan/data/source.py": "DataSource.__post_init__: the Python API's edge and a saved run's text",
+        "gaplan/cli/option_types.py": "the click type (--data)",
+        "gaplan/data/source.py": "DataSource.__post_init__ and reads_as: the Python API's edge, a saved run's text; "
+                                 "tokenizer_path: a tokenizer folder is a local path",
         "gaplan/workload/spec.py": "model_path: a model folder is a local path",
+    },
+    "tokenizer_path": {
+        "gaplan/cli/option_types.py": "the click type",
+        "gaplan/data/source.py": "DataSource.__post_init__ and reads_as: the Python API's edge, a saved run's text",
     },
     "model_path": {
         "gaplan/cli/option_types.py": "the click type",
@@ -125,7 +131,7 @@ def _count_parses(monkeypatch) -> dict[str, int]:
                     return result
                 monkeypatch.setattr(module, name, counted)
     # the click types hold the parser they were made with
-    for kind in (CHECKPOINTING, BYTES, BATCH_RANGE, SIZES, SCHEDULE, LOSS, LORA_TARGETS, LOCAL_PATH, MODEL):
+    for kind in (CHECKPOINTING, BYTES, BATCH_RANGE, SIZES, SCHEDULE, LOSS, LORA_TARGETS, LOCAL_PATH, TOKENIZER, MODEL):
         monkeypatch.setattr(kind, "_parse", getattr(types, kind._parse.__name__))
     return counts
 

@@ -49,3 +49,13 @@ def test_a_path_is_made_absolute_only_when_it_names_something_here(tmp_path, mon
     assert absolute_if_here("data.txt") == str(tmp_path / "data.txt")
     assert absolute_if_here("bytes") == "bytes" and absolute_if_here("tiny-gpt2") == "tiny-gpt2"
     assert absolute_if_here(None) is None and absolute_if_here("/a/b") == "/a/b"
+    from gaplan.data.source import DataSource
+    from gaplan.workload.spec import WorkloadSpec
+
+    (tmp_path / "bytes").mkdir()  # a folder named as the byte tokenizer, or as a preset, changes neither
+    (tmp_path / "tiny-gpt2").mkdir()
+    source = DataSource(path="data.txt", tokenizer="bytes")
+    assert source.path == str(tmp_path / "data.txt") and source.tokenizer == "bytes"
+    assert WorkloadSpec(model="tiny-gpt2").model == "tiny-gpt2"
+    (tmp_path / "my-model").mkdir()
+    assert WorkloadSpec(model="my-model").model == str(tmp_path / "my-model")
