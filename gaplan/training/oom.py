@@ -100,4 +100,6 @@ def stranded_out_of_memory(exc: BaseException, step: int, plan: Plan, token_budg
                            f"from the last checkpoint with {halved.now}")
     return GaplanError(f"{failure}, {waiting}: no smaller retry is possible mid-step. Launch with "
                        f"{RESTARTABLE_LAUNCH} to redo it from the last checkpoint at half the size, or train with a "
-                       f"smaller --micro-batch (gaplan probe --parallel {layout.lower()} finds the largest that fits)")
+                       "smaller --micro-batch (" + ("gaplan probe --parallel fsdp finds" if sharded else
+                                                    "the run's own probe, without --micro-batch, finds")
+                       + " the largest that fits)")
