@@ -9,6 +9,7 @@ from gaplan.core.constants import LARGE_BATCH_KIND as LARGE_BATCH
 from gaplan.core.constants import LARGEST_FIT_KIND as LARGEST_FIT
 from gaplan.core.constants import PLAN_KIND as PLAN
 from gaplan.core.constants import SPLIT_KIND as SPLIT
+from gaplan.core.lines import ci_words
 from gaplan.core.options import TIMING, OptionError, option, positive_finite
 from gaplan.plan.split import split_text
 
@@ -129,8 +130,8 @@ class BenchResult:
         ratio = paired_ratio(rates[best.split], rates[runner.split])
         if ratio is None or ratio.low is None or ratio.contains(1.0):
             return text + f" (not measurably faster than {runner.split}: x{ratio.value if ratio else 1:.2f}" + (
-                f", 95% CI {ratio.low:.2f}-{ratio.high:.2f})" if ratio and ratio.low is not None else ", one round)")
-        return text + f" (x{ratio.value:.2f} {runner.split}, 95% CI {ratio.low:.2f}-{ratio.high:.2f})"
+                f", {ci_words(ratio.low, ratio.high)})" if ratio and ratio.low is not None else ", one round)")
+        return text + f" (x{ratio.value:.2f} {runner.split}, {ci_words(ratio.low, ratio.high)})"
 
     def plan_vs_large_batch(self) -> dict | None:
         """``{"ratio": r, "ci": [low, high], "reference": kind}``: the plan's samples/s over the reference's."""

@@ -15,6 +15,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gaplan.core.lines import ci_words
+
 CONFIDENCE = 0.95
 # Student's t at 97.5% (a two-sided 95% interval), by degrees of freedom; between keys the smaller df is used,
 # which makes an interval a little wider, never narrower.
@@ -78,7 +80,7 @@ def verdict(ratio: Estimate, subject: str = "the plan", reference: str = "a true
     if ratio.low is None or ratio.high is None:
         return (f"{subject} ran at {ratio.value:.2f}x {reference} in one round: no interval, so no verdict "
                 "(run more rounds)")
-    interval = f"95% CI {ratio.low:.2f}-{ratio.high:.2f}"
+    interval = ci_words(ratio.low, ratio.high)
     if ratio.low > 1.0:
         judged = "faster"
     elif ratio.high < 1.0:

@@ -57,6 +57,12 @@ def interval_text(low: float | None, high: float | None, number: str) -> str:
     return f" ({number.format(low)}-{number.format(high)})"
 
 
+def ci_words(low: float, high: float) -> str:
+    """``95% CI 0.61-1.86``, or ``CI too wide`` where the interval spans more than :data:`WIDE_INTERVAL` times (the
+    rule :func:`interval_text` keeps in the tables, for the sentences: a verdict, the fastest split)."""
+    return "CI too wide" if low <= 0 or high > WIDE_INTERVAL * low else f"95% CI {low:.2f}-{high:.2f}"
+
+
 def histogram_lines(histogram: Any, width: int = 40) -> list[str]:
     """A text histogram of ``(from, to, samples)`` rows: ``    4-29   ########  1719``."""
     rows = [tuple(int(v) for v in row) for row in histogram]

@@ -18,6 +18,7 @@ from matplotlib.ticker import MaxNLocator
 
 from gaplan.core.atomic_write import atomic_write
 from gaplan.core.constants import BREAKDOWN_CATEGORIES, LARGE_BATCH_KIND, TOKEN_PLAN_KIND
+from gaplan.core.lines import interval_text
 from gaplan.core.units import format_bytes
 from gaplan.report.formatting import CATEGORY_LABELS, axis_unit, integer, is_false, missing, rate
 from gaplan.report.load import RunData, measured, memory_fit, ratio, reference_label, reference_row
@@ -198,7 +199,7 @@ def throughput_figure(run: RunData) -> Figure:
         if measured(row):
             text = rate(row["samples_per_s"]) + ("" if row_ratio is None else f"\n{row_ratio:.2f}x")
             if row_ratio is not None and not missing(row["ratio_low"]) and not missing(row["ratio_high"]):
-                text += f" ({float(row['ratio_low']):.2f}-{float(row['ratio_high']):.2f})"
+                text += interval_text(float(row["ratio_low"]), float(row["ratio_high"]), "{:.2f}")  # the table's rule
         else:
             text = "OOM" if is_false(row["fits_budget"]) else "not measured"
         axes.annotate(text, xy=(position, float(tops[position])), xytext=(0, 3), textcoords="offset points",

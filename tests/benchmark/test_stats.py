@@ -83,6 +83,8 @@ def test_the_verdict_names_its_interval_and_never_judges_across_one():
     assert verdict(Estimate(0.80, 0.75, 0.86, 4)).endswith("(95% CI 0.75-0.86: slower)")
     assert verdict(Estimate(1.20, 1.05, 1.37, 4)).endswith("(95% CI 1.05-1.37: faster)")
     assert "no interval, so no verdict" in verdict(Estimate(0.5, None, None, 1))
+    # Ends more than 10x apart: the tables' "(CI too wide)" rule, not "95% CI 0.03-5.44" beside it (sweep 19)
+    assert verdict(Estimate(0.40, 0.03, 5.44, 3)).endswith("(CI too wide: no measurable difference)")
     assert "the largest batch that fits" in verdict(Estimate(0.9, 0.8, 1.0, 3), reference="the largest batch that fits")
     generator = random.Random(0)
     for _ in range(2000):
