@@ -90,8 +90,10 @@ def train_lines(summary: dict[str, Any], run_dir: str, bounded: bool) -> list[st
     peak_text = "" if peak is None else f", peak (step) {format_bytes(peak)}" + ("" if bounded else " with no budget bound")
     steps = f"{summary['steps']} step{'s' if summary['steps'] != 1 else ''}"
     lines = [f"trained {steps} in {summary['seconds']:.1f} s: loss {summary['loss_first']:.4f} -> "
-             f"{summary['loss_last']:.4f}, {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:.0f} real "
-             f"tokens/s" + (f" ({padded:.0f} padded tokens/s)" if padded else "") + peak_text
+             f"{summary['loss_last']:.4f}, {summary['samples_per_s']:.1f} samples/s"
+             # a workload without an attention mask (images, a module:function model) counts no tokens
+             + (f", {summary['tokens_per_s']:.0f} real tokens/s" if summary['tokens_per_s'] or padded else "")
+             + (f" ({padded:.0f} padded tokens/s)" if padded else "") + peak_text
              + f"; log and checkpoint in {run_dir}"]
     if summary.get("loss_check"):
         from gaplan.training.loss_check import LossCheck

@@ -340,6 +340,10 @@ def _loop(inputs: StepInputs, run: RunState, plan: Plan, config: TrainConfig, st
                         save_loss_check(run_dir, check)
                     except WriteFailed as exc:
                         log_failure = exc
+            # The step's inputs go before the next step makes its own: held across it, a workload's float inputs
+            # (images) were two steps' worth under the budget where the probe's trial holds one step's, and a run
+            # at the probed B* ran out of memory at step 2.
+            del done_step, micro_batches
             if dist.rank == 0 and run_dir and log_failure is None:
                 try:
                     append_log(run_dir, log)
