@@ -85,7 +85,8 @@ def probe(**options: Any) -> None:
         snippet = hf_snippet(result.plan)
     if options["as_json"]:
         click.echo(json.dumps(dict(result.to_dict(), plan_file=run.plan_path, report=run.report_files,
-                                   hf_snippet=snippet, estimate_seed=run.estimate_seed, contention=run.contention)))
+                                   hf_snippet=snippet, estimate_seed=run.estimate_seed, contention=run.contention,
+                                   train_command=run.train_command)))
         return
     echo_lines(probe_lines(result, trials_shown_live=not options["quiet"] and same_terminal()))
     if run.tuner_reason:

@@ -72,7 +72,7 @@ class TokenProbeRun:
                 "plan": self.long_probe.plan.to_dict(), "device": self.long_probe.device,
                 "memory_limit_bytes": self.long_probe.memory_limit_bytes,
                 "plan_file": path_in(self.out, PLAN_JSON), "tokens_file": path_in(self.out, TOKENS_JSON),
-                "files": self.files}
+                "files": self.files, "train_command": self.train_command}
 
 
 def _probe_summary(probed: ProbeResult | None) -> dict[str, Any] | None:

@@ -33,6 +33,8 @@ def test_json_output_and_plan_file(tmp_path):
     assert {"effective_batch", "micro_batch", "grad_accum_steps", "micro_batch_sizes", "world_size"} <= set(plan)
     assert sum(plan["micro_batch_sizes"]) == 128 and plan["micro_batch"] <= data["max_micro_batch"]
     assert json.loads((out / "plan.json").read_text())["max_micro_batch"] == data["max_micro_batch"]
+    train = data["train_command"]  # the next step, as the text output names it
+    assert train.startswith("gaplan train ") and "--seq-len 16" in train and train.endswith(f"--plan {out / 'plan.json'}")
 
 
 @pytest.mark.heavy
