@@ -19,13 +19,20 @@ def same_terminal() -> bool:
 
 
 class ProgressBar:
-    """A tqdm bar over optimizer steps on stderr, created at the first step (on rank 0 only, where steps report)."""
+    """A tqdm bar over optimizer steps on stderr, created at the first step (on rank 0 only, where steps report);
+    where stderr is no terminal, a line every tenth of the run instead."""
 
     def __init__(self, total: int, enabled: bool) -> None:
         self.total, self.enabled, self.bar = total, enabled, None
 
     def step(self, log) -> None:
         if not self.enabled:
+            return
+        if not sys.stderr.isatty():  # a log file or a pipe: lines it can read, not a bar's carriage-return frames
+            every = max(1, round(self.total / 10))
+            if log.step % every == 0 or log.step == self.total:
+                click.echo(f"step {log.step}/{self.total}: loss {log.loss:.4f}, {log.samples_per_s:.1f} samples/s",
+                           err=True)
             return
         if self.bar is None:
             from tqdm import tqdm
