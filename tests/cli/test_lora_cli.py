@@ -204,6 +204,7 @@ def test_lora_over_two_ddp_ranks_and_over_fsdp2_trains_the_adapter_one_process_t
             torch.testing.assert_close(other[name], value, rtol=1e-5, atol=1e-6, msg=f"{layout} {name}")
 
 
+@pytest.mark.heavy  # 20 s; the default run keeps the preset's 4-bit runs
 def test_a_function_models_4_bit_run_checkpoints_its_own_adapters_alone_and_resumes(tmp_path):
     """examples/frozen_base.py with --quantize nf4: the checkpoint holds the model's adapter matrices (its 4-bit base
     is rebuilt from the function), and --resume goes on from it."""

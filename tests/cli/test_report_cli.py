@@ -41,6 +41,7 @@ def test_bench_writes_rows_and_the_report(bench_run):
         assert (run / name).is_file(), name
 
 
+@pytest.mark.heavy  # 29 s; the default run keeps test_bench_writes_rows_and_the_report
 def test_bench_json_report_and_csv_say_how_sure_the_ratio_is(small_probe, tmp_path):
     """E = 4 over a pretended B* = 2: the plan accumulates (2 x 2), the large batch runs for reference; the
     verdict, its interval, the rounds and the machine are in --json, bench.json and the report."""

@@ -108,7 +108,7 @@ def deep_llama(tmp_path, layers: int) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("checkpointing", [pytest.param(False, marks=pytest.mark.heavy), True])
 def test_a_deep_stack_traced_at_two_depths_gives_the_full_depth_trace(tmp_path, monkeypatch, checkpointing):
     spec = WorkloadSpec(model=deep_llama(tmp_path, 6), seq_len=32, dtype="bf16", parallel="fsdp",
                         grad_checkpointing=parse_checkpointing(checkpointing))

@@ -126,7 +126,7 @@ def test_other_errors_are_not_retried(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("where", ["first", "last"])
+@pytest.mark.parametrize("where", [pytest.param("first", marks=pytest.mark.heavy), "last"])
 def test_ranks_switch_together_after_one_rank_runs_out_of_memory(tmp_path, where):
     """Rank 1 alone hits an OOM, in the first micro-step or in the last one's forward (after the first vote);
     both ranks halve the micro-batch and the weights equal a run without it."""

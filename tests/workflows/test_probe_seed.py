@@ -30,7 +30,8 @@ def test_the_estimate_seeds_the_probe_where_the_zoo_measured_the_family(tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flag, seeded", [(None, True), ("--no-seed-from-estimate", False)])
+@pytest.mark.parametrize("flag, seeded", [(None, True),
+                                         pytest.param("--no-seed-from-estimate", False, marks=pytest.mark.heavy)])
 def test_a_plain_probe_of_a_zoo_family_starts_at_the_estimate_unless_told_not_to(tmp_path, flag, seeded):
     args = ["probe", "--model", "tiny-gpt2", "--seq-len", "16", "--memory-limit", "256MiB", "--device", "cpu",
             "--threads", "1", "--effective-batch", "8", "--json", "--out", str(tmp_path / "run")]
