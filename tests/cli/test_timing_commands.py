@@ -26,7 +26,7 @@ def test_probe_report_forecasts_the_timing_and_ends_with_the_verdict(tmp_path):
     assert err.index(forecast) < err.index("round 1 ")  # before the first timed run
     assert "round 1 took" in err  # the forecast again, from the first round's own time
     verdict = next(line for line in result.stdout.splitlines() if line.startswith("throughput: "))
-    assert "95% CI" in verdict and "a true large batch" in verdict
+    assert ("95% CI" in verdict or "CI too wide" in verdict) and "a true large batch" in verdict  # 2 rounds
     assert f"**Verdict:** {verdict.removeprefix('throughput: ')}." in (tmp_path / "report.md").read_text()
     # what the timings say about the machine, as gaplan bench says it (it was in report.md only)
     machine = next(line for line in result.stdout.splitlines() if line.startswith("machine: "))
@@ -39,7 +39,8 @@ def test_train_compare_closes_the_training_bar_then_times_and_gives_the_verdict(
                                        "--compare", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert any(line.startswith("timing ") and "interleaved rounds" in line for line in result.stderr.splitlines())
-    assert "throughput: the plan runs at" in result.stdout and "95% CI" in result.stdout
+    assert "throughput: the plan runs at" in result.stdout and ("95% CI" in result.stdout
+                                                                 or "CI too wide" in result.stdout)
     summary = json.loads((tmp_path / "bench.json").read_text())
     assert summary["rounds"] >= 3 and summary["plan_vs_large_batch"]["ci"] is not None
     report = (tmp_path / "report.md").read_text()
