@@ -301,6 +301,11 @@ def read_table(run_dir: str, schema: TableSchema) -> pd.DataFrame | None:
     missing = [column for column in schema.required if column not in frame.columns]
     if missing:
         raise GaplanError(f"{path} is missing columns: {', '.join(missing)}")
+    if len(frame) and _ends_mid_row(path):  # a write cut off (a full disk, a kill): its last row is not whole
+        if schema.name != TRAIN_LOG_CSV:  # a row of results read as NaN would be drawn and judged: refused
+            raise GaplanError(f"{path} ends mid-row (cut off while it was written): rebuild it with the command "
+                              "that made it")
+        frame = frame.iloc[:-1]  # a log's last step cut off by a crash: the steps before it are whole
     for column in schema.optional:
         if column not in frame.columns:
             frame[column] = pd.NA
@@ -312,6 +317,16 @@ def read_table(run_dir: str, schema: TableSchema) -> pd.DataFrame | None:
         else:
             frame[column] = _number_column(path, column, frame[column])
     return frame
+
+
+def _ends_mid_row(path: str) -> bool:
+    """gaplan's CSV writers end every row with a newline: a file that does not was cut off mid-row."""
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        if handle.tell() == 0:
+            return False
+        handle.seek(-1, os.SEEK_END)
+        return handle.read(1) not in (b"\n", b"\r")
 
 
 def _number_column(path: str, column: str, values: pd.Series) -> pd.Series:

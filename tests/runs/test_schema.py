@@ -101,3 +101,22 @@ def test_probe_result_and_report_reject_a_broken_plan_alike(tmp_path: Path, frag
 
     result = CliRunner().invoke(main, ["report", str(tmp_path)])
     assert result.exit_code == 2 and result.output == f"gaplan: {message}\n"
+
+
+def test_a_table_cut_off_mid_row_is_refused_and_a_logs_cut_last_step_is_dropped(tmp_path: Path) -> None:
+    """A truncated throughput.csv rendered as an empty row under an unchanged verdict (sweep 19); a log's last row cut
+    by a crash is the one step not whole."""
+    import shutil
+
+    from gaplan.cli.main import main
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "reports" / "probe-tiny-gpt2-default", run)
+    whole = (run / "throughput.csv").read_bytes()
+    (run / "throughput.csv").write_bytes(whole[:300])
+    with pytest.raises(GaplanError, match="throughput.csv ends mid-row"):
+        read_table(str(run), THROUGHPUT)
+    result = CliRunner().invoke(main, ["report", str(run)])
+    assert result.exit_code == 2 and "ends mid-row (cut off while it was written)" in result.output
+    (run / "train_log.csv").write_text("step,loss,samples_per_s\n1,2.5,10.0\n2,2.4,10.0\n3,2.")
+    assert read_table(str(run), TRAIN_LOG)["step"].tolist() == [1.0, 2.0]
