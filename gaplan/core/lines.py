@@ -52,7 +52,7 @@ def interval_text(low: float | None, high: float | None, number: str) -> str:
     where it spans more than :data:`WIDE_INTERVAL` times."""
     if low is None or high is None or low != low or high != high:
         return ""
-    if low <= 0 or high > WIDE_INTERVAL * low:
+    if _too_wide(low, high):
         return TOO_WIDE
     return f" ({number.format(low)}-{number.format(high)})"
 
@@ -60,7 +60,12 @@ def interval_text(low: float | None, high: float | None, number: str) -> str:
 def ci_words(low: float, high: float) -> str:
     """``95% CI 0.61-1.86``, or ``CI too wide`` where the interval spans more than :data:`WIDE_INTERVAL` times (the
     rule :func:`interval_text` keeps in the tables, for the sentences: a verdict, the fastest split)."""
-    return "CI too wide" if low <= 0 or high > WIDE_INTERVAL * low else f"95% CI {low:.2f}-{high:.2f}"
+    return "CI too wide" if _too_wide(low, high) else f"95% CI {low:.2f}-{high:.2f}"
+
+
+def _too_wide(low: float, high: float) -> bool:
+    """An interval that says nothing: its ends more than :data:`WIDE_INTERVAL` times apart (or one at 0)."""
+    return low <= 0 or high > WIDE_INTERVAL * low
 
 
 def histogram_lines(histogram: Any, width: int = 40) -> list[str]:

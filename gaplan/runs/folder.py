@@ -42,7 +42,11 @@ def default_run_dir(command: str, model: str, now: datetime.datetime | None = No
     base = os.path.join(REPORTS_ROOT, f"{command}-{name}-{stamp}")
     if os.environ.get("TORCHELASTIC_RUN_ID"):  # another rank may have made it already: the same run's folder
         return base
-    return next(path for path in (base, *(f"{base}-{n}" for n in range(2, 10_000))) if not os.path.exists(path))
+    taken, path = 1, base
+    while os.path.exists(path):
+        taken += 1
+        path = f"{base}-{taken}"
+    return path
 
 
 def path_in(run_dir: str, name: str) -> str:

@@ -156,11 +156,7 @@ def from_the_start_without_a_checkpoint(run_dir: str, options: TrainOptions, say
     step, as torchrun's restart after an OOM does. Other options pass through."""
     if not options.resume or os.path.isfile(path_in(run_dir, CHECKPOINT)):
         return options
-    forget_logged_steps(run_dir)
-    if int(os.environ.get("RANK", "0")) == 0:  # a first checkpoint's write cut off by the kill: nothing to keep
-        from gaplan.runs.claim import remove_temporary_writes
-
-        remove_temporary_writes(run_dir)
+    forget_the_first_try(run_dir)
     say(f"no {CHECKPOINT} in {run_dir}: the run stopped before its first checkpoint (--checkpoint-every N keeps one "
         "every N steps); training it again from the start")
     return dataclasses.replace(options, resume=False)
@@ -177,7 +173,7 @@ def after_an_oom_restart(spec: WorkloadSpec, run_dir: str, options: TrainOptions
         return options, None
     resumable = os.path.exists(path_in(run_dir, CHECKPOINT))
     if not resumable:
-        forget_logged_steps(run_dir)  # the steps before the failure are trained again
+        forget_the_first_try(run_dir)  # the steps before the failure are trained again
     options = dataclasses.replace(options, resume=options.resume or resumable,
                                   token_budget=restart.token_budget or options.token_budget)
     what = "; ".join(restart.messages) or f"a rank on another node ran out of memory under {spec.parallel.upper()}"
@@ -185,10 +181,16 @@ def after_an_oom_restart(spec: WorkloadSpec, run_dir: str, options: TrainOptions
     return options, restart
 
 
-def forget_logged_steps(run_dir: str) -> None:
-    """The log's rows of a run trained again from the start (rank 0's file: the others leave it)."""
-    if int(os.environ.get("RANK", "0")) == 0 and os.path.exists(path_in(run_dir, TRAIN_LOG_CSV)):
+def forget_the_first_try(run_dir: str) -> None:
+    """What a run trained again from its start keeps of its first try: nothing. Its log's rows, and a first
+    checkpoint's write a kill cut off (rank 0's files: the others leave them)."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    if os.path.exists(path_in(run_dir, TRAIN_LOG_CSV)):
         os.remove(path_in(run_dir, TRAIN_LOG_CSV))
+    from gaplan.runs.claim import remove_temporary_writes
+
+    remove_temporary_writes(run_dir)
 
 
 def save_settings(run_dir: str, spec: WorkloadSpec, options: TrainOptions, device: str,

@@ -81,8 +81,8 @@ def test_each_process_trains_on_its_local_gpu_not_its_global_rank(monkeypatch):
 def test_a_checkpoint_is_loaded_onto_this_ranks_device(tmp_path):
     from gaplan.runs.folder import CHECKPOINT
     from gaplan.training.checkpoint import load_checkpoint, save_checkpoint
+    from tests.training.test_checkpoint_record import SHAPE as shape  # what a checkpoint holds
 
-    shape = {"plan": {}, "rng": {}, "scheduler": {}, "optimizer": {}}  # what a checkpoint holds
     save_checkpoint(str(tmp_path / CHECKPOINT), {**shape, "model": {"weight": torch.ones(3)}, "step": 2})
     loaded = load_checkpoint(str(tmp_path), map_location="meta")  # wherever it was saved from
     assert loaded["model"]["weight"].device.type == "meta" and loaded["step"] == 2

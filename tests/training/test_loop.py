@@ -69,8 +69,9 @@ def test_loss_falls_on_the_synthetic_corpus(tmp_path):
 
 
 def test_cut_off_checkpoint_is_never_loaded(tmp_path, monkeypatch):
+    from tests.training.test_checkpoint_record import SHAPE as shape  # what a checkpoint holds
+
     path = str(tmp_path / CHECKPOINT)
-    shape = {"plan": {}, "rng": {}, "scheduler": {}, "model": {}, "optimizer": {}}  # what a checkpoint holds
     save_checkpoint(path, {**shape, "step": 1})
     real_save = torch.save
 
